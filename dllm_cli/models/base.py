@@ -1,0 +1,84 @@
+"""What every diffusion architecture offers the decoder: one cache-aware forward."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from dllm_cli.cache import KVCache
+from dllm_cli.models.layers import default_positions, rope_tables
+
+
+class DiffusionLM(PreTrainedModel):
+    """Base of LLaDA and Dream: embeddings -> blocks -> final norm -> LM head.
+
+    `forward(input_ids, positions, cache, key_mask, columns)` computes only the given (active)
+    canvas columns, writes their K/V into `cache` at those columns, and attends over every
+    cached column the key mask allows. RoPE sees `positions` (true positions, i.e. canvas
+    column minus the row's left padding). Returns raw logits (B, T, V) for the active
+    columns; `logit_shift` says whether they predict their own column (0, LLaDA) or the
+    next one (1, Dream), which the decoder resolves.
+    """
+
+    logit_shift: int = 0
+    supports_gradient_checkpointing = False
+    _no_split_modules: ClassVar[list[str]] = []
+
+    # --- per-architecture hooks -------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def blocks(self) -> nn.ModuleList:
+        raise NotImplementedError
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(n_layers, n_kv_heads, head_dim) for sizing a KVCache."""
+        raise NotImplementedError
+
+    @property
+    def rope_theta(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def context_length(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return getattr(self.config, "mask_token_id", None)
+
+    @property
+    def vocab_size(self) -> int:
+        """Real vocabulary size: logits past it are padding rows of the embedding."""
+        return self.config.vocab_size
+
+    # --- the one forward --------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        key_mask: torch.Tensor | None = None,
+        columns: slice | None = None,
+        logits_slice: slice | None = None,
+    ) -> torch.Tensor:
+        """Logits (B, T', V) of the active columns (T' = T, or the `logits_slice` of them)."""
+        t = input_ids.shape[1]
+        if columns is None:
+            columns = slice(0, t)
+        if positions is None:
+            positions = default_positions(input_ids, columns)
+        _, _, head_dim = self.kv_shape()
+        rope = rope_tables(positions, head_dim, self.rope_theta)
+        h = self.embed(input_ids)  # (B, T, d)
+        for i, block in enumerate(self.blocks()):
+            h = block(h, rope, cache=cache, layer=i, columns=columns, key_mask=key_mask)
+        if logits_slice is not None:
+            h = h[:, logits_slice]
+        return self.head(h)

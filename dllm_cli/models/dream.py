@@ -1,0 +1,203 @@
+"""Dream (model_type "Dream"): Qwen2 names and layout, q/k/v biases, grouped-query attention.
+
+Dream is a Qwen2.5 network trained as a mask predictor with a one-position logit shift: the
+output at column i predicts column i + 1 (`logit_shift = 1`); the decoder turns that into
+per-column predictions for every cache policy.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.layers import RMSNorm, attend, split_heads
+
+# Dream's generation code refuses prompt + output beyond this many tokens.
+DREAM_CONTEXT = 2048
+
+
+class DreamConfig(PretrainedConfig):
+    """Dream's config.json fields (Qwen2 names plus mask_token_id)."""
+
+    model_type = "Dream"
+
+    def __init__(
+        self,
+        vocab_size: int = 152064,
+        hidden_size: int = 3584,
+        intermediate_size: int = 18944,
+        num_hidden_layers: int = 28,
+        num_attention_heads: int = 28,
+        num_key_value_heads: int | None = 4,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 131072,
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 1000000.0,
+        rope_scaling: dict | None = None,
+        tie_word_embeddings: bool = False,
+        mask_token_id: int | None = 151666,
+        pad_token_id: int | None = 151643,
+        eos_token_id: int | None = 151643,
+        bos_token_id: int | None = 151665,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
+        self.mask_token_id = mask_token_id
+        super().__init__(
+            tie_word_embeddings=tie_word_embeddings,
+            pad_token_id=pad_token_id,
+            eos_token_id=eos_token_id,
+            bos_token_id=bos_token_id,
+            **kwargs,
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def unsupported(self) -> str | None:
+        """Why this config cannot run here, or None."""
+        scaling = self.rope_parameters or {}
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind != "default":
+            return f"rope_scaling {kind!r} (only default RoPE)"
+        if self.hidden_act != "silu":
+            return f"hidden_act {self.hidden_act!r}"
+        if self.hidden_size % self.num_attention_heads:
+            return "hidden_size does not divide by num_attention_heads"
+        if self.num_attention_heads % self.num_key_value_heads:
+            return "num_attention_heads does not divide by num_key_value_heads"
+        return None
+
+
+class DreamMLP(nn.Module):
+    def __init__(self, cfg: DreamConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DreamAttention(nn.Module):
+    def __init__(self, cfg: DreamConfig):
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=True)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=True)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=True)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+
+    def forward(self, x, rope, *, cache, layer, columns, key_mask):
+        q = split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
+        k = split_heads(self.k_proj(x), self.n_kv)  # (B, H_kv, T, D)
+        v = split_heads(self.v_proj(x), self.n_kv)
+        a = attend(
+            q,
+            k,
+            v,
+            rope,
+            full_precision_rope=False,
+            cache=cache,
+            layer=layer,
+            columns=columns,
+            key_mask=key_mask,
+        )
+        return self.o_proj(a)
+
+
+class DreamLayer(nn.Module):
+    def __init__(self, cfg: DreamConfig):
+        super().__init__()
+        self.self_attn = DreamAttention(cfg)
+        self.mlp = DreamMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, **kw):
+        x = x + self.self_attn(self.input_layernorm(x), rope, **kw)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DreamBackbone(nn.Module):
+    """The `model.` level of Dream's state dict."""
+
+    def __init__(self, cfg: DreamConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DreamLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DreamModel(DiffusionLM):
+    """Dream mask predictor; raw logits at column i predict column i + 1."""
+
+    config_class = DreamConfig
+    base_model_prefix = "model"
+    _no_split_modules: ClassVar[list[str]] = ["DreamLayer"]
+    logit_shift = 1
+
+    def __init__(self, config: DreamConfig):
+        super().__init__(config)
+        self.model = DreamBackbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.post_init()
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+    def embed(self, input_ids):
+        return self.model.embed_tokens(input_ids)
+
+    def blocks(self):
+        return self.model.layers
+
+    def head(self, h):
+        return self.lm_head(self.model.norm(h))
+
+    def kv_shape(self):
+        c = self.config
+        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+
+    @property
+    def rope_theta(self):
+        return self.config.rope_theta
+
+    @property
+    def context_length(self):
+        return min(self.config.max_position_embeddings, DREAM_CONTEXT)
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head

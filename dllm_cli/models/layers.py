@@ -1,0 +1,95 @@
+"""Building blocks shared by the LLaDA and Dream architectures: RMSNorm, RoPE, cached attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dllm_cli.cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, cast back, then scaled (LLaDA and Qwen2 agree on this order)."""
+
+    def __init__(self, dim: int, eps: float, affine: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = h.to(dtype)
+        return h * self.weight if self.weight is not None else h
+
+
+def rope_tables(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for rotate-half RoPE at explicit positions, in float32: (B, 1, T, D) each."""
+    inv_freq = 1.0 / (
+        theta
+        ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    )
+    freqs = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, D)
+    return emb.cos()[:, None], emb.sin()[:, None]
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool
+) -> torch.Tensor:
+    """Rotate (B, H, T, D) by position; LLaDA rotates in float32, Qwen2/Dream in the model dtype."""
+    dtype = x.dtype
+    if full_precision:
+        x = x.float()
+    else:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos + rotated * sin).to(dtype)
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, T, H*D) -> (B, H, T, D)."""
+    b, t, _ = x.shape
+    return x.view(b, t, n_heads, -1).transpose(1, 2)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    *,
+    full_precision_rope: bool,
+    cache: KVCache | None,
+    layer: int,
+    columns: slice,
+    key_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Bidirectional attention of the active columns over every key the mask allows.
+
+    q: (B, H, T, D); k, v: (B, H_kv, T, D) for the active columns. With a cache the fresh K/V
+    are written at `columns` and the queries attend over all cached columns. key_mask: (B, S)
+    bool, True where a key may be attended (padding is False). Returns (B, T, H*D).
+    """
+    cos, sin = rope
+    q = apply_rope(q, cos, sin, full_precision_rope)
+    k = apply_rope(k, cos, sin, full_precision_rope)
+    if cache is not None:
+        k, v = cache.update(layer, columns, k, v)  # (B, H_kv, S, D)
+    mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
+    gqa = q.shape[1] != k.shape[1]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # (B,H,T,D)
+    b, h, t, d = out.shape
+    return out.transpose(1, 2).reshape(b, t, h * d)
+
+
+def default_positions(input_ids: torch.Tensor, columns: slice) -> torch.Tensor:
+    """Positions equal to canvas columns (no left padding)."""
+    b, t = input_ids.shape
+    start = columns.start or 0
+    return torch.arange(start, start + t, device=input_ids.device).expand(b, t)

@@ -1,0 +1,235 @@
+"""LLaDA (model_type "llada"): exact HF parameter names, so real LLaDA-8B folders load unchanged.
+
+Architecture per LLaDA's released modeling code (OLMo "llama" block): pre-norm attention and a
+SwiGLU MLP whose gated branch is `ff_proj`; RoPE rotated in float32; fully bidirectional.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.layers import RMSNorm, attend, split_heads
+
+
+class LLaDAConfig(PretrainedConfig):
+    """LLaDA's config.json fields (OLMo ModelConfig names); unused training fields pass through."""
+
+    model_type = "llada"
+
+    def __init__(
+        self,
+        d_model: int = 4096,
+        n_heads: int = 32,
+        n_kv_heads: int | None = None,
+        n_layers: int = 32,
+        mlp_ratio: int = 4,
+        mlp_hidden_size: int | None = None,
+        activation_type: str = "silu",
+        block_type: str = "llama",
+        alibi: bool = False,
+        rope: bool = True,
+        rope_full_precision: bool = True,
+        rope_theta: float = 500000.0,
+        layer_norm_type: str = "rms",
+        layer_norm_with_affine: bool = True,
+        rms_norm_eps: float = 1e-5,
+        max_sequence_length: int = 4096,
+        include_bias: bool = False,
+        include_qkv_bias: bool | None = False,
+        scale_logits: bool = False,
+        input_emb_norm: bool = False,
+        vocab_size: int = 126464,
+        embedding_size: int | None = 126464,
+        weight_tying: bool = False,
+        mask_token_id: int | None = 126336,
+        eos_token_id: int | None = 126081,
+        pad_token_id: int | None = 126081,
+        bos_token_id: int | None = None,
+        **kwargs,
+    ):
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
+        self.n_layers = n_layers
+        self.mlp_ratio = mlp_ratio
+        self.mlp_hidden_size = mlp_hidden_size
+        self.activation_type = activation_type
+        self.block_type = block_type
+        self.alibi = alibi
+        self.rope = rope
+        self.rope_full_precision = rope_full_precision
+        self.rope_theta = rope_theta
+        self.layer_norm_type = layer_norm_type
+        self.layer_norm_with_affine = layer_norm_with_affine
+        self.rms_norm_eps = rms_norm_eps
+        self.max_sequence_length = max_sequence_length
+        self.include_bias = include_bias
+        self.include_qkv_bias = include_qkv_bias
+        self.scale_logits = scale_logits
+        self.input_emb_norm = input_emb_norm
+        self.vocab_size = vocab_size
+        self.embedding_size = embedding_size
+        self.weight_tying = weight_tying
+        self.mask_token_id = mask_token_id
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            **kwargs,
+        )
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.mlp_hidden_size or self.mlp_ratio * self.d_model
+
+    @property
+    def table_size(self) -> int:
+        return self.embedding_size or self.vocab_size
+
+    def unsupported(self) -> str | None:
+        """Why this config cannot run here, or None (we implement the LLaDA-8B variant)."""
+        if self.block_type != "llama":
+            return f"block_type {self.block_type!r} (only 'llama' is implemented)"
+        if self.activation_type not in ("silu", "swiglu"):
+            return f"activation_type {self.activation_type!r}"
+        if self.alibi or not self.rope:
+            return "ALiBi / no RoPE"
+        if self.layer_norm_type != "rms":
+            return f"layer_norm_type {self.layer_norm_type!r} (only 'rms')"
+        if self.d_model % self.n_heads or self.n_heads % self.kv_heads:
+            return "d_model / n_heads / n_kv_heads do not divide"
+        return None
+
+
+class LLaDABlock(nn.Module):
+    """One "llama" block: x + attn_out(attn(attn_norm(x))), then + ff_out(silu(ff_proj) * up)."""
+
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        d, hd, kv = cfg.d_model, cfg.head_dim, cfg.kv_heads
+        qkv_bias = bool(cfg.include_bias or cfg.include_qkv_bias)
+        self.n_heads, self.n_kv = cfg.n_heads, kv
+        self.full_precision_rope = cfg.rope_full_precision
+        self.attn_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.layer_norm_with_affine)
+        self.ff_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.layer_norm_with_affine)
+        self.q_proj = nn.Linear(d, d, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, kv * hd, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, kv * hd, bias=qkv_bias)
+        self.attn_out = nn.Linear(d, d, bias=cfg.include_bias)
+        self.ff_proj = nn.Linear(d, cfg.ffn_size, bias=cfg.include_bias)
+        self.up_proj = nn.Linear(d, cfg.ffn_size, bias=cfg.include_bias)
+        self.ff_out = nn.Linear(cfg.ffn_size, d, bias=cfg.include_bias)
+
+    def forward(self, x, rope, *, cache, layer, columns, key_mask):
+        n = self.attn_norm(x)
+        q = split_heads(self.q_proj(n), self.n_heads)  # (B, H, T, D)
+        k = split_heads(self.k_proj(n), self.n_kv)  # (B, H_kv, T, D)
+        v = split_heads(self.v_proj(n), self.n_kv)
+        a = attend(
+            q,
+            k,
+            v,
+            rope,
+            full_precision_rope=self.full_precision_rope,
+            cache=cache,
+            layer=layer,
+            columns=columns,
+            key_mask=key_mask,
+        )
+        x = x + self.attn_out(a)
+        n = self.ff_norm(x)
+        return x + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
+
+
+class LLaDATransformer(nn.Module):
+    """Holds the `transformer.*` submodules under their checkpoint names."""
+
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.table_size, cfg.d_model)
+        self.blocks = nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = RMSNorm(cfg.d_model, cfg.rms_norm_eps, cfg.layer_norm_with_affine)
+        if not cfg.weight_tying:
+            self.ff_out = nn.Linear(cfg.d_model, cfg.table_size, bias=cfg.include_bias)
+
+
+class LLaDAInner(nn.Module):
+    """The `model.` level of LLaDA's state dict."""
+
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        self.transformer = LLaDATransformer(cfg)
+
+
+class LLaDAModelLM(DiffusionLM):
+    """LLaDA mask predictor; logits at column i predict the token at column i."""
+
+    config_class = LLaDAConfig
+    base_model_prefix = "model"
+    _no_split_modules: ClassVar[list[str]] = ["LLaDABlock"]
+    logit_shift = 0
+
+    def __init__(self, config: LLaDAConfig):
+        super().__init__(config)
+        self.model = LLaDAInner(config)
+        self.post_init()
+
+    def _init_weights(self, module):
+        std = 0.02
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, RMSNorm) and module.weight is not None:
+            nn.init.ones_(module.weight)
+
+    def embed(self, input_ids):
+        h = self.model.transformer.wte(input_ids)
+        if self.config.input_emb_norm:
+            h = h * (self.config.d_model**0.5)
+        return h
+
+    def blocks(self):
+        return self.model.transformer.blocks
+
+    def head(self, h):
+        t = self.model.transformer
+        h = t.ln_f(h)
+        logits = F.linear(h, t.wte.weight) if self.config.weight_tying else t.ff_out(h)
+        if self.config.scale_logits:
+            logits = logits * (1.0 / self.config.d_model**0.5)
+        return logits
+
+    def kv_shape(self):
+        c = self.config
+        return c.n_layers, c.kv_heads, c.head_dim
+
+    @property
+    def rope_theta(self):
+        return self.config.rope_theta
+
+    @property
+    def context_length(self):
+        return self.config.max_sequence_length
+
+    def get_input_embeddings(self):
+        return self.model.transformer.wte
+
+    def set_input_embeddings(self, value):
+        self.model.transformer.wte = value
