@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,8 +114,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def read_config(folder: Path):
-    """config.json -> our config object; errors name the file and the problem."""
+def read_config_json(folder: Path) -> dict:
+    """config.json as a dict; errors name the folder or file and the problem."""
     if not folder.exists():
         raise ModelLoadError(f"model folder not found: {folder}")
     if not folder.is_dir():
@@ -126,7 +127,16 @@ def read_config(folder: Path):
         raw = json.loads(cfg_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{cfg_file} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{cfg_file} is not a JSON object")
+    return raw
+
+
+def config_from_json(raw: dict, cfg_file: Path):
+    """A config.json dict -> (our config object, model class); auto_map is dropped unread."""
     kind = raw.get("model_type")
+    if kind is None:
+        raise ModelLoadError(f"{cfg_file} has no model_type (cannot tell the architecture)")
     if kind not in ARCHITECTURES:
         known = ", ".join(ARCHITECTURES)
         raise ModelLoadError(f"unknown architecture {kind!r} in {cfg_file} (supported: {known})")
@@ -134,12 +144,24 @@ def read_config(folder: Path):
     raw = {k: v for k, v in raw.items() if k not in ("auto_map", "model_type")}
     try:
         config = cfg_cls(**raw)
-    except (TypeError, ValueError) as e:
-        raise ModelLoadError(f"{cfg_file}: {e}") from None
-    why = config.unsupported()
+        why = config.unsupported()
+    except Exception as e:  # transformers' config validation raises several types
+        raise ModelLoadError(f"{cfg_file}: invalid {kind} config: {_one_line(e)}") from None
     if why:
         raise ModelLoadError(f"{cfg_file}: unsupported {kind} variant: {why}")
     return config, model_cls
+
+
+def read_config(folder: Path):
+    """config.json -> our config object; errors name the file and the problem."""
+    return config_from_json(read_config_json(folder), folder / "config.json")
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """A third-party exception's message on one line (they are often multi-line)."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    text = text or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -147,9 +169,14 @@ def weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
-            raise ModelLoadError(f"{index} is not a valid safetensors index: {e}") from None
+            data = json.loads(index.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{index} is not valid JSON: {e}") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()
+        ):
+            raise ModelLoadError(f"{index} has no valid weight_map (tensor name -> shard file)")
         files = sorted({folder / name for name in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
@@ -191,17 +218,24 @@ def check_weights(folder: Path, model: DiffusionLM) -> None:
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
     """AutoTokenizer without remote code; Dream's remote class falls back to Qwen2's BPE."""
+    bpe = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
+    if not bpe and not (folder / "tokenizer.json").is_file():
+        raise ModelLoadError(
+            f"no tokenizer in {folder} (expected tokenizer.json, or vocab.json + merges.txt)"
+        )
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as first:  # transformers raises ValueError/OSError/KeyError here
-        if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+        if bpe:
             from transformers import Qwen2Tokenizer
 
             try:
                 return Qwen2Tokenizer.from_pretrained(str(folder))
             except Exception as e:
-                raise ModelLoadError(f"cannot load the tokenizer in {folder}: {e}") from None
-        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {first}") from None
+                raise ModelLoadError(
+                    f"cannot load the tokenizer in {folder}: {_one_line(e)}"
+                ) from None
+        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(first)}") from None
 
 
 def _token_id(tokenizer: PreTrainedTokenizerBase, names: tuple[str, ...]) -> int | None:
@@ -212,32 +246,62 @@ def _token_id(tokenizer: PreTrainedTokenizerBase, names: tuple[str, ...]) -> int
     return None
 
 
-def special_ids(config, tokenizer: PreTrainedTokenizerBase, overrides: dict | None = None):
-    """Special ids from config.json, then the tokenizer, then the profile's overrides."""
+ROLES = ("mask", "eos", "pad", "bos", "eot")
+
+
+def special_ids(
+    config,
+    tokenizer: PreTrainedTokenizerBase,
+    overrides: dict | None = None,
+    *,
+    present: Collection[str] | None = None,
+    table_size: int | None = None,
+) -> SpecialIds:
+    """Special ids: the profile's overrides, else config.json, else the tokenizer.
+
+    `present` (the keys config.json really has) keeps our config classes' built-in defaults,
+    which are the 8B models' ids, from posing as the folder's own; `table_size` (embedding
+    rows) turns an out-of-range id into a load error instead of an index error mid-decode.
+    """
     over = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(over) - set(ROLES))
+    if unknown:
+        raise ModelLoadError(f"unknown special token role(s) {unknown} (use {', '.join(ROLES)})")
+
+    def cfg(key: str):
+        return getattr(config, key, None) if present is None or key in present else None
 
     def first(*values):
         return next((v for v in values if v is not None), None)
 
-    eos = first(over.get("eos"), getattr(config, "eos_token_id", None), tokenizer.eos_token_id)
+    eos = first(over.get("eos"), cfg("eos_token_id"), tokenizer.eos_token_id)
     if isinstance(eos, list):
-        eos = eos[0]
+        eos = eos[0] if eos else None
     mask = first(
         over.get("mask"),
-        getattr(config, "mask_token_id", None),
+        cfg("mask_token_id"),
         _token_id(tokenizer, MASK_NAMES),
         tokenizer.mask_token_id,
     )
-    pad = first(over.get("pad"), getattr(config, "pad_token_id", None), tokenizer.pad_token_id, eos)
-    bos = first(over.get("bos"), getattr(config, "bos_token_id", None), tokenizer.bos_token_id)
+    pad = first(over.get("pad"), cfg("pad_token_id"), tokenizer.pad_token_id, eos)
+    bos = first(over.get("bos"), cfg("bos_token_id"), tokenizer.bos_token_id)
     eot = first(over.get("eot"), _token_id(tokenizer, EOT_NAMES))
     if mask is None:
         raise ModelLoadError(
-            "the model folder names no mask token (set special.mask in the profile)"
+            "the model folder names no mask token (set mask under [model.special] in the profile)"
         )
     if eos is None:
-        raise ModelLoadError("the model folder names no EOS token (set special.eos in the profile)")
-    return SpecialIds(mask=int(mask), eos=int(eos), pad=int(pad), bos=bos, eot=eot)
+        raise ModelLoadError(
+            "the model folder names no EOS token (set eos under [model.special] in the profile)"
+        )
+    ids = SpecialIds(mask=int(mask), eos=int(eos), pad=int(pad), bos=bos, eot=eot)
+    for role in ROLES:
+        value = getattr(ids, role)
+        if value is not None and table_size is not None and not 0 <= value < table_size:
+            raise ModelLoadError(
+                f"{role} token id {value} is outside the model's vocabulary (0..{table_size - 1})"
+            )
+    return ids
 
 
 def load_model(
@@ -252,9 +316,15 @@ def load_model(
     folder = resolve_path(path)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    config, model_cls = read_config(folder)
-    with torch.device("meta"):
-        skeleton = model_cls(config)
+    raw = read_config_json(folder)
+    config, model_cls = config_from_json(raw, folder / "config.json")
+    try:
+        with torch.device("meta"):
+            skeleton = model_cls(config)
+    except Exception as e:  # e.g. a zero or negative size in config.json
+        raise ModelLoadError(
+            f"{folder / 'config.json'}: cannot build a {config.model_type} model: {_one_line(e)}"
+        ) from None
     check_weights(folder, skeleton)
     del skeleton
     try:
@@ -263,10 +333,11 @@ def load_model(
         model = model_cls.from_pretrained(str(folder), config=config, dtype=torch_dtype)
         model.to(dev)
     except Exception as e:  # anything transformers raises past our checks
-        raise ModelLoadError(f"cannot load weights from {folder}: {e}") from None
+        raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
     tokenizer = load_tokenizer(folder)
-    special = special_ids(config, tokenizer, special_overrides)
+    rows = model.get_input_embeddings().num_embeddings
+    special = special_ids(config, tokenizer, special_overrides, present=raw, table_size=rows)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

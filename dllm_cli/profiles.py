@@ -1,0 +1,473 @@
+"""Profiles: TOML files naming a model and how to decode it; strict keys, CLI > profile > default.
+
+A profile is looked up as a path to a .toml file, or as a NAME searched in $DLLM_PROFILES_DIR,
+then ./profiles, then the profiles shipped with the package. Every key is checked against the
+dataclasses below (the [decode] keys are exactly `DecodeSettings`' fields), so a typo is an
+error that names the key, its section and the file instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import tomli
+
+from dllm_cli.errors import ProfileError, SettingsError
+from dllm_cli.settings import DecodeSettings
+
+DEFAULT_PROFILE = "tiny-gsm"
+ENV_DIR = "DLLM_PROFILES_DIR"
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_SOURCE = "built-in"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ARCHITECTURES = ("llada", "dream")
+_UNSET_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+
+
+@dataclass
+class SpecialOverrides:
+    """Token-id overrides for folders whose config/tokenizer name a role wrongly or not at all."""
+
+    mask: int | None = None
+    eos: int | None = None
+    pad: int | None = None
+    bos: int | None = None
+    eot: int | None = None
+
+
+@dataclass
+class ModelSection:
+    """Which checkpoint to load and how; architecture None means config.json's model_type."""
+
+    path: str = "builtin:tiny-gsm"
+    architecture: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    chat_template: bool = True
+    special: SpecialOverrides = field(default_factory=SpecialOverrides)
+
+
+@dataclass
+class GuideSection:
+    """An autoregressive model that verifies the diffusion model's drafts (FlashDLM)."""
+
+    path: str = ""
+    accept: str = "exact"  # exact | topk:K | prob:P
+
+    def acceptance(self) -> tuple[str, float | None]:
+        """("exact", None), ("topk", K) or ("prob", P), parsed from `accept`."""
+        return _parse_accept(self.accept)
+
+
+@dataclass
+class Profile:
+    """A named, complete run configuration: model, decode settings, optional guide."""
+
+    name: str
+    description: str = ""
+    model: ModelSection = field(default_factory=ModelSection)
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
+    guide: GuideSection | None = None
+    source: Path | None = None  # the file it was read from
+
+    def decode_settings(self) -> DecodeSettings:
+        """A validated copy, so callers can change it without touching the profile."""
+        return dataclasses.replace(self.decode).validate()
+
+    def special_overrides(self) -> dict[str, int | None]:
+        """The `special_overrides` argument of `dllm_cli.models.loading.load_model`."""
+        return dataclasses.asdict(self.model.special)
+
+    def to_dict(self) -> dict:
+        """Plain data for display (`dllm profiles show`)."""
+        out = dataclasses.asdict(self)
+        out["source"] = str(self.source) if self.source else None
+        return out
+
+
+class ProfileInfo(NamedTuple):
+    """One row of `list_profiles`: source is "built-in" or the file's path."""
+
+    name: str
+    description: str
+    source: str
+
+
+# --- reading one file -----------------------------------------------------------------------
+
+SECTIONS: dict[str, type] = {"model": ModelSection, "decode": DecodeSettings, "guide": GuideSection}
+TOP_KEYS = ("name", "description", *SECTIONS)
+
+
+def load_profile(name_or_path: str | os.PathLike | None = None) -> Profile:
+    """Find, parse and validate a profile; every problem is a one-line ProfileError."""
+    return read_profile(find_profile(name_or_path))
+
+
+def read_profile(path: Path) -> Profile:
+    """Parse and validate one profile file."""
+    return _parse(path)[0]
+
+
+def _parse(path: Path) -> tuple[Profile, dict]:
+    """The profile and the raw TOML it came from (provenance needs to know what was set)."""
+    data = _read_toml(path)
+    where = f"{path}"
+    for key in data:
+        if key not in TOP_KEYS:
+            hint = _did_you_mean(key, TOP_KEYS)
+            kind = "section" if isinstance(data[key], dict) else "key"
+            raise ProfileError(f"{where}: unknown top-level {kind} {key!r}{hint}")
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise ProfileError(f"{where}: {key} must be a string (got {_show(data[key])})")
+    tables = {}
+    for section in SECTIONS:
+        if section in data and not isinstance(data[section], dict):
+            raise ProfileError(f"{where}: {section} must be a [{section}] table")
+        tables[section] = data.get(section)
+    model = _build(ModelSection, tables["model"] or {}, "model", where)
+    decode = _build(DecodeSettings, tables["decode"] or {}, "decode", where)
+    guide = None
+    if tables["guide"] is not None:
+        guide = _build(GuideSection, tables["guide"], "guide", where)
+    profile = Profile(
+        name=data.get("name", path.stem),
+        description=data.get("description", ""),
+        model=model,
+        decode=decode,
+        guide=guide,
+        source=path,
+    )
+    _check_values(profile, where, in_file=True)
+    profile.model.path = _resolve_model_path(profile.model.path, path.parent)
+    if profile.guide:
+        profile.guide.path = _resolve_model_path(profile.guide.path, path.parent)
+    return profile, data
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ProfileError(f"cannot read profile {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path}: not a UTF-8 text file") from None
+    try:
+        return tomli.loads(text)
+    except tomli.TOMLDecodeError as e:
+        line = getattr(e, "lineno", None)
+        msg = getattr(e, "msg", None) or str(e)
+        at = f":{line}" if line else ""
+        raise ProfileError(f"{path}{at}: invalid TOML: {msg}") from None
+
+
+def _build(cls: type, table: dict, section: str, where: str):
+    """A dataclass from a TOML table; unknown keys and wrong types name key, section, file."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in table.items():
+        if key not in names:
+            hint = _did_you_mean(key, names)
+            raise ProfileError(f"{where}: unknown key {key!r} in [{section}]{hint}")
+        expected = hints[key]
+        if dataclasses.is_dataclass(expected):
+            if not isinstance(value, dict):
+                raise ProfileError(f"{where}: {key} in [{section}] must be a table")
+            values[key] = _build(expected, value, f"{section}.{key}", where)
+            continue
+        try:
+            values[key] = _check_type(value, expected)
+        except TypeError as e:
+            raise ProfileError(f"{where}: {key} in [{section}] must be {e}") from None
+    return cls(**values)
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _check_type(value, hint):
+    """`value` if it fits `hint` (ints widen to floats); else TypeError('<what it must be>')."""
+    options = typing.get_args(hint) if _is_union(hint) else (hint,)
+    for option in options:
+        if option is type(None):
+            continue
+        if option is bool:
+            if isinstance(value, bool):
+                return value
+        elif isinstance(value, bool):
+            continue  # TOML true/false is never a number or a string here
+        elif option is float and isinstance(value, int | float):
+            return float(value)
+        elif isinstance(value, typing.get_origin(option) or option):  # list[int] -> list
+            return value
+    wanted = " or ".join(_TYPE_NAMES.get(o, str(o)) for o in options if o is not type(None))
+    raise TypeError(f"{wanted} (got {_show(value)})")
+
+
+def _is_union(hint) -> bool:
+    return isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+
+
+def _show(value) -> str:
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(type(value))
+    kind = kind or ("table" if isinstance(value, dict) else type(value).__name__)
+    shown = str(value).lower() if isinstance(value, bool) else repr(value)
+    return f"{kind} {shown}"
+
+
+def _did_you_mean(key: str, valid) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(valid)})"
+
+
+def _parse_accept(accept: str) -> tuple[str, float | None]:
+    kind, _, arg = accept.partition(":")
+    try:
+        if kind == "exact" and not arg:
+            return "exact", None
+        if kind == "topk" and int(arg) >= 1:
+            return "topk", int(arg)
+        if kind == "prob" and 0.0 < float(arg) <= 1.0:
+            return "prob", float(arg)
+    except ValueError:
+        pass
+    raise ProfileError(
+        f"guide accept must be 'exact', 'topk:K' (K >= 1) or 'prob:P' (0 < P <= 1), got {accept!r}"
+    )
+
+
+def _check_values(profile: Profile, where: str, in_file: bool) -> None:
+    """Allowed values beyond types; the decode checks are DecodeSettings' own."""
+    m = profile.model
+    if not m.path:
+        raise ProfileError(f"{where}: path in [model] must not be empty")
+    if m.architecture is not None:
+        m.architecture = m.architecture.lower()
+        if m.architecture not in ARCHITECTURES:
+            raise ProfileError(
+                f"{where}: architecture in [model] must be one of {', '.join(ARCHITECTURES)} "
+                f"(got {m.architecture!r})"
+            )
+    if m.dtype not in DTYPES:
+        raise ProfileError(
+            f"{where}: dtype in [model] must be one of {', '.join(DTYPES)} (got {m.dtype!r})"
+        )
+    for role, value in dataclasses.asdict(m.special).items():
+        if value is not None and value < 0:
+            raise ProfileError(f"{where}: {role} in [model.special] must be >= 0 (got {value})")
+    if profile.guide:
+        if not profile.guide.path:
+            raise ProfileError(f"{where}: [guide] needs a path (or leave the guide out)")
+        try:
+            _parse_accept(profile.guide.accept)
+        except ProfileError as e:
+            raise ProfileError(f"{where}: [guide] {e}") from None
+    if in_file:
+        try:
+            profile.decode.validate()
+        except SettingsError as e:
+            raise ProfileError(f"{where}: [decode] {e}") from None
+
+
+def _resolve_model_path(text: str, base: Path | None) -> str:
+    """builtin:NAME stays; ~ and $VARS expand; a relative path is taken from `base`."""
+    if text.startswith(BUILTIN_PREFIX):
+        return text
+    expanded = os.path.expanduser(os.path.expandvars(text))
+    if _UNSET_VAR.search(expanded):
+        return expanded  # an unset variable: leave it visible for `unset_variables`
+    path = Path(expanded)
+    if base is not None and not path.is_absolute():
+        path = base / path
+    return str(path.resolve()) if base is not None else str(path)
+
+
+def unset_variables(path: str) -> list[str]:
+    """Environment variables a (resolved) model path still names because they are unset."""
+    return [] if path.startswith(BUILTIN_PREFIX) else _UNSET_VAR.findall(path)
+
+
+# --- finding profiles -----------------------------------------------------------------------
+
+
+def builtin_dir() -> Path:
+    """The shipped profiles: the installed package's copy, else the checkout's profiles/."""
+    package = Path(__file__).resolve().parent
+    installed = package / "builtin_profiles"
+    return installed if installed.is_dir() else package.parent / "profiles"
+
+
+def search_path() -> list[tuple[str, Path]]:
+    """(source label, folder) in lookup order: $DLLM_PROFILES_DIR, ./profiles, built-in."""
+    dirs = [
+        (str(Path(d).expanduser()), Path(d).expanduser())
+        for d in os.environ.get(ENV_DIR, "").split(os.pathsep)
+        if d.strip()
+    ]
+    builtin, local = builtin_dir(), Path.cwd() / "profiles"
+    if not (local.is_dir() and builtin.is_dir() and local.samefile(builtin)):
+        dirs.append((str(local), local))  # (in a checkout, ./profiles is the built-in folder)
+    dirs.append((BUILTIN_SOURCE, builtin))
+    return dirs
+
+
+def _is_file_reference(text: str) -> bool:
+    return text.endswith(".toml") or "/" in text or os.sep in text
+
+
+def find_profile(name_or_path: str | os.PathLike | None = None) -> Path:
+    """A profile's file: an explicit .toml path, or the first NAME.toml on the search path."""
+    text = str(name_or_path) if name_or_path is not None else DEFAULT_PROFILE
+    if isinstance(name_or_path, os.PathLike) or _is_file_reference(text):
+        path = Path(os.path.expandvars(text)).expanduser()
+        if not path.is_file():
+            raise ProfileError(f"profile file not found: {path}")
+        return path.resolve()
+    for _, folder in search_path():
+        candidate = folder / f"{text}.toml"
+        if candidate.is_file():
+            return candidate.resolve()
+    names = sorted({p.name for p in list_profiles()})
+    close = difflib.get_close_matches(text, names, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ProfileError(
+        f"unknown profile {text!r} ({hint}available: {', '.join(names) or 'none'}; "
+        f"or give a path to a .toml file)"
+    )
+
+
+def list_profiles() -> list[ProfileInfo]:
+    """Every profile on the search path, sorted by name; earlier folders shadow later ones."""
+    found: dict[str, ProfileInfo] = {}
+    for label, folder in search_path():
+        if not folder.is_dir():
+            continue
+        for file in sorted(folder.glob("*.toml")):
+            if file.stem in found:
+                continue
+            source = label if label == BUILTIN_SOURCE else str(file.resolve())
+            found[file.stem] = ProfileInfo(file.stem, _description(file), source)
+    return [found[name] for name in sorted(found)]
+
+
+def _description(file: Path) -> str:
+    try:
+        description = _read_toml(file).get("description", "")
+    except ProfileError as e:
+        return f"(invalid: {e})"
+    return description if isinstance(description, str) else ""
+
+
+# --- CLI flag > profile > default -----------------------------------------------------------
+
+ALIASES = {"model": "model.path", "guide": "guide.path", "accept": "guide.accept"}
+
+
+def setting_keys() -> list[str]:
+    """Every dotted key a CLI override may name (model.*, model.special.*, decode.*, guide.*)."""
+    keys = [f"model.{f.name}" for f in dataclasses.fields(ModelSection) if f.name != "special"]
+    keys += [f"model.special.{f.name}" for f in dataclasses.fields(SpecialOverrides)]
+    keys += [f"decode.{f.name}" for f in dataclasses.fields(DecodeSettings)]
+    keys += [f"guide.{f.name}" for f in dataclasses.fields(GuideSection)]
+    return keys
+
+
+def _canonical(key: str, keys: list[str]) -> str:
+    """A dotted key from an override's name: dotted, an alias, or a unique bare field name."""
+    if key in keys:
+        return key
+    if key in ALIASES:
+        return ALIASES[key]
+    matches = [k for k in keys if k.rsplit(".", 1)[-1] == key]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ProfileError(f"ambiguous setting {key!r} (use one of {', '.join(matches)})")
+    bare = sorted({k.rsplit(".", 1)[-1] for k in keys} | set(ALIASES) | set(keys))
+    raise ProfileError(f"unknown setting {key!r}{_did_you_mean(key, bare)}")
+
+
+def resolve(
+    name_or_path: str | os.PathLike | None, cli_overrides: dict[str, object] | None = None
+) -> tuple[Profile, dict[str, str]]:
+    """Apply CLI overrides (None = not given) to a profile; say where each value came from.
+
+    Provenance maps every dotted key (e.g. "decode.gen_length") to "cli", "profile <file>" or
+    "default". A guide path of "" or "none" from the CLI turns the profile's guide off.
+    """
+    path = find_profile(name_or_path)
+    profile, raw = _parse(path)
+    keys = setting_keys()
+    from_cli = set()
+    for name, value in (cli_overrides or {}).items():
+        if value is not None:
+            key = _canonical(name, keys)
+            _apply(profile, key, value)
+            from_cli.add(key)
+    provenance = {}
+    for key in keys:
+        if key.startswith("guide.") and profile.guide is None:
+            continue
+        if key in from_cli:
+            provenance[key] = "cli"
+        elif _lookup(raw, key) is not _MISSING:
+            provenance[key] = f"profile {path}"
+        else:
+            provenance[key] = "default"
+    _check_values(profile, "command line", in_file=False)
+    for key, section in (("model.path", profile.model), ("guide.path", profile.guide)):
+        unset = unset_variables(section.path) if section else []
+        if unset:
+            raise ProfileError(
+                f"{key} {section.path!r} uses ${unset[0]}, which is not set "
+                f"(set {unset[0]} to the folder holding your models, or give another path)"
+            )
+    profile.decode.validate()
+    return profile, provenance
+
+
+_MISSING = object()
+
+
+def _lookup(data: dict, dotted: str):
+    node = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _apply(profile: Profile, key: str, value) -> None:
+    """Set one dotted setting from the CLI, type-checked like a profile value."""
+    section, *rest = key.split(".")
+    if section == "guide":
+        if rest == ["path"] and isinstance(value, str) and value.strip().lower() in ("", "none"):
+            profile.guide = None
+            return
+        if profile.guide is None:
+            profile.guide = GuideSection()
+        target = profile.guide
+    elif section == "model":
+        target = profile.model.special if rest[0] == "special" else profile.model
+        rest = rest[1:] if rest[0] == "special" else rest
+    else:
+        target = profile.decode
+    field_name = rest[0]
+    try:
+        value = _check_type(value, typing.get_type_hints(type(target))[field_name])
+    except TypeError as e:
+        raise ProfileError(f"command-line value for {key} must be {e}") from None
+    if field_name == "path":
+        value = _resolve_model_path(value, base=Path.cwd())
+    setattr(target, field_name, value)
