@@ -1,0 +1,144 @@
+"""Training batches for TinyGSM: AR sequences for the guide, masked canvases for the diffusion LM.
+
+The diffusion batches follow LLaDA's SFT objective (arXiv 2502.09992): prompt tokens are never
+masked, answer tokens are masked with probability t ~ U(eps, 1) and the loss is CE / t,
+normalised by the answer length; the answer is padded with EOS to fill the canvas, so the
+model learns to end. Half of the rows instead get inference-aligned block masks (PUMA, arXiv
+2602.10314): earlier blocks clean, the current block masked with rate t, later blocks fully
+masked, which is what semi-autoregressive decoding shows the model.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from dllm_cli.tinygsm.data import Problem, few_shot_prompt, train_stream
+
+MASK_EPS = 1e-3
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """The ids the batch builders need."""
+
+    bos: int
+    eos: int
+    eot: int
+    mask: int
+
+
+class Encoder:
+    """Problem -> (prompt ids, answer ids), memoising the fixed chat-template pieces."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        v = tokenizer.get_vocab()
+        self.ids = TokenIds(
+            bos=tokenizer.bos_token_id,
+            eos=tokenizer.eos_token_id,
+            eot=v["<|eot_id|>"],
+            mask=tokenizer.mask_token_id,
+        )
+
+    def prompt(self, question: str, shots) -> list[int]:
+        msg = [{"role": "user", "content": few_shot_prompt(question, shots)}]
+        text = self.tok.apply_chat_template(msg, add_generation_prompt=True, tokenize=False)
+        return self.tok(text, add_special_tokens=False).input_ids
+
+    def answer(self, solution: str) -> list[int]:
+        """Solution tokens then end-of-turn (EOS padding is added by the canvas builder)."""
+        return [*self.tok(solution, add_special_tokens=False).input_ids, self.ids.eot]
+
+
+@dataclass
+class Example:
+    prompt: list[int]
+    answer: list[int]
+
+
+class ExampleSource:
+    """Deterministic k-shot examples from the training stream (shots are training problems)."""
+
+    def __init__(self, encoder: Encoder, seed: int):
+        self.encoder = encoder
+        self.stream = train_stream(seed)
+
+    def take(self, k: int) -> Example:
+        shots = [next(self.stream) for _ in range(k)]
+        prob: Problem = next(self.stream)
+        enc = self.encoder
+        return Example(enc.prompt(prob.question, shots), enc.answer(prob.solution))
+
+
+def ar_batch(items: list[Example], eos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded causal-LM batch: input ids (B, T), attention mask, labels (-100 on pads)."""
+    seqs = [[*e.prompt, *e.answer, eos] for e in items]
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), eos, dtype=torch.long)
+    att = torch.zeros((len(seqs), t), dtype=torch.long)
+    labels = torch.full((len(seqs), t), -100, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        att[i, : len(s)] = 1
+        labels[i, : len(s)] = torch.tensor(s)
+    return ids, att, labels
+
+
+@dataclass
+class MaskedBatch:
+    """A diffusion training batch: noisy canvas, clean targets, and per-token loss weights."""
+
+    noisy: torch.Tensor  # (B, T) with mask ids at masked answer positions
+    target: torch.Tensor  # (B, T) clean tokens
+    weight: torch.Tensor  # (B, T) 1/t (or 1) on masked positions, 0 elsewhere; rows sum-normalised
+
+
+def _uniform_mask(rng: random.Random, n: int, content: int) -> tuple[list[bool], list[float]]:
+    """LLaDA SFT: every answer token masked with probability t, weight 1/t."""
+    del content  # uniform masking ignores where the answer ends
+    t = rng.uniform(MASK_EPS, 1.0)
+    masked = [rng.random() < t for _ in range(n)]
+    return masked, [1.0 / t if m else 0.0 for m in masked]
+
+
+def _block_mask(rng: random.Random, n: int, content: int) -> tuple[list[bool], list[float]]:
+    """Inference-aligned: blocks before the current one clean, current at rate t, rest masked."""
+    block = rng.choice((8, 16, 32, 32))
+    n_blocks = -(-n // block)
+    cur = rng.randint(0, min(n_blocks - 1, content // block + 1))
+    lo, hi = cur * block, min(n, (cur + 1) * block)
+    t = rng.uniform(MASK_EPS, 1.0)
+    inside = [rng.random() < t for _ in range(lo, hi)]
+    if not any(inside):
+        inside[rng.randrange(hi - lo)] = True
+    masked = [False] * lo + inside + [True] * (n - hi)
+    weight = [0.0] * lo + [1.0 / t if m else 0.0 for m in inside] + [1.0] * (n - hi)
+    return masked, weight
+
+
+def masked_batch(
+    items: list[Example], length: int, ids: TokenIds, rng: random.Random, aligned_frac: float = 0.5
+) -> MaskedBatch:
+    """Canvases of exactly `length` tokens: prompt, answer, EOS padding; then mask the answer."""
+    b = len(items)
+    noisy = torch.empty((b, length), dtype=torch.long)
+    target = torch.empty((b, length), dtype=torch.long)
+    weight = torch.zeros((b, length), dtype=torch.float32)
+    for i, e in enumerate(items):
+        n = length - len(e.prompt)
+        if n < len(e.answer):
+            raise ValueError(f"canvas of {length} too short for prompt {len(e.prompt)}")
+        answer = e.answer + [ids.eos] * (n - len(e.answer))
+        row = torch.tensor(e.prompt + answer)
+        target[i] = row
+        scheme = _block_mask if rng.random() < aligned_frac else _uniform_mask
+        masked, w = scheme(rng, n, len(e.answer))
+        m = torch.tensor(masked)
+        p = len(e.prompt)
+        noisy[i] = row
+        noisy[i, p:][m] = ids.mask
+        weight[i, p:] = torch.tensor(w) / n
+    return MaskedBatch(noisy, target, weight)

@@ -1,0 +1,86 @@
+"""The TinyGSM tokenizer: word level, one token per digit, LLaDA's special tokens and chat format.
+
+Spaces become a `▁` prefix on the following word, digit or symbol (so `12` is `▁1`, `2` and
+decoding restores the exact text); a newline is its own token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from dllm_cli.tinygsm.data import vocabulary_text
+
+BOS, EOS, EOT = "<|startoftext|>", "<|endoftext|>", "<|eot_id|>"
+MASK, HEADER_START, HEADER_END = "<|mdm_mask|>", "<|start_header_id|>", "<|end_header_id|>"
+UNK = "<|unk|>"
+SPECIALS = (EOS, BOS, EOT, MASK, HEADER_START, HEADER_END, UNK)
+ROLES = ("system", "user", "assistant")
+
+# LLaDA's chat format: BOS once, then `<|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>`.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first %}{{ bos_token }}{% endif %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' "
+    "+ message['content'] + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}"
+)
+
+_PIECE = Regex(r"▁?[0-9]|▁?[A-Za-z]+|▁?[^\sA-Za-z0-9▁]|\n|▁")
+
+
+def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Split(_PIECE, behavior="isolated")
+
+
+def _normalizer() -> normalizers.Normalizer:
+    return normalizers.Replace(" ", "▁")
+
+
+def build_vocab(lines: list[str]) -> dict[str, int]:
+    """Special tokens first, then every piece of the corpus in sorted order (deterministic)."""
+    norm, pre = _normalizer(), _pre_tokenizer()
+    pieces: set[str] = {"\n", *ROLES}
+    for line in lines:
+        pieces.update(p for p, _ in pre.pre_tokenize_str(norm.normalize_str(line)))
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for piece in sorted(pieces):
+        vocab.setdefault(piece, len(vocab))
+    return vocab
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The TinyGSM tokenizer as a transformers fast tokenizer (loadable with AutoTokenizer)."""
+    tok = Tokenizer(models.WordLevel(build_vocab(vocabulary_text()), unk_token=UNK))
+    tok.normalizer = _normalizer()
+    tok.pre_tokenizer = _pre_tokenizer()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Fuse()])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=EOS,
+        unk_token=UNK,
+        mask_token=MASK,
+        additional_special_tokens=[EOT, HEADER_START, HEADER_END],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+    )
+    return fast
+
+
+def save_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
+    """Write tokenizer.json + tokenizer_config.json (with the chat template) into `folder`."""
+    tok = build_tokenizer()
+    tok.save_pretrained(str(folder))
+    # Keep the template inside tokenizer_config.json too, where transformers 4.x looks for it.
+    cfg_file = Path(folder) / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg_file.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    return tok
