@@ -1,7 +1,21 @@
-"""Per-request decoding settings (the "sampling params" of this tool), validated in one place."""
+"""Per-request decoding settings (the "sampling params" of this tool), validated in one place.
+
+How the numbers combine (`split_blocks` below; `adjustments()` says it in words):
+- The answer is cut into blocks of `block_length` decoded left to right (LLaDA's semi-
+  autoregressive remasking). A `block_length` above `gen_length` means one block; when
+  `gen_length` is not a multiple of `block_length`, the last block is shorter.
+- `steps` is split over the blocks as LLaDA splits tokens over steps: every block gets
+  `steps // blocks`, the first `steps % blocks` blocks one more, and no block gets more steps
+  than it has tokens (extra steps would commit nothing). `steps=None` is one token per step.
+  So LLaDA's divisible settings behave exactly as in its reference code, and other settings
+  are adjusted rather than refused, except `steps` below the number of blocks (an error).
+- `steps` drives the `fixed` and `origin` schedules only; `threshold` and `factor` commit by
+  confidence and run each block until it has no masks left.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from dllm_cli.errors import SettingsError
@@ -9,6 +23,11 @@ from dllm_cli.errors import SettingsError
 CACHES = ("none", "prefix", "dual", "freecache")
 UNMASKS = ("fixed", "threshold", "factor", "origin")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
+# Threshold and factor compare a confidence with a probability; negative entropy is not one.
+PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
+
+INT_FIELDS = ("gen_length", "block_length", "refresh_interval", "seed")
+FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp")
 
 
 @dataclass
@@ -19,7 +38,7 @@ class DecodeSettings:
     block_length: int = 32
     steps: int | None = None  # None: one token per step (steps = gen_length)
     cache: str = "none"  # none | prefix | dual | freecache
-    refresh_interval: int = 0  # dual/prefix: extra full refresh every N steps in a block (0: off)
+    refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
     unmask: str = "fixed"  # fixed | threshold | factor | origin
     confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
     threshold: float = 0.9
@@ -40,38 +59,137 @@ class DecodeSettings:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def num_blocks(self) -> int:
+        """Blocks the answer is cut into (the last one may be shorter)."""
+        return math.ceil(self.gen_length / min(self.block_length, self.gen_length))
+
+    @property
+    def total_steps(self) -> int:
+        """Requested steps (None means one token per step)."""
+        return self.gen_length if self.steps is None else self.steps
+
+    def block_plan(self) -> list[tuple[int, int]]:
+        """(tokens, steps) per block: see `split_blocks`."""
+        return split_blocks(self.gen_length, self.block_length, self.total_steps)
+
+    def adjustments(self) -> list[str]:
+        """How the decoder adapts blocks and steps that do not divide (empty when they do)."""
+        notes = []
+        size = min(self.block_length, self.gen_length)
+        if self.block_length > self.gen_length:
+            notes.append(f"block_length {self.block_length} > gen_length: one block of {size}")
+        if self.gen_length % size:
+            notes.append(f"the last block has {self.gen_length % size} tokens, not {size}")
+        n, steps = self.num_blocks, self.total_steps
+        if steps % n:
+            base, extra = divmod(steps, n)
+            notes.append(
+                f"steps {steps} over {n} blocks: {base + 1} for the first {extra}, {base} after"
+            )
+        planned = sum(k for _, k in self.block_plan())
+        if planned < steps:
+            notes.append(f"{planned} steps, not {steps}: no block takes more steps than tokens")
+        return notes
+
     def validate(self) -> DecodeSettings:
         """Raise SettingsError with a one-line reason for any out-of-range value."""
-
-        def bad(msg: str) -> None:
-            raise SettingsError(msg)
-
-        if self.gen_length < 1:
-            bad(f"gen_length must be >= 1 (got {self.gen_length})")
-        if self.block_length < 1:
-            bad(f"block_length must be >= 1 (got {self.block_length})")
-        if self.steps is not None and self.steps < 1:
-            bad(f"steps must be >= 1 (got {self.steps})")
-        if self.cache not in CACHES:
-            bad(f"cache must be one of {', '.join(CACHES)} (got {self.cache!r})")
-        if self.unmask not in UNMASKS:
-            bad(f"unmask must be one of {', '.join(UNMASKS)} (got {self.unmask!r})")
-        if self.confidence not in CONFIDENCES:
-            bad(f"confidence must be one of {', '.join(CONFIDENCES)} (got {self.confidence!r})")
-        if not 0.0 < self.threshold <= 1.0 and self.unmask == "threshold":
-            bad(f"threshold must be in (0, 1] (got {self.threshold})")
-        if self.factor <= 0:
-            bad(f"factor must be > 0 (got {self.factor})")
-        if self.temperature < 0:
-            bad(f"temperature must be >= 0 (got {self.temperature})")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            bad(f"top_p must be in (0, 1] (got {self.top_p})")
-        if self.top_k is not None and self.top_k < 1:
-            bad(f"top_k must be >= 1 (got {self.top_k})")
-        if self.cfg_scale < 0:
-            bad(f"cfg_scale must be >= 0 (got {self.cfg_scale})")
-        if self.refresh_interval < 0:
-            bad(f"refresh_interval must be >= 0 (got {self.refresh_interval})")
-        if not 0.0 < self.eps < 1.0:
-            bad(f"eps must be in (0, 1) (got {self.eps})")
+        self._check_types()
+        self._check_ranges()
+        self._check_combinations()
         return self
+
+    def _check_types(self) -> None:
+        def is_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        for name in INT_FIELDS:
+            if not is_int(getattr(self, name)):
+                _bad(f"{name} must be an integer (got {getattr(self, name)!r})")
+        for name in ("steps", "top_k"):
+            value = getattr(self, name)
+            if value is not None and not is_int(value):
+                _bad(f"{name} must be an integer or unset (got {value!r})")
+        for name in FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                _bad(f"{name} must be a number (got {value!r})")
+            if not math.isfinite(value):
+                _bad(f"{name} must be finite (got {value!r})")
+        if self.top_p is not None and (
+            isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float)
+        ):
+            _bad(f"top_p must be a number or unset (got {self.top_p!r})")
+        if not isinstance(self.early_stop, bool):
+            _bad(f"early_stop must be true or false (got {self.early_stop!r})")
+        for name, choices in (
+            ("cache", CACHES),
+            ("unmask", UNMASKS),
+            ("confidence", CONFIDENCES),
+        ):
+            if getattr(self, name) not in choices:
+                got = getattr(self, name)
+                _bad(f"{name} must be one of {', '.join(choices)} (got {got!r})")
+
+    def _check_ranges(self) -> None:
+        if self.gen_length < 1:
+            _bad(f"gen_length must be >= 1 (got {self.gen_length})")
+        if self.block_length < 1:
+            _bad(f"block_length must be >= 1 (got {self.block_length})")
+        if self.steps is not None and self.steps < 1:
+            _bad(f"steps must be >= 1 (got {self.steps})")
+        if self.unmask == "threshold" and not 0.0 < self.threshold <= 1.0:
+            _bad(f"threshold must be in (0, 1] (got {self.threshold})")
+        if self.factor <= 0:
+            _bad(f"factor must be > 0 (got {self.factor})")
+        if self.temperature < 0:
+            _bad(f"temperature must be >= 0 (got {self.temperature})")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            _bad(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.top_k is not None and self.top_k < 1:
+            _bad(f"top_k must be >= 1 (got {self.top_k})")
+        if self.cfg_scale < 0:
+            _bad(f"cfg_scale must be >= 0 (got {self.cfg_scale})")
+        if self.refresh_interval < 0:
+            _bad(f"refresh_interval must be >= 0 (0 turns it off; got {self.refresh_interval})")
+        if not 0.0 < self.eps < 1.0:
+            _bad(f"eps must be in (0, 1) (got {self.eps})")
+        if self.alg_temp < 0:
+            _bad(f"alg_temp must be >= 0 (got {self.alg_temp})")
+        if self.seed < 0 or self.seed >= 2**63:
+            _bad(f"seed must be in [0, 2**63) (got {self.seed})")
+
+    def _check_combinations(self) -> None:
+        if self.total_steps < self.num_blocks:
+            _bad(
+                f"steps ({self.total_steps}) is fewer than the number of blocks "
+                f"({self.num_blocks} = ceil(gen_length {self.gen_length} / block_length "
+                f"{self.block_length})): every block needs at least one step; use steps >= "
+                f"{self.num_blocks} or a longer block_length"
+            )
+        if (
+            self.unmask in ("threshold", "factor")
+            and self.confidence not in PROBABILITY_CONFIDENCES
+        ):
+            _bad(
+                f"unmask={self.unmask} compares confidences with a probability, which "
+                f"confidence={self.confidence} is not (use {', '.join(PROBABILITY_CONFIDENCES)})"
+            )
+
+
+def split_blocks(gen_length: int, block_length: int, steps: int) -> list[tuple[int, int]]:
+    """(tokens, steps) per block, left to right.
+
+    Blocks of `block_length` (one block when it exceeds gen_length; the last may be shorter).
+    Steps are split as LLaDA splits tokens over steps: `steps // n` each, the first
+    `steps % n` blocks one more, capped at the block's own length (more would commit nothing).
+    """
+    size = min(block_length, gen_length)
+    n = -(-gen_length // size)
+    base, extra = divmod(steps, n)
+    lengths = [min(size, gen_length - b * size) for b in range(n)]
+    return [(length, min(base + (b < extra), length)) for b, length in enumerate(lengths)]
+
+
+def _bad(msg: str) -> None:
+    raise SettingsError(msg)

@@ -1,0 +1,36 @@
+"""The decoding engine: canvas, sampling, unmasking rules, cache policies and the loop.
+
+    run = decode_steps(loaded, prompts, settings)   # iterate for StepEvents (prints nothing)
+    for event in run: ...
+    result = run.result()                           # or: decode(loaded, prompts, settings)
+
+Choices worth knowing (details in each module):
+- Blocks and steps that do not divide are adjusted, not refused (settings.py, canvas.py).
+- Every policy predicts the block from fresh hidden states, shifting the window one column
+  left for Dream; no block's first token is ever force-committed (Fast-dLLM issue #61).
+- FreeCache recomputes a finished block once, from its final tokens, on the next block's first
+  step, then never again (policies.py).
+- Classifier-free guidance decodes the prompt-masked branch as extra batch rows with their own
+  cache rows, so it composes with every cache policy (engine.py).
+- [MASK] is never a draft and logits past the real vocabulary are ignored (sampling.py).
+- Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch), so a
+  row never depends on its batch; confidence ties go to the leftmost column.
+"""
+
+from dllm_cli.decoding.engine import Decoder, DecodeRun, decode, decode_steps
+from dllm_cli.decoding.events import DecodeResult, RowCommit, StepEvent, truncate_at_stop
+from dllm_cli.decoding.unmask import Committer, Decision, StepContext
+
+__all__ = [
+    "Committer",
+    "Decision",
+    "DecodeResult",
+    "DecodeRun",
+    "Decoder",
+    "RowCommit",
+    "StepContext",
+    "StepEvent",
+    "decode",
+    "decode_steps",
+    "truncate_at_stop",
+]

@@ -1,0 +1,130 @@
+"""Logits -> (draft token, confidence) for every column of the current block.
+
+Drafting follows LLaDA (arXiv 2502.09992, Gumbel-max in float64) and Dream (arXiv 2508.15487,
+`sample_tokens`: temperature, then top-p, then top-k); the confidence kinds are LLaDA's
+`low_confidence` / `random` remasking and Dream's `maskgit_plus` / `topk_margin` / `entropy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from dllm_cli.settings import DecodeSettings
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a model family's reference sampler does differently from the other one's."""
+
+    name: str
+    dtype: torch.dtype | None  # None: the logits' own dtype, at least float32
+    tempered_confidence: bool  # confidence from the tempered, filtered distribution (Dream)
+    schedule: str  # which `fixed` schedule the family uses (a key of unmask.SCHEDULES)
+
+
+FAMILIES: dict[str, Family] = {
+    # LLaDA upcasts to float64 and measures confidence on softmax(raw logits).
+    "llada": Family("llada", torch.float64, tempered_confidence=False, schedule="llada"),
+    # Dream samples in the logits' dtype from softmax(filtered logits / temperature).
+    "Dream": Family("Dream", None, tempered_confidence=True, schedule="dream"),
+}
+
+
+def family_of(model) -> Family:
+    """The family of a model by its config's model_type (LLaDA's rules for unknown types)."""
+    return FAMILIES.get(getattr(model.config, "model_type", "llada"), FAMILIES["llada"])
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of tokens whose probability reaches top_p."""
+    if top_p is None or top_p >= 1.0:
+        return logits
+    ordered, order = logits.sort(dim=-1, descending=True)
+    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative > top_p
+    drop[..., 1:] = drop[..., :-1].clone()  # keep the token that crosses top_p
+    drop[..., 0] = False
+    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+def top_k_filter(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
+    """Keep the k most likely tokens (ties with the k-th kept too, as in Dream)."""
+    if top_k is None:
+        return logits
+    kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def gumbel_argmax(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Sample softmax(scores) by Gumbel-max in float64 (low precision hurts quality: LLaDA).
+
+    LLaDA takes argmax of exp(logits) / (-log U)^T; with scores = logits / T this is the same
+    argmax in log space, which cannot overflow for large logits.
+    """
+    u = torch.rand(scores.shape, generator=generator, dtype=torch.float64, device=scores.device)
+    return (scores.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
+
+
+def chosen_probability(probs, tokens, generator) -> torch.Tensor:
+    """LLaDA low_confidence / Dream maskgit_plus: probability of the drafted token."""
+    return probs.gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def top_two_margin(probs, tokens, generator) -> torch.Tensor:
+    """Dream topk_margin: top-1 minus top-2 probability."""
+    top = probs.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+def negative_entropy(probs, tokens, generator) -> torch.Tensor:
+    """Dream entropy: sum p log p (higher is more certain)."""
+    return (probs * torch.log(probs + 1e-10)).sum(dim=-1)
+
+
+def uniform_confidence(probs, tokens, generator) -> torch.Tensor:
+    """LLaDA random remasking: a uniform random confidence."""
+    return torch.rand(tokens.shape, generator=generator, dtype=probs.dtype, device=tokens.device)
+
+
+CONFIDENCE_KINDS: dict[str, Callable[..., torch.Tensor]] = {
+    "low_confidence": chosen_probability,
+    "margin": top_two_margin,
+    "entropy": negative_entropy,
+    "random": uniform_confidence,
+}
+
+
+class Sampler:
+    """Turns a block's logits into drafts and confidences under one run's settings."""
+
+    def __init__(self, settings: DecodeSettings, family: Family, vocab_size: int, mask_id: int):
+        self.temperature = settings.temperature
+        self.top_p, self.top_k = settings.top_p, settings.top_k
+        self.confidence = CONFIDENCE_KINDS[settings.confidence]
+        self.family = family
+        self.vocab_size, self.mask_id = vocab_size, mask_id
+
+    def working_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Real vocabulary only (embedding padding dropped), [MASK] never a draft."""
+        dtype = self.family.dtype or (logits.dtype if logits.dtype.itemsize >= 4 else torch.float32)
+        out = logits[..., : self.vocab_size].to(dtype)  # (B, L, V)
+        if self.mask_id < self.vocab_size:
+            out = out.clone() if out.data_ptr() == logits.data_ptr() else out
+            out[..., self.mask_id] = float("-inf")
+        return out
+
+    def __call__(
+        self, logits: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L, V) logits -> drafts (B, L) long and confidences (B, L)."""
+        raw = self.working_logits(logits)
+        scores = raw / self.temperature if self.temperature > 0 else raw
+        scores = top_k_filter(top_p_filter(scores, self.top_p), self.top_k)
+        probs = (scores if self.family.tempered_confidence else raw).softmax(dim=-1)
+        # Greedy: argmax of probabilities, as Dream does (equal to the logits' for LLaDA).
+        greedy = self.temperature == 0
+        tokens = probs.argmax(dim=-1) if greedy else gumbel_argmax(scores, generator)
+        return tokens, self.confidence(probs, tokens, generator)

@@ -1,0 +1,127 @@
+"""The engine against independent, straightforward re-implementations of the reference loops.
+
+Both references follow the published code line by line (LLaDA's `generate`, Dream's
+`diffusion_generate` `_sample`), with one deviation shared with the engine: the [MASK] token is
+never drafted (its logit is -inf), so no answer can contain a mask.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from decode_fixtures import MASK, one_thread, peaked, prompts, settings, tiny  # noqa: F401
+
+from dllm_cli.decoding import decode
+from dllm_cli.decoding.unmask import RuleCommitter
+from dllm_cli.settings import DecodeSettings
+
+
+def reference_logits(model, x: torch.Tensor) -> torch.Tensor:
+    logits = model(x)[..., : model.vocab_size].clone()  # (1, S, V)
+    logits[..., MASK] = float("-inf")
+    return logits
+
+
+@torch.inference_mode()
+def llada_generate(model, prompt, gen_length, block_length, steps, remasking="low_confidence"):
+    """LLaDA's reference loop: blocks, top-k schedule, low-confidence remasking, no cache."""
+    p = len(prompt)
+    x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
+    x[0, :p] = torch.tensor(prompt)
+    num_blocks = gen_length // block_length
+    steps_per_block = steps // num_blocks
+    for b in range(num_blocks):
+        start, end = p + b * block_length, p + (b + 1) * block_length
+        block_masks = int((x[0, start:end] == MASK).sum())
+        base, rem = divmod(block_masks, steps_per_block)
+        schedule = [base + (i < rem) for i in range(steps_per_block)]
+        for i in range(steps_per_block):
+            mask_index = x == MASK
+            logits = reference_logits(model, x)
+            x0 = logits.argmax(dim=-1)
+            probs = torch.softmax(logits.to(torch.float64), dim=-1)
+            x0_p = probs.gather(-1, x0[..., None]).squeeze(-1)
+            mask_index[:, end:] = False
+            confidence = torch.where(
+                mask_index, x0_p, torch.tensor(float("-inf"), dtype=x0_p.dtype)
+            )
+            _, select = torch.topk(confidence[0], k=schedule[i])
+            x[0, select] = x0[0, select]
+    return x[0, p:].tolist()
+
+
+@torch.inference_mode()
+def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3):
+    """Dream's diffusion_generate `_sample` (batch 1, temperature 0, no attention mask)."""
+    p = len(prompt)
+    x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
+    x[0, :p] = torch.tensor(prompt)
+    timesteps = torch.linspace(1, eps, steps + 1)
+    for i in range(steps):
+        mask_index = x == MASK
+        logits = reference_logits(model, x)
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        mask_logits = logits[mask_index]
+        t, s = timesteps[i], timesteps[i + 1]
+        probs = torch.softmax(mask_logits, dim=-1)
+        confidence, x0 = probs.max(dim=-1)
+        if alg == "topk_margin":
+            top = torch.sort(probs, dim=-1, descending=True).values
+            confidence = top[:, 0] - top[:, 1]
+        elif alg == "entropy":
+            confidence = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+        num_mask_token = mask_index.sum() / mask_index.shape[0]
+        n = int(num_mask_token * (1 - s / t)) if i < steps - 1 else int(num_mask_token)
+        full_confidence = torch.full_like(x, float("-inf"), dtype=logits.dtype)
+        full_confidence[mask_index] = confidence
+        if n > 0:
+            _, transfer = torch.topk(full_confidence, n)
+            x_ = torch.full_like(x, MASK)
+            x_[mask_index] = x0
+            x[0, transfer[0]] = x_[0, transfer[0]]
+    return x[0, p:].tolist()
+
+
+MODELS = [pytest.param(lambda k: tiny(k, seed=3), id="random"), pytest.param(peaked, id="peaked")]
+
+
+@pytest.mark.parametrize("make", MODELS)
+@pytest.mark.parametrize(
+    ("gen", "block", "steps"), [(16, 4, 16), (16, 8, 8), (12, 12, 5), (16, 4, None)]
+)
+def test_llada_fixed_matches_reference_loop(make, gen, block, steps):
+    lm = make("llada")
+    for prompt in prompts([5, 9], seed=gen + block):
+        got = decode(lm, [prompt], settings(gen_length=gen, block_length=block, steps=steps))
+        want = llada_generate(lm.model, prompt, gen, block, steps or gen)
+        assert got.tokens[0] == want
+
+
+DREAM_ALGS = {"maskgit_plus": "low_confidence", "topk_margin": "margin", "entropy": "entropy"}
+
+
+@pytest.mark.parametrize("make", MODELS)
+@pytest.mark.parametrize("alg", list(DREAM_ALGS))
+@pytest.mark.parametrize("steps", [16, 7])
+def test_dream_fixed_matches_diffusion_generate(make, alg, steps):
+    lm = make("dream")
+    prompt = prompts([6], seed=steps)[0]
+    s = settings(gen_length=16, block_length=16, steps=steps, confidence=DREAM_ALGS[alg])
+    got = decode(lm, [prompt], s)
+    assert got.tokens[0] == dream_generate(lm.model, prompt, 16, steps, alg)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_threshold_above_one_is_fixed_one_token_per_step(kind, cache):
+    """tau > 1 is never reached, so only the threshold rule's one-token fallback acts."""
+    lm = peaked(kind)
+    ps = prompts([4, 7], seed=11)
+    threshold = settings(unmask="threshold", cache=cache)
+    above_one = RuleCommitter(DecodeSettings(**{**threshold.to_dict(), "threshold": 1.5}), "llada")
+    got = decode(lm, ps, threshold, committer=above_one)
+    # LLaDA's fixed schedule with steps = gen_length (Dream's own schedule is not 1 per step).
+    fixed = settings(unmask="fixed", cache=cache)
+    want = decode(lm, ps, fixed, committer=RuleCommitter(fixed, "llada"))
+    assert got.tokens == want.tokens
+    assert got.forwards == want.forwards == 16
