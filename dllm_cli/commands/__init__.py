@@ -1,0 +1,1 @@
+"""One module per `dllm` subcommand; cli.py only wires them together."""

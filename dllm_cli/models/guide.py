@@ -1,0 +1,68 @@
+"""The autoregressive guide of guided diffusion (FlashDLM): any local causal LM folder.
+
+It must share the diffusion model's tokenizer, since it scores the diffusion model's drafts
+token for token; we check that instead of trusting it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from dllm_cli.errors import ModelLoadError
+from dllm_cli.models.loading import (
+    LoadedModel,
+    load_tokenizer,
+    quiet_transformers,
+    resolve_path,
+    weight_files,
+)
+
+
+@dataclass
+class GuideModel:
+    """A causal LM ready to verify drafts on the diffusion model's device."""
+
+    model: PreTrainedModel
+    path: Path
+
+
+def load_guide(path: str | os.PathLike, diffusion: LoadedModel) -> GuideModel:
+    """Load a causal LM folder (no remote code) and check it shares the diffusion tokenizer."""
+    quiet_transformers()
+    folder = resolve_path(path)
+    if not folder.is_dir():
+        raise ModelLoadError(f"guide model folder not found: {folder}")
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"no config.json in guide folder {folder}")
+    weight_files(folder)  # a clear error when the weights are missing
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), config=config, dtype=diffusion.dtype, trust_remote_code=False
+        )
+    except Exception as e:  # transformers raises many kinds; the message is what matters
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"cannot load guide model from {folder}: {first}") from None
+    check_same_tokenizer(folder, diffusion)
+    model.to(diffusion.device).eval()
+    return GuideModel(model=model, path=folder)
+
+
+def check_same_tokenizer(folder: Path, diffusion: LoadedModel) -> None:
+    """The guide's vocabulary must map the same strings to the same ids as the diffusion model's."""
+    try:
+        theirs = load_tokenizer(folder).get_vocab()
+    except ModelLoadError:
+        return  # a folder without tokenizer files: trust the ids (e.g. Qwen2.5 shares Dream's)
+    ours = diffusion.tokenizer.get_vocab()
+    clash = next((tok for tok, i in ours.items() if tok in theirs and theirs[tok] != i), None)
+    missing = len(set(ours) - set(theirs))
+    if clash is not None or missing > len(ours) // 100:
+        detail = f"token {clash!r} has another id" if clash else f"{missing} tokens missing"
+        raise ModelLoadError(
+            f"guide {folder} does not share the diffusion model's tokenizer ({detail})"
+        )

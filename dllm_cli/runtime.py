@@ -1,0 +1,81 @@
+"""A resolved run: profile + CLI overrides -> loaded model (and guide), settings, prompt codec.
+
+Commands build one Runtime and hand it prompts; everything model-specific (chat template,
+special tokens, what counts as the end of an answer) lives here, not in the commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dllm_cli.errors import InputError, ModelLoadError
+from dllm_cli.models.guide import GuideModel, load_guide
+from dllm_cli.models.loading import LoadedModel, load_model
+from dllm_cli.profiles import Profile, resolve
+from dllm_cli.settings import DecodeSettings
+
+
+@dataclass
+class Runtime:
+    """Everything a command needs to turn prompts into answers."""
+
+    profile: Profile
+    provenance: dict[str, str]
+    settings: DecodeSettings
+    loaded: LoadedModel
+    guide: GuideModel | None = None
+    chat: bool = True
+    notes: list[str] = field(default_factory=list)  # adjustments worth telling the user
+
+    def encode(self, prompt: str) -> list[int]:
+        """Prompt text -> token ids (inside the chat template unless chat is off)."""
+        if not prompt.strip():
+            raise InputError("empty prompt")
+        tok = self.loaded.tokenizer
+        if self.chat:
+            if not tok.chat_template:
+                raise InputError("this model's tokenizer has no chat template; use --no-chat")
+            messages = [{"role": "user", "content": prompt}]
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return tok(text, add_special_tokens=False).input_ids
+        return tok(prompt).input_ids
+
+    def text(self, tokens: list[int]) -> str:
+        """Answer text: cut at the first stop token, special tokens removed."""
+        stops = set(self.loaded.special.stop)
+        cut = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
+        mask = self.loaded.special.mask
+        kept = [t for t in tokens[:cut] if t != mask]
+        return self.loaded.tokenizer.decode(kept, skip_special_tokens=True).strip()
+
+
+def open_runtime(
+    profile: str | None, overrides: dict[str, object] | None = None, *, use_guide: bool = True
+) -> Runtime:
+    """Resolve the profile with CLI overrides, load the model (and guide), validate settings."""
+    prof, provenance = resolve(profile, overrides)
+    settings = prof.decode_settings()
+    loaded = load_model(
+        prof.model.path,
+        dtype=prof.model.dtype,
+        device=prof.model.device,
+        special_overrides=prof.special_overrides(),
+    )
+    wanted = prof.model.architecture
+    if wanted and wanted.lower() != loaded.architecture.lower():
+        raise ModelLoadError(
+            f"profile says architecture {wanted!r} but {loaded.path} is {loaded.architecture!r}"
+        )
+    guide = None
+    if use_guide and prof.guide is not None and prof.guide.path:
+        guide = load_guide(prof.guide.path, loaded)
+    notes = settings.adjustments()
+    return Runtime(
+        profile=prof,
+        provenance=provenance,
+        settings=settings,
+        loaded=loaded,
+        guide=guide,
+        chat=prof.model.chat_template,
+        notes=notes,
+    )
