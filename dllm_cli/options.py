@@ -43,7 +43,8 @@ Guide = Annotated[
     bool | None,
     typer.Option(
         "--guide/--no-guide",
-        help="Verify drafts with the profile's AR guide model (guided diffusion).",
+        help="Verify drafts with the profile's AR guide model (guided diffusion; on by "
+        "default when the profile has one, off after --model unless given).",
         rich_help_panel=DECODE,
     ),
 ]
@@ -98,6 +99,26 @@ EarlyStop = Annotated[
         "--early-stop/--no-early-stop",
         help="Stop a row once its answer has ended (same text, fewer forwards).",
         rich_help_panel=DECODE,
+    ),
+]
+
+OUTPUT = "Output"
+
+Json = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="One JSON object per prompt on stdout: prompt, text, token_ids, forwards, steps, "
+        "seconds (a failed prompt: prompt, error).",
+        rich_help_panel=OUTPUT,
+    ),
+]
+Stats = Annotated[
+    bool,
+    typer.Option(
+        "--stats",
+        help="Answer tokens, forwards, steps, seconds and tok/s on stderr.",
+        rich_help_panel=OUTPUT,
     ),
 ]
 

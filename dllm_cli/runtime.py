@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dllm_cli.errors import InputError, ModelLoadError
+from dllm_cli.decoding import Committer
+from dllm_cli.decoding.guided import GuidedCommitter
+from dllm_cli.errors import InputError, ModelLoadError, SettingsError
 from dllm_cli.models.guide import GuideModel, load_guide
 from dllm_cli.models.loading import LoadedModel, load_model
 from dllm_cli.profiles import Profile, resolve
@@ -40,6 +42,37 @@ class Runtime:
             return tok(text, add_special_tokens=False).input_ids
         return tok(prompt).input_ids
 
+    def prepare(self, prompt: str) -> list[int]:
+        """Encoded prompt, refused here (not mid-batch) when it is empty or too long."""
+        ids = self.encode(prompt)
+        if not ids:
+            raise InputError("empty prompt (it encodes to no tokens)")
+        context = self.loaded.model.context_length
+        gen = self.settings.gen_length
+        if len(ids) + gen > context:
+            fix = (
+                f"a prompt of at most {context - gen} tokens, or a smaller --gen-length"
+                if context > gen
+                else f"a --gen-length below {context}"
+            )
+            raise InputError(
+                f"prompt too long: {len(ids)} tokens + gen_length {gen} exceeds the model's "
+                f"context of {context} tokens (use {fix})"
+            )
+        return ids
+
+    def committer(self) -> Committer | None:
+        """The guided-diffusion committer when a guide is loaded, else None (the settings' rule).
+
+        Pass it to the decoder as `committer=`; one may serve many decodes, one at a time.
+        """
+        if self.guide is None:
+            return None
+        rule, arg = self.profile.guide.acceptance()
+        special = self.loaded.special
+        vocab = self.loaded.model.vocab_size
+        return GuidedCommitter(self.guide.model, vocab, special.pad, rule, arg)
+
     def text(self, tokens: list[int]) -> str:
         """Answer text: cut at the first stop token, special tokens removed."""
         stops = set(self.loaded.special.stop)
@@ -50,10 +83,22 @@ class Runtime:
 
 
 def open_runtime(
-    profile: str | None, overrides: dict[str, object] | None = None, *, use_guide: bool = True
+    profile: str | None,
+    overrides: dict[str, object] | None = None,
+    *,
+    use_guide: bool = True,
+    require_guide: bool = False,
 ) -> Runtime:
-    """Resolve the profile with CLI overrides, load the model (and guide), validate settings."""
+    """Resolve the profile with CLI overrides, load the model (and guide), validate settings.
+
+    `require_guide` (the CLI's explicit --guide) makes a profile without [guide] an error
+    before anything is loaded.
+    """
     prof, provenance = resolve(profile, overrides)
+    if require_guide and prof.guide is None:
+        raise SettingsError(
+            f"--guide: profile {prof.name!r} has no [guide] section (no AR guide model to use)"
+        )
     settings = prof.decode_settings()
     loaded = load_model(
         prof.model.path,

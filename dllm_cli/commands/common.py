@@ -1,37 +1,106 @@
-"""What every command shares: turning errors into one stderr line and an exit code."""
+"""What every command shares: turning errors into one stderr line and an exit code.
+
+Exit codes: 0 ok; 1 other dllm error; 2 usage, profile or setting error (2 as click uses);
+3 model cannot be loaded; 4 bad input (a prompt; in batch mode: some line failed);
+5 device not available; 70 internal error (a bug); 130 interrupted (Ctrl-C); 141 stdout
+closed by its reader.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import dataclass
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
+from dllm_cli.decoding import DecodeResult
 from dllm_cli.errors import DllmError
+from dllm_cli.runtime import Runtime, open_runtime
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
+USAGE = 2
 INTERRUPTED = 130
 INTERNAL = 70
+BROKEN_PIPE = 141  # as a shell reports a process killed by SIGPIPE
+
+
+_debug = False
+
+
+def set_debug(on: bool) -> None:
+    """Called by the root command for every invocation (ctx.obj carries it too)."""
+    global _debug
+    _debug = on
 
 
 def is_debug() -> bool:
-    """--debug was given to the app (the root command stores it in the click context)."""
-    ctx = typer.get_current_context(silent=True)
-    while ctx is not None:
-        if isinstance(ctx.obj, dict) and ctx.obj.get("debug"):
-            return True
-        ctx = ctx.parent
-    return False
+    """--debug was given to the app: show tracebacks instead of one-line errors.
+
+    A module flag, not a context lookup: typer >= 0.2x vendors click and exposes no
+    get_current_context, and the flag is set afresh on every invocation.
+    """
+    return _debug
+
+
+def error_line(message: str) -> None:
+    """`dllm: error: ...` on stderr (message text is never read as markup)."""
+    stderr.print(Text.assemble(("dllm: error:", "bold red"), " ", message), highlight=False)
 
 
 def fail(message: str, code: int) -> typer.Exit:
     """Print `dllm: error: ...` on stderr and return the Exit to raise."""
-    stderr.print(f"[bold red]dllm: error:[/] {message}", markup=True, highlight=False)
+    error_line(message)
     return typer.Exit(code)
+
+
+def note(message: str) -> None:
+    """A diagnostic on stderr that does not stop the command."""
+    stderr.print(Text.assemble(("dllm: note:", "dim"), " ", message), highlight=False)
+
+
+def write(text: str) -> None:
+    """Results on stdout, flushed at once (a reader downstream sees each as it comes)."""
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def stdin_is_terminal() -> bool:
+    return sys.stdin is None or sys.stdin.isatty()
+
+
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def load_runtime(profile: str | None, overrides: dict[str, object], guide: bool | None) -> Runtime:
+    """open_runtime with a spinner on a terminal; its notes go to stderr.
+
+    `guide` is the --guide/--no-guide flag (None: not given). A --model replaces the profile's
+    model, so the profile's guide (which must share that model's tokenizer) is left out unless
+    --guide asks for it.
+    """
+    swapped = "model.path" in overrides and guide is None
+    use_guide = guide is True or (guide is None and not swapped)
+    spinner = stderr.status("loading model...") if stderr_is_terminal() else nullcontext()
+    with spinner:
+        runtime = open_runtime(profile, overrides, use_guide=use_guide, require_guide=guide is True)
+    if swapped and runtime.profile.guide is not None:
+        note("--model given: decoding without the profile's guide (add --guide to use it)")
+    for line in runtime.notes:
+        note(line)
+    return runtime
 
 
 @contextmanager
@@ -48,6 +117,10 @@ def cli_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         stderr.print("dllm: interrupted")
         raise typer.Exit(INTERRUPTED) from None
+    except BrokenPipeError:  # stdout's reader left (`dllm generate - | head`): stop quietly
+        with suppress(OSError, ValueError):  # no flush error at exit (stdout may be no file)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(BROKEN_PIPE) from None
     except Exception as e:  # a bug of ours: still one line unless --debug
         if is_debug():
             traceback.print_exc(file=sys.stderr)
@@ -56,3 +129,29 @@ def cli_errors() -> Iterator[None]:
             f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
             INTERNAL,
         ) from None
+
+
+@dataclass
+class Totals:
+    """What --stats reports, summed over every decoded batch."""
+
+    prompts: int = 0
+    tokens: int = 0
+    forwards: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+    def add(self, runtime: Runtime, result: DecodeResult) -> None:
+        stop = runtime.loaded.special.stop
+        self.prompts += len(result.tokens)
+        self.tokens += sum(len(result.answer(r, stop)) for r in range(len(result.tokens)))
+        self.forwards += result.forwards
+        self.steps += result.steps
+        self.seconds += result.seconds
+
+    def line(self) -> str:
+        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"{self.prompts} prompt(s), {self.tokens} tokens, {self.forwards} forwards, "
+            f"{self.steps} steps, {self.seconds:.2f} s, {rate:.1f} tok/s"
+        )

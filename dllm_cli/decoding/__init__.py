@@ -13,12 +13,15 @@ Choices worth knowing (details in each module):
 - Classifier-free guidance decodes the prompt-masked branch as extra batch rows with their own
   cache rows, so it composes with every cache policy (engine.py).
 - [MASK] is never a draft and logits past the real vocabulary are ignored (sampling.py).
+- Guided diffusion (FlashDLM) is a committer: `GuidedCommitter(guide, vocab, pad)` passed as
+  `committer=`; an AR guide verifies the drafts left to right (guided.py says exactly how).
 - Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch), so a
   row never depends on its batch; confidence ties go to the leftmost column.
 """
 
 from dllm_cli.decoding.engine import Decoder, DecodeRun, decode, decode_steps
 from dllm_cli.decoding.events import DecodeResult, RowCommit, StepEvent, truncate_at_stop
+from dllm_cli.decoding.guided import GuidedCommitter
 from dllm_cli.decoding.unmask import Committer, Decision, StepContext
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "DecodeResult",
     "DecodeRun",
     "Decoder",
+    "GuidedCommitter",
     "RowCommit",
     "StepContext",
     "StepEvent",

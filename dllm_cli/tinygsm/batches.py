@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_cli.tinygsm.data import Problem, few_shot_prompt, train_stream
+from dllm_cli.tinygsm.data import Problem, few_shot_prompt, random_fact, train_stream
 
 MASK_EPS = 1e-3
 
@@ -43,6 +43,10 @@ class Encoder:
             mask=tokenizer.mask_token_id,
         )
 
+        self.answer_open = [v["Answer"], v[":"]]
+        self.newline = v["\n"]
+        self.equals, self.period = v["▁="], v["."]
+
     def prompt(self, question: str, shots) -> list[int]:
         msg = [{"role": "user", "content": few_shot_prompt(question, shots)}]
         text = self.tok.apply_chat_template(msg, add_generation_prompt=True, tokenize=False)
@@ -51,6 +55,32 @@ class Encoder:
     def answer(self, solution: str) -> list[int]:
         """Solution tokens then end-of-turn (EOS padding is added by the canvas builder)."""
         return [*self.tok(solution, add_special_tokens=False).input_ids, self.ids.eot]
+
+    def shot_solutions(self, prompt: list[int]) -> list[bool]:
+        """True on the solution tokens of the in-context examples (after `Answer:`)."""
+        return _mark_after(prompt, self.answer_open, self.newline)
+
+    def drill(self, rng: random.Random, length: int) -> tuple[list[int], list[bool]]:
+        """BOS + equations `a op b = c.` filling `length` tokens; True on the results."""
+        ids = [self.ids.bos]
+        while len(ids) < length:
+            ids += self.tok(" " + random_fact(rng), add_special_tokens=False).input_ids
+        ids = ids[:length]
+        marks = _mark_after(ids, [self.equals], self.period)
+        return ids, marks
+
+
+def _mark_after(ids: list[int], opener: list[int], closer: int) -> list[bool]:
+    """Mark tokens after each `opener` run up to and including the next `closer`."""
+    marks = [False] * len(ids)
+    inside, n = False, len(opener)
+    for i, t in enumerate(ids):
+        if inside:
+            marks[i] = True
+            inside = t != closer
+        elif ids[max(0, i - n + 1) : i + 1] == opener:
+            inside = True
+    return marks
 
 
 @dataclass
@@ -73,20 +103,6 @@ class ExampleSource:
         return Example(enc.prompt(prob.question, shots), enc.answer(prob.solution))
 
 
-def ar_batch(items: list[Example], eos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded causal-LM batch: input ids (B, T), attention mask, labels (-100 on pads)."""
-    seqs = [[*e.prompt, *e.answer, eos] for e in items]
-    t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), eos, dtype=torch.long)
-    att = torch.zeros((len(seqs), t), dtype=torch.long)
-    labels = torch.full((len(seqs), t), -100, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        att[i, : len(s)] = 1
-        labels[i, : len(s)] = torch.tensor(s)
-    return ids, att, labels
-
-
 @dataclass
 class MaskedBatch:
     """A diffusion training batch: noisy canvas, clean targets, and per-token loss weights."""
@@ -94,6 +110,49 @@ class MaskedBatch:
     noisy: torch.Tensor  # (B, T) with mask ids at masked answer positions
     target: torch.Tensor  # (B, T) clean tokens
     weight: torch.Tensor  # (B, T) 1/t (or 1) on masked positions, 0 elsewhere; rows sum-normalised
+
+
+def ar_rows(items: list[Example], enc: Encoder) -> list[tuple[list[int], list[bool]]]:
+    """Causal-LM rows with loss on every token: modelling the questions too teaches the token
+    representations that copying operands needs (answer-only loss learned that far slower)."""
+    rows = []
+    for e in items:
+        ids = [*e.prompt, *e.answer, enc.ids.eos]
+        rows.append((ids, [True] * len(ids)))
+    return rows
+
+
+def ar_batch(
+    rows: list[tuple[list[int], list[bool]]], pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded causal-LM batch: ids (B, T), attention mask, labels (-100: no loss)."""
+    t = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), t), pad, dtype=torch.long)
+    att = torch.zeros((len(rows), t), dtype=torch.long)
+    labels = torch.full((len(rows), t), -100, dtype=torch.long)
+    for i, (seq, marks) in enumerate(rows):
+        row = torch.tensor(seq)
+        ids[i, : len(seq)] = row
+        att[i, : len(seq)] = 1
+        labels[i, : len(seq)] = row.masked_fill(~torch.tensor(marks), -100)
+    return ids, att, labels
+
+
+def drill_batch(
+    rows: list[tuple[list[int], list[bool]]], mask_id: int, rng: random.Random
+) -> MaskedBatch:
+    """Arithmetic drills for the diffusion LM: results masked at rate t, operands visible."""
+    b, t_len = len(rows), len(rows[0][0])
+    noisy = torch.empty((b, t_len), dtype=torch.long)
+    target = torch.empty((b, t_len), dtype=torch.long)
+    weight = torch.zeros((b, t_len), dtype=torch.float32)
+    for i, (seq, marks) in enumerate(rows):
+        t = rng.uniform(MASK_EPS, 1.0)
+        masked = [m and rng.random() < t for m in marks]
+        target[i] = noisy[i] = torch.tensor(seq)
+        noisy[i][torch.tensor(masked)] = mask_id
+        weight[i] = torch.tensor([1.0 / t if m else 0.0 for m in masked]) / max(1, sum(marks))
+    return MaskedBatch(noisy, target, weight)
 
 
 def _uniform_mask(rng: random.Random, n: int, content: int) -> tuple[list[bool], list[float]]:

@@ -37,7 +37,7 @@ CONTAINERS = ("boxes", "bags", "packs", "baskets", "jars", "trays")
 SINGULAR = {"boxes": "box", "bags": "bag", "packs": "pack", "baskets": "basket"}
 SINGULAR |= {"jars": "jar", "trays": "tray"}
 
-MAX_VALUE = 99  # every intermediate result stays a 1- or 2-digit number
+MAX_VALUE = 50  # every intermediate result stays small: arithmetic a tiny model can learn
 TEST_SEED = 20_251_129
 TEST_SIZE = 1000
 ANSWER_RE = re.compile(r"The answer is (-?\d+)\.")
@@ -74,10 +74,10 @@ def _start(rng: random.Random, p: _Person, obj: str, product: bool) -> tuple[str
     """Opening sentence(s), solution steps so far, current count."""
     if product:
         box = rng.choice(CONTAINERS)
-        n, each = rng.randint(2, 6), rng.randint(2, 10)
+        n, each = rng.randint(2, 5), rng.randint(2, 6)
         text = f"{p.name} has {n} {box} of {obj}. Each {SINGULAR[box]} has {each} {obj}."
         return text, [f"{n} * {each} = {n * each}."], n * each
-    n = rng.randint(2, 20)
+    n = rng.randint(2, 15)
     verb = rng.choice(("has", "has", "had", "collects"))
     return f"{p.name} {verb} {n} {obj}.", [], n
 
@@ -86,7 +86,7 @@ def _add(rng: random.Random, p: _Person, obj: str, q: int) -> tuple[str, int] | 
     room = MAX_VALUE - q
     if room < 1:
         return None
-    b = rng.randint(1, min(20, room))
+    b = rng.randint(1, min(10, room))
     text = rng.choice(
         (
             f"{p.he} buys {b} more {obj}.",
@@ -102,7 +102,7 @@ def _add(rng: random.Random, p: _Person, obj: str, q: int) -> tuple[str, int] | 
 def _sub(rng: random.Random, p: _Person, obj: str, q: int) -> tuple[str, int] | None:
     if q < 2:
         return None
-    b = rng.randint(1, min(20, q - 1))
+    b = rng.randint(1, min(10, q - 1))
     text = rng.choice(
         (
             f"{p.he} gives {b} {obj} to {_friend(rng, p)}.",
@@ -116,11 +116,11 @@ def _sub(rng: random.Random, p: _Person, obj: str, q: int) -> tuple[str, int] | 
 
 
 def _mul(rng: random.Random, p: _Person, obj: str, q: int) -> tuple[str, int] | None:
-    options = [b for b in range(2, 6) if q * b <= MAX_VALUE and q <= 20]
+    options = [b for b in range(2, 4) if q * b <= MAX_VALUE and q <= 10]
     if not options:
         return None
     b = rng.choice(options)
-    word = {2: "twice", 3: "three times", 4: "four times", 5: "five times"}[b]
+    word = {2: "twice", 3: "three times"}[b]
     text = rng.choice(
         (
             f"Then {p.he.lower()} ends up with {word} as many {obj}.",
@@ -182,6 +182,20 @@ def generate_problem(rng: random.Random) -> Problem:
     question = " ".join([*sentences, ask])
     solution = " ".join([*steps, f"The answer is {q}."])
     return Problem(question, solution, q)
+
+
+def random_fact(rng: random.Random) -> str:
+    """One equation `a op b = c.` from exactly the operand ranges the problems use (drills)."""
+    if rng.random() < 0.15:
+        _, steps, _ = _start(rng, _person(rng), OBJECTS[0], product=True)
+        return steps[0]
+    while True:
+        symbol = rng.choices(list(_WEIGHTS), weights=list(_WEIGHTS.values()))[0]
+        build, apply = OPERATIONS[symbol]
+        q = rng.randint(1, MAX_VALUE)
+        made = build(rng, _person(rng), OBJECTS[0], q)
+        if made is not None:
+            return f"{q} {symbol} {made[1]} = {apply(q, made[1])}."
 
 
 @cache

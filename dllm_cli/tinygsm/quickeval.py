@@ -1,9 +1,14 @@
-"""Cheap held-out accuracy during training (greedy AR; LLaDA-style one-token-per-step diffusion)."""
+"""Held-out accuracy during training: greedy AR for the guide, the real engine for the diffusion LM."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from dllm_cli.evaluate import Task, score
+from dllm_cli.models.loading import LoadedModel, SpecialIds
+from dllm_cli.settings import DecodeSettings
 from dllm_cli.tinygsm.batches import Encoder
 from dllm_cli.tinygsm.data import is_correct, shots_for, test_split
 
@@ -44,30 +49,15 @@ def eval_ar(model, enc: Encoder, n: int, shots: int = 0, max_new: int = 48) -> f
 def eval_mdm(
     model, enc: Encoder, n: int, shots: int = 0, gen_length: int = 64, block_length: int = 32
 ) -> float:
-    """Semi-autoregressive blocks, one token per step by confidence, no cache (LLaDA baseline)."""
+    """LLaDA's reference decoding through the real engine: blocks, one token per step, no cache."""
     prompts, answers = _prompts(enc, n, shots)
-    width = max(map(len, prompts))
-    total = width + gen_length
-    x = torch.full((n, total), enc.ids.mask, dtype=torch.long)
-    pad = torch.tensor([width - len(p) for p in prompts])
-    for i, p in enumerate(prompts):
-        x[i, : pad[i]] = enc.ids.eos
-        x[i, pad[i] : width] = torch.tensor(p)
-    cols = torch.arange(total)
-    key_mask = cols[None, :] >= pad[:, None]  # (B, S)
-    positions = (cols[None, :] - pad[:, None]).clamp(min=0)
-    vocab = model.config.vocab_size
-    for start in range(width, total, block_length):
-        end = min(start + block_length, total)
-        for _ in range(end - start):
-            logits = model(x, positions=positions, key_mask=key_mask)[:, start:end, :vocab]
-            probs = logits.float().softmax(-1)
-            conf, tok = probs.max(-1)  # (B, blk)
-            masked = x[:, start:end] == enc.ids.mask
-            conf = conf.masked_fill(~masked, -1.0)
-            pick = conf.argmax(-1)  # (B,)
-            rows = torch.arange(n)
-            ok = masked[rows, pick]
-            x[rows[ok], start + pick[ok]] = tok[rows[ok], pick[ok]]
-    texts = [_text(enc, row[width:].tolist()) for row in x]
-    return sum(is_correct(t, a) for t, a in zip(texts, answers, strict=True)) / n
+    tasks = [Task(i, p, a) for i, (p, a) in enumerate(zip(prompts, answers, strict=True))]
+    device = next(model.parameters()).device
+    special = SpecialIds(
+        mask=enc.ids.mask, eos=enc.ids.eos, pad=enc.ids.eos, bos=enc.ids.bos, eot=enc.ids.eot
+    )
+    loaded = LoadedModel(
+        model, enc.tok, special, Path("training"), "llada", device, next(model.parameters()).dtype
+    )
+    settings = DecodeSettings(gen_length=gen_length, block_length=block_length)
+    return score(loaded, tasks, settings, lambda ids: _text(enc, ids), batch_size=n).accuracy

@@ -31,7 +31,15 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from dllm_cli.models import LLaDAConfig, LLaDAModelLM
 from dllm_cli.models.loading import quiet_transformers
-from dllm_cli.tinygsm.batches import Encoder, ExampleSource, ar_batch, masked_batch
+from dllm_cli.tinygsm.batches import (
+    Encoder,
+    ExampleSource,
+    MaskedBatch,
+    ar_batch,
+    ar_rows,
+    drill_batch,
+    masked_batch,
+)
 from dllm_cli.tinygsm.quickeval import eval_ar, eval_mdm
 from dllm_cli.tinygsm.tokenizer import save_tokenizer
 
@@ -49,20 +57,24 @@ class TrainConfig:
     mlp_hidden: int = 512
     max_len: int = 2048
     rope_theta: float = 10000.0
-    ar_steps: int = 1100
-    ar_tokens: int = 6144  # tokens per AR batch
+    threads: int = 1  # pinned: same seed + same thread count -> same weights
+    ar_steps: int = 600
+    ar_tokens: int = 4096  # tokens per AR batch
     ar_lr: float = 3e-3
-    mdm_steps: int = 1400
-    mdm_tokens: int = 8192  # tokens per diffusion batch
+    mdm_steps: int = 800
+    mdm_tokens: int = 4096  # tokens per diffusion batch
     mdm_lr: float = 1e-3
     warmup: int = 50
     weight_decay: float = 0.1
     max_shots: int = 8
     aligned_frac: float = 0.5
+    ar_drill_frac: float = 0.2  # share of AR batches that are pure arithmetic drills
+    mdm_drill_frac: float = 0.1  # same for the diffusion phase
+    drill_length: int = 96
     # answer-region sizes of diffusion canvases and how often each is drawn
     regions: tuple[int, ...] = (48, 64, 128, 256, 512, 1024)
-    region_probs: tuple[float, ...] = (0.2, 0.15, 0.15, 0.25, 0.15, 0.1)
-    eval_every: int = 250
+    region_probs: tuple[float, ...] = (0.25, 0.15, 0.2, 0.25, 0.1, 0.05)
+    eval_every: int = 200
     eval_n: int = 64
     checkpoint_every: int = 100
 
@@ -177,20 +189,29 @@ def step_rng(cfg: TrainConfig, phase: str, step: int) -> random.Random:
 
 
 def ar_loss(model: LlamaForCausalLM, cfg: TrainConfig, enc: Encoder, step: int) -> torch.Tensor:
-    """Causal LM loss on one batch of k-shot examples (all rows share k, so little padding)."""
+    """Causal LM loss on k-shot examples (one k per batch: little padding) or on drills."""
     rng = step_rng(cfg, "ar", step)
-    src = ExampleSource(enc, seed=rng.randrange(2**31))
-    k = rng.randint(0, cfg.max_shots)
-    first = src.take(k)
-    per_row = len(first.prompt) + len(first.answer) + 1
-    items = [first] + [src.take(k) for _ in range(max(0, cfg.ar_tokens // per_row - 1))]
-    ids, att, labels = ar_batch(items, enc.ids.eos)
+    if rng.random() < cfg.ar_drill_frac:
+        n = max(1, cfg.ar_tokens // cfg.drill_length)
+        rows = [enc.drill(rng, cfg.drill_length) for _ in range(n)]
+    else:
+        src = ExampleSource(enc, seed=rng.randrange(2**31))
+        k = rng.randint(0, cfg.max_shots)
+        first = src.take(k)
+        per_row = len(first.prompt) + len(first.answer) + 1
+        items = [first] + [src.take(k) for _ in range(max(0, cfg.ar_tokens // per_row - 1))]
+        rows = ar_rows(items, enc)
+    ids, att, labels = ar_batch(rows, enc.ids.eos)
     return model(input_ids=ids, attention_mask=att, labels=labels).loss
 
 
 def mdm_loss(model: LLaDAModelLM, cfg: TrainConfig, enc: Encoder, step: int) -> torch.Tensor:
     """Masked-diffusion loss on one batch of canvases of one length."""
     rng = step_rng(cfg, "mdm", step)
+    if rng.random() < cfg.mdm_drill_frac:
+        n = max(1, cfg.mdm_tokens // cfg.drill_length)
+        batch = drill_batch([enc.drill(rng, cfg.drill_length) for _ in range(n)], enc.ids.mask, rng)
+        return weighted_ce(model, batch)
     src = ExampleSource(enc, seed=rng.randrange(2**31))
     region = rng.choices(cfg.regions, weights=cfg.region_probs)[0]
     k = rng.randint(0, cfg.max_shots)
@@ -198,10 +219,14 @@ def mdm_loss(model: LLaDAModelLM, cfg: TrainConfig, enc: Encoder, step: int) -> 
     rows = max(1, cfg.mdm_tokens // (len(first.prompt) + region))
     items = [first] + [src.take(k) for _ in range(rows - 1)]
     length = min(cfg.max_len, max(len(e.prompt) for e in items) + region)
-    batch = masked_batch(items, length, enc.ids, rng, cfg.aligned_frac)
+    return weighted_ce(model, masked_batch(items, length, enc.ids, rng, cfg.aligned_frac))
+
+
+def weighted_ce(model: LLaDAModelLM, batch: MaskedBatch) -> torch.Tensor:
+    """Sum of per-token CE times its weight (1/t, row-normalised), averaged over rows."""
     logits = model(batch.noisy)  # (B, T, V)
     ce = F.cross_entropy(logits.flatten(0, 1).float(), batch.target.flatten(), reduction="none")
-    return (ce * batch.weight.flatten()).sum() / len(items)
+    return (ce * batch.weight.flatten()).sum() / batch.noisy.shape[0]
 
 
 PHASES = {"ar": ar_loss, "mdm": mdm_loss}
@@ -288,6 +313,7 @@ def export(model, folder: Path, tok, record: dict, state: dict | None = None) ->
 def train(cfg: TrainConfig, out: Path, resume: bool = False) -> dict:
     """Both phases end to end; returns the final metrics."""
     quiet_transformers()
+    torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,196 @@
+"""Benchmark decoding strategies on one held-out problem set, in one process.
+
+Every strategy starts from LLaDA's reference decoding (`REFERENCE`: no cache, one token per
+step, blocks of 32, no early stop) and changes only what its name says: Fast-dLLM's
+PrefixCache / DualCache and confident parallel decoding (threshold and factor rules, arXiv
+2505.22618), FlashDLM's FreeCache and guided diffusion (arXiv 2505.21467), and early stop.
+The profile keeps what is not a strategy choice (temperature, top-p/k, seed, Dream's eps).
+
+Each record is one (strategy, gen_length): the numbers of `evaluate.Score.summary()` (accuracy,
+answer tokens per second, forwards, ...; definitions in evaluate.py) and `speedup`, the
+baseline's wall seconds over the strategy's on the same problems at the same gen_length in the
+same run (a latency ratio; the baseline always runs, first). Timing starts after a warm-up
+decode of one problem and one block with each strategy, so one-off setup costs nobody.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dllm_cli.errors import InputError
+from dllm_cli.evaluate import Score, Task, score, warm_up
+from dllm_cli.settings import DecodeSettings
+
+REFERENCE: dict[str, object] = {
+    "steps": None,
+    "cache": "none",
+    "refresh_interval": 0,
+    "unmask": "fixed",
+    "confidence": "low_confidence",
+    "threshold": 0.9,
+    "factor": 1.0,
+    "early_stop": False,
+}
+PARALLEL = {"unmask": "threshold", "threshold": 0.9}
+FACTOR = {"unmask": "factor", "factor": 1.0}
+STOP = {"early_stop": True}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Settings changed from REFERENCE, and whether the AR guide verifies the drafts."""
+
+    settings: dict
+    guided: bool = False
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "baseline": Strategy({}),
+    "prefix": Strategy({"cache": "prefix"}),
+    "dual": Strategy({"cache": "dual"}),
+    "parallel": Strategy(PARALLEL),
+    "prefix+parallel": Strategy({"cache": "prefix", **PARALLEL}),
+    "dual+parallel": Strategy({"cache": "dual", **PARALLEL}),
+    "dual+factor": Strategy({"cache": "dual", **FACTOR}),
+    "freecache": Strategy({"cache": "freecache"}),
+    "freecache+parallel": Strategy({"cache": "freecache", **PARALLEL}),
+    "guided": Strategy({}, guided=True),
+    "freecache+guided": Strategy({"cache": "freecache"}, guided=True),
+    "dual+parallel+early-stop": Strategy({"cache": "dual", **PARALLEL, **STOP}),
+    "freecache+parallel+early-stop": Strategy({"cache": "freecache", **PARALLEL, **STOP}),
+    "freecache+guided+early-stop": Strategy({"cache": "freecache", **STOP}, guided=True),
+}
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What to run: strategies (baseline first) at each gen_length, and how."""
+
+    strategies: tuple[str, ...]
+    lengths: tuple[int, ...]
+    shots: int
+    block_length: int = 32
+    batch_size: int = 1
+    warmup: bool = True
+
+    @classmethod
+    def make(cls, strategies: Sequence[str], lengths: Sequence[int], **kw) -> BenchPlan:
+        """Checked names, baseline prepended when missing, duplicates dropped."""
+        unknown = [s for s in strategies if s not in STRATEGIES]
+        if unknown:
+            raise InputError(
+                f"unknown strategy {unknown[0]!r} (available: {', '.join(STRATEGIES)})"
+            )
+        if not lengths or any(n < 1 for n in lengths):
+            raise InputError("--gen-length needs positive lengths, e.g. 256,512")
+        names = dict.fromkeys([BASELINE, *strategies])
+        return cls(tuple(names), tuple(dict.fromkeys(lengths)), **kw)
+
+
+def settings_for(base: DecodeSettings, name: str, gen_length: int, block: int) -> DecodeSettings:
+    """The profile's settings with REFERENCE, then the strategy's changes, applied."""
+    changes = {**REFERENCE, "gen_length": gen_length, "block_length": block}
+    changes.update(STRATEGIES[name].settings)
+    return replace(base, **changes).validate()
+
+
+def run_bench(
+    runtime,
+    tasks: Sequence[Task],
+    plan: BenchPlan,
+    on_record: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Every (gen_length, strategy) of the plan on `tasks`; one record each, in run order."""
+    guided = [n for n in plan.strategies if STRATEGIES[n].guided]
+    if guided and runtime.guide is None:
+        raise InputError(f"strategy {guided[0]!r} needs a guide model ([guide] in the profile)")
+    records, warmed = [], set()
+    for length in plan.lengths:
+        baseline = None
+        for name in plan.strategies:
+            settings = settings_for(runtime.settings, name, length, plan.block_length)
+            committer = runtime.committer() if STRATEGIES[name].guided else None
+            if plan.warmup and name not in warmed:
+                warm_up(runtime.loaded, tasks[0], settings, committer)
+                warmed.add(name)
+            result = measure(runtime, tasks, settings, committer, plan.batch_size)
+            baseline = result if name == BASELINE else baseline
+            record = {
+                "strategy": name,
+                "gen_length": length,
+                **result.summary(),
+                "speedup": baseline.seconds / result.seconds if result.seconds > 0 else 0.0,
+                "guided": STRATEGIES[name].guided,
+                "shots": plan.shots,
+                "batch_size": plan.batch_size,
+                "settings": settings.to_dict(),
+            }
+            records.append(record)
+            if on_record is not None:
+                on_record(record)
+    return records
+
+
+def measure(runtime, tasks: Sequence[Task], settings, committer, batch_size: int) -> Score:
+    """One timed pass over the tasks (a fresh guide cache per decode)."""
+    return score(
+        runtime.loaded, tasks, settings, runtime.text, committer=committer, batch_size=batch_size
+    )
+
+
+MARKDOWN_COLUMNS = (
+    ("strategy", "strategy", "{}"),
+    ("gen", "gen_length", "{}"),
+    ("accuracy", "accuracy", "{:.1%}"),
+    ("tok/s", "tokens_per_second", "{:.1f}"),
+    ("NFE", "forwards", "{}"),
+    ("tok/NFE", "tokens_per_forward", "{:.2f}"),
+    ("seconds", "seconds", "{:.2f}"),
+    ("speedup", "speedup", "{:.2f}x"),
+    ("mask violations", "mask_violations", "{}"),
+)
+
+
+def cells(record: dict) -> list[str]:
+    """One record's row for a table (markdown or Rich)."""
+    return [fmt.format(record[key]) for _, key, fmt in MARKDOWN_COLUMNS]
+
+
+def markdown_table(records: Sequence[dict]) -> str:
+    head = [title for title, _, _ in MARKDOWN_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in records]
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: Sequence[dict], path: Path) -> None:
+    """Throughput against accuracy, one point per strategy, one panel per gen_length."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise InputError(
+            "--plot needs matplotlib: pip install 'dllm-cli[plot]' (or matplotlib>=3.7)"
+        ) from None
+    lengths = sorted({r["gen_length"] for r in records})
+    fig = Figure(figsize=(6 * len(lengths), 4.5), layout="tight")
+    axes = fig.subplots(1, len(lengths), squeeze=False)[0]
+    for ax, length in zip(axes, lengths, strict=True):
+        points = [r for r in records if r["gen_length"] == length]
+        for r in points:
+            at = (r["tokens_per_second"], 100 * r["accuracy"])
+            ax.scatter(*at, marker="s" if r["strategy"] == BASELINE else "o")
+            ax.annotate(r["strategy"], at, fontsize=7, xytext=(3, 3), textcoords="offset points")
+        accuracies = [100 * r["accuracy"] for r in points]
+        ax.set_ylim(max(0.0, min(accuracies) - 5), min(100.0, max(accuracies) + 5))
+        ax.set_xscale("log")
+        ax.set_xlabel("throughput (answer tokens / s, log scale)")
+        ax.set_ylabel("exact-match accuracy (%)")
+        ax.set_title(f"gen_length {length}")
+        ax.grid(alpha=0.3)
+    try:
+        fig.savefig(path)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot write plot {path}: {e}") from None

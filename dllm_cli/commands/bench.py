@@ -1,0 +1,174 @@
+"""`dllm bench`: decoding strategies side by side on held-out TinyGSM problems, in one process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dllm_cli import options as opt
+from dllm_cli.bench import (
+    MARKDOWN_COLUMNS,
+    STRATEGIES,
+    BenchPlan,
+    cells,
+    markdown_table,
+    plot,
+    run_bench,
+)
+from dllm_cli.commands.common import cli_errors, fail, note, stderr
+from dllm_cli.commands.eval import Accept, BatchSize, N, Shots, Start, open_for_eval
+from dllm_cli.errors import InputError
+from dllm_cli.evaluate import held_out
+
+BENCH = "Benchmark"
+
+
+def split_list(text: str, what: str) -> list[str]:
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise InputError(f"--{what} needs at least one value")
+    return items
+
+
+def parse_lengths(text: str) -> list[int]:
+    try:
+        return [int(x) for x in split_list(text, "gen-length")]
+    except ValueError:
+        raise InputError(f"--gen-length takes integers like 256,512 (got {text!r})") from None
+
+
+def choose_strategies(text: str | None, has_guide: bool) -> list[str]:
+    """The requested names, or every strategy (the guided ones only when a guide is loaded)."""
+    if text is not None:
+        return split_list(text, "strategies")
+    names = [n for n, s in STRATEGIES.items() if has_guide or not s.guided]
+    if not has_guide:
+        note("no guide model loaded: skipping the guided strategies")
+    return names
+
+
+def rich_table(records: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    for heading, key, _ in MARKDOWN_COLUMNS:
+        table.add_column(heading, justify="left" if key == "strategy" else "right")
+    for r in records:
+        table.add_row(*cells(r), style="red" if r["mask_violations"] else None)
+    return table
+
+
+def preflight(json_path, markdown_path, plot_path) -> None:
+    """Refuse unwritable outputs (or a plot without matplotlib) before a long run, not after."""
+    for path in (json_path, markdown_path, plot_path):
+        if path is not None and not path.parent.is_dir():
+            raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
+    if plot_path is not None:
+        try:
+            import matplotlib.figure  # noqa: F401
+        except ImportError:
+            raise InputError("--plot needs matplotlib: pip install 'dllm-cli[plot]'") from None
+
+
+def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> None:
+    """JSON (a list of records), markdown beside it unless given elsewhere, optional plot."""
+    if json_path is not None:
+        write(json_path, json.dumps(records, indent=2) + "\n")
+        markdown_path = markdown_path or json_path.with_suffix(".md")
+    if markdown_path is not None:
+        write(markdown_path, markdown_table(records))
+    if plot_path is not None:
+        plot(records, plot_path)
+
+
+def write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def bench_command(
+    profile: opt.Profile = None,
+    shots: Shots = 5,
+    gen_length: Annotated[
+        str, typer.Option(help="Comma-separated answer lengths.", rich_help_panel=BENCH)
+    ] = "256",
+    strategies: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Comma-separated: {', '.join(STRATEGIES)} (default: all).",
+            rich_help_panel=BENCH,
+        ),
+    ] = None,
+    n: N = 20,
+    batch_size: BatchSize = 1,
+    start: Start = 0,
+    block_length: Annotated[
+        int, typer.Option(help="Block size for every strategy.", rich_help_panel=BENCH)
+    ] = 32,
+    warmup: Annotated[
+        bool, typer.Option(help="Untimed warm-up decode per strategy.", rich_help_panel=BENCH)
+    ] = True,
+    json_path: Annotated[
+        Path | None,
+        typer.Option("--json", help="Write the records here (a JSON list).", rich_help_panel=BENCH),
+    ] = None,
+    markdown_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--markdown", help="Markdown table (default: beside --json).", rich_help_panel=BENCH
+        ),
+    ] = None,
+    plot_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot", help="Throughput vs accuracy figure (.png/.svg).", rich_help_panel=BENCH
+        ),
+    ] = None,
+    model: opt.ModelPath = None,
+    device: opt.Device = None,
+    dtype: opt.Dtype = None,
+    chat: opt.Chat = None,
+    accept: Accept = None,
+    temperature: opt.Temperature = None,
+    seed: opt.Seed = None,
+) -> None:
+    """Run every decoding strategy on the same held-out problems: accuracy, tok/s, speedup."""
+    flags = {"model": model, "device": device, "dtype": dtype, "chat": chat}
+    flags |= {"temperature": temperature, "seed": seed}
+    with cli_errors():
+        lengths = parse_lengths(gen_length)
+        preflight(json_path, markdown_path, plot_path)
+        rt = open_for_eval(profile, flags, None, accept)
+        names = choose_strategies(strategies, rt.guide is not None)
+        plan = BenchPlan.make(
+            names,
+            lengths,
+            shots=shots,
+            block_length=block_length,
+            batch_size=batch_size,
+            warmup=warmup,
+        )
+        tasks = held_out(rt.encode, n, shots, start)
+
+        def report(r: dict) -> None:
+            stderr.print(
+                f"{r['strategy']:>30} gen {r['gen_length']:>5}: accuracy {r['accuracy']:.3f}, "
+                f"{r['tokens_per_second']:.1f} tok/s, {r['speedup']:.2f}x",
+                highlight=False,
+            )
+
+        records = run_bench(rt, tasks, plan, on_record=report)
+        title = (
+            f"{rt.profile.name}: {n} held-out TinyGSM problems, {shots}-shot, batch {batch_size}"
+        )
+        out = Console() if Console().is_terminal else Console(width=200)  # no squeezed pipes
+        out.print(rich_table(records, title))
+        write_outputs(records, json_path, markdown_path, plot_path)
+        bad = sum(r["mask_violations"] for r in records)
+    if bad:
+        raise fail(f"{bad} answers contained a mask token (a decoder bug; see the table)", 1)

@@ -1,0 +1,126 @@
+"""`dllm profiles`: which profiles exist, and what one sets and where each value comes from."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from dllm_cli.commands.common import cli_errors
+from dllm_cli.errors import ModelLoadError
+from dllm_cli.models.loading import BUILTIN_PREFIX, resolve_path
+from dllm_cli.profiles import (
+    DEFAULT_PROFILE,
+    Profile,
+    list_profiles,
+    load_profile,
+    resolve,
+    unset_variables,
+)
+
+profiles_app = typer.Typer(
+    help="List the profiles dllm can find, or show one with where each value comes from.",
+    invoke_without_command=True,
+)
+
+
+@profiles_app.callback()
+def list_command(ctx: typer.Context) -> None:
+    """List profiles: name, description and where the file lives."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with cli_errors():
+        found = list_profiles()
+    table = Table("Name", "Description", "Source", title="dllm profiles", title_justify="left")
+    for info in found:
+        name = f"{info.name} (default)" if info.name == DEFAULT_PROFILE else info.name
+        table.add_row(Text(name, style="bold"), Text(info.description), Text(info.source))
+    Console(highlight=False).print(table)
+
+
+@profiles_app.command("show")
+def show_command(
+    name: Annotated[
+        str, typer.Argument(help="Profile NAME or path to a .toml file.")
+    ] = DEFAULT_PROFILE,
+) -> None:
+    """Every setting of one profile, and whether it comes from the file or the defaults."""
+    with cli_errors():
+        profile, provenance, unset = describe(name)
+    out = Console(highlight=False)
+    out.print(Text(profile.name, style="bold"), Text(f"- {profile.description}"))
+    out.print(Text(f"file: {profile.source}", style="dim"))
+    values = flatten(profile.to_dict())
+    table = Table("Setting", "Value", "From")
+    for key, origin in provenance.items():
+        shown = "unset" if values.get(key) is None else str(values[key])
+        if key.endswith(".path"):
+            shown += path_remark(values[key])
+        table.add_row(key, Text(shown), origin.split(" ", 1)[0])
+    out.print(table)
+    for var in unset:
+        out.print(
+            Text(f"note: ${var} is not set; set it to the folder that holds your models "
+                 "(or edit the path) before using this profile", style="yellow")
+        )  # fmt: skip
+    for line in profile.decode.adjustments():
+        out.print(Text(f"note: {line}", style="dim"))
+
+
+def describe(name: str) -> tuple[Profile, dict[str, str], list[str]]:
+    """The resolved profile with provenance; paths naming unset variables are kept raw."""
+    plain = load_profile(name)
+    paths = [plain.model.path, plain.guide.path if plain.guide else ""]
+    unset = sorted({var for p in paths for var in unset_variables(p)})
+    with placeholders(unset):
+        profile, provenance = resolve(name, None)
+    if unset_variables(plain.model.path):
+        profile.model.path = plain.model.path
+    if profile.guide and plain.guide and unset_variables(plain.guide.path):
+        profile.guide.path = plain.guide.path
+    return profile, provenance, unset
+
+
+@contextmanager
+def placeholders(names: list[str]) -> Iterator[None]:
+    """Give unset variables a stand-in value while resolving, so resolve can report the rest."""
+    for var in names:
+        os.environ[var] = f"/unset-{var}"
+    try:
+        yield
+    finally:
+        for var in names:
+            os.environ.pop(var, None)
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, object]:
+    """{"model": {"path": p}} -> {"model.path": p}."""
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def path_remark(path: object) -> str:
+    """Why a model path will not load, when we can tell without loading it."""
+    if not isinstance(path, str) or not path:
+        return ""
+    if unset_variables(path):
+        return f" (${unset_variables(path)[0]} is not set)"
+    try:
+        folder = resolve_path(path)
+    except ModelLoadError:
+        return " (not installed)"
+    if path.startswith(BUILTIN_PREFIX):
+        return f" ({folder})"
+    return "" if Path(folder).is_dir() else " (not found)"

@@ -1,0 +1,141 @@
+"""`dllm visualize`: watch the canvas fill in, live on stderr, while the real decoder runs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from dllm_cli import options as o
+from dllm_cli.commands.common import (
+    cli_errors,
+    load_runtime,
+    stderr,
+    stderr_is_terminal,
+    write,
+)
+from dllm_cli.decoding import DecodeRun, StepEvent, decode_steps
+from dllm_cli.errors import SettingsError
+from dllm_cli.view import CanvasView, Recorder, check_save_path
+
+VIEW = "View"
+Delay = Annotated[
+    float,
+    typer.Option(help="Seconds to pause after each step, to watch it.", rich_help_panel=VIEW),
+]
+Replay = Annotated[
+    bool,
+    typer.Option(
+        "--replay", help="Decode first, then play the recorded steps.", rich_help_panel=VIEW
+    ),
+]
+Save = Annotated[
+    Path | None,
+    typer.Option(
+        help="Write FILE.svg (final frame) or FILE.html (every step).",
+        rich_help_panel=VIEW,
+        dir_okay=False,
+    ),
+]
+Width = Annotated[
+    int, typer.Option(min=40, help="Width of the --save export in columns.", rich_help_panel=VIEW)
+]
+
+
+def visualize_command(
+    prompt: Annotated[str, typer.Argument(help="The prompt to decode.", show_default=False)],
+    profile: o.Profile = None,
+    model: o.ModelPath = None,
+    device: o.Device = None,
+    dtype: o.Dtype = None,
+    gen_length: o.GenLength = None,
+    block_length: o.BlockLength = None,
+    steps: o.Steps = None,
+    cache: o.Cache = None,
+    unmask: o.Unmask = None,
+    confidence: o.Confidence = None,
+    threshold: o.Threshold = None,
+    factor: o.Factor = None,
+    temperature: o.Temperature = None,
+    top_p: o.TopP = None,
+    top_k: o.TopK = None,
+    cfg_scale: o.CfgScale = None,
+    seed: o.Seed = None,
+    early_stop: o.EarlyStop = None,
+    chat: o.Chat = None,
+    guide: o.Guide = None,
+    delay: Delay = 0.0,
+    replay: Replay = False,
+    save: Save = None,
+    width: Width = 120,
+) -> None:
+    """Decode PROMPT showing every step: masks, commits by step and confidence, blocks, caches."""
+    with cli_errors():
+        if delay < 0:
+            raise SettingsError(f"--delay must be >= 0 (got {delay})")
+        if save is not None:
+            check_save_path(save)
+        flags = o.overrides(
+            model=model, device=device, dtype=dtype, chat=chat, gen_length=gen_length,
+            block_length=block_length, steps=steps, cache=cache, unmask=unmask,
+            confidence=confidence, threshold=threshold, factor=factor, temperature=temperature,
+            top_p=top_p, top_k=top_k, cfg_scale=cfg_scale, seed=seed, early_stop=early_stop,
+        )  # fmt: skip
+        runtime = load_runtime(profile, flags, guide)
+        ids = runtime.prepare(prompt)
+        run = decode_steps(runtime.loaded, [ids], runtime.settings, committer=runtime.committer())
+        view = CanvasView.for_runtime(runtime)
+        recorder = Recorder(save, width) if save is not None else None
+        steps_seen = recorded(run) if replay else timed(run)
+        live = None
+        if stderr_is_terminal():  # a console of its own: `stderr` soft-wraps, Live must wrap
+            screen = Console(stderr=True, highlight=False)
+            live = Live(view.render(), console=screen, auto_refresh=False)
+        with live or nullcontext():
+            for event, seconds in steps_seen:
+                show(view, event, seconds, recorder, delay)
+                if live is not None:
+                    live.update(view.render(), refresh=True)
+                else:
+                    stderr.print(view.summary(), highlight=False)
+            result = run.result()
+            view.finish(result)
+            if live is not None:
+                live.update(view.render(), refresh=True)
+        if recorder is not None:
+            recorder.save(view)
+        write(runtime.text(result.tokens[0]) + "\n")
+
+
+def timed(run: DecodeRun) -> Iterator[tuple[StepEvent, float]]:
+    """Each event as the decoder yields it, with decoding time so far."""
+    for event in run:
+        yield event, run.seconds
+
+
+def recorded(run: DecodeRun) -> Iterable[tuple[StepEvent, float]]:
+    """Run the decode to the end first (a spinner meanwhile), then hand back its events."""
+    terminal = stderr_is_terminal()
+    with stderr.status("decoding (replay follows)...") if terminal else nullcontext():
+        return list(timed(run))
+
+
+def show(
+    view: CanvasView,
+    event: StepEvent,
+    seconds: float,
+    recorder: Recorder | None,
+    delay: float,
+) -> None:
+    """Advance the view one step, keep the frame for --save, pause for --delay."""
+    view.update(event, seconds)
+    if recorder is not None:
+        recorder.frame(view)
+    if delay > 0:
+        time.sleep(delay)

@@ -1,0 +1,216 @@
+"""Exact-match accuracy on held-out TinyGSM problems under any decoding settings.
+
+The library behind `dllm eval` and `dllm bench` (and training's learning curve): problems are
+`few_shot_prompt(question, shots_for(i, K))`, encoded by the caller (the runtime's chat
+template), decoded in batches by the real engine and checked with `tinygsm.data.is_correct`.
+
+Throughput, defined once for every command:
+- `tokens`: per problem, the generated tokens up to and including the answer's end, i.e. the
+  first stop token (EOS or end-of-turn) counts, the EOS filling after it does not; an answer
+  without a stop token counts all `gen_length` positions. This is the text a user waits for,
+  and it does not reward decoders for padding faster.
+- `tokens_per_second` = sum of `tokens` / `seconds`, where `seconds` is the wall time of the
+  decode calls (model and guide forwards, sampling, commits; not tokenization or checking),
+  after an untimed warm-up decode of one block when asked (`dllm eval` and `dllm bench` do).
+- `gen_tokens_per_second` = n * gen_length / seconds: canvas positions per second, the number
+  that grows with gen_length when a decoder stops early.
+- `forwards`: diffusion-model forwards (NFE) over all batches (one forward serves a batch);
+  `guide_forwards`: the AR guide's forwards; `tokens_per_forward` = tokens / forwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from dllm_cli.decoding import Committer, decode
+from dllm_cli.errors import InputError
+from dllm_cli.models.loading import LoadedModel
+from dllm_cli.settings import DecodeSettings
+from dllm_cli.tinygsm.data import (
+    TEST_SIZE,
+    extract_answer,
+    few_shot_prompt,
+    is_correct,
+    shots_for,
+    test_split,
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One held-out problem, ready to decode."""
+
+    index: int  # position in the held-out split
+    prompt: list[int]
+    answer: int
+
+
+@dataclass(frozen=True)
+class ProblemResult:
+    """What the decoder answered for one problem."""
+
+    index: int
+    answer: int
+    predicted: int | None  # the integer on the first answer line, None when there is none
+    correct: bool
+    tokens: int  # generated tokens up to and including the answer's end
+    text: str
+
+
+@dataclass
+class Score:
+    """Accuracy and cost of one pass over a problem set with one set of settings."""
+
+    gen_length: int
+    results: list[ProblemResult] = field(default_factory=list)
+    forwards: int = 0
+    guide_forwards: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    mask_violations: int = 0  # answers whose text still held a mask token (must stay 0)
+
+    @property
+    def n(self) -> int:
+        return len(self.results)
+
+    @property
+    def correct(self) -> int:
+        return sum(r.correct for r in self.results)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.results)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def gen_tokens_per_second(self) -> float:
+        return self.n * self.gen_length / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    def summary(self) -> dict:
+        """The numbers every report shares (JSON-ready)."""
+        return {
+            "accuracy": self.accuracy,
+            "n": self.n,
+            "correct": self.correct,
+            "tokens": self.tokens,
+            "tokens_per_second": self.tokens_per_second,
+            "gen_tokens_per_second": self.gen_tokens_per_second,
+            "forwards": self.forwards,
+            "guide_forwards": self.guide_forwards,
+            "tokens_per_forward": self.tokens_per_forward,
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "mask_violations": self.mask_violations,
+        }
+
+
+def held_out(encode: Callable[[str], list[int]], n: int, shots: int, start: int = 0) -> list[Task]:
+    """Problems start .. start+n-1 of the held-out split with K fixed shots each, encoded."""
+    if n < 1:
+        raise InputError(f"--n must be at least 1 (got {n})")
+    if shots < 0:
+        raise InputError(f"--shots must be >= 0 (got {shots})")
+    if start < 0 or start + n > TEST_SIZE:
+        raise InputError(f"problems {start}..{start + n - 1} are outside the held-out 0..999")
+    problems = test_split()[start : start + n]
+    return [
+        Task(start + i, encode(few_shot_prompt(p.question, shots_for(start + i, shots))), p.answer)
+        for i, p in enumerate(problems)
+    ]
+
+
+def answer_length(tokens: Sequence[int], stop: Sequence[int]) -> int:
+    """Generated tokens up to and including the first stop token (all when there is none)."""
+    stops = set(stop)
+    return next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))
+
+
+def score(
+    loaded: LoadedModel,
+    tasks: Sequence[Task],
+    settings: DecodeSettings,
+    text: Callable[[list[int]], str],
+    *,
+    committer: Committer | None = None,
+    batch_size: int = 1,
+    on_batch: Callable[[int], None] | None = None,
+) -> Score:
+    """Decode `tasks` in batches of `batch_size` and check each answer; `text` decodes ids."""
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1 (got {batch_size})")
+    out = Score(gen_length=settings.gen_length)
+    stop, mask = loaded.special.stop, loaded.special.mask
+    guide_before = getattr(committer, "forwards", 0)
+    for first in range(0, len(tasks), batch_size):
+        batch = tasks[first : first + batch_size]
+        began = time.perf_counter()
+        result = decode(loaded, [t.prompt for t in batch], settings, committer=committer)
+        out.seconds += time.perf_counter() - began
+        out.forwards += result.forwards
+        out.steps += result.steps
+        for task, tokens in zip(batch, result.tokens, strict=True):
+            length = answer_length(tokens, stop)
+            out.mask_violations += mask in tokens[:length]
+            answer_text = text(tokens)
+            predicted = extract_answer(answer_text)
+            correct = is_correct(answer_text, task.answer)
+            out.results.append(
+                ProblemResult(task.index, task.answer, predicted, correct, length, answer_text)
+            )
+        if on_batch is not None:
+            on_batch(len(batch))
+    out.guide_forwards = getattr(committer, "forwards", 0) - guide_before
+    return out
+
+
+def warm_up(loaded: LoadedModel, task: Task, settings: DecodeSettings, committer=None) -> None:
+    """One untimed decode of one block, so one-off setup (kernels, allocations) is not timed."""
+    short = replace(settings, gen_length=min(settings.block_length, settings.gen_length))
+    decode(loaded, [task.prompt], short, committer=committer)
+
+
+def evaluate(
+    runtime,
+    n: int,
+    shots: int,
+    *,
+    batch_size: int = 1,
+    start: int = 0,
+    settings: DecodeSettings | None = None,
+    committer: Committer | None = None,
+    warmup: bool = False,
+    on_batch: Callable[[int], None] | None = None,
+) -> Score:
+    """A Runtime's accuracy on n held-out problems (its settings and guide unless given)."""
+    tasks = held_out(runtime.encode, n, shots, start)
+    chosen = settings or runtime.settings
+    guide = committer if committer is not None else runtime.committer()
+    if warmup:
+        warm_up(runtime.loaded, tasks[0], chosen, guide)
+    return score(
+        runtime.loaded,
+        tasks,
+        chosen,
+        runtime.text,
+        committer=guide,
+        batch_size=batch_size,
+        on_batch=on_batch,
+    )
+
+
+def details(score_: Score) -> list[dict]:
+    """Per-problem results (JSON-ready)."""
+    return [asdict(r) for r in score_.results]

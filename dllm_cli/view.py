@@ -1,0 +1,254 @@
+"""Rendering StepEvents: answer text streamed as it becomes final, and the Rich canvas view.
+
+Both consume the decoder's events and never drive it, so the live view, a replay of recorded
+events and the SVG/HTML export all draw the same frames.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import io
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.color import Color
+from rich.console import Console, Group, RenderableType
+from rich.rule import Rule
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from dllm_cli.decoding import DecodeResult, StepEvent
+from dllm_cli.errors import DllmError, SettingsError
+from dllm_cli.runtime import Runtime
+from dllm_cli.settings import DecodeSettings
+
+MASK_GLYPH = "░"
+END_GLYPH = "∎"
+SAVE_KINDS = (".svg", ".html")
+
+
+class TextStream:
+    """Answer text printed as soon as its prefix is final (every position up to it committed)."""
+
+    def __init__(self, gen_length: int, to_text: Callable[[list[int]], str], row: int = 0):
+        self.tokens: list[int | None] = [None] * gen_length
+        self.to_text = to_text  # tokens -> answer text (cut at the first stop token)
+        self.row = row
+        self.final = 0  # length of the committed prefix
+        self.shown = ""
+
+    def feed(self, event: StepEvent) -> str:
+        """Text that became final with this event ("" when none did)."""
+        for commit in event.commits:
+            if commit.row == self.row:
+                for pos, tok in zip(commit.positions, commit.tokens, strict=True):
+                    self.tokens[pos] = tok
+        n = self.final
+        while n < len(self.tokens) and self.tokens[n] is not None:
+            n += 1
+        if n == self.final:
+            return ""
+        self.final = n
+        # A byte-level tokenizer may end a prefix inside a character: hold that part back.
+        text = self.to_text(self.tokens[:n]).rstrip("\ufffd")  # type: ignore[arg-type]
+        if not text.startswith(self.shown):
+            return ""
+        new, self.shown = text[len(self.shown) :], text
+        return new
+
+    def finish(self, text: str) -> str:
+        """The rest of the final answer, newline included."""
+        if text.startswith(self.shown):
+            return text[len(self.shown) :] + "\n"
+        return "\n" + text + "\n"  # the streamed part changed (not expected): print it whole
+
+
+class CanvasView:
+    """One answer's canvas as the events build it, drawn as rows of blocks."""
+
+    def __init__(
+        self,
+        settings: DecodeSettings,
+        token_text: Callable[[int], str],
+        stop_ids: tuple[int, ...] = (),
+    ):
+        self.s = settings
+        self.token_text = token_text
+        self.spelled: dict[int, str] = {}
+        self.stop_ids = set(stop_ids)
+        g = settings.gen_length
+        self.tokens: list[int | None] = [None] * g
+        self.steps = [-1] * g
+        self.confidence = [0.0] * g
+        self.blocks: list[tuple[int, int]] = []
+        start = 0
+        for length, _ in settings.block_plan():
+            self.blocks.append((start, start + length))
+            start += length
+        self.frozen: list[tuple[int, int]] = []
+        self.event: StepEvent | None = None
+        self.committed = 0
+        self.accepted: int | None = None
+        self.seconds = 0.0
+        self.done = False
+
+    @classmethod
+    def for_runtime(cls, runtime: Runtime) -> CanvasView:
+        """A view that spells tokens with the runtime's tokenizer."""
+        tok = runtime.loaded.tokenizer
+        return cls(runtime.settings, lambda t: tok.decode([t]), runtime.loaded.special.stop)
+
+    def update(self, event: StepEvent, seconds: float) -> None:
+        """Take one step's commits (row 0); `seconds` is decoding time so far."""
+        for commit in event.commits:
+            if commit.row != 0:
+                continue
+            for pos, tok, conf in zip(
+                commit.positions, commit.tokens, commit.confidences, strict=True
+            ):
+                self.tokens[pos], self.steps[pos], self.confidence[pos] = tok, event.step, conf
+            self.committed += len(commit.positions)
+        if event.frozen is not None:
+            self.frozen.append(event.frozen)
+        if event.accepted is not None:
+            self.accepted = (self.accepted or 0) + event.accepted
+        self.event, self.seconds = event, seconds
+
+    def finish(self, result: DecodeResult) -> None:
+        """The final canvas: positions filled after an early stop show as ended."""
+        for pos, tok in enumerate(result.tokens[0]):
+            if self.tokens[pos] is None:
+                self.tokens[pos] = tok
+        self.seconds, self.done = result.seconds, True
+
+    # --- drawing ------------------------------------------------------------------------
+    def header(self) -> Text:
+        e, s = self.event, self.s
+        rate = self.committed / self.seconds if self.seconds > 0 else 0.0
+        rule = {"threshold": f" {s.threshold:g}", "factor": f" {s.factor:g}"}.get(s.unmask, "")
+        parts = [
+            f"step {e.step + 1 if e else 0}" + (" (done)" if self.done else ""),
+            f"block {(e.block if e else 0) + 1}/{len(self.blocks)}",
+            f"+{e.committed if e else 0} tokens",
+            f"{self.committed}/{s.gen_length} committed",
+            f"forwards {e.forwards if e else 0}",
+            f"{rate:.1f} tok/s",
+            f"cache {s.cache}",
+            f"unmask {s.unmask}{rule}",
+        ]
+        if self.accepted is not None:
+            parts.append(f"accepted {self.accepted}")
+        return Text("  ".join(parts), style="bold")
+
+    def block_state(self, index: int) -> tuple[str, str]:
+        """(marker, style) of a block: current, finished, cached K/V or waiting."""
+        start, end = self.blocks[index]
+        filled = all(t is not None for t in self.tokens[start:end])
+        current = self.event is not None and self.event.block == index and not self.done
+        if current:
+            return "▶", "bold yellow"
+        if filled and self._cached(start, end):
+            return "❄", "cyan"
+        if filled:
+            return "✓", "green"
+        return "·", "dim"
+
+    def _cached(self, start: int, end: int) -> bool:
+        if self.s.cache == "freecache":
+            return any(a <= start and end <= b for a, b in self.frozen)
+        if self.s.cache in ("prefix", "dual") and self.event is not None:
+            w0, w1 = self.event.window
+            return end <= w0 or start >= w1
+        return False
+
+    def token_cell(self, pos: int) -> Text:
+        tok = self.tokens[pos]
+        if tok is None:
+            return Text(MASK_GLYPH, style="dim")
+        if tok in self.stop_ids or self.steps[pos] < 0:
+            return Text(END_GLYPH, style="dim")
+        if tok not in self.spelled:
+            self.spelled[tok] = spell(self.token_text(tok))
+        shown = self.spelled[tok]
+        style = step_style(self.steps[pos], self.confidence[pos])
+        if self.event is not None and self.steps[pos] == self.event.step and not self.done:
+            style += Style(underline=True)
+        return Text(shown, style=style)
+
+    def render(self) -> RenderableType:
+        """Header, one table row per block, legend."""
+        table = Table.grid(padding=(0, 1))
+        table.add_column(no_wrap=True)
+        table.add_column(ratio=1)
+        for b, (start, end) in enumerate(self.blocks):
+            marker, style = self.block_state(b)
+            cells = Text(" ").join(self.token_cell(p) for p in range(start, end))
+            row_style = "on grey11" if marker == "▶" else None
+            table.add_row(Text(f"{marker} B{b}", style=style), cells, style=row_style)
+        legend = Text(
+            f"{MASK_GLYPH} mask · colour: commit step, bright = confident · "
+            f"▶ current ✓ done ❄ cached K/V {END_GLYPH} end",
+            style="dim",
+        )
+        return Group(self.header(), table, legend)
+
+    def summary(self) -> str:
+        """One plain line per step, for a stderr that is not a terminal."""
+        e = self.event
+        if e is None:
+            return "no steps"
+        tail = f", accepted {self.accepted}" if self.accepted is not None else ""
+        return (
+            f"step {e.step + 1} block {e.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
+            f"{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}{tail}"
+        )
+
+
+def spell(text: str) -> str:
+    """A token as one visible cell: newline ↵, blank ␣, control characters escaped."""
+    text = text.replace("\n", "↵").strip() or "␣"
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def step_style(step: int, confidence: float) -> Style:
+    """Hue from the commit step (golden-ratio spread), brightness from the confidence."""
+    shade = confidence if confidence >= 0 else math.exp(confidence)  # entropy is <= 0
+    shade = min(max(shade, 0.0), 1.0)
+    r, g, b = colorsys.hsv_to_rgb((step * 0.618034) % 1.0, 0.6, 0.5 + 0.5 * shade)
+    return Style(color=Color.from_rgb(r * 255, g * 255, b * 255))
+
+
+def check_save_path(path: Path) -> None:
+    """Refuse an export format we cannot write before any decoding starts."""
+    if path.suffix.lower() not in SAVE_KINDS:
+        raise SettingsError(f"--save {path}: use a .svg (final frame) or .html (every step) file")
+
+
+class Recorder:
+    """Frames for --save: the last one as SVG, or every step as one HTML page."""
+
+    def __init__(self, path: Path, width: int = 120):
+        check_save_path(path)
+        self.path, self.html = path, path.suffix.lower() == ".html"
+        self.console = Console(
+            record=True, width=width, file=io.StringIO(), force_terminal=True,
+            color_system="truecolor",
+        )  # fmt: skip
+
+    def frame(self, view: CanvasView) -> None:
+        if self.html and view.event is not None:
+            self.console.print(Rule(f"step {view.event.step + 1}"))
+            self.console.print(view.render())
+
+    def save(self, view: CanvasView) -> None:
+        """Write the file (the final frame closes the HTML too)."""
+        if self.html:
+            self.console.print(Rule("final"))
+        self.console.print(view.render())
+        text = self.console.export_html() if self.html else self.console.export_svg(title="dllm")
+        try:
+            self.path.write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise DllmError(f"cannot write {self.path}: {e.strerror or e}") from None

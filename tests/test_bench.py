@@ -1,0 +1,120 @@
+"""`dllm bench`: records, speedups against the same run's baseline, outputs, the strategy table."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from cli_fixtures import invoke, isolated_fixture  # noqa: F401
+from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
+
+from dllm_cli.bench import REFERENCE, STRATEGIES, BenchPlan, plot, settings_for
+from dllm_cli.errors import InputError
+from dllm_cli.settings import DecodeSettings
+
+KEYS = {
+    "strategy": str,
+    "gen_length": int,
+    "accuracy": float,
+    "tokens_per_second": float,
+    "forwards": int,
+    "tokens_per_forward": float,
+    "seconds": float,
+    "speedup": float,
+    "mask_violations": int,
+    "settings": dict,
+}
+
+
+@pytest.fixture(scope="session")
+def tinygsm_pair(tmp_path_factory):
+    return shared_tinygsm_pair(tmp_path_factory)
+
+
+@pytest.fixture
+def profile(tmp_path, tinygsm_pair):
+    model, guide = tinygsm_pair
+    return tinygsm_profile(tmp_path / "p" / "micro.toml", model, guide)
+
+
+def test_tiny_bench_run(profile, tmp_path):
+    out = tmp_path / "out" / "bench.json"
+    out.parent.mkdir()
+    strategies = "dual+parallel,freecache+guided+early-stop"
+    args = ["bench", "-p", str(profile), "--n", "2", "--shots", "1", "--gen-length", "16,32"]
+    result = invoke(*args, "--strategies", strategies, "--block-length", "8", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    records = json.loads(out.read_text())
+    assert [(r["strategy"], r["gen_length"]) for r in records] == [
+        (name, length)
+        for length in (16, 32)
+        for name in ("baseline", "dual+parallel", "freecache+guided+early-stop")
+    ]
+    for r in records:
+        for key, kind in KEYS.items():
+            assert isinstance(r[key], kind), key
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["mask_violations"] == 0
+        assert r["forwards"] > 0 and r["seconds"] > 0
+        assert r["settings"]["gen_length"] == r["gen_length"]
+        assert r["settings"]["block_length"] == 8
+    base = [r for r in records if r["strategy"] == "baseline"]
+    assert all(r["speedup"] == 1.0 for r in base)
+    assert [r["forwards"] for r in base] == [2 * 16, 2 * 32]  # one token per step, no cache
+    for r in records:
+        same = next(b for b in base if b["gen_length"] == r["gen_length"])
+        assert r["speedup"] == pytest.approx(same["seconds"] / r["seconds"])
+    guided = [r for r in records if r["guided"]]
+    assert guided and all(r["guide_forwards"] > 0 for r in guided)
+    markdown = out.with_suffix(".md").read_text()
+    assert markdown.startswith("| strategy |") and markdown.count("\n") == 2 + len(records)
+    assert "freecache+guided+early-stop" in result.stdout  # the Rich table
+
+
+def test_bench_refuses_unknown_strategies_and_lengths(profile):
+    bad = invoke("bench", "-p", str(profile), "--n", "1", "--strategies", "dual,turbo")
+    assert bad.exit_code == 4 and "turbo" in bad.stderr and "freecache+guided" in bad.stderr
+    lengths = invoke("bench", "-p", str(profile), "--n", "1", "--gen-length", "16,x")
+    assert lengths.exit_code == 4 and "--gen-length" in lengths.stderr
+    nowhere = invoke("bench", "-p", str(profile), "--n", "1", "--json", "no/such/dir/b.json")
+    assert nowhere.exit_code == 4 and "does not exist" in nowhere.stderr
+
+
+def test_guided_strategies_need_a_guide(tmp_path, tinygsm_pair):
+    model, _ = tinygsm_pair
+    plain = tinygsm_profile(tmp_path / "q" / "plain.toml", model, None)
+    args = ["bench", "-p", str(plain), "--n", "1", "--gen-length", "8", "--block-length", "8"]
+    asked = invoke(*args, "--strategies", "freecache+guided", "--no-warmup")
+    assert asked.exit_code == 4 and "guide" in asked.stderr
+
+
+def test_strategy_table_changes_only_what_the_name_says():
+    base = DecodeSettings(temperature=0.5, seed=3, cache="dual", unmask="threshold")
+    reference = settings_for(base, "baseline", 64, 32)
+    assert reference.cache == "none" and reference.unmask == "fixed" and reference.steps is None
+    assert not reference.early_stop and (reference.temperature, reference.seed) == (0.5, 3)
+    for name, strategy in STRATEGIES.items():
+        s = settings_for(base, name, 64, 32)
+        changed = {k for k in REFERENCE if getattr(s, k) != getattr(reference, k)}
+        assert changed == {k for k, v in strategy.settings.items() if REFERENCE[k] != v}, name
+    for name in ("baseline", "dual+parallel", "freecache+guided", "dual+parallel+early-stop"):
+        assert name in STRATEGIES
+    plan = BenchPlan.make(["dual", "dual"], [64, 64], shots=0)
+    assert plan.strategies == ("baseline", "dual") and plan.lengths == (64,)
+
+
+def test_plot_needs_matplotlib(tmp_path, monkeypatch):
+    records = [{"strategy": "baseline", "gen_length": 8, "tokens_per_second": 5.0, "accuracy": 0.5}]
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if not installed
+    with pytest.raises(InputError, match="matplotlib"):
+        plot(records, tmp_path / "p.png")
+
+
+def test_plot_writes_a_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    records = [
+        {"strategy": name, "gen_length": length, "tokens_per_second": tps, "accuracy": acc}
+        for name, length, tps, acc in [("baseline", 8, 5.0, 0.5), ("dual", 8, 20.0, 0.4)]
+    ]
+    plot(records, tmp_path / "p.svg")
+    assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")

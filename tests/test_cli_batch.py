@@ -1,0 +1,130 @@
+"""`dllm generate -`: stdin batches keep input order, isolate bad lines, keep finished output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_fixtures import (  # noqa: F401
+    CONTEXT,
+    PROMPTS,
+    cli_ckpt_fixture,
+    error_lines,
+    invoke,
+    isolated_fixture,
+    profile_file_fixture,
+)
+
+from dllm_cli.commands import generate
+from dllm_cli.decoding import decode as real_decode
+from dllm_cli.errors import InputError
+
+TOO_LONG = " ".join(["apples"] * CONTEXT)
+
+
+def singles(profile) -> list[dict]:
+    return [json.loads(invoke("generate", p, "-p", str(profile), "--json").stdout) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("size", [1, 2, 8])
+def test_batches_answer_in_input_order_like_single_runs(profile_file, size):
+    stdin = "\n".join(PROMPTS) + "\n"
+    result = invoke(
+        "generate", "-", "-p", str(profile_file), "--json", "--batch-size", str(size), input=stdin
+    )
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3]
+    for record, single in zip(records, singles(profile_file), strict=True):
+        assert record["prompt"] == single["prompt"]
+        assert record["token_ids"] == single["token_ids"] and record["text"] == single["text"]
+
+
+def test_piped_stdin_without_a_prompt_is_batch_mode(profile_file):
+    stdin = "\n".join(PROMPTS) + "\n"
+    dash = invoke("generate", "-", "-p", str(profile_file), input=stdin)
+    piped = invoke("generate", "-p", str(profile_file), input=stdin)
+    assert dash.exit_code == piped.exit_code == 0
+    assert piped.stdout == dash.stdout
+    assert piped.stdout.splitlines() == [s["text"] for s in singles(profile_file)]
+
+
+def test_bad_lines_get_error_records_in_json(profile_file):
+    stdin = f"{PROMPTS[0]}\n\n{TOO_LONG}\n{PROMPTS[1]}\n"
+    result = invoke("generate", "-p", str(profile_file), "--json", "--batch-size", "2", input=stdin)
+    assert result.exit_code == InputError.exit_code
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3, 4]
+    assert "text" in records[0] and "text" in records[3]
+    assert records[1] == {"line": 2, "prompt": "", "error": "empty prompt"}
+    assert records[2]["prompt"] == TOO_LONG and "prompt too long" in records[2]["error"]
+    expected = singles(profile_file)
+    assert records[3]["token_ids"] == expected[1]["token_ids"]
+    assert "2 of 4 prompts failed" in result.stderr and "Traceback" not in result.output
+
+
+def test_bad_lines_in_text_mode_keep_line_numbers(profile_file):
+    stdin = f"{PROMPTS[0]}\n\n{PROMPTS[1]}\n"
+    result = invoke("generate", "-p", str(profile_file), input=stdin)
+    assert result.exit_code == InputError.exit_code
+    texts = [s["text"] for s in singles(profile_file)]
+    assert result.stdout.splitlines() == [texts[0], "", texts[1]]
+    assert error_lines(result)[0] == "dllm: error: line 2: empty prompt"
+
+
+def test_json_input_reads_the_prompt_field(profile_file):
+    lines = [json.dumps({"prompt": PROMPTS[0], "id": 7}), "not json", json.dumps({"q": 1})]
+    result = invoke(
+        "generate", "-", "-p", str(profile_file), "--json", "--json-input", input="\n".join(lines)
+    )
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert (
+        records[0]["prompt"] == PROMPTS[0]
+        and records[0]["text"] == singles(profile_file)[0]["text"]
+    )
+    assert records[1]["prompt"] == "not json" and "not a JSON object" in records[1]["error"]
+    assert '"prompt" field' in records[2]["error"]
+    assert result.exit_code == InputError.exit_code
+
+
+def failing_decode(exc: BaseException, on_call: int):
+    """decode() that raises `exc` on its `on_call`-th call (1-based)."""
+    calls = []
+
+    def fake(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == on_call:
+            raise exc
+        return real_decode(*args, **kwargs)
+
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "message"),
+    [
+        (RuntimeError("out of memory"), 70, "internal error"),
+        (KeyboardInterrupt(), 130, "interrupted"),
+    ],
+)
+def test_a_later_batch_failing_keeps_finished_output(profile_file, monkeypatch, exc, code, message):
+    monkeypatch.setattr(generate, "decode", failing_decode(exc, on_call=2))
+    stdin = "\n".join(PROMPTS) + "\n"
+    result = invoke("generate", "-p", str(profile_file), "--json", "--batch-size", "2", input=stdin)
+    assert result.exit_code == code
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["line"] for r in records] == [1, 2]
+    assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_an_input_error_from_the_engine_fails_only_its_batch(profile_file, monkeypatch):
+    monkeypatch.setattr(generate, "decode", failing_decode(InputError("engine says no"), on_call=1))
+    stdin = "\n".join(PROMPTS) + "\n"
+    result = invoke("generate", "-p", str(profile_file), "--json", "--batch-size", "2", input=stdin)
+    assert result.exit_code == InputError.exit_code
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r.get("error") for r in records] == ["engine says no", "engine says no", None]
+
+
+def test_one_line_escapes_newlines_reversibly():
+    assert generate.one_line("a\nb\\n\r") == "a\\nb\\\\n\\r"
