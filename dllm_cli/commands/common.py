@@ -155,3 +155,13 @@ class Totals:
             f"{self.prompts} prompt(s), {self.tokens} tokens, {self.forwards} forwards, "
             f"{self.steps} steps, {self.seconds:.2f} s, {rate:.1f} tok/s"
         )
+
+
+def describe_error(e: BaseException) -> tuple[str, int]:
+    """The one-line message and exit code cli_errors gives `e`, for a rank reporting to rank 0."""
+    if isinstance(e, DllmError):
+        return str(e), e.exit_code
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", INTERRUPTED
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"internal error: {type(e).__name__}: {first}", INTERNAL

@@ -7,19 +7,22 @@ A bad line gets an error record instead of sinking its batch: with --json a
 {"line", "prompt", "error"} object; in text mode an empty stdout line plus `dllm: error: line
 N: ...` on stderr. Text mode writes each answer on one line (newlines as \\n, backslashes as
 \\\\); use --json for the exact text. The exit code is 4 when any line failed.
+Under torchrun the same pipeline runs on each rank's share of the lines (dllm_cli/distributed.py).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dllm_cli import distributed
 from dllm_cli import options as o
 from dllm_cli.commands.common import (
     USAGE,
@@ -97,8 +100,12 @@ def generate_command(
     answer as \\n; --json keeps the exact text.
     """
     with cli_errors():
+        job = distributed.Job.from_env()
+        leader = job is None or job.rank == 0  # the process that reads stdin and writes stdout
         batch = prompt is None or prompt == "-"
-        if batch and stdin_is_terminal():
+        if job is not None and not batch:
+            raise fail("under torchrun, prompts come from stdin: give '-' and pipe them", USAGE)
+        if batch and leader and stdin_is_terminal():
             raise fail(
                 "no prompt: give one as an argument, or pipe prompts on stdin (one per line)",
                 USAGE,
@@ -111,14 +118,19 @@ def generate_command(
             confidence=confidence, threshold=threshold, factor=factor, temperature=temperature,
             top_p=top_p, top_k=top_k, cfg_scale=cfg_scale, seed=seed, early_stop=early_stop,
         )  # fmt: skip
-        runtime = load_runtime(profile, flags, guide)
+        if job is None:
+            runtime = load_runtime(profile, flags, guide)
+        else:
+            runtime = distributed.load_runtime(job, profile, flags, guide)
         totals = Totals()
-        if batch:
+        if job is not None:
+            failed = run_sharded(job, runtime, batch_size, json_out, json_input, totals)
+        elif batch:
             failed = run_batch(runtime, sys.stdin, batch_size, json_out, json_input, totals)
         else:
             failed = 0
             run_single(runtime, prompt, json_out, totals)
-        if stats:
+        if stats and leader:
             note(totals.line())
         if failed:
             raise fail(
@@ -178,37 +190,95 @@ def run_batch(
     totals: Totals,
 ) -> int:
     """Decode stdin lines in batches; returns how many lines failed."""
-    pending: list[Slot] = []  # read, not yet written (input order)
-    batch: list[Slot] = []  # valid, not yet decoded
     failed = 0
 
-    def flush() -> None:
+    def numbered() -> Iterable[tuple[int, str]]:
+        for number, raw in enumerate(lines, start=1):
+            progress.update(task, total=number)
+            yield number, raw
+
+    def write_out(slots: list[Slot]) -> None:
         nonlocal failed
-        while pending and (pending[0].output is not None or pending[0].error is not None):
-            slot = pending.pop(0)
+        for slot in slots:
             failed += slot.error is not None
             emit(slot, json_out)
             progress.advance(task)
 
-    with Progress(
-        TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=stderr, disable=not stderr_is_terminal(), transient=True,
-    ) as progress:  # fmt: skip
+    with decoding_progress() as progress:
         task = progress.add_task("decoding", total=None)
-        for number, raw in enumerate(lines, start=1):
-            slot = read_slot(runtime, number, raw, json_input)
-            pending.append(slot)
-            progress.update(task, total=number)
-            if slot.error is None:
-                batch.append(slot)
-            if len(batch) == batch_size:
-                decode_batch(runtime, batch, json_out, totals)
-                batch = []
-            flush()
-        if batch:
-            decode_batch(runtime, batch, json_out, totals)
-        flush()
+        decode_lines(runtime, numbered(), batch_size, json_out, json_input, totals, write_out)
     return failed
+
+
+def run_sharded(
+    job: distributed.Job,
+    runtime: Runtime,
+    batch_size: int,
+    json_out: bool,
+    json_input: bool,
+    totals: Totals,
+) -> int:
+    """Batch mode under torchrun: this rank's share of the lines, through the same pipeline."""
+    with distributed.process_group(job):
+        lines = distributed.share_lines(job, sys.stdin)
+
+        def work(shard: Iterable[tuple[int, str]], done: Callable[[list[Slot]], None]) -> None:
+            decode_lines(runtime, shard, batch_size, json_out, json_input, totals, done)
+
+        def lost(line: int, reason: str) -> Slot:  # prompt as the line's own record has it
+            return Slot(
+                line, read_slot(runtime, line, lines[line - 1], json_input).prompt, error=reason
+            )
+
+        with decoding_progress(visible=job.rank == 0) as progress:
+            task = progress.add_task("decoding", total=len(lines))
+            advance = partial(progress.advance, task)
+            return distributed.run(
+                job, lines, work, partial(emit, json_out=json_out), lost, totals, advance
+            )
+
+
+def decoding_progress(visible: bool = True) -> Progress:
+    """The batch progress bar on stderr (a terminal only; gone when done)."""
+    return Progress(
+        TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=stderr, disable=not (visible and stderr_is_terminal()), transient=True,
+    )  # fmt: skip
+
+
+def decode_lines(
+    runtime: Runtime,
+    numbered: Iterable[tuple[int, str]],
+    batch_size: int,
+    json_out: bool,
+    json_input: bool,
+    totals: Totals,
+    done: Callable[[list[Slot]], None],
+) -> None:
+    """The batch pipeline: check each (number, line), decode valid ones batch_size at a time,
+    and hand finished slots to `done` in order, each once it and all before it are finished."""
+    pending: list[Slot] = []  # read, not yet handed on (input order)
+    batch: list[Slot] = []  # valid, not yet decoded
+
+    def flush() -> None:
+        finished = []
+        while pending and (pending[0].output is not None or pending[0].error is not None):
+            finished.append(pending.pop(0))
+        if finished:
+            done(finished)
+
+    for number, raw in numbered:
+        slot = read_slot(runtime, number, raw, json_input)
+        pending.append(slot)
+        if slot.error is None:
+            batch.append(slot)
+        if len(batch) == batch_size:
+            decode_batch(runtime, batch, json_out, totals)
+            batch = []
+        flush()
+    if batch:
+        decode_batch(runtime, batch, json_out, totals)
+    flush()
 
 
 def read_slot(runtime: Runtime, number: int, raw: str, json_input: bool) -> Slot:

@@ -87,6 +87,7 @@ def _mark_after(ids: list[int], opener: list[int], closer: int) -> list[bool]:
 class Example:
     prompt: list[int]
     answer: list[int]
+    shot_marks: list[bool]  # True on the in-context solutions inside the prompt
 
 
 class ExampleSource:
@@ -100,7 +101,8 @@ class ExampleSource:
         shots = [next(self.stream) for _ in range(k)]
         prob: Problem = next(self.stream)
         enc = self.encoder
-        return Example(enc.prompt(prob.question, shots), enc.answer(prob.solution))
+        prompt = enc.prompt(prob.question, shots)
+        return Example(prompt, enc.answer(prob.solution), enc.shot_solutions(prompt))
 
 
 @dataclass
@@ -178,26 +180,58 @@ def _block_mask(rng: random.Random, n: int, content: int) -> tuple[list[bool], l
     return masked, weight
 
 
+def _shot_masks(
+    rng: random.Random, marks: list[bool], prob: float
+) -> tuple[list[bool], list[float]]:
+    """Mask each in-context solution (with probability `prob`) at its own rate t, weight 1/t.
+
+    The shots are independent solved problems, so their solutions are extra supervision for
+    the same skill at no extra forward cost; each is normalised by its own length.
+    """
+    masked, weight = [False] * len(marks), [0.0] * len(marks)
+    i = 0
+    while i < len(marks):
+        if not marks[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(marks) and marks[j]:
+            j += 1
+        if rng.random() < prob:
+            t = rng.uniform(MASK_EPS, 1.0)
+            for k in range(i, j):
+                if rng.random() < t:
+                    masked[k], weight[k] = True, 1.0 / t / (j - i)
+        i = j
+    return masked, weight
+
+
 def masked_batch(
-    items: list[Example], length: int, ids: TokenIds, rng: random.Random, aligned_frac: float = 0.5
+    items: list[Example],
+    length: int,
+    ids: TokenIds,
+    rng: random.Random,
+    aligned_frac: float = 0.5,
+    shot_mask_prob: float = 0.0,
 ) -> MaskedBatch:
-    """Canvases of exactly `length` tokens: prompt, answer, EOS padding; then mask the answer."""
+    """Canvases of exactly `length` tokens: prompt, answer, EOS padding; then mask the answer.
+
+    The answer's weights are normalised by its unpadded length (LLaDA divides by the padded
+    length, which lets hundreds of EOS tokens drown a 20-token answer on long canvases).
+    """
     b = len(items)
     noisy = torch.empty((b, length), dtype=torch.long)
     target = torch.empty((b, length), dtype=torch.long)
     weight = torch.zeros((b, length), dtype=torch.float32)
     for i, e in enumerate(items):
-        n = length - len(e.prompt)
+        p, n = len(e.prompt), length - len(e.prompt)
         if n < len(e.answer):
-            raise ValueError(f"canvas of {length} too short for prompt {len(e.prompt)}")
-        answer = e.answer + [ids.eos] * (n - len(e.answer))
-        row = torch.tensor(e.prompt + answer)
-        target[i] = row
+            raise ValueError(f"canvas of {length} too short for prompt {p}")
+        row = torch.tensor(e.prompt + e.answer + [ids.eos] * (n - len(e.answer)))
         scheme = _block_mask if rng.random() < aligned_frac else _uniform_mask
         masked, w = scheme(rng, n, len(e.answer))
-        m = torch.tensor(masked)
-        p = len(e.prompt)
-        noisy[i] = row
-        noisy[i, p:][m] = ids.mask
-        weight[i, p:] = torch.tensor(w) / n
+        shot_masked, shot_w = _shot_masks(rng, e.shot_marks, shot_mask_prob)
+        target[i] = noisy[i] = row
+        noisy[i][torch.tensor(shot_masked + masked)] = ids.mask
+        weight[i] = torch.tensor(shot_w + [x / len(e.answer) for x in w])
     return MaskedBatch(noisy, target, weight)

@@ -1,8 +1,11 @@
 """TinyGSM: deterministic grade-school word problems small enough for a few-million-parameter model.
 
 Each problem is a short story about one person's collection of objects, changed by 1 to 3
-operations (+, -, *, /) on small numbers, with a step-by-step solution of one equation per
-operation and a fixed answer line, e.g. `5 + 3 = 8. 8 - 2 = 6. The answer is 6.`.
+operations (+, -, *, /) on small numbers, with a step-by-step solution that restates each fact
+and then works its equation, ending in a fixed answer line, e.g. `Tom has 5 apples. He buys 3
+more apples. 5 + 3 = 8. He eats 2 apples. 8 - 2 = 6. The answer is 6.`. Restating makes every
+step local (copy the next sentence, then compute from what was just written), which a
+few-million-parameter model learns far faster than pointing back into the question.
 """
 
 from __future__ import annotations
@@ -162,6 +165,7 @@ def generate_problem(rng: random.Random) -> Problem:
     product = rng.random() < 0.25
     text, steps, q = _start(rng, p, obj, product)
     sentences = [text]
+    worked = [text, *steps]  # each fact restated, then its equation
     while len(steps) < n_ops:
         symbol = rng.choices(list(_WEIGHTS), weights=list(_WEIGHTS.values()))[0]
         build, apply = OPERATIONS[symbol]
@@ -172,6 +176,7 @@ def generate_problem(rng: random.Random) -> Problem:
         new = apply(q, b)
         sentences.append(sentence)
         steps.append(f"{q} {symbol} {b} = {new}.")
+        worked += [sentence, steps[-1]]
         q = new
     ask = rng.choice(
         (
@@ -180,7 +185,7 @@ def generate_problem(rng: random.Random) -> Problem:
         )
     )
     question = " ".join([*sentences, ask])
-    solution = " ".join([*steps, f"The answer is {q}."])
+    solution = " ".join([*worked, f"The answer is {q}."])
     return Problem(question, solution, q)
 
 
