@@ -67,7 +67,7 @@ class Job:
         if missing:
             raise SettingsError(
                 f"WORLD_SIZE={world} but {', '.join(missing)} not set: launch with torchrun "
-                "(see docs/distributed.md)"
+                "(see the README, 'Several GPUs or machines')"
             )
         timeout = _number(env, TIMEOUT_ENV, str(DEFAULT_TIMEOUT), float)
         if not timeout > 0:

@@ -9,7 +9,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from dllm_cli.cache import KVCache
-from dllm_cli.models.layers import default_positions, rope_tables
+from dllm_cli.models.layers import RMSNorm, default_positions, rope_tables
 
 
 class DiffusionLM(PreTrainedModel):
@@ -26,6 +26,17 @@ class DiffusionLM(PreTrainedModel):
     logit_shift: int = 0
     supports_gradient_checkpointing = False
     _no_split_modules: ClassVar[list[str]] = []
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Random init for fresh models (tests, training); loading overwrites every weight."""
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, RMSNorm) and module.weight is not None:
+            nn.init.ones_(module.weight)
 
     # --- per-architecture hooks -------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -162,16 +162,6 @@ class DreamModel(DiffusionLM):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.post_init()
 
-    def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=0.02)
-        elif isinstance(module, RMSNorm):
-            nn.init.ones_(module.weight)
-
     def embed(self, input_ids):
         return self.model.embed_tokens(input_ids)
 

@@ -188,17 +188,6 @@ class LLaDAModelLM(DiffusionLM):
         self.model = LLaDAInner(config)
         self.post_init()
 
-    def _init_weights(self, module):
-        std = 0.02
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-        elif isinstance(module, RMSNorm) and module.weight is not None:
-            nn.init.ones_(module.weight)
-
     def embed(self, input_ids):
         h = self.model.transformer.wte(input_ids)
         if self.config.input_emb_norm:

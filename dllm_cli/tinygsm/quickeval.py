@@ -25,7 +25,7 @@ def _text(enc: Encoder, ids: list[int]) -> str:
     return enc.tok.decode(ids[:cut], skip_special_tokens=True)
 
 
-def eval_ar(model, enc: Encoder, n: int, shots: int = 0, max_new: int = 48) -> float:
+def eval_ar(model, enc: Encoder, n: int, shots: int = 0, max_new: int = 96) -> float:
     """Greedy decoding with the causal LM, left-padded batch."""
     prompts, answers = _prompts(enc, n, shots)
     width = max(map(len, prompts))

@@ -61,7 +61,7 @@ class TrainConfig:
     ar_steps: int = 1800
     ar_tokens: int = 4096  # tokens per AR batch
     ar_lr: float = 3e-3
-    mdm_steps: int = 1500
+    mdm_steps: int = 3000
     mdm_tokens: int = 4096  # tokens per diffusion batch
     mdm_lr: float = 1e-3
     warmup: int = 50
