@@ -295,12 +295,14 @@ def run_phase(
     model.eval()
 
 
-def evaluate(phase: str, model, enc: Encoder, cfg: TrainConfig) -> float:
-    """Quick held-out accuracy (0-shot) used for the learning curve."""
+def evaluate(phase: str, model, enc: Encoder, cfg: TrainConfig, n: int | None = None) -> float:
+    """Held-out accuracy, 0-shot (greedy AR; diffusion: gen 96, block 32), on `n` problems
+    (default `eval_n`: the learning curve; the final figures use twice as many)."""
+    n = cfg.eval_n if n is None else n
     with torch.inference_mode():
         if phase == "ar":
-            return eval_ar(model, enc, n=cfg.eval_n, shots=0)
-        return eval_mdm(model, enc, n=cfg.eval_n, shots=0, gen_length=96, block_length=32)
+            return eval_ar(model, enc, n=n, shots=0)
+        return eval_mdm(model, enc, n=n, shots=0, gen_length=96, block_length=32)
 
 
 def export(model, folder: Path, tok, record: dict, state: dict | None = None) -> None:
@@ -335,8 +337,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False) -> dict:
     ar = build_ar(cfg, tok)
     ar_curve: list = []
     run_phase("ar", ar, cfg, enc, work, resume, ar_curve)
-    with torch.inference_mode():
-        ar_acc = eval_ar(ar, enc, n=cfg.eval_n * 2, shots=0)
+    ar_acc = evaluate("ar", ar, enc, cfg, n=cfg.eval_n * 2)
     console.print(f"AR guide: held-out accuracy {ar_acc:.3f} (0-shot, greedy)")
     ar_record = {**meta, "phase": "ar", "accuracy_0shot": ar_acc, "curve": ar_curve}
     export(ar, out / "tiny-gsm-ar", tok, ar_record)
@@ -346,8 +347,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False) -> dict:
     mdm.load_state_dict(ar_to_llada(ar.state_dict()))
     mdm_curve: list = []
     run_phase("mdm", mdm, cfg, enc, work, resume, mdm_curve)
-    with torch.inference_mode():
-        mdm_acc = eval_mdm(mdm, enc, n=cfg.eval_n * 2, shots=0, gen_length=96, block_length=32)
+    mdm_acc = evaluate("mdm", mdm, enc, cfg, n=cfg.eval_n * 2)
     console.print(f"Diffusion LM: held-out accuracy {mdm_acc:.3f} (0-shot, gen 96, block 32)")
     minutes = (time.time() - started) / 60
     mdm_record = {
