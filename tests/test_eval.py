@@ -9,9 +9,10 @@ from cli_fixtures import invoke, isolated_fixture  # noqa: F401
 from decode_fixtures import EOS, EOT, MASK, SPECIAL, prompts, tiny
 from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
-from dllm_cli.evaluate import Task, answer_length, held_out, score
+from dllm_cli.decoding import answer_length
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.tinygsm import data
+from dllm_cli.tinygsm.evaluate import Task, held_out, score
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +93,7 @@ def test_score_counts_in_order_across_batches():
     ]
     said = iter(["The answer is 3.", "The answer is 9.", "no idea", "The answer is 13.", "8"])
     s = DecodeSettings(gen_length=8, block_length=4)
-    out = score(lm, tasks, s, text=lambda tokens: next(said), batch_size=2)
+    out = score(lm.model, lm.special, tasks, s, text=lambda tokens: next(said), batch_size=2)
     assert [r.correct for r in out.results] == [True, False, False, True, False]
     assert [r.predicted for r in out.results] == [3, 9, None, 13, None]
     assert out.accuracy == 0.4 and out.n == 5
