@@ -167,7 +167,7 @@ def shared(*wanted: str) -> Callable[[C], C]:
 
 BatchSize = Annotated[
     int,
-    typer.Option(help="Prompts decoded together (eval, bench: 1 is the papers' setting)."),
+    typer.Option(help="Prompts decoded together in one batch."),
 ]
 Json = Annotated[
     bool,
