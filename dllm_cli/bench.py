@@ -6,8 +6,8 @@ PrefixCache / DualCache and confident parallel decoding (threshold and factor ru
 2505.22618), FlashDLM's FreeCache and guided diffusion (arXiv 2505.21467), and early stop.
 The profile keeps what is not a strategy choice (temperature, top-p/k, seed, Dream's eps).
 
-Each record is one (strategy, gen_length): the numbers of `evaluate.Score.summary()` (accuracy,
-answer tokens per second, forwards, ...; definitions in evaluate.py) and `speedup`, the
+Each record is one (strategy, gen_length): the numbers of `Score.summary()` (accuracy, answer
+tokens per second, forwards, ...; definitions in tinygsm/evaluate.py) and `speedup`, the
 baseline's wall seconds over the strategy's on the same problems at the same gen_length in the
 same run (a latency ratio; the baseline always runs, first). Timing starts after a warm-up
 decode of one problem and one block with each strategy, so one-off setup costs nobody.
@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dllm_cli.errors import InputError
-from dllm_cli.evaluate import Score, Task, score, warm_up
+from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
+from dllm_cli.tinygsm.evaluate import Score, Task, score, warm_up
 
 REFERENCE: dict[str, object] = {
     "steps": None,
@@ -91,14 +92,15 @@ class BenchPlan:
 
 
 def settings_for(base: DecodeSettings, name: str, gen_length: int, block: int) -> DecodeSettings:
-    """The profile's settings with REFERENCE, then the strategy's changes, applied."""
+    """The profile's settings with REFERENCE, then the strategy's changes, applied (and so
+    validated: a DecodeSettings checks itself when it is built)."""
     changes = {**REFERENCE, "gen_length": gen_length, "block_length": block}
     changes.update(STRATEGIES[name].settings)
-    return replace(base, **changes).validate()
+    return replace(base, **changes)
 
 
 def run_bench(
-    runtime,
+    runtime: Runtime,
     tasks: Sequence[Task],
     plan: BenchPlan,
     on_record: Callable[[dict], None] | None = None,
@@ -114,7 +116,7 @@ def run_bench(
             settings = settings_for(runtime.settings, name, length, plan.block_length)
             committer = runtime.committer() if STRATEGIES[name].guided else None
             if plan.warmup and name not in warmed:
-                warm_up(runtime.loaded, tasks[0], settings, committer)
+                warm_up(runtime.loaded.model, runtime.loaded.special, tasks[0], settings, committer)
                 warmed.add(name)
             result = measure(runtime, tasks, settings, committer, plan.batch_size)
             baseline = result if name == BASELINE else baseline
@@ -134,10 +136,11 @@ def run_bench(
     return records
 
 
-def measure(runtime, tasks: Sequence[Task], settings, committer, batch_size: int) -> Score:
+def measure(runtime: Runtime, tasks: Sequence[Task], settings, committer, batch_size: int) -> Score:
     """One timed pass over the tasks (a fresh guide cache per decode)."""
+    model, special = runtime.loaded.model, runtime.loaded.special
     return score(
-        runtime.loaded, tasks, settings, runtime.text, committer=committer, batch_size=batch_size
+        model, special, tasks, settings, runtime.text, committer=committer, batch_size=batch_size
     )
 
 

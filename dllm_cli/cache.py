@@ -40,14 +40,6 @@ class KVCache:
         p = next(model.parameters())
         return cls.empty(n_layers, batch, n_kv, length, head_dim, p.dtype, p.device)
 
-    @property
-    def length(self) -> int:
-        return self.k[0].shape[2]
-
-    @property
-    def batch(self) -> int:
-        return self.k[0].shape[0]
-
     def update(
         self, layer: int, columns: slice, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

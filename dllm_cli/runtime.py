@@ -6,9 +6,10 @@ special tokens, what counts as the end of an answer) lives here, not in the comm
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dllm_cli.decoding import Committer
+from dllm_cli.decoding import Committer, answer_tokens
 from dllm_cli.decoding.guided import GuidedCommitter
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
 from dllm_cli.models.guide import GuideModel, load_guide
@@ -75,10 +76,8 @@ class Runtime:
 
     def text(self, tokens: list[int]) -> str:
         """Answer text: cut at the first stop token, special tokens removed."""
-        stops = set(self.loaded.special.stop)
-        cut = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
-        mask = self.loaded.special.mask
-        kept = [t for t in tokens[:cut] if t != mask]
+        special = self.loaded.special
+        kept = [t for t in answer_tokens(tokens, special.stop) if t != special.mask]
         return self.loaded.tokenizer.decode(kept, skip_special_tokens=True).strip()
 
 
@@ -88,22 +87,26 @@ def open_runtime(
     *,
     use_guide: bool = True,
     require_guide: bool = False,
+    place: Callable[[str], str] | None = None,
 ) -> Runtime:
-    """Resolve the profile with CLI overrides, load the model (and guide), validate settings.
+    """Resolve the profile with CLI overrides (which builds the settings), load the model and
+    guide.
 
     `require_guide` (the CLI's explicit --guide) makes a profile without [guide] an error
-    before anything is loaded.
+    before anything is loaded. `place` maps the configured device to the one to load on
+    (under torchrun: this rank's own GPU).
     """
     prof, provenance = resolve(profile, overrides)
     if require_guide and prof.guide is None:
         raise SettingsError(
             f"--guide: profile {prof.name!r} has no [guide] section (no AR guide model to use)"
         )
-    settings = prof.decode_settings()
+    settings = prof.decode
+    device = prof.model.device if place is None else place(prof.model.device)
     loaded = load_model(
         prof.model.path,
         dtype=prof.model.dtype,
-        device=prof.model.device,
+        device=device,
         special_overrides=prof.special_overrides(),
     )
     wanted = prof.model.architecture

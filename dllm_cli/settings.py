@@ -1,4 +1,7 @@
-"""Per-request decoding settings (the "sampling params" of this tool), validated in one place.
+"""Per-request decoding settings (the "sampling params" of this tool), validated in one place:
+when they are built. A DecodeSettings is immutable and valid by construction, so the code that
+receives one (the decoder, the benchmark) never checks it again; change one with
+`dataclasses.replace`, which builds (and validates) a new one.
 
 How the numbers combine (`split_blocks` below; `adjustments()` says it in words):
 - The answer is cut into blocks of `block_length` decoded left to right (LLaDA's semi-
@@ -16,7 +19,7 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from dllm_cli.errors import SettingsError
 
@@ -30,7 +33,7 @@ INT_FIELDS = ("gen_length", "block_length", "refresh_interval", "seed")
 FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeSettings:
     """How to turn a canvas of masks into text; every field has a validated range."""
 
@@ -52,9 +55,8 @@ class DecodeSettings:
     eps: float = 1e-3  # Dream's final timestep
     alg_temp: float = 0.0  # Dream: sample positions with softmax(conf / alg_temp) when > 0
 
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+    def __post_init__(self) -> None:
+        self.validate()
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -19,7 +19,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from dllm_cli.decoding import DecodeResult, StepEvent
+from dllm_cli.decoding import DecodeResult, StepEvent, answer_end
 from dllm_cli.errors import DllmError, SettingsError
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
@@ -77,7 +77,7 @@ class CanvasView:
         self.s = settings
         self.token_text = token_text
         self.spelled: dict[int, str] = {}
-        self.stop_ids = set(stop_ids)
+        self.stop_ids = tuple(stop_ids)
         g = settings.gen_length
         self.tokens: list[int | None] = [None] * g
         self.steps = [-1] * g
@@ -90,6 +90,7 @@ class CanvasView:
         self.frozen: list[tuple[int, int]] = []
         self.event: StepEvent | None = None
         self.committed = 0
+        self.end = g  # where the answer ends (its first stop token), as far as committed
         self.accepted: int | None = None
         self.seconds = 0.0
         self.done = False
@@ -110,6 +111,7 @@ class CanvasView:
             ):
                 self.tokens[pos], self.steps[pos], self.confidence[pos] = tok, event.step, conf
             self.committed += len(commit.positions)
+        self.end = answer_end(self.tokens, self.stop_ids)
         if event.frozen is not None:
             self.frozen.append(event.frozen)
         if event.accepted is not None:
@@ -121,6 +123,7 @@ class CanvasView:
         for pos, tok in enumerate(result.tokens[0]):
             if self.tokens[pos] is None:
                 self.tokens[pos] = tok
+        self.end = answer_end(self.tokens, self.stop_ids)
         self.seconds, self.done = result.seconds, True
 
     # --- drawing ------------------------------------------------------------------------
@@ -167,7 +170,7 @@ class CanvasView:
         tok = self.tokens[pos]
         if tok is None:
             return Text(MASK_GLYPH, style="dim")
-        if tok in self.stop_ids or self.steps[pos] < 0:
+        if pos >= self.end or self.steps[pos] < 0:  # the stop token itself, or past it
             return Text(END_GLYPH, style="dim")
         if tok not in self.spelled:
             self.spelled[tok] = spell(self.token_text(tok))

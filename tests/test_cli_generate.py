@@ -42,7 +42,12 @@ def test_stdout_is_the_answer_and_nothing_else(profile_file):
     result = invoke("generate", "how many apples", "-p", str(profile_file))
     assert result.exit_code == 0, result.output
     runtime = open_runtime(str(profile_file))
-    expected = decode(runtime.loaded, [runtime.encode("how many apples")], runtime.settings)
+    expected = decode(
+        runtime.loaded.model,
+        runtime.loaded.special,
+        [runtime.encode("how many apples")],
+        runtime.settings,
+    )
     text = runtime.text(expected.tokens[0])
     assert text and result.stdout == text + "\n"
     assert "dllm: error" not in result.stderr

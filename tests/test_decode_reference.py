@@ -7,13 +7,14 @@ never drafted (its logit is -inf), so no answer can contain a mask.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from decode_fixtures import MASK, one_thread, peaked, prompts, settings, tiny  # noqa: F401
 
 from dllm_cli.decoding import decode
 from dllm_cli.decoding.unmask import RuleCommitter
-from dllm_cli.settings import DecodeSettings
 
 
 def reference_logits(model, x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +93,12 @@ MODELS = [pytest.param(lambda k: tiny(k, seed=3), id="random"), pytest.param(pea
 def test_llada_fixed_matches_reference_loop(make, gen, block, steps):
     lm = make("llada")
     for prompt in prompts([5, 9], seed=gen + block):
-        got = decode(lm, [prompt], settings(gen_length=gen, block_length=block, steps=steps))
+        got = decode(
+            lm.model,
+            lm.special,
+            [prompt],
+            settings(gen_length=gen, block_length=block, steps=steps),
+        )
         want = llada_generate(lm.model, prompt, gen, block, steps or gen)
         assert got.tokens[0] == want
 
@@ -107,7 +113,7 @@ def test_dream_fixed_matches_diffusion_generate(make, alg, steps):
     lm = make("dream")
     prompt = prompts([6], seed=steps)[0]
     s = settings(gen_length=16, block_length=16, steps=steps, confidence=DREAM_ALGS[alg])
-    got = decode(lm, [prompt], s)
+    got = decode(lm.model, lm.special, [prompt], s)
     assert got.tokens[0] == dream_generate(lm.model, prompt, 16, steps, alg)
 
 
@@ -118,10 +124,12 @@ def test_threshold_above_one_is_fixed_one_token_per_step(kind, cache):
     lm = peaked(kind)
     ps = prompts([4, 7], seed=11)
     threshold = settings(unmask="threshold", cache=cache)
-    above_one = RuleCommitter(DecodeSettings(**{**threshold.to_dict(), "threshold": 1.5}), "llada")
-    got = decode(lm, ps, threshold, committer=above_one)
+    unchecked = copy.copy(threshold)  # settings refuse tau > 1 when built: set it past the check
+    object.__setattr__(unchecked, "threshold", 1.5)
+    above_one = RuleCommitter(unchecked, "llada")
+    got = decode(lm.model, lm.special, ps, threshold, committer=above_one)
     # LLaDA's fixed schedule with steps = gen_length (Dream's own schedule is not 1 per step).
     fixed = settings(unmask="fixed", cache=cache)
-    want = decode(lm, ps, fixed, committer=RuleCommitter(fixed, "llada"))
+    want = decode(lm.model, lm.special, ps, fixed, committer=RuleCommitter(fixed, "llada"))
     assert got.tokens == want.tokens
     assert got.forwards == want.forwards == 16

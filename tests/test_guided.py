@@ -18,7 +18,7 @@ ONE_PER_STEP = {"llada": {"unmask": "fixed"}, "dream": {"unmask": "threshold", "
 
 
 def run_guided(lm, ps, s, guide_committer):
-    run = decode_steps(lm, ps, s, committer=guide_committer)
+    run = decode_steps(lm.model, lm.special, ps, s, committer=guide_committer)
     events = list(run)
     return events, run.result()
 
@@ -39,7 +39,7 @@ def test_agreeing_guide_finishes_each_block_in_one_verification(kind, cache):
 def test_disagreeing_guide_equals_unguided_one_token_per_step(kind, cache):
     lm, ps = tiny(kind, seed=3), prompts([3, 7, 5], seed=4)
     s = settings(cache=cache, **ONE_PER_STEP[kind])
-    plain = decode(lm, ps, s)
+    plain = decode(lm.model, lm.special, ps, s)
     events, guided = run_guided(lm, ps, s, committer(steered("never")))
     assert guided.tokens == plain.tokens
     assert guided.steps == plain.steps == 16

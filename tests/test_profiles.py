@@ -48,7 +48,6 @@ def test_shipped_profile_parses_and_validates(path, monkeypatch, tmp_path):
     profile = load_profile(path.stem)
     assert profile.name == path.stem and profile.source == path.resolve()
     assert profile.description and "\n" not in profile.description
-    assert isinstance(profile.decode_settings(), DecodeSettings)
     assert "edit" in path.read_text().lower()  # comments say what to change
     monkeypatch.setenv("DLLM_MODELS_DIR", str(tmp_path / "models"))
     resolved, _ = resolve(path.stem, {})
@@ -61,7 +60,7 @@ def test_default_profile_is_tiny_gsm():
     assert profile.name == "tiny-gsm"
     assert profile.model.path == "builtin:tiny-gsm"
     assert profile.guide is not None and profile.guide.path == "builtin:tiny-gsm-ar"
-    d = profile.decode_settings()
+    d = profile.decode
     assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "dual", "threshold")
     assert d.threshold == 0.9 and d.early_stop is True
     assert provenance["decode.cache"].startswith("profile ")
@@ -201,11 +200,13 @@ def _toml(value) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
-def test_decode_settings_is_a_validated_copy():
-    profile = load_profile("tiny-gsm")
-    settings = profile.decode_settings()
-    settings.gen_length = 1
-    assert profile.decode.gen_length == 256
+def test_cli_settings_are_built_once_from_the_profiles():
+    """CLI overrides build new settings (validated then); the profile's own are never changed."""
+    plain, _ = resolve("tiny-gsm", {})
+    changed, _ = resolve("tiny-gsm", {"gen_length": 64, "threshold": 0.5})
+    assert (plain.decode.gen_length, plain.decode.threshold) == (256, 0.9)
+    assert (changed.decode.gen_length, changed.decode.threshold) == (64, 0.5)
+    assert dataclasses.replace(changed.decode, gen_length=256, threshold=0.9) == plain.decode
 
 
 # --- precedence and provenance --------------------------------------------------------------

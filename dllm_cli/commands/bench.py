@@ -20,10 +20,9 @@ from dllm_cli.bench import (
     plot,
     run_bench,
 )
-from dllm_cli.commands.common import cli_errors, fail, note, stderr
-from dllm_cli.commands.eval import Accept, BatchSize, N, Shots, Start, open_for_eval
+from dllm_cli.commands.common import cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import InputError
-from dllm_cli.evaluate import held_out
+from dllm_cli.tinygsm.evaluate import held_out
 
 BENCH = "Benchmark"
 
@@ -91,9 +90,9 @@ def write(path: Path, text: str) -> None:
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+@opt.shared("profile", "model", "device", "dtype", "chat", "accept", "temperature", "seed")
 def bench_command(
-    profile: opt.Profile = None,
-    shots: Shots = 5,
+    shots: opt.Shots = 5,
     gen_length: Annotated[
         str, typer.Option(help="Comma-separated answer lengths.", rich_help_panel=BENCH)
     ] = "256",
@@ -104,9 +103,9 @@ def bench_command(
             rich_help_panel=BENCH,
         ),
     ] = None,
-    n: N = 20,
-    batch_size: BatchSize = 1,
-    start: Start = 0,
+    n: opt.N = 20,
+    batch_size: opt.BatchSize = 1,
+    start: opt.Start = 0,
     block_length: Annotated[
         int, typer.Option(help="Block size for every strategy.", rich_help_panel=BENCH)
     ] = 32,
@@ -129,21 +128,14 @@ def bench_command(
             "--plot", help="Throughput vs accuracy figure (.png/.svg).", rich_help_panel=BENCH
         ),
     ] = None,
-    model: opt.ModelPath = None,
-    device: opt.Device = None,
-    dtype: opt.Dtype = None,
-    chat: opt.Chat = None,
-    accept: Accept = None,
-    temperature: opt.Temperature = None,
-    seed: opt.Seed = None,
+    *,
+    choices: opt.Choices,
 ) -> None:
     """Run every decoding strategy on the same held-out problems: accuracy, tok/s, speedup."""
-    flags = {"model": model, "device": device, "dtype": dtype, "chat": chat}
-    flags |= {"temperature": temperature, "seed": seed}
     with cli_errors():
         lengths = parse_lengths(gen_length)
         preflight(json_path, markdown_path, plot_path)
-        rt = open_for_eval(profile, flags, None, accept)
+        rt = load_runtime(choices)
         names = choose_strategies(strategies, rt.guide is not None)
         plan = BenchPlan.make(
             names,

@@ -1,8 +1,8 @@
 """The decoding engine: canvas, sampling, unmasking rules, cache policies and the loop.
 
-    run = decode_steps(loaded, prompts, settings)   # iterate for StepEvents (prints nothing)
+    run = decode_steps(model, special, prompts, settings)  # iterate for StepEvents (no prints)
     for event in run: ...
-    result = run.result()                           # or: decode(loaded, prompts, settings)
+    result = run.result()                  # or: decode(model, special, prompts, settings)
 
 Choices worth knowing (details in each module):
 - Blocks and steps that do not divide are adjusted, not refused (settings.py, canvas.py).
@@ -19,8 +19,9 @@ Choices worth knowing (details in each module):
   row never depends on its batch; confidence ties go to the leftmost column.
 """
 
+from dllm_cli.decoding.answer import answer_end, answer_length, answer_tokens, first_stop
 from dllm_cli.decoding.engine import Decoder, DecodeRun, decode, decode_steps
-from dllm_cli.decoding.events import DecodeResult, RowCommit, StepEvent, truncate_at_stop
+from dllm_cli.decoding.events import DecodeResult, RowCommit, StepEvent
 from dllm_cli.decoding.guided import GuidedCommitter
 from dllm_cli.decoding.unmask import Committer, Decision, StepContext
 
@@ -34,7 +35,10 @@ __all__ = [
     "RowCommit",
     "StepContext",
     "StepEvent",
+    "answer_end",
+    "answer_length",
+    "answer_tokens",
     "decode",
     "decode_steps",
-    "truncate_at_stop",
+    "first_stop",
 ]

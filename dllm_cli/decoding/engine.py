@@ -13,28 +13,31 @@ from collections.abc import Callable, Iterator
 import torch
 
 from dllm_cli.cache import KVCache
+from dllm_cli.decoding.answer import first_stop
 from dllm_cli.decoding.canvas import Block, Canvas, check_prompts, plan_blocks
 from dllm_cli.decoding.events import DecodeResult, RowCommit, StepEvent
 from dllm_cli.decoding.policies import POLICIES, Forward, StepPlace
 from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
 from dllm_cli.errors import InputError
-from dllm_cli.models.loading import LoadedModel
+from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
 
 
 class Decoder:
-    """A loaded model with validated settings; `run(prompts)` starts one decode."""
+    """A model, its special ids and (already validated) settings; `run(prompts)` decodes."""
 
     def __init__(
         self,
-        loaded: LoadedModel,
+        model: DiffusionLM,
+        special: SpecialIds,
         settings: DecodeSettings,
         committer: Committer | None = None,
     ):
-        self.settings = settings.validate()
-        self.model = loaded.model
-        self.special = loaded.special
+        self.settings = settings
+        self.model = model
+        self.special = special
         family = family_of(self.model)
         self.sampler = Sampler(settings, family, self.model.vocab_size, self.special.mask)
         self.committer = committer or RuleCommitter(settings, family.schedule)
@@ -231,18 +234,6 @@ class DecodeRun:
             self.finished_at[r] = self.steps
 
 
-def first_stop(answer: torch.Tensor, stop_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """(B,) position of each row's first stop token if everything before it is committed, else G.
-
-    Such a row's text is final: no later step can change a token before the stop.
-    """
-    g = answer.shape[1]
-    span = torch.arange(g, device=answer.device)[None]
-    stop_at = torch.where(torch.isin(answer, stop_ids), span, g).min(dim=1).values
-    mask_at = torch.where(answer == mask_id, span, g).min(dim=1).values
-    return torch.where(mask_at > stop_at, stop_at, torch.full_like(stop_at, g))
-
-
 def check_token_ids(prompts: list[list[int]], table: int) -> None:
     """Prompt ids must index the embedding table."""
     for i, p in enumerate(prompts):
@@ -254,26 +245,28 @@ def check_token_ids(prompts: list[list[int]], table: int) -> None:
 
 
 def decode_steps(
-    loaded: LoadedModel,
+    model: DiffusionLM,
+    special: SpecialIds,
     prompts: list[list[int]],
     settings: DecodeSettings,
     *,
     committer: Committer | None = None,
 ) -> DecodeRun:
     """Start a decode; iterate the returned run for StepEvents, then call `.result()`."""
-    return Decoder(loaded, settings, committer).run(prompts)
+    return Decoder(model, special, settings, committer).run(prompts)
 
 
 def decode(
-    loaded: LoadedModel,
+    model: DiffusionLM,
+    special: SpecialIds,
     prompts: list[list[int]],
     settings: DecodeSettings,
     *,
-    on_step: Callable[[StepEvent], None] | None = None,
     committer: Committer | None = None,
+    on_step: Callable[[StepEvent], None] | None = None,
 ) -> DecodeResult:
     """Decode a batch of prompts to the end; `on_step` sees every StepEvent on the way."""
-    run = decode_steps(loaded, prompts, settings, committer=committer)
+    run = decode_steps(model, special, prompts, settings, committer=committer)
     for event in run:
         if on_step is not None:
             on_step(event)

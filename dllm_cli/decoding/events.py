@@ -6,8 +6,10 @@ prompt columns (-1 = the last prompt column of the left-padded canvas).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from dllm_cli.decoding.answer import answer_tokens
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,5 @@ class DecodeResult:
         return total / self.forwards if self.forwards else 0.0
 
     def answer(self, row: int, stop: Iterable[int]) -> list[int]:
-        """A row's tokens cut before its first stop token (the text a user sees)."""
-        return truncate_at_stop(self.tokens[row], stop)
-
-
-def truncate_at_stop(tokens: Sequence[int], stop: Iterable[int]) -> list[int]:
-    """Tokens before the first stop token (all of them when there is none)."""
-    stops = set(stop)
-    for i, t in enumerate(tokens):
-        if t in stops:
-            return list(tokens[:i])
-    return list(tokens)
+        """A row's answer tokens (before its first stop token: the text a user sees)."""
+        return answer_tokens(self.tokens[row], stop)

@@ -61,10 +61,6 @@ class DiffusionLM(PreTrainedModel):
         raise NotImplementedError
 
     @property
-    def mask_token_id(self) -> int | None:
-        return getattr(self.config, "mask_token_id", None)
-
-    @property
     def vocab_size(self) -> int:
         """Real vocabulary size: logits past it are padding rows of the embedding."""
         return self.config.vocab_size

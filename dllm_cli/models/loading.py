@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -56,7 +56,6 @@ class LoadedModel:
     architecture: str
     device: torch.device
     dtype: torch.dtype
-    extra: dict = field(default_factory=dict)
 
 
 def quiet_transformers() -> None:
@@ -150,11 +149,6 @@ def config_from_json(raw: dict, cfg_file: Path):
     if why:
         raise ModelLoadError(f"{cfg_file}: unsupported {kind} variant: {why}")
     return config, model_cls
-
-
-def read_config(folder: Path):
-    """config.json -> our config object; errors name the file and the problem."""
-    return config_from_json(read_config_json(folder), folder / "config.json")
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from functools import partial
 
 import torch
 
-from dllm_cli.evaluate import Task, score
-from dllm_cli.models.loading import LoadedModel, SpecialIds
+from dllm_cli.decoding import answer_tokens
+from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.tinygsm.batches import Encoder
 from dllm_cli.tinygsm.data import is_correct, shots_for, test_split
+from dllm_cli.tinygsm.evaluate import Task, score
 
 
 def _prompts(enc: Encoder, n: int, shots: int) -> tuple[list[list[int]], list[int]]:
@@ -20,9 +21,7 @@ def _prompts(enc: Encoder, n: int, shots: int) -> tuple[list[list[int]], list[in
 
 
 def _text(enc: Encoder, ids: list[int]) -> str:
-    stops = {enc.ids.eos, enc.ids.eot}
-    cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
-    return enc.tok.decode(ids[:cut], skip_special_tokens=True)
+    return enc.tok.decode(answer_tokens(ids, (enc.ids.eos, enc.ids.eot)), skip_special_tokens=True)
 
 
 def eval_ar(model, enc: Encoder, n: int, shots: int = 0, max_new: int = 96) -> float:
@@ -52,12 +51,8 @@ def eval_mdm(
     """LLaDA's reference decoding through the real engine: blocks, one token per step, no cache."""
     prompts, answers = _prompts(enc, n, shots)
     tasks = [Task(i, p, a) for i, (p, a) in enumerate(zip(prompts, answers, strict=True))]
-    device = next(model.parameters()).device
     special = SpecialIds(
         mask=enc.ids.mask, eos=enc.ids.eos, pad=enc.ids.eos, bos=enc.ids.bos, eot=enc.ids.eot
     )
-    loaded = LoadedModel(
-        model, enc.tok, special, Path("training"), "llada", device, next(model.parameters()).dtype
-    )
     settings = DecodeSettings(gen_length=gen_length, block_length=block_length)
-    return score(loaded, tasks, settings, lambda ids: _text(enc, ids), batch_size=n).accuracy
+    return score(model, special, tasks, settings, partial(_text, enc), batch_size=n).accuracy
