@@ -133,7 +133,8 @@ def grow_into(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> list[st
     for name, target in own.items():
         w = state[name]
         if w.shape != target.shape:
-            if w.shape[1:] != target.shape[1:] or w.shape[0] > target.shape[0]:
+            rows_only = w.dim() == 2 and w.shape[1:] == target.shape[1:]
+            if not rows_only or w.shape[0] > target.shape[0]:
                 raise ValueError(f"{name}: {list(w.shape)} cannot grow into {list(target.shape)}")
             w = torch.cat([w.to(target.dtype), target[w.shape[0] :]])
             grown.append(name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -31,6 +32,24 @@ class HandProblem(Problem):
     """A hand-written question: no worked solution, but the names it mentions."""
 
     names: tuple[str, ...] = ()
+
+
+NUMBER = re.compile(r"\d+")
+
+
+def restates(problem: Problem, text: str) -> bool:
+    """The answer repeats every number of the question and every name it mentions, exactly.
+
+    Only the part before the answer line counts (the worked restatement); names come from the
+    hand-written set's `names`, or the question's first word for generated problems.
+    """
+    worked = text.split("The answer is", 1)[0]
+    names = getattr(problem, "names", None)
+    if names is None:
+        names = (problem.question.split()[0],)
+    written = set(NUMBER.findall(worked))
+    words = set(re.findall(r"[A-Za-z]+", worked))
+    return set(NUMBER.findall(problem.question)) <= written and set(names) <= words
 
 
 @cache
