@@ -71,7 +71,7 @@ class Runtime:
             return None
         rule, arg = self.profile.guide.acceptance()
         special = self.loaded.special
-        vocab = self.loaded.model.vocab_size
+        vocab = special.real_vocab(self.loaded.model.vocab_size)
         return GuidedCommitter(self.guide.model, vocab, special.pad, rule, arg)
 
     def text(self, tokens: list[int]) -> str:

@@ -26,6 +26,7 @@ from dllm_cli.errors import SettingsError
 CACHES = ("none", "prefix", "dual", "freecache")
 UNMASKS = ("fixed", "threshold", "factor", "origin")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
+SCHEDULES = ("family", "linear", "dream")
 # Threshold and factor compare a confidence with a probability; negative entropy is not one.
 PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
 
@@ -43,6 +44,7 @@ class DecodeSettings:
     cache: str = "none"  # none | prefix | dual | freecache
     refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
     unmask: str = "fixed"  # fixed | threshold | factor | origin
+    schedule: str = "family"  # fixed rule's tokens per step: family | linear (LLaDA) | dream
     confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
     threshold: float = 0.9
     factor: float = 1.0
@@ -128,6 +130,7 @@ class DecodeSettings:
             ("cache", CACHES),
             ("unmask", UNMASKS),
             ("confidence", CONFIDENCES),
+            ("schedule", SCHEDULES),
         ):
             if getattr(self, name) not in choices:
                 got = getattr(self, name)

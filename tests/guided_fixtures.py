@@ -17,8 +17,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from dllm_cli.decoding.guided import GuidedCommitter
 from dllm_cli.models.loading import quiet_transformers
+from dllm_cli.tinygsm.architectures import ar_to_llada, build_ar, build_llada
 from dllm_cli.tinygsm.tokenizer import build_tokenizer
-from dllm_cli.tinygsm.train import PRESETS, ar_to_llada, build_ar, build_mdm
+from dllm_cli.tinygsm.train import PRESETS
 
 VOCAB = 40
 BIAS = 50.0
@@ -109,7 +110,7 @@ def write_tinygsm_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
     cfg = PRESETS["micro"]
     torch.manual_seed(seed)
     ar = build_ar(cfg, tok)
-    mdm = build_mdm(cfg, tok)
+    mdm = build_llada(cfg, tok)
     mdm.load_state_dict(ar_to_llada(ar.state_dict()))  # AR initialisation, as training does
     folders = (root / "tiny-gsm", root / "tiny-gsm-ar")
     for model, folder in zip((mdm, ar), folders, strict=True):

@@ -16,12 +16,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dllm_cli"
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS: list[tuple[str, ...]] = [
     ("dllm_cli", "errors", "settings", "cache", "strict_toml"),  # "dllm_cli": __version__
-    ("tinygsm.data", "tinygsm.tokenizer", "tinygsm.batches"),  # the TinyGSM data, no models
-    ("models",),
+    # the TinyGSM data, no models
+    ("tinygsm.data", "tinygsm.wide", "tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
+    ("models", "tinygsm.architectures"),
     ("decoding",),
     ("profiles",),
     ("runtime",),
     ("batch", "distributed", "view", "bench", "tinygsm.evaluate", "tinygsm.quickeval"),
+    ("tinygsm.phases",),
     ("options", "commands", "cli", "__main__", "tinygsm.train"),  # entry points
 ]
 TYPER_ALLOWED = ("options", "commands", "cli", "tinygsm.train")  # the command-line layer

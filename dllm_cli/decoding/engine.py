@@ -39,7 +39,8 @@ class Decoder:
         self.model = model
         self.special = special
         family = family_of(self.model)
-        self.sampler = Sampler(settings, family, self.model.vocab_size, self.special.mask)
+        vocab = self.special.real_vocab(self.model.vocab_size)
+        self.sampler = Sampler(settings, family, vocab, self.special.mask)
         self.committer = committer or RuleCommitter(settings, family.schedule)
         self.policy = POLICIES[settings.cache]()
 

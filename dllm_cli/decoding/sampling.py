@@ -27,7 +27,7 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     # LLaDA upcasts to float64 and measures confidence on softmax(raw logits).
-    "llada": Family("llada", torch.float64, tempered_confidence=False, schedule="llada"),
+    "llada": Family("llada", torch.float64, tempered_confidence=False, schedule="linear"),
     # Dream samples in the logits' dtype from softmax(filtered logits / temperature).
     "Dream": Family("Dream", None, tempered_confidence=True, schedule="dream"),
 }

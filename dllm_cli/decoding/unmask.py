@@ -82,8 +82,9 @@ def dream_counts(ctx: StepContext, eps: float) -> torch.Tensor:
     return (ctx.masks_now.float() * (1 - s / t)).long()
 
 
+# `schedule` setting -> counts per step ("family" means the model family's own, see sampling.py)
 SCHEDULES: dict[str, Callable[[StepContext, float], torch.Tensor]] = {
-    "llada": llada_counts,
+    "linear": llada_counts,
     "dream": dream_counts,
 }
 
@@ -145,8 +146,9 @@ UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
 class RuleCommitter:
     """The default committer: one of UNMASK_RULES with this run's parameters."""
 
-    def __init__(self, settings: DecodeSettings, schedule: str):
+    def __init__(self, settings: DecodeSettings, family_schedule: str):
         self.rule = UNMASK_RULES[settings.unmask]
+        schedule = family_schedule if settings.schedule == "family" else settings.schedule
         self.params = RuleParams(
             threshold=settings.threshold,
             factor=settings.factor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,6 +38,11 @@ class SpecialIds:
     pad: int
     bos: int | None = None
     eot: int | None = None
+    vocab: int | None = None  # tokenizer size: ids at or above it are embedding padding rows
+
+    def real_vocab(self, model_vocab: int) -> int:
+        """How many ids can be real tokens: a draft or a guide's token is always below this."""
+        return model_vocab if self.vocab is None else min(model_vocab, self.vocab)
 
     @property
     def stop(self) -> tuple[int, ...]:
@@ -332,6 +337,7 @@ def load_model(
     tokenizer = load_tokenizer(folder)
     rows = model.get_input_embeddings().num_embeddings
     special = special_ids(config, tokenizer, special_overrides, present=raw, table_size=rows)
+    special = replace(special, vocab=len(tokenizer))
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
