@@ -78,7 +78,8 @@ def masked_loss(model, cfg, enc: Encoder, step: int, phase: str, shift: int) -> 
     first = src.take(k)
     rows = max(1, cfg.mdm_tokens // (len(first.prompt) + region))
     items = [first] + [src.take(k) for _ in range(rows - 1)]
-    length = min(cfg.max_len, max(len(e.prompt) for e in items) + region)
+    # every row gets at least `region` answer columns, and always room for its whole answer
+    length = min(cfg.max_len, max(len(e.prompt) + max(region, len(e.answer)) for e in items))
     batch = masked_batch(items, length, enc.ids, rng, cfg.aligned_frac, cfg.shot_mask_prob)
     return weighted_ce(model, batch, shift)
 
