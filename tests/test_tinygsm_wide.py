@@ -17,17 +17,31 @@ from dllm_cli.tinygsm.architectures import ar_to_dream, build_ar, build_dream, g
 from dllm_cli.tinygsm.batches import Encoder, ExampleSource, masked_batch
 from dllm_cli.tinygsm.data import generate_problem, vocabulary_text
 from dllm_cli.tinygsm.phases import weighted_ce
+from dllm_cli.tinygsm.scenes import KINDS, generate_rich_problem
 from dllm_cli.tinygsm.splits import (
-    HAND_FILE,
+    HAND_FILES,
     SPLITS,
     hand_split,
     held_out_questions,
     mixed_stream,
+    restates,
+    rich_test_split,
     wide_test_split,
 )
-from dllm_cli.tinygsm.tokenizer import build_tokenizer, build_vocab
+from dllm_cli.tinygsm.tokenizer import (
+    ROLES,
+    build_tokenizer,
+    build_vocab,
+    spelling_pieces,
+    words_of,
+)
 from dllm_cli.tinygsm.train import PRESETS
-from dllm_cli.tinygsm.wide import WIDE_MAX, generate_wide_problem, wide_fact
+from dllm_cli.tinygsm.wide import (
+    WIDE_MAX,
+    generate_wide_problem,
+    wide_fact,
+    wide_vocabulary_text,
+)
 
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
 EQUATION = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)\.")
@@ -68,6 +82,25 @@ def test_wide_problems_reach_two_digit_counts_and_many_phrasings():
     assert len({p.question.split()[0] for p in probs}) > 80  # names, invented ones included
 
 
+def test_rich_problems_are_consistent_and_restate_the_question():
+    rng = random.Random(5)
+    kinds = set()
+    for _ in range(3000):
+        p = generate_rich_problem(rng)
+        equations = EQUATION.findall(p.solution)
+        assert equations and p.solution.endswith(f"The answer is {p.answer}.")
+        for a, op, b, c in equations:
+            assert OPS[op](int(a), int(b)) == int(c) and 0 <= int(c) <= WIDE_MAX
+            assert op != "/" or int(a) % int(b) == 0
+        assert int(equations[-1][3]) == p.answer
+        story = p.question.rsplit("How many", 1)[0].strip()
+        rest = re.sub(r" ?" + EQUATION.pattern, "", p.solution)
+        assert rest.startswith(story)  # every sentence restated verbatim, in order
+        assert restates(p, p.solution)  # every number of the question appears in the solution
+        kinds.add(p.question.split()[0])
+    assert len(KINDS) == 8 and len(kinds) > 100
+
+
 def test_wide_drills_are_true_equations():
     rng = random.Random(2)
     for _ in range(300):
@@ -76,34 +109,45 @@ def test_wide_drills_are_true_equations():
 
 
 def test_held_out_sets_are_fixed_and_never_trained_on():
-    wide, hand = wide_test_split(), hand_split()
-    assert len(wide) == 1000 and len({p.question for p in wide}) == 1000
-    assert len(hand) == 100 and wide == wide_test_split()
-    assert not {p.question for p in wide} & {p.question for p in data.test_split()}
-    seen = [p.question for p in itertools.islice(mixed_stream(0, 0.65), 20000)]
+    wide, rich, hand = wide_test_split(), rich_test_split(), hand_split()
+    for split in (wide, rich):
+        assert len(split) == 1000 and len({p.question for p in split}) == 1000
+    assert len(hand) == 100 and len(hand_split("hand2")) == 100 and wide == wide_test_split()
+    narrow = {p.question for p in data.test_split()}
+    assert not {p.question for p in wide} & narrow
+    assert not {p.question for p in rich} & (narrow | {p.question for p in wide})
+    seen = [p.question for p in itertools.islice(mixed_stream(0, 0.3, 0.5), 20000)]
     assert not held_out_questions().intersection(seen)
     shots = {q.question for i in range(30) for q in SPLITS["wide"].shots(i, 8)}
     assert not held_out_questions() & shots
 
 
-def test_hand_written_answers_follow_their_work():
-    for row in map(json.loads, HAND_FILE.read_text().splitlines()):
+@pytest.mark.parametrize("name", ["hand", "hand2"])
+def test_hand_written_answers_follow_their_work(name):
+    for row in map(json.loads, HAND_FILES[name].read_text().splitlines()):
         work = row["work"].replace("/", "//")
         assert eval(work, {"__builtins__": {}}) == row["answer"]
-        assert all(name in row["question"] for name in row["names"])
+        assert all(who in row["question"] for who in row["names"])
         assert all(int(n) <= WIDE_MAX for n in re.findall(r"\d+", row["question"]))
-    # neither generator writes these phrasings
+    # no generator writes these phrasings
     rng = random.Random(3)
     made = {generate_wide_problem(rng).question for _ in range(5000)}
     made |= {generate_problem(rng).question for _ in range(5000)}
-    assert not made & {p.question for p in hand_split()}
+    made |= {generate_rich_problem(rng).question for _ in range(5000)}
+    assert not made & {p.question for p in hand_split(name)}
 
 
-def test_vocabulary_is_append_only_over_the_first_release():
-    first = build_vocab(vocabulary_text())
+def test_vocabulary_is_append_only_over_each_release():
+    first = build_vocab(words_of(vocabulary_text(), "\n", *ROLES))
+    second = build_vocab(
+        words_of(vocabulary_text(), "\n", *ROLES),
+        words_of(wide_vocabulary_text()),
+        spelling_pieces(),
+    )
     full = build_tokenizer().get_vocab()
-    assert len(first) == 167
-    assert all(full[piece] == i for piece, i in first.items())
+    assert (len(first), len(second)) == (167, 582)  # the first release's and the wide release's
+    assert all(full[piece] == i for piece, i in second.items())
+    assert all(second[piece] == i for piece, i in first.items())
 
 
 @pytest.mark.parametrize(

@@ -98,13 +98,14 @@ class Example:
 class ExampleSource:
     """Deterministic k-shot examples from the training stream (shots are training problems).
 
-    `wide_frac` > 0 mixes in the wide generator (and skips every held-out set); 0 is the first
-    release's narrow stream.
+    `wide_frac` / `rich_frac` > 0 mix in the wide and rich generators (and skip every held-out
+    set); both 0 is the first release's narrow stream.
     """
 
-    def __init__(self, encoder: Encoder, seed: int, wide_frac: float = 0.0):
+    def __init__(self, encoder: Encoder, seed: int, wide_frac: float = 0.0, rich_frac: float = 0.0):
         self.encoder = encoder
-        self.stream = mixed_stream(seed, wide_frac) if wide_frac > 0 else train_stream(seed)
+        mixed = wide_frac > 0 or rich_frac > 0
+        self.stream = mixed_stream(seed, wide_frac, rich_frac) if mixed else train_stream(seed)
 
     def take(self, k: int) -> Example:
         shots = [next(self.stream) for _ in range(k)]

@@ -48,14 +48,23 @@ def step_rng(cfg, phase: str, step: int) -> random.Random:
     return random.Random(f"{cfg.seed}/{phase}/{step}")
 
 
+def source(enc: Encoder, cfg, rng: random.Random) -> ExampleSource:
+    return ExampleSource(enc, rng.randrange(2**31), cfg.wide_frac, cfg.rich_frac)
+
+
+def wide_drills(cfg) -> float:
+    """Drills take the wide operand ranges as often as problems come from beyond the narrow set."""
+    return cfg.wide_frac + cfg.rich_frac
+
+
 def ar_loss(model, cfg, enc: Encoder, step: int) -> torch.Tensor:
     """Causal LM loss on k-shot examples (one k per batch: little padding) or on drills."""
     rng = step_rng(cfg, "ar", step)
     if rng.random() < cfg.ar_drill_frac:
         n = max(1, cfg.ar_tokens // cfg.drill_length)
-        rows = [enc.drill(rng, cfg.drill_length, cfg.wide_frac) for _ in range(n)]
+        rows = [enc.drill(rng, cfg.drill_length, wide_drills(cfg)) for _ in range(n)]
     else:
-        src = ExampleSource(enc, seed=rng.randrange(2**31), wide_frac=cfg.wide_frac)
+        src = source(enc, cfg, rng)
         k = rng.randint(0, cfg.max_shots)
         first = src.take(k)
         per_row = len(first.prompt) + len(first.answer) + 1
@@ -70,9 +79,9 @@ def masked_loss(model, cfg, enc: Encoder, step: int, phase: str, shift: int) -> 
     rng = step_rng(cfg, phase, step)
     if rng.random() < cfg.mdm_drill_frac:
         n = max(1, cfg.mdm_tokens // cfg.drill_length)
-        rows = [enc.drill(rng, cfg.drill_length, cfg.wide_frac) for _ in range(n)]
+        rows = [enc.drill(rng, cfg.drill_length, wide_drills(cfg)) for _ in range(n)]
         return weighted_ce(model, drill_batch(rows, enc.ids.mask, rng), shift)
-    src = ExampleSource(enc, seed=rng.randrange(2**31), wide_frac=cfg.wide_frac)
+    src = source(enc, cfg, rng)
     region = rng.choices(cfg.regions, weights=cfg.region_probs)[0]
     k = rng.randint(0, cfg.max_shots)
     first = src.take(k)

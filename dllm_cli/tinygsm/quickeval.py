@@ -46,7 +46,7 @@ def eval_ar(
         eos_token_id=[enc.ids.eos, enc.ids.eot],
     )
     texts = [_text(enc, row[width:].tolist()) for row in out]
-    return sum(is_correct(t, a) for t, a in zip(texts, answers, strict=True)) / n
+    return sum(is_correct(t, a) for t, a in zip(texts, answers, strict=True)) / len(answers)
 
 
 def eval_mdm(

@@ -19,6 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import PreTrainedTokenizerFast
 
 from dllm_cli.tinygsm.data import vocabulary_text
+from dllm_cli.tinygsm.scenes import rich_vocabulary_text
 from dllm_cli.tinygsm.wide import wide_vocabulary_text
 
 BOS, EOS, EOT = "<|startoftext|>", "<|endoftext|>", "<|eot_id|>"
@@ -70,24 +71,30 @@ def spelling_pieces() -> list[str]:
     return sorted(["▁", *letters, *symbols])
 
 
-def build_vocab(*corpora: list[str], extra: list[str] = ()) -> dict[str, int]:
-    """Special tokens, then each corpus's new pieces in sorted order, then `extra`: append-only."""
+def build_vocab(*groups: list[str]) -> dict[str, int]:
+    """Special tokens, then each group's pieces in its order, skipping known ones: append-only."""
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
-    first = True
-    for lines in corpora:
-        pieces = corpus_pieces(lines) | ({"\n", *ROLES} if first else set())
-        first = False
-        for piece in sorted(pieces):
+    for group in groups:
+        for piece in group:
             vocab.setdefault(piece, len(vocab))
-    for piece in extra:
-        vocab.setdefault(piece, len(vocab))
     return vocab
+
+
+def words_of(lines: list[str], *more: str) -> list[str]:
+    """A corpus's pieces (and `more`), sorted: one group of build_vocab."""
+    return sorted(corpus_pieces(lines) | set(more))
 
 
 @cache
 def tinygsm_vocab() -> tuple[tuple[str, int], ...]:
-    """The release vocabulary: first-release words, wide words, spelling pieces (append-only)."""
-    vocab = build_vocab(vocabulary_text(), wide_vocabulary_text(), extra=spelling_pieces())
+    """The release vocabulary, in the order it grew: the first release's words (narrow
+    generator), the wide generator's words, the spelling pieces, the rich generator's words."""
+    vocab = build_vocab(
+        words_of(vocabulary_text(), "\n", *ROLES),
+        words_of(wide_vocabulary_text()),
+        spelling_pieces(),
+        words_of(rich_vocabulary_text()),
+    )
     return tuple(vocab.items())
 
 

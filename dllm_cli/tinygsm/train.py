@@ -57,6 +57,7 @@ class TrainConfig:
     rope_theta: float = 10000.0
     threads: int = 1  # pinned: same seed + same thread count -> same weights
     ar_init: str | None = None  # an exported guide folder to continue from
+    dream_init: str | None = None  # an exported Dream folder to continue from (else the guide)
     llada_init: str | None = None  # an exported LLaDA folder to continue from (else the guide)
     ar_steps: int = 1800
     ar_tokens: int = 4096  # tokens per AR batch
@@ -69,7 +70,8 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.1
     max_shots: int = 8
-    wide_frac: float = 0.65  # share of problems (and drills) from the wide generator
+    wide_frac: float = 0.3  # share of problems from the wide generator
+    rich_frac: float = 0.5  # share from the rich generator (the rest: narrow)
     aligned_frac: float = 0.5
     shot_mask_prob: float = 0.75  # diffusion rows also mask this share of in-context solutions
     ar_drill_frac: float = 0.2  # share of AR batches that are pure arithmetic drills
@@ -112,16 +114,24 @@ OUTPUTS: dict[str, tuple[str, Callable, Callable | None]] = {
 }
 
 
+CURVE_SPLITS = {
+    "narrow": "accuracy",
+    "wide": "accuracy_wide",
+    "rich": "accuracy_rich",
+    "hand": "accuracy_hand",
+}
+
+
 def accuracies(phase: str, model, enc: Encoder, n: int) -> dict[str, float]:
-    """Held-out accuracy, 0-shot, on the narrow and the wide split (greedy AR; diffusion:
-    gen 96, block 32, one token per step, no cache)."""
+    """Held-out accuracy, 0-shot, on each curve split (greedy AR; diffusion: gen 128, block 32,
+    one token per step, no cache)."""
     out = {}
     with torch.inference_mode():
-        for split, key in (("narrow", "accuracy"), ("wide", "accuracy_wide")):
+        for split, key in CURVE_SPLITS.items():
             if phase == "ar":
-                out[key] = eval_ar(model, enc, n=n, shots=0, split=split)
+                out[key] = eval_ar(model, enc, n=n, shots=0, max_new=128, split=split)
             else:
-                out[key] = eval_mdm(model, enc, n=n, gen_length=96, block_length=32, split=split)
+                out[key] = eval_mdm(model, enc, n=n, gen_length=128, block_length=32, split=split)
     return out
 
 
@@ -140,7 +150,7 @@ def initial_model(phase: str, cfg: TrainConfig, tok, guide) -> tuple[torch.nn.Mo
     torch.manual_seed(cfg.seed + list(OUTPUTS).index(phase))
     _, build, from_guide = OUTPUTS[phase]
     model = build(cfg, tok)
-    start = {"ar": cfg.ar_init, "llada": cfg.llada_init}.get(phase)
+    start = {"ar": cfg.ar_init, "dream": cfg.dream_init, "llada": cfg.llada_init}[phase]
     if start:
         grown = grow_into(model, read_weights(resolve_path(start)))
         return model, f"continued from {start} (grown: {', '.join(grown) or 'nothing'})"
@@ -207,7 +217,10 @@ def main(
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue from the last checkpoint.")] = False,
     ar_init: Annotated[str | None, typer.Option(help="Continue this guide folder.")] = None,
+    dream_init: Annotated[str | None, typer.Option(help="Continue this Dream folder.")] = None,
     llada_init: Annotated[str | None, typer.Option(help="Continue this LLaDA folder.")] = None,
+    wide_frac: Annotated[float | None, typer.Option(help="Share of wide problems.")] = None,
+    rich_frac: Annotated[float | None, typer.Option(help="Share of rich problems.")] = None,
     ar_steps: Annotated[int | None, typer.Option(help="Override the AR phase's steps.")] = None,
     dream_steps: Annotated[int | None, typer.Option(help="Override the Dream steps.")] = None,
     llada_steps: Annotated[int | None, typer.Option(help="Override the LLaDA steps.")] = None,
@@ -220,7 +233,10 @@ def main(
     changes = {
         "seed": seed,
         "ar_init": ar_init,
+        "dream_init": dream_init,
         "llada_init": llada_init,
+        "wide_frac": wide_frac,
+        "rich_frac": rich_frac,
         "ar_steps": ar_steps,
         "dream_steps": dream_steps,
         "llada_steps": llada_steps,
