@@ -21,7 +21,12 @@ Choices worth knowing (details in each module):
 
 from dllm_cli.decoding.answer import answer_end, answer_length, answer_tokens, first_stop
 from dllm_cli.decoding.engine import Decoder, DecodeRun, decode, decode_steps
-from dllm_cli.decoding.events import DecodeResult, RowCommit, StepEvent
+from dllm_cli.decoding.events import (
+    DecodeResult,
+    RowCommit,
+    RowPhase,
+    StepEvent,
+)
 from dllm_cli.decoding.guided import GuidedCommitter
 from dllm_cli.decoding.unmask import Committer, Decision, StepContext
 
@@ -33,6 +38,7 @@ __all__ = [
     "Decoder",
     "GuidedCommitter",
     "RowCommit",
+    "RowPhase",
     "StepContext",
     "StepEvent",
     "answer_end",
