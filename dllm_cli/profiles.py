@@ -20,7 +20,7 @@ from typing import NamedTuple
 from dllm_cli.errors import ProfileError
 from dllm_cli.models import ARCHITECTURES
 from dllm_cli.models.loading import BUILTIN_PREFIX, DTYPES
-from dllm_cli.settings import DecodeSettings
+from dllm_cli.settings import ON_REJECT, DecodeSettings
 from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, show
 
 DEFAULT_PROFILE = "tiny-gsm"
@@ -58,10 +58,27 @@ class GuideSection:
 
     path: str = ""
     accept: str = "exact"  # exact | topk:K | prob:P
+    on_reject: str = "guide"  # guide: the guide's own token | draft: the diffusion model's
+    verify_chunk: int = 32  # drafts the guide scores per forward
+    draft_window: int = 0  # drafts from the first mask (0: to the end of the canvas)
 
     def acceptance(self) -> tuple[str, float | None]:
         """("exact", None), ("topk", K) or ("prob", P), parsed from `accept`."""
         return _parse_accept(self.accept)
+
+    def problem(self) -> str | None:
+        """Why these values cannot run (one line), or None."""
+        try:
+            _parse_accept(self.accept)
+        except ProfileError as e:
+            return str(e)
+        if self.on_reject not in ON_REJECT:
+            return f"on_reject must be one of {', '.join(ON_REJECT)} (got {self.on_reject!r})"
+        if self.verify_chunk < 1:
+            return f"verify_chunk must be >= 1 (got {self.verify_chunk})"
+        if self.draft_window < 0:
+            return f"draft_window must be >= 0 (0: to the canvas end; got {self.draft_window})"
+        return None
 
 
 @dataclass
@@ -187,10 +204,9 @@ def _check_values(profile: Profile, where: str) -> None:
     if profile.guide:
         if not profile.guide.path:
             raise ProfileError(f"{where}: [guide] needs a path (or leave the guide out)")
-        try:
-            _parse_accept(profile.guide.accept)
-        except ProfileError as e:
-            raise ProfileError(f"{where}: [guide] {e}") from None
+        problem = profile.guide.problem()
+        if problem:
+            raise ProfileError(f"{where}: [guide] {problem}")
 
 
 def _resolve_model_path(text: str, base: Path | None) -> str:

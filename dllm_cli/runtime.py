@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dllm_cli.decoding import Committer, answer_tokens
-from dllm_cli.decoding.guided import GuidedCommitter
+from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
 from dllm_cli.models.guide import GuideModel, load_guide
 from dllm_cli.models.loading import LoadedModel, load_model
@@ -69,10 +69,12 @@ class Runtime:
         """
         if self.guide is None:
             return None
-        rule, arg = self.profile.guide.acceptance()
+        g = self.profile.guide
+        rule, arg = g.acceptance()
+        rules = GuideRules(rule, arg, g.on_reject, g.verify_chunk, g.draft_window or None)
         special = self.loaded.special
         vocab = special.real_vocab(self.loaded.model.vocab_size)
-        return GuidedCommitter(self.guide.model, vocab, special.pad, rule, arg)
+        return GuidedCommitter(self.guide.model, vocab, special, rules)
 
     def text(self, tokens: list[int]) -> str:
         """Answer text: cut at the first stop token, special tokens removed."""

@@ -27,6 +27,7 @@ CACHES = ("none", "prefix", "dual", "freecache")
 UNMASKS = ("fixed", "threshold", "factor", "origin")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
+ON_REJECT = ("guide", "draft")  # guided decoding: whose token a rejection commits
 # Threshold and factor compare a confidence with a probability; negative entropy is not one.
 PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
 

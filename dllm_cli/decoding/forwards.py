@@ -111,6 +111,10 @@ class Forwards:
             uncond = ids.masked_fill(prompt, c.mask_id)
             ids, pos = torch.cat([ids, uncond]), torch.cat([pos, pos])
             keys = None if keys is None else torch.cat([keys, keys])
+            if isinstance(cols, torch.Tensor):
+                cols = torch.cat([cols, cols])
+            if isinstance(picks, torch.Tensor):
+                picks = torch.cat([picks, picks])
         logits = model(ids, pos, branch_cache, keys, columns=cols, logits_slice=picks)
         if self.branches == 2:
             cond, un = logits.chunk(2)
