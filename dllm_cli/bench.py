@@ -151,6 +151,8 @@ MARKDOWN_COLUMNS = (
     ("tok/s", "tokens_per_second", "{:.1f}"),
     ("NFE", "forwards", "{}"),
     ("tok/NFE", "tokens_per_forward", "{:.2f}"),
+    ("guide NFE", "guide_forwards", "{}"),
+    ("guide time", "guide_share", "{:.0%}"),
     ("seconds", "seconds", "{:.2f}"),
     ("speedup", "speedup", "{:.2f}x"),
     ("mask violations", "mask_violations", "{}"),

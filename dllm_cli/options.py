@@ -45,6 +45,11 @@ def _decode(key: str, kind: type, help: str, *names: str) -> Flag:
     return Flag(_option(kind, help, DECODE, *names), "decode", f"decode.{key}")
 
 
+def _guide(key: str, kind: type, help: str) -> Flag:
+    """A [guide] setting (group "guide", with --guide/--no-guide)."""
+    return Flag(_option(kind, help, DECODE), "guide", f"guide.{key}")
+
+
 FLAGS: dict[str, Flag] = {
     "profile": Flag(
         _option(str, "Profile NAME or path to a .toml file.", MODEL, "--profile", "-p"), "model"
@@ -94,12 +99,19 @@ FLAGS: dict[str, Flag] = {
         ),
         "guide",
     ),
-    "accept": Flag(
-        _option(
-            str, "Guide acceptance rule: exact | topk:K | prob:P (default: the profile's).", DECODE
-        ),
-        "accept",
-        "guide.accept",
+    "accept": _guide("accept", str, "Guided: acceptance rule exact | topk:K | prob:P."),
+    "on_reject": _guide(
+        "on_reject",
+        str,
+        "Guided: on a rejection commit the guide's token (guide) or, when nothing was "
+        "accepted, the diffusion model's draft (draft).",
+    ),
+    "verify_chunk": _guide("verify_chunk", int, "Guided: drafts the guide verifies per forward."),
+    "draft_window": _guide(
+        "draft_window",
+        int,
+        "Guided: columns drafted from the first mask (0: to the canvas end); drafts are the "
+        "diffusion model's argmax whatever the temperature.",
     ),
 }
 
@@ -173,8 +185,8 @@ Json = Annotated[
     bool,
     typer.Option(
         "--json",
-        help="One JSON object per prompt on stdout: prompt, text, token_ids, forwards, steps, "
-        "seconds (a failed prompt: prompt, error).",
+        help="One JSON object per prompt on stdout: prompt, text, token_ids, forwards, "
+        "guide_forwards, steps, seconds (a failed prompt: prompt, error).",
         rich_help_panel=OUTPUT,
     ),
 ]
@@ -182,7 +194,7 @@ Stats = Annotated[
     bool,
     typer.Option(
         "--stats",
-        help="Answer tokens, forwards, steps, seconds and tok/s on stderr.",
+        help="Answer tokens, forwards (diffusion, guide), steps, seconds and tok/s on stderr.",
         rich_help_panel=OUTPUT,
     ),
 ]

@@ -339,11 +339,10 @@ def resolve(
     profile, raw = _parse(path)
     keys = setting_keys()
     from_cli, decode = set(), {}
-    for name, value in (cli_overrides or {}).items():
-        if value is not None:
-            key = _canonical(name, keys)
-            _apply(profile, key, value, decode)
-            from_cli.add(key)
+    given = {_canonical(k, keys): v for k, v in (cli_overrides or {}).items() if v is not None}
+    for key in sorted(given, key=lambda k: k != "guide.path"):  # a guide first, then its rules
+        _apply(profile, key, given[key], decode)
+        from_cli.add(key)
     provenance = {}
     for key in keys:
         if key.startswith("guide.") and profile.guide is None:
@@ -388,6 +387,11 @@ def _apply(profile: Profile, key: str, value, decode: dict[str, object]) -> None
             profile.guide = None
             return
         if profile.guide is None:
+            if rest != ["path"]:
+                raise ProfileError(
+                    f"{key} given, but profile {profile.name!r} has no [guide] section "
+                    "(no AR guide to set up)"
+                )
             profile.guide = GuideSection()
         target = profile.guide
     elif section == "model":

@@ -92,6 +92,8 @@ class CanvasView:
         self.committed = 0
         self.end = g  # where the answer ends (its first stop token), as far as committed
         self.accepted: int | None = None
+        self.corrected: int | None = None
+        self.by_guide: set[int] = set()  # positions holding the guide's own token
         self.seconds = 0.0
         self.done = False
 
@@ -110,12 +112,16 @@ class CanvasView:
                 commit.positions, commit.tokens, commit.confidences, strict=True
             ):
                 self.tokens[pos], self.steps[pos], self.confidence[pos] = tok, event.step, conf
+            fixed = commit.corrected or (False,) * len(commit.positions)
+            self.by_guide.update(p for p, c in zip(commit.positions, fixed, strict=True) if c)
             self.committed += len(commit.positions)
         self.end = answer_end(self.tokens, self.stop_ids)
         if event.frozen is not None:
             self.frozen.append(event.frozen)
         if event.accepted is not None:
             self.accepted = (self.accepted or 0) + event.accepted
+        if event.corrected is not None:
+            self.corrected = (self.corrected or 0) + event.corrected
         self.event, self.seconds = event, seconds
 
     def finish(self, result: DecodeResult) -> None:
@@ -136,13 +142,15 @@ class CanvasView:
             f"block {(e.block if e else 0) + 1}/{len(self.blocks)}",
             f"+{e.committed if e else 0} tokens",
             f"{self.committed}/{s.gen_length} committed",
-            f"forwards {e.forwards if e else 0}",
+            f"forwards {e.forwards if e else 0}" + guide_forwards(e),
             f"{rate:.1f} tok/s",
             f"cache {s.cache}",
             f"unmask {s.unmask}{rule}",
         ]
         if self.accepted is not None:
             parts.append(f"accepted {self.accepted}")
+        if self.corrected is not None:
+            parts.append(f"corrected {self.corrected}")
         return Text("  ".join(parts), style="bold")
 
     def block_state(self, index: int) -> tuple[str, str]:
@@ -178,6 +186,8 @@ class CanvasView:
         style = step_style(self.steps[pos], self.confidence[pos])
         if self.event is not None and self.steps[pos] == self.event.step and not self.done:
             style += Style(underline=True)
+        if pos in self.by_guide:
+            style += Style(reverse=True)  # the guide's own token, not the diffusion draft
         return Text(shown, style=style)
 
     def render(self) -> RenderableType:
@@ -192,7 +202,8 @@ class CanvasView:
             table.add_row(Text(f"{marker} B{b}", style=style), cells, style=row_style)
         legend = Text(
             f"{MASK_GLYPH} mask · colour: commit step, bright = confident · "
-            f"▶ current ✓ done ❄ cached K/V {END_GLYPH} end",
+            f"▶ current ✓ done ❄ cached K/V {END_GLYPH} end"
+            + (" · inverse: the guide's token" if self.corrected is not None else ""),
             style="dim",
         )
         return Group(self.header(), table, legend)
@@ -203,10 +214,17 @@ class CanvasView:
         if e is None:
             return "no steps"
         tail = f", accepted {self.accepted}" if self.accepted is not None else ""
+        tail += f", corrected {self.corrected}" if self.corrected is not None else ""
         return (
             f"step {e.step + 1} block {e.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
-            f"{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}{tail}"
+            f"{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}"
+            f"{guide_forwards(e)}{tail}"
         )
+
+
+def guide_forwards(event: StepEvent | None) -> str:
+    """ " (+N guide)" once a guide has run, else nothing."""
+    return f" (+{event.guide_forwards} guide)" if event and event.guide_forwards else ""
 
 
 def spell(text: str) -> str:

@@ -22,11 +22,12 @@ DECODE = (
     "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "threshold",
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop",
 )  # fmt: skip
+GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
 TAKES = {
-    "generate": (*MODEL, *DECODE, "guide"),
-    "visualize": (*MODEL, *DECODE, "guide"),
-    "eval": (*MODEL, *DECODE, "guide", "accept"),
-    "bench": (*MODEL, "accept", "temperature", "seed"),
+    "generate": (*MODEL, *DECODE, *GUIDE),
+    "visualize": (*MODEL, *DECODE, *GUIDE),
+    "eval": (*MODEL, *DECODE, *GUIDE),
+    "bench": (*MODEL, *GUIDE[1:], "temperature", "seed"),
 }
 COMMAND_LINES = {
     "generate": ["generate", "hi"],
@@ -57,6 +58,9 @@ CASES = {
     "early_stop": (["--no-early-stop"], "decode.early_stop", False),
     "guide": (["--no-guide"], "use_guide", False),
     "accept": (["--accept", "topk:3"], "guide.accept", "topk:3"),
+    "on_reject": (["--on-reject", "draft"], "guide.on_reject", "draft"),
+    "verify_chunk": (["--verify-chunk", "8"], "guide.verify_chunk", 8),
+    "draft_window": (["--draft-window", "16"], "guide.draft_window", 16),
 }
 
 
