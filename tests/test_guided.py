@@ -89,6 +89,13 @@ def test_draft_window_and_dual_cache_reach(kind, cache):
     per_step = [e.committed for e in events]
     assert per_step == ([6, 2, 6, 2] if cache == "dual" else [6, 6, 4])
     assert result.guide_forwards == sum(-(-n // 4) for n in per_step)  # chunks of at most 4
+    # Prefix and FreeCache windows stop at the draft window's end (nothing later is predicted).
+    frontiers = [sum(per_step[:i]) for i in range(len(events))]
+    cached = [(e.window[1], min(f + 6, 16)) for e, f in zip(events, frontiers, strict=True)]
+    if cache in ("prefix", "freecache"):
+        assert all(
+            end == want for (end, want), e in zip(cached, events, strict=True) if not e.refresh
+        )
 
 
 @pytest.mark.parametrize("kind", KINDS)

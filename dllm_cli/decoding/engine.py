@@ -130,8 +130,11 @@ class DecodeRun:
         """At most two forwards, one commit decision, rows move on, finished rows retire."""
         c, s, model = self.canvas, self.d.settings, self.d.model
         self.walk.begin(self.rows, c, self.blocks)
+        shift, every = model.logit_shift, s.refresh_interval
+        reach = self._reach()
         places = [
-            r.place(self.blocks, c.width, model.logit_shift, s.refresh_interval) for r in self.rows
+            r.place(self.blocks, c.width, shift, every, x)
+            for r, x in zip(self.rows, reach, strict=True)
         ]
         plans = [self.d.policy.plan(p) for p in places]
         pred = self.d.forwards(c, self.cache, plans, self._spans(places, plans), self.generator)
@@ -169,12 +172,19 @@ class DecodeRun:
             phases=phases,
         )
 
+    def _reach(self) -> list[int | None]:
+        """Guided rows with a draft window need predictions only up to its end."""
+        if not (self.d.frontier and self.d.draft_window):
+            return [None] * self.canvas.batch
+        self.firsts = first_masks(self.canvas).tolist()
+        return [f + self.d.draft_window for f in self.firsts]
+
     def _spans(self, places: list[StepPlace], plans: list[Forward]) -> list[tuple[int, int]]:
         """Columns each row decodes: its block, or (guided) its first mask to its draft end."""
         if not self.d.frontier:
             return [(p.block.start, p.block.end) for p in places]
         window = self.d.draft_window or self.canvas.width
-        firsts = first_masks(self.canvas).tolist()
+        firsts = self.firsts if self.d.draft_window else first_masks(self.canvas).tolist()
         # Drafts reach as far as this step's forward computes fresh logits (Dual cache: the
         # block on cached steps) and the draft window allows.
         return [(f, min(f + window, plan.end)) for f, plan in zip(firsts, plans, strict=True)]

@@ -20,7 +20,10 @@ first step (N = 1: every step, which makes every policy compute exactly what `no
 A policy plans one row at a time from the row's own place (its block, its step in it, how far
 its K/V are frozen), so rows at different places of their decode each get their own window;
 under guided decoding a row's block is the one holding its first mask, and a row may skip
-blocks (FreeCache then freezes everything between the frozen part and the new block).
+blocks (FreeCache then freezes everything between the frozen part and the new block). A guided
+row with a draft window needs no prediction past the window's end, so Prefix and FreeCache
+windows stop there (`reach`); the masked columns beyond keep the K/V they last got, as
+DualCache's suffix does.
 """
 
 from __future__ import annotations
@@ -51,6 +54,12 @@ class StepPlace:
     interval: int  # refresh_interval (0: off)
     fresh: bool = False  # no forward has served the row yet (its decode's first step)
     frozen_until: int = 0  # canvas column before which the row's K/V are final (FreeCache)
+    reach: int | None = None  # guided draft window: no prediction needed from this column on
+
+    @property
+    def end(self) -> int:
+        """Where a window running to the canvas end may stop (the draft window's end)."""
+        return self.width if self.reach is None else min(self.width, self.reach)
 
     @property
     def periodic_refresh(self) -> bool:
@@ -78,7 +87,7 @@ class PrefixCache:
     def plan(self, at: StepPlace) -> Forward:
         if at.step == 0 or at.periodic_refresh:
             return at.full()
-        return Forward(at.block.start - at.shift, at.width, refresh=False)
+        return Forward(at.block.start - at.shift, at.end, refresh=False)
 
 
 class DualCache:
@@ -110,8 +119,8 @@ class FreeCache:
             return at.full()
         done = at.frozen_until
         if at.step == 0 and done < at.block.start:
-            return Forward(done - at.shift, at.width, False, frozen=(done, at.block.start))
-        return Forward(at.block.start - at.shift, at.width, refresh=False)
+            return Forward(done - at.shift, at.end, False, frozen=(done, at.block.start))
+        return Forward(at.block.start - at.shift, at.end, refresh=False)
 
 
 POLICIES: dict[str, type] = {

@@ -34,9 +34,12 @@ class RowState:
     frozen_until: int = 0  # canvas column before which its K/V are final (FreeCache)
     fresh: bool = True  # no forward has served the row yet
 
-    def place(self, blocks: list[Block], width: int, shift: int, interval: int) -> StepPlace:
+    def place(
+        self, blocks: list[Block], width: int, shift: int, interval: int, reach: int | None = None
+    ) -> StepPlace:
         block = blocks[self.block]
-        return StepPlace(block, self.step, width, shift, interval, self.fresh, self.frozen_until)
+        frozen = self.frozen_until
+        return StepPlace(block, self.step, width, shift, interval, self.fresh, frozen, reach)
 
     def served(self, plan: Forward) -> None:
         """After a forward: the row is no longer fresh; frozen columns stay frozen."""
