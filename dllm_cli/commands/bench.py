@@ -103,6 +103,12 @@ def bench_command(
             rich_help_panel=BENCH,
         ),
     ] = None,
+    reference: Annotated[
+        str,
+        typer.Option(
+            help="Strategy the speedups are measured against (run first).", rich_help_panel=BENCH
+        ),
+    ] = "baseline",
     n: opt.N = 20,
     batch_size: opt.BatchSize = 1,
     start: opt.Start = 0,
@@ -144,6 +150,7 @@ def bench_command(
             block_length=block_length,
             batch_size=batch_size,
             warmup=warmup,
+            reference=reference,
         )
         tasks = held_out(rt.encode, n, shots, start)
 
