@@ -249,3 +249,29 @@ def test_committer_is_told_when_a_decode_starts():
     fresh = committer(random_guide(seed=1), verify_chunk=2)
     with pytest.raises(RuntimeError, match="start"):
         fresh(None)
+
+
+@pytest.mark.slow
+def test_shipped_pair_guided_decoding_is_the_shipped_guides_greedy_decode():
+    """On the shipped pair (real tokenizer, chat template, 2-shot prompts), a batch of three
+    guided FreeCache decodes under `exact` equals the guide's own `generate`, row by row."""
+    from dllm_cli.evaluate import held_out
+    from dllm_cli.runtime import open_runtime
+
+    rt = open_runtime("tiny-gsm", {"decode.cache": "freecache", "decode.gen_length": 96})
+    tasks = held_out(rt.encode, 3, 2, start=40)
+    special, guide = rt.loaded.special, rt.guide.model
+    g = rt.committer()
+    result = decode(rt.loaded.model, special, [t.prompt for t in tasks], rt.settings, committer=g)
+    for row, task in enumerate(tasks):
+        out = guide.generate(
+            input_ids=torch.tensor([task.prompt]),
+            max_new_tokens=96,
+            do_sample=False,
+            eos_token_id=list(special.stop),
+            pad_token_id=special.pad,
+        )
+        want = out[0, len(task.prompt) :].tolist()
+        want = next((want[:i] for i, t in enumerate(want) if t in special.stop), want)
+        assert result.answer(row, special.stop) == want
+    assert result.forwards * 3 < sum(len(result.answer(r, special.stop)) for r in range(3))

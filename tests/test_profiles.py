@@ -150,6 +150,16 @@ BAD = {
     "negative-id": ("[model.special]\nmask = -1\n", "mask in [model.special] must be >= 0"),
     "guide-no-path": ("[guide]\naccept = 'exact'\n", "[guide] needs a path"),
     "bad-accept": ("[guide]\npath = 'g'\naccept = 'topk:0'\n", "[guide] guide accept must be"),
+    "bad-on-reject": (
+        "[guide]\npath = 'g'\non_reject = 'both'\n",
+        "[guide] on_reject must be one of guide, draft (got 'both')",
+    ),
+    "bad-chunk": ("[guide]\npath = 'g'\nverify_chunk = 0\n", "[guide] verify_chunk must be >= 1"),
+    "chunk-type": (
+        "[guide]\npath = 'g'\nverify_chunk = 'all'\n",
+        "verify_chunk in [guide] must be an integer (got string 'all')",
+    ),
+    "bad-window": ("[guide]\npath = 'g'\ndraft_window = -1\n", "[guide] draft_window must be >= 0"),
 }
 
 

@@ -20,14 +20,13 @@ import torch
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.answer import first_stop
-from dllm_cli.decoding.canvas import Canvas, check_prompts, plan_blocks
-from dllm_cli.decoding.events import DecodeResult, RowCommit, RowPhase, StepEvent
+from dllm_cli.decoding.canvas import Canvas, check_prompts, check_token_ids, plan_blocks
+from dllm_cli.decoding.events import DecodeResult, RowCommit, RowPhase, StepEvent, row_commits
 from dllm_cli.decoding.forwards import Forwards, Prediction
 from dllm_cli.decoding.policies import POLICIES, Forward, StepPlace
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk, RowState, first_masks, same_place
 from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
-from dllm_cli.errors import InputError
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
@@ -131,13 +130,14 @@ class DecodeRun:
         c, s, model = self.canvas, self.d.settings, self.d.model
         self.walk.begin(self.rows, c, self.blocks)
         shift, every = model.logit_shift, s.refresh_interval
-        reach = self._reach()
+        firsts = first_masks(c).tolist() if self.d.frontier else [None] * c.batch
         places = [
-            r.place(self.blocks, c.width, shift, every, x)
-            for r, x in zip(self.rows, reach, strict=True)
+            r.place(self.blocks, c.width, shift, every, self._reach(f))
+            for r, f in zip(self.rows, firsts, strict=True)
         ]
         plans = [self.d.policy.plan(p) for p in places]
-        pred = self.d.forwards(c, self.cache, plans, self._spans(places, plans), self.generator)
+        spans = self._spans(places, plans, firsts)
+        pred = self.d.forwards(c, self.cache, plans, spans, self.generator)
         self.forwards += pred.forwards
         candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
         confidence = pred.confidence.masked_fill(~candidates, float("-inf"))
@@ -172,19 +172,16 @@ class DecodeRun:
             phases=phases,
         )
 
-    def _reach(self) -> list[int | None]:
-        """Guided rows with a draft window need predictions only up to its end."""
-        if not (self.d.frontier and self.d.draft_window):
-            return [None] * self.canvas.batch
-        self.firsts = first_masks(self.canvas).tolist()
-        return [f + self.d.draft_window for f in self.firsts]
+    def _reach(self, first: int | None) -> int | None:
+        """A guided row with a draft window needs predictions only up to the window's end."""
+        window = self.d.draft_window
+        return None if first is None or not window else first + window
 
-    def _spans(self, places: list[StepPlace], plans: list[Forward]) -> list[tuple[int, int]]:
+    def _spans(self, places, plans, firsts) -> list[tuple[int, int]]:
         """Columns each row decodes: its block, or (guided) its first mask to its draft end."""
         if not self.d.frontier:
             return [(p.block.start, p.block.end) for p in places]
         window = self.d.draft_window or self.canvas.width
-        firsts = self.firsts if self.d.draft_window else first_masks(self.canvas).tolist()
         # Drafts reach as far as this step's forward computes fresh logits (Dual cache: the
         # block on cached steps) and the draft window allows.
         return [(f, min(f + window, plan.end)) for f, plan in zip(firsts, plans, strict=True)]
@@ -222,21 +219,9 @@ class DecodeRun:
         cols, toks = columns[rows, slots], tokens[rows, slots]
         c.ids[rows, cols] = toks
         c.steps[rows, cols - p] = self.steps
-        flags = corrected[rows, slots] if corrected is not None else torch.zeros_like(rows).bool()
-        grouped: dict[int, list] = {}
-        every = (rows, cols - p, toks, confidence[rows, slots], flags)
-        for r, *item in zip(*(t.tolist() for t in every), strict=True):
-            grouped.setdefault(r, []).append(item)
-        original = c.rows.tolist()
-        out = []
-        for r, items in grouped.items():
-            positions, toks_, confs, fixed = (tuple(x) for x in zip(*items, strict=True))
-            out.append(
-                RowCommit(
-                    original[r], positions, toks_, confs, fixed if corrected is not None else ()
-                )
-            )
-        return tuple(out)
+        flags = None if corrected is None else corrected[rows, slots]
+        every = (rows, cols - p, toks, confidence[rows, slots])
+        return row_commits(*every, flags, c.rows.tolist())
 
     def _phases(self, places: list[StepPlace], plans: list[Forward]) -> tuple[RowPhase, ...]:
         p, rows = self.canvas.prompt_width, self.canvas.rows.tolist()
@@ -282,14 +267,6 @@ class DecodeRun:
             self.finished_at[r] = self.steps
 
 
-def check_token_ids(prompts: list[list[int]], table: int) -> None:
-    """Prompt ids must index the embedding table."""
-    for i, p in enumerate(prompts):
-        bad = [t for t in p if not 0 <= t < table]
-        if bad:
-            raise InputError(
-                f"prompt {i} has token id {bad[0]} outside the vocabulary (0..{table - 1})"
-            )
 
 
 def decode_steps(

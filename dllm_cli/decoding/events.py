@@ -62,6 +62,21 @@ class StepEvent:
         return sum(len(c.positions) for c in self.commits)
 
 
+def row_commits(rows, positions, tokens, confidences, corrected, original) -> tuple[RowCommit, ...]:
+    """RowCommits from flat (N,) tensors of committed slots, in row order (`original`: the
+    prompt index of each live row; `corrected`: None without a verifier)."""
+    flags = corrected.tolist() if corrected is not None else [False] * len(rows)
+    grouped: dict[int, list] = {}
+    every = (rows.tolist(), positions.tolist(), tokens.tolist(), confidences.tolist(), flags)
+    for r, *item in zip(*every, strict=True):
+        grouped.setdefault(r, []).append(item)
+    out = []
+    for r, items in grouped.items():
+        pos, toks, confs, fixed = (tuple(x) for x in zip(*items, strict=True))
+        out.append(RowCommit(original[r], pos, toks, confs, fixed if corrected is not None else ()))
+    return tuple(out)
+
+
 @dataclass
 class DecodeResult:
     """Every generated position of every row, and what it cost."""
