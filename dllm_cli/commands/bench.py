@@ -90,7 +90,19 @@ def write(path: Path, text: str) -> None:
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-@opt.shared("profile", "model", "device", "dtype", "chat", "accept", "on_reject", "verify_chunk", "draft_window", "temperature", "seed")
+@opt.shared(
+    "profile",
+    "model",
+    "device",
+    "dtype",
+    "chat",
+    "accept",
+    "on_reject",
+    "verify_chunk",
+    "draft_window",
+    "temperature",
+    "seed",
+)
 def bench_command(
     shots: opt.Shots = 5,
     gen_length: Annotated[

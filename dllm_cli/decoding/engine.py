@@ -267,8 +267,6 @@ class DecodeRun:
             self.finished_at[r] = self.steps
 
 
-
-
 def decode_steps(
     model: DiffusionLM,
     special: SpecialIds,
