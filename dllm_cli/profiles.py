@@ -20,7 +20,7 @@ from typing import NamedTuple
 from dllm_cli.errors import ProfileError
 from dllm_cli.models import ARCHITECTURES
 from dllm_cli.models.loading import BUILTIN_PREFIX, DTYPES
-from dllm_cli.settings import ON_REJECT, DecodeSettings
+from dllm_cli.settings import DecodeSettings, guide_problem, parse_accept
 from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, show
 
 DEFAULT_PROFILE = "tiny-gsm"
@@ -64,21 +64,11 @@ class GuideSection:
 
     def acceptance(self) -> tuple[str, float | None]:
         """("exact", None), ("topk", K) or ("prob", P), parsed from `accept`."""
-        return _parse_accept(self.accept)
+        return parse_accept(self.accept)
 
     def problem(self) -> str | None:
         """Why these values cannot run (one line), or None."""
-        try:
-            _parse_accept(self.accept)
-        except ProfileError as e:
-            return str(e)
-        if self.on_reject not in ON_REJECT:
-            return f"on_reject must be one of {', '.join(ON_REJECT)} (got {self.on_reject!r})"
-        if self.verify_chunk < 1:
-            return f"verify_chunk must be >= 1 (got {self.verify_chunk})"
-        if self.draft_window < 0:
-            return f"draft_window must be >= 0 (0: to the canvas end; got {self.draft_window})"
-        return None
+        return guide_problem(self.accept, self.on_reject, self.verify_chunk, self.draft_window)
 
 
 @dataclass
@@ -162,22 +152,6 @@ def _parse(path: Path) -> tuple[Profile, dict]:
     if profile.guide:
         profile.guide.path = _resolve_model_path(profile.guide.path, path.parent)
     return profile, data
-
-
-def _parse_accept(accept: str) -> tuple[str, float | None]:
-    kind, _, arg = accept.partition(":")
-    try:
-        if kind == "exact" and not arg:
-            return "exact", None
-        if kind == "topk" and int(arg) >= 1:
-            return "topk", int(arg)
-        if kind == "prob" and 0.0 < float(arg) <= 1.0:
-            return "prob", float(arg)
-    except ValueError:
-        pass
-    raise ProfileError(
-        f"guide accept must be 'exact', 'topk:K' (K >= 1) or 'prob:P' (0 < P <= 1), got {accept!r}"
-    )
 
 
 def _check_values(profile: Profile, where: str) -> None:
