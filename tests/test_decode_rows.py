@@ -45,6 +45,10 @@ def test_rows_apart_equal_rows_alone(kind, cache, unmask, cfg):
     events, batch = apart(model, ps, s)
     assert rows_apart(events) > 0
     assert batch.forwards <= 2 * batch.steps  # at most two forwards a step
+    if cache in ("prefix", "dual"):  # a row's block-start refresh beside others' cached steps
+        assert batch.forwards > batch.steps
+    else:  # none: every row full every step; freecache: only the first step is full
+        assert batch.forwards == batch.steps
     for row, prompt in enumerate(ps):
         assert batch.tokens[row] == decode(model, SPECIAL, [prompt], s).tokens[0], f"row {row}"
 
