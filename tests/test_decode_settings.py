@@ -136,7 +136,7 @@ def context(confidence: list[list[float]], step=0, steps=4, masks=None) -> StepC
 
 
 def chosen(rule: str, ctx: StepContext, **kw) -> list[list[int]]:
-    committer = RuleCommitter(DecodeSettings(unmask=rule, **kw), "llada")
+    committer = RuleCommitter(DecodeSettings(unmask=rule, **kw), "linear")
     return committer(ctx).commit.long().tolist()
 
 
