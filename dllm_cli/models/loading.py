@@ -33,12 +33,13 @@ EOT_NAMES = ("<|eot_id|>", "<|im_end|>")
 class SpecialIds:
     """Token ids with a role in decoding; read from the folder, overridable by a profile."""
 
-    mask: int
+    mask: int | None  # None: the family has no mask token (DiffusionGemma)
     eos: int
     pad: int
     bos: int | None = None
     eot: int | None = None
     vocab: int | None = None  # tokenizer size: ids at or above it are embedding padding rows
+    extra_stop: tuple[int, ...] = ()  # further stop tokens a checkpoint lists (DiffusionGemma)
 
     def real_vocab(self, model_vocab: int) -> int:
         """How many ids can be real tokens: a draft or a guide's token is always below this."""
@@ -46,8 +47,8 @@ class SpecialIds:
 
     @property
     def stop(self) -> tuple[int, ...]:
-        """Tokens that end an answer (EOS, and end-of-turn where the format has one)."""
-        return tuple(t for t in (self.eos, self.eot) if t is not None)
+        """Tokens that end an answer (EOS, end-of-turn where the format has one, and extras)."""
+        return tuple(t for t in (self.eos, self.eot, *self.extra_stop) if t is not None)
 
 
 @dataclass
@@ -142,7 +143,7 @@ def config_from_json(raw: dict, cfg_file: Path):
     if kind is None:
         raise ModelLoadError(f"{cfg_file} has no model_type (cannot tell the architecture)")
     if kind not in ARCHITECTURES:
-        known = ", ".join(ARCHITECTURES)
+        known = ", ".join([*ARCHITECTURES, "diffusion_gemma"])
         raise ModelLoadError(f"unknown architecture {kind!r} in {cfg_file} (supported: {known})")
     cfg_cls, model_cls = ARCHITECTURES[kind]
     raw = {k: v for k, v in raw.items() if k not in ("auto_map", "model_type")}
@@ -310,12 +311,16 @@ def load_model(
     device: str = "auto",
     special_overrides: dict | None = None,
 ) -> LoadedModel:
-    """Load a local LLaDA/Dream folder (sharded safetensors included) ready for decoding."""
+    """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included)."""
     quiet_transformers()
     folder = resolve_path(path)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     raw = read_config_json(folder)
+    if raw.get("model_type") == "diffusion_gemma":  # transformers' own model and sampler
+        from dllm_cli.models import diffusion_gemma
+
+        return diffusion_gemma.load(folder, raw, dev, torch_dtype, special_overrides)
     config, model_cls = config_from_json(raw, folder / "config.json")
     try:
         with torch.device("meta"):
