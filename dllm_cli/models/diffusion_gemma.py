@@ -14,7 +14,6 @@ one observes the stopping rule. Neither changes what the sampler or the rule com
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from pathlib import Path
 from typing import Protocol
@@ -24,14 +23,6 @@ from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from transformers.utils import is_accelerate_available
 
 from dllm_cli.errors import ModelLoadError
-from dllm_cli.models.loading import (
-    LoadedModel,
-    SpecialIds,
-    _one_line,
-    load_tokenizer,
-    special_ids,
-    weight_files,
-)
 
 FAMILY = "diffusion_gemma"
 EOT_NAMES = ("<turn|>", "<end_of_turn>")  # Gemma 4's end of turn; Gemma 1-3's
@@ -75,35 +66,11 @@ class DiffusionGemmaLM(DiffusionGemmaForBlockDiffusion):
         return self.hooks.stopping(criteria)
 
 
-def read_config(raw: dict, cfg_file: Path) -> DiffusionGemmaConfig:
-    """config.json -> DiffusionGemmaConfig; transformers' validation errors as one line."""
-    fields = {k: v for k, v in raw.items() if k not in ("auto_map", "model_type")}
-    try:
-        return DiffusionGemmaConfig(**fields)
-    except Exception as e:  # strict dataclass validation raises several types
-        raise ModelLoadError(f"{cfg_file}: invalid {FAMILY} config: {_one_line(e)}") from None
-
-
-def load(
-    folder: Path,
-    raw: dict,
-    device: torch.device,
-    dtype: torch.dtype,
-    special_overrides: dict | None = None,
-) -> LoadedModel:
-    """A local DiffusionGemma folder -> LoadedModel (weights checked by transformers' own report)."""
-    config = read_config(raw, folder / "config.json")
-    weight_files(folder)  # no weights at all: our one-line error before transformers'
-    model = load_weights(folder, config, device, dtype)
-    # generate calls torch.compiler.cudagraph_mark_step_begin() every step, and the first call
-    # imports torch._inductor (seconds): pay that while loading, not in the first timed decode.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, about torch.jit
-        import torch._inductor.cudagraph_trees  # noqa: F401
-
-    tokenizer = load_tokenizer(folder)
-    special = gemma_special_ids(model, raw, tokenizer, special_overrides)
-    return LoadedModel(model, tokenizer, special, folder, FAMILY, device, dtype)
+def read_config(raw: dict) -> DiffusionGemmaConfig:
+    """config.json -> DiffusionGemmaConfig (transformers validates; loading.py words errors)."""
+    return DiffusionGemmaConfig(
+        **{k: v for k, v in raw.items() if k not in ("auto_map", "model_type")}
+    )
 
 
 def load_weights(
@@ -111,24 +78,22 @@ def load_weights(
 ) -> DiffusionGemmaLM:
     """from_pretrained, refusing a checkpoint with missing, unexpected or mis-shaped tensors.
 
-    transformers maps checkpoint names itself, so its loading report is the check here (our
-    name-by-name check assumes the model's own names). With accelerate installed the weights
-    stream straight onto a GPU; without it they pass through host memory (26B in bf16: ~52 GB).
+    transformers maps checkpoint names itself, so its loading report is the check here (the
+    masked families' name-by-name check assumes the model's own names). With accelerate
+    installed the weights stream straight onto a GPU; without it they pass through host memory
+    (26B in bf16: ~52 GB). transformers' own errors propagate for loading.py to word.
     """
     direct = (
         {"device_map": {"": device}} if device.type == "cuda" and is_accelerate_available() else {}
     )
-    try:
-        model, info = DiffusionGemmaLM.from_pretrained(
-            str(folder),
-            config=config,
-            dtype=dtype,
-            output_loading_info=True,
-            ignore_mismatched_sizes=True,  # reported below, in one line
-            **direct,
-        )
-    except Exception as e:  # anything transformers raises for a damaged or mismatched folder
-        raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
+    model, info = DiffusionGemmaLM.from_pretrained(
+        str(folder),
+        config=config,
+        dtype=dtype,
+        output_loading_info=True,
+        ignore_mismatched_sizes=True,  # reported below, in one line
+        **direct,
+    )
     mismatched = sorted(info.get("mismatched_keys") or [], key=str)
     if mismatched:
         name, found, wanted = mismatched[0]
@@ -140,6 +105,11 @@ def load_weights(
         keys = sorted(info.get(f"{kind}_keys") or [], key=str)
         if keys:
             raise ModelLoadError(f"{folder}: checkpoint has {kind} parameter {keys[0]}{more(keys)}")
+    # generate calls torch.compiler.cudagraph_mark_step_begin() every step, and the first call
+    # imports torch._inductor (seconds): pay that while loading, not in the first timed decode.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch's own, about torch.jit
+        import torch._inductor.cudagraph_trees  # noqa: F401
     return model.to(device).eval()
 
 
@@ -147,23 +117,17 @@ def more(items: list) -> str:
     return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
 
 
-def gemma_special_ids(
-    model: DiffusionGemmaLM, raw: dict, tokenizer, overrides: dict | None
-) -> SpecialIds:
-    """Special ids from text_config, the tokenizer and generation_config.json's stop tokens.
-
-    Uniform-state diffusion has no mask token: the mask role is None (so no output token is
-    ever counted as a leftover mask). generation_config.json's `eos_token_id` list (the model
-    card's stop tokens) joins EOS and end-of-turn as stops.
-    """
+def role_defaults(model: DiffusionGemmaLM, tokenizer) -> dict[str, int | None]:
+    """Special roles the tokenizer names Gemma's way: end of turn, and a mask placeholder
+    (uniform-state diffusion has no mask token; loading.py sets the role to None)."""
     vocab = tokenizer.get_vocab()
-    text = model.config.text_config
     eot = next((vocab[n] for n in EOT_NAMES if n in vocab), None)
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    present = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
-    found = {"eot": eot, "mask": text.pad_token_id or 0}  # mask: a placeholder, dropped below
-    ids = special_ids(text, tokenizer, found | given, present=present, table_size=text.vocab_size)
+    return {"eot": eot, "mask": model.config.text_config.pad_token_id or 0}
+
+
+def extra_stops(model: DiffusionGemmaLM, stop: tuple[int, ...]) -> tuple[int, ...]:
+    """generation_config.json's stop tokens (the model card's `eos_token_id` list) beyond `stop`."""
     listed = model.generation_config.eos_token_id
     listed = [listed] if isinstance(listed, int) else list(listed or [])
-    extra = tuple(int(t) for t in listed if t not in ids.stop and 0 <= t < text.vocab_size)
-    return dataclasses.replace(ids, mask=None, extra_stop=extra, vocab=len(tokenizer))
+    size = model.config.text_config.vocab_size
+    return tuple(int(t) for t in listed if t not in stop and 0 <= t < size)

@@ -318,9 +318,7 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, dev)
     raw = read_config_json(folder)
     if raw.get("model_type") == "diffusion_gemma":  # transformers' own model and sampler
-        from dllm_cli.models import diffusion_gemma
-
-        return diffusion_gemma.load(folder, raw, dev, torch_dtype, special_overrides)
+        return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
     config, model_cls = config_from_json(raw, folder / "config.json")
     try:
         with torch.device("meta"):
@@ -352,3 +350,35 @@ def load_model(
         device=dev,
         dtype=torch_dtype,
     )
+
+
+def load_diffusion_gemma(
+    folder: Path, raw: dict, dev: torch.device, dtype: torch.dtype, overrides: dict | None
+) -> LoadedModel:
+    """transformers' DiffusionGemma (models/diffusion_gemma.py), our tokenizer and special ids;
+    no mask role (uniform-state diffusion), the checkpoint's further stop tokens."""
+    from dllm_cli.models import diffusion_gemma as dg
+
+    try:
+        config = dg.read_config(raw)
+    except Exception as e:  # strict dataclass validation raises several types
+        raise ModelLoadError(
+            f"{folder / 'config.json'}: invalid {dg.FAMILY} config: {_one_line(e)}"
+        ) from None
+    weight_files(folder)  # no weights at all: our one-line error before transformers'
+    try:
+        model = dg.load_weights(folder, config, dev, dtype)
+    except ModelLoadError:
+        raise
+    except Exception as e:  # anything transformers raises for a damaged or mismatched folder
+        raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
+    tokenizer = load_tokenizer(folder)
+    text = config.text_config
+    present = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    roles = dg.role_defaults(model, tokenizer) | given
+    ids = special_ids(text, tokenizer, roles, present=present, table_size=text.vocab_size)
+    special = replace(
+        ids, mask=None, extra_stop=dg.extra_stops(model, ids.stop), vocab=len(tokenizer)
+    )
+    return LoadedModel(model, tokenizer, special, folder, dg.FAMILY, dev, dtype)
