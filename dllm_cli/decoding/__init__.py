@@ -15,6 +15,9 @@ Choices worth knowing (details in each module):
 - [MASK] is never a draft and logits past the real vocabulary are ignored (sampling.py).
 - Guided diffusion (FlashDLM) is a committer: `GuidedCommitter(guide, vocab, pad)` passed as
   `committer=`; an AR guide verifies the drafts left to right (guided.py says exactly how).
+- A DiffusionGemma model (uniform-state block diffusion) is decoded by transformers' own
+  `generate` behind the same run interface; its events carry `drafts` (tokens replaced) as
+  well as commits (gemma.py, gemma_stream.py).
 - Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch), so a
   row never depends on its batch; confidence ties go to the leftmost column.
 """

@@ -36,11 +36,21 @@ class StepEvent:
     commits: tuple[RowCommit, ...]
     finished: tuple[int, ...] = ()  # rows whose answer became final this step
     accepted: int | None = None  # drafts a verifying committer accepted (None: no verifier)
+    # Uniform-state diffusion (DiffusionGemma) replaces tokens instead of unmasking them: the
+    # positions whose draft token changed this step (not final until committed), and the rows
+    # whose draft the stopping rule declared stable and confident this step.
+    drafts: tuple[RowCommit, ...] = ()
+    settled: tuple[int, ...] = ()
 
     @property
     def committed(self) -> int:
         """Tokens committed this step over all rows."""
         return sum(len(c.positions) for c in self.commits)
+
+    @property
+    def replaced(self) -> int:
+        """Draft tokens replaced this step over all rows (uniform-state diffusion)."""
+        return sum(len(d.positions) for d in self.drafts)
 
 
 @dataclass
