@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dllm_cli.errors import InputError
+from dllm_cli.decoding import gemma
+from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.tinygsm.evaluate import Score, Task, score, warm_up
@@ -115,6 +116,7 @@ def run_bench(
     guided = [n for n in plan.strategies if STRATEGIES[n].guided]
     if guided and runtime.guide is None:
         raise InputError(f"strategy {guided[0]!r} needs a guide model ([guide] in the profile)")
+    check_family(runtime, plan)
     records, warmed = [], set()
     for length in plan.lengths:
         baseline = None
@@ -140,6 +142,21 @@ def run_bench(
             if on_record is not None:
                 on_record(record)
     return records
+
+
+def check_family(runtime: Runtime, plan: BenchPlan) -> None:
+    """DiffusionGemma runs transformers' sampler: refuse other strategies before any decode."""
+    if runtime.loaded.architecture != gemma.FAMILY:
+        return
+    canvas = runtime.loaded.model.canvas_length
+    for name in plan.strategies:
+        try:
+            settings = settings_for(runtime.settings, name, plan.lengths[0], plan.block_length)
+            gemma.check_settings(settings, canvas)
+            if STRATEGIES[name].guided:
+                raise SettingsError(f"a guide model does not apply to {gemma.FAMILY}")
+        except SettingsError as e:
+            raise SettingsError(f"strategy {name!r}: {e}") from None
 
 
 def measure(runtime: Runtime, tasks: Sequence[Task], settings, committer, batch_size: int) -> Score:

@@ -23,6 +23,7 @@ import typer
 
 MODEL = "Model"
 DECODE = "Decoding"
+GEMMA = "DiffusionGemma"
 OUTPUT = "Output"
 INPUT = "Input"
 EVAL = "Evaluation"
@@ -48,6 +49,11 @@ def _decode(key: str, kind: type, help: str, *names: str) -> Flag:
 def _guide(key: str, kind: type, help: str) -> Flag:
     """A [guide] setting (group "guide", with --guide/--no-guide)."""
     return Flag(_option(kind, help, DECODE), "guide", f"guide.{key}")
+
+
+def _gemma(key: str, kind: type, help: str) -> Flag:
+    """A DiffusionGemma knob: a decoding flag of its own help panel."""
+    return Flag(_option(kind, help, GEMMA), "decode", f"decode.{key}")
 
 
 FLAGS: dict[str, Flag] = {
@@ -88,6 +94,19 @@ FLAGS: dict[str, Flag] = {
         bool,
         "Stop a row once its answer has ended (same text, fewer forwards).",
         "--early-stop/--no-early-stop",
+    ),
+    "t_min": _gemma("t_min", float, "Temperature at the last denoising step."),
+    "t_max": _gemma("t_max", float, "Temperature at the first denoising step."),
+    "entropy_bound": _gemma(
+        "entropy_bound",
+        float,
+        "Accept the lowest-entropy tokens whose summed entropy, less the largest, is within this.",
+    ),
+    "stability_threshold": _gemma(
+        "stability_threshold", int, "Stop a canvas once its draft held still this many steps."
+    ),
+    "confidence_threshold": _gemma(
+        "confidence_threshold", float, "Stop a canvas once its mean token entropy is below this."
     ),
     "guide": Flag(
         _option(

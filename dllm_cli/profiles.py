@@ -45,7 +45,7 @@ class ModelSection:
     """Which checkpoint to load and how; architecture None means config.json's model_type."""
 
     path: str = "builtin:tiny-gsm"
-    architecture: str | None = None
+    architecture: str | None = None  # llada | dream | diffusion_gemma (None: config.json's)
     dtype: str = "auto"
     device: str = "auto"
     chat_template: bool = True
@@ -161,7 +161,7 @@ def _check_values(profile: Profile, where: str) -> None:
         raise ProfileError(f"{where}: path in [model] must not be empty")
     if m.architecture is not None:
         m.architecture = m.architecture.lower()
-        known = [kind.lower() for kind in ARCHITECTURES]
+        known = [kind.lower() for kind in ARCHITECTURES] + ["diffusion_gemma"]
         if m.architecture not in known:
             raise ProfileError(
                 f"{where}: architecture in [model] must be one of {', '.join(known)} "

@@ -33,6 +33,8 @@ PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
 
 INT_FIELDS = ("gen_length", "block_length", "refresh_interval", "seed")
 FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp")
+# DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
+GEMMA_FIELDS = ("t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class DecodeSettings:
     early_stop: bool = False
     eps: float = 1e-3  # Dream's final timestep
     alg_temp: float = 0.0  # Dream: sample positions with softmax(conf / alg_temp) when > 0
+    t_min: float | None = None  # DiffusionGemma: temperature at the last denoising step
+    t_max: float | None = None  # DiffusionGemma: temperature at the first denoising step
+    entropy_bound: float | None = None  # DiffusionGemma: entropy budget of accepted tokens
+    stability_threshold: int | None = None  # DiffusionGemma: steps the draft must hold still
+    confidence_threshold: float | None = None  # DiffusionGemma: mean entropy to stop below
 
     def __post_init__(self) -> None:
         self.validate()
@@ -125,6 +132,13 @@ class DecodeSettings:
             isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float)
         ):
             _bad(f"top_p must be a number or unset (got {self.top_p!r})")
+        for name in GEMMA_FIELDS:
+            value = getattr(self, name)
+            wanted = int if name == "stability_threshold" else int | float
+            if value is not None and (isinstance(value, bool) or not isinstance(value, wanted)):
+                _bad(f"{name} must be {'an integer' if wanted is int else 'a number'} or unset")
+            if isinstance(value, float) and not math.isfinite(value):
+                _bad(f"{name} must be finite (got {value!r})")
         if not isinstance(self.early_stop, bool):
             _bad(f"early_stop must be true or false (got {self.early_stop!r})")
         for name, choices in (
@@ -164,6 +178,22 @@ class DecodeSettings:
             _bad(f"alg_temp must be >= 0 (got {self.alg_temp})")
         if self.seed < 0 or self.seed >= 2**63:
             _bad(f"seed must be in [0, 2**63) (got {self.seed})")
+        self._check_gemma_ranges()
+
+    def _check_gemma_ranges(self) -> None:
+        """The ranges transformers' DiffusionGemmaGenerationConfig.validate accepts."""
+        if self.t_min is not None and self.t_min < 0:
+            _bad(f"t_min must be >= 0 (got {self.t_min})")
+        if self.t_max is not None and self.t_max < 0:
+            _bad(f"t_max must be >= 0 (got {self.t_max})")
+        if self.t_min is not None and self.t_max is not None and self.t_max <= self.t_min:
+            _bad(f"t_max must be above t_min (got t_max {self.t_max}, t_min {self.t_min})")
+        if self.entropy_bound is not None and self.entropy_bound <= 0:
+            _bad(f"entropy_bound must be > 0 (got {self.entropy_bound})")
+        if self.stability_threshold is not None and self.stability_threshold < 0:
+            _bad(f"stability_threshold must be >= 0 (got {self.stability_threshold})")
+        if self.confidence_threshold is not None and self.confidence_threshold <= 0:
+            _bad(f"confidence_threshold must be > 0 (got {self.confidence_threshold})")
 
     def _check_combinations(self) -> None:
         if self.total_steps < self.num_blocks:

@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dllm_cli"
 LAYERS: list[tuple[str, ...]] = [
     ("dllm_cli", "errors", "settings", "cache", "strict_toml"),  # "dllm_cli": __version__
     # the TinyGSM data, no models
-    ("tinygsm.data", "tinygsm.wide", "tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
+    ("tinygsm.data", "tinygsm.wide", "tinygsm.rich", "tinygsm.stories", "tinygsm.scenes"),
+    ("tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
     ("models", "tinygsm.architectures"),
     ("decoding",),
     ("profiles",),

@@ -276,6 +276,10 @@ def decode_steps(
     committer: Committer | None = None,
 ) -> DecodeRun:
     """Start a decode; iterate the returned run for StepEvents, then call `.result()`."""
+    if getattr(model, "family", None) == "diffusion_gemma":  # transformers' own sampler
+        from dllm_cli.decoding.gemma import start_run
+
+        return start_run(model, special, prompts, settings, committer)
     return Decoder(model, special, settings, committer).run(prompts)
 
 

@@ -55,11 +55,21 @@ class StepEvent:
     guide_forwards: int = 0  # the AR guide's forwards so far, this step included
     corrected: int | None = None  # tokens the guide chose instead of a draft (None: no guide)
     phases: tuple[RowPhase, ...] = ()  # each live row's place this step
+    # Uniform-state diffusion (DiffusionGemma) replaces tokens instead of unmasking them: the
+    # positions whose draft token changed this step (not final until committed), and the rows
+    # whose draft the stopping rule declared stable and confident this step.
+    drafts: tuple[RowCommit, ...] = ()
+    settled: tuple[int, ...] = ()
 
     @property
     def committed(self) -> int:
         """Tokens committed this step over all rows."""
         return sum(len(c.positions) for c in self.commits)
+
+    @property
+    def replaced(self) -> int:
+        """Draft tokens replaced this step over all rows (uniform-state diffusion)."""
+        return sum(len(d.positions) for d in self.drafts)
 
 
 def row_commits(rows, positions, tokens, confidences, corrected, original) -> tuple[RowCommit, ...]:
