@@ -80,6 +80,9 @@ FLAGS: dict[str, Flag] = {
     "cache": _decode("cache", str, "KV cache: none | prefix | dual | freecache."),
     "unmask": _decode("unmask", str, "Commit rule: fixed | threshold | factor | origin."),
     "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
+    "schedule": _decode(
+        "schedule", str, "fixed rule's tokens per step: family | linear (LLaDA) | dream."
+    ),
     "threshold": _decode(
         "threshold", float, "threshold rule: commit tokens at least this confident, in (0, 1]."
     ),
