@@ -4,9 +4,11 @@ and special token strings each cost one error record (or nothing), never the bat
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import re
+import sys
 
 import pytest
 from checkpoints import write_dream
@@ -20,6 +22,7 @@ from cli_fixtures import (  # noqa: F401
 )
 
 from dllm_cli.chat import render
+from dllm_cli.cli import use_utf8
 from dllm_cli.errors import InputError
 from dllm_cli.runtime import open_runtime
 
@@ -175,3 +178,18 @@ def test_verbose_prompt_in_batch_mode_goes_with_each_record(dream_profile):
         runtime.encode("how many"),
         runtime.encode("hi <|mask|>"),
     ]
+
+
+def test_answers_go_out_as_utf8_whatever_the_locale(monkeypatch):
+    """A Latin-1 locale must not end a run at the first Hebrew answer (stdin is UTF-8 too)."""
+    out = io.TextIOWrapper(io.BytesIO(), encoding="latin-1")
+    err = io.TextIOWrapper(io.BytesIO(), encoding="latin-1")
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    use_utf8()
+    out.write("שלום é\n")
+    err.write("שלום é\n")
+    out.flush()
+    err.flush()
+    assert out.buffer.getvalue() == "שלום é\n".encode()
+    assert err.buffer.getvalue() == b"\\u05e9\\u05dc\\u05d5\\u05dd \xe9\n"
