@@ -40,6 +40,7 @@ class Totals:
     prompts: int = 0
     tokens: int = 0
     forwards: int = 0
+    guide_forwards: int = 0
     steps: int = 0
     seconds: float = 0.0
 
@@ -47,6 +48,7 @@ class Totals:
         self.prompts += len(result.tokens)
         self.tokens += sum(answer_length(row, stop) for row in result.tokens)
         self.forwards += result.forwards
+        self.guide_forwards += result.guide_forwards
         self.steps += result.steps
         self.seconds += result.seconds
 
@@ -55,13 +57,15 @@ class Totals:
         self.prompts += other.prompts
         self.tokens += other.tokens
         self.forwards += other.forwards
+        self.guide_forwards += other.guide_forwards
         self.steps += other.steps
         self.seconds = max(self.seconds, other.seconds)
 
     def line(self) -> str:
         rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        guide = f"{self.guide_forwards} guide forwards, " if self.guide_forwards else ""
         return (
-            f"{self.prompts} prompt(s), {self.tokens} tokens, {self.forwards} forwards, "
+            f"{self.prompts} prompt(s), {self.tokens} tokens, {self.forwards} forwards, {guide}"
             f"{self.steps} steps, {self.seconds:.2f} s, {rate:.1f} tok/s"
         )
 
@@ -182,6 +186,7 @@ def record(prompt: str, text: str, result: DecodeResult, row: int) -> dict:
         "text": text,
         "token_ids": result.tokens[row],
         "forwards": result.forwards,
+        "guide_forwards": result.guide_forwards,
         "steps": result.steps,
         "seconds": round(result.seconds, 4),
     }

@@ -8,9 +8,13 @@ The profile keeps what is not a strategy choice (temperature, top-p/k, seed, Dre
 
 Each record is one (strategy, gen_length): the numbers of `Score.summary()` (accuracy, answer
 tokens per second, forwards, ...; definitions in tinygsm/evaluate.py) and `speedup`, the
-baseline's wall seconds over the strategy's on the same problems at the same gen_length in the
-same run (a latency ratio; the baseline always runs, first). Timing starts after a warm-up
-decode of one problem and one block with each strategy, so one-off setup costs nobody.
+reference strategy's wall seconds over the strategy's on the same problems at the same
+gen_length in the same run (a latency ratio; the reference, `baseline` unless chosen, always
+runs, first). Timing starts after a warm-up decode of one problem and one block with each
+strategy, so one-off setup costs nobody.
+
+Guided decoding ends a row at its first committed stop token whatever `early_stop` says
+(FlashDLM), so `freecache+guided` and `freecache+guided+early-stop` decode alike.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dllm_cli.errors import InputError
+from dllm_cli.decoding import gemma
+from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.tinygsm.evaluate import Score, Task, score, warm_up
@@ -76,18 +81,20 @@ class BenchPlan:
     block_length: int = 32
     batch_size: int = 1
     warmup: bool = True
+    reference: str = BASELINE  # speedups are its seconds over each strategy's
 
     @classmethod
     def make(cls, strategies: Sequence[str], lengths: Sequence[int], **kw) -> BenchPlan:
-        """Checked names, baseline prepended when missing, duplicates dropped."""
-        unknown = [s for s in strategies if s not in STRATEGIES]
+        """Checked names, the reference prepended when missing, duplicates dropped."""
+        reference = kw.get("reference", BASELINE)
+        unknown = [s for s in [reference, *strategies] if s not in STRATEGIES]
         if unknown:
             raise InputError(
                 f"unknown strategy {unknown[0]!r} (available: {', '.join(STRATEGIES)})"
             )
         if not lengths or any(n < 1 for n in lengths):
             raise InputError("--gen-length needs positive lengths, e.g. 256,512")
-        names = dict.fromkeys([BASELINE, *strategies])
+        names = dict.fromkeys([reference, *strategies])
         return cls(tuple(names), tuple(dict.fromkeys(lengths)), **kw)
 
 
@@ -109,6 +116,7 @@ def run_bench(
     guided = [n for n in plan.strategies if STRATEGIES[n].guided]
     if guided and runtime.guide is None:
         raise InputError(f"strategy {guided[0]!r} needs a guide model ([guide] in the profile)")
+    check_family(runtime, plan)
     records, warmed = [], set()
     for length in plan.lengths:
         baseline = None
@@ -119,7 +127,7 @@ def run_bench(
                 warm_up(runtime.loaded.model, runtime.loaded.special, tasks[0], settings, committer)
                 warmed.add(name)
             result = measure(runtime, tasks, settings, committer, plan.batch_size)
-            baseline = result if name == BASELINE else baseline
+            baseline = result if name == plan.reference else baseline
             record = {
                 "strategy": name,
                 "gen_length": length,
@@ -134,6 +142,21 @@ def run_bench(
             if on_record is not None:
                 on_record(record)
     return records
+
+
+def check_family(runtime: Runtime, plan: BenchPlan) -> None:
+    """DiffusionGemma runs transformers' sampler: refuse other strategies before any decode."""
+    if runtime.loaded.architecture != gemma.FAMILY:
+        return
+    canvas = runtime.loaded.model.canvas_length
+    for name in plan.strategies:
+        try:
+            settings = settings_for(runtime.settings, name, plan.lengths[0], plan.block_length)
+            gemma.check_settings(settings, canvas)
+            if STRATEGIES[name].guided:
+                raise SettingsError(f"a guide model does not apply to {gemma.FAMILY}")
+        except SettingsError as e:
+            raise SettingsError(f"strategy {name!r}: {e}") from None
 
 
 def measure(runtime: Runtime, tasks: Sequence[Task], settings, committer, batch_size: int) -> Score:
@@ -151,6 +174,8 @@ MARKDOWN_COLUMNS = (
     ("tok/s", "tokens_per_second", "{:.1f}"),
     ("NFE", "forwards", "{}"),
     ("tok/NFE", "tokens_per_forward", "{:.2f}"),
+    ("guide NFE", "guide_forwards", "{}"),
+    ("guide time", "guide_share", "{:.0%}"),
     ("seconds", "seconds", "{:.2f}"),
     ("speedup", "speedup", "{:.2f}x"),
     ("mask violations", "mask_violations", "{}"),

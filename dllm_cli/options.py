@@ -23,6 +23,7 @@ import typer
 
 MODEL = "Model"
 DECODE = "Decoding"
+GEMMA = "DiffusionGemma"
 OUTPUT = "Output"
 INPUT = "Input"
 EVAL = "Evaluation"
@@ -43,6 +44,16 @@ def _option(kind: type, help: str, panel: str, *names: str) -> Any:
 
 def _decode(key: str, kind: type, help: str, *names: str) -> Flag:
     return Flag(_option(kind, help, DECODE, *names), "decode", f"decode.{key}")
+
+
+def _guide(key: str, kind: type, help: str) -> Flag:
+    """A [guide] setting (group "guide", with --guide/--no-guide)."""
+    return Flag(_option(kind, help, DECODE), "guide", f"guide.{key}")
+
+
+def _gemma(key: str, kind: type, help: str) -> Flag:
+    """A DiffusionGemma knob: a decoding flag of its own help panel."""
+    return Flag(_option(kind, help, GEMMA), "decode", f"decode.{key}")
 
 
 FLAGS: dict[str, Flag] = {
@@ -84,6 +95,19 @@ FLAGS: dict[str, Flag] = {
         "Stop a row once its answer has ended (same text, fewer forwards).",
         "--early-stop/--no-early-stop",
     ),
+    "t_min": _gemma("t_min", float, "Temperature at the last denoising step."),
+    "t_max": _gemma("t_max", float, "Temperature at the first denoising step."),
+    "entropy_bound": _gemma(
+        "entropy_bound",
+        float,
+        "Accept the lowest-entropy tokens whose summed entropy, less the largest, is within this.",
+    ),
+    "stability_threshold": _gemma(
+        "stability_threshold", int, "Stop a canvas once its draft held still this many steps."
+    ),
+    "confidence_threshold": _gemma(
+        "confidence_threshold", float, "Stop a canvas once its mean token entropy is below this."
+    ),
     "guide": Flag(
         _option(
             bool,
@@ -94,12 +118,19 @@ FLAGS: dict[str, Flag] = {
         ),
         "guide",
     ),
-    "accept": Flag(
-        _option(
-            str, "Guide acceptance rule: exact | topk:K | prob:P (default: the profile's).", DECODE
-        ),
-        "accept",
-        "guide.accept",
+    "accept": _guide("accept", str, "Guided: acceptance rule exact | topk:K | prob:P."),
+    "on_reject": _guide(
+        "on_reject",
+        str,
+        "Guided: on a rejection commit the guide's token (guide) or, when nothing was "
+        "accepted, the diffusion model's draft (draft).",
+    ),
+    "verify_chunk": _guide("verify_chunk", int, "Guided: drafts the guide verifies per forward."),
+    "draft_window": _guide(
+        "draft_window",
+        int,
+        "Guided: columns drafted from the first mask (0: to the canvas end); drafts are the "
+        "diffusion model's argmax whatever the temperature.",
     ),
 }
 
@@ -173,8 +204,8 @@ Json = Annotated[
     bool,
     typer.Option(
         "--json",
-        help="One JSON object per prompt on stdout: prompt, text, token_ids, forwards, steps, "
-        "seconds (a failed prompt: prompt, error).",
+        help="One JSON object per prompt on stdout: prompt, text, token_ids, forwards, "
+        "guide_forwards, steps, seconds (a failed prompt: prompt, error).",
         rich_help_panel=OUTPUT,
     ),
 ]
@@ -182,7 +213,7 @@ Stats = Annotated[
     bool,
     typer.Option(
         "--stats",
-        help="Answer tokens, forwards, steps, seconds and tok/s on stderr.",
+        help="Answer tokens, forwards (diffusion, guide), steps, seconds and tok/s on stderr.",
         rich_help_panel=OUTPUT,
     ),
 ]

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from dllm_cli.errors import ProfileError
 from dllm_cli.models import ARCHITECTURES
 from dllm_cli.models.loading import BUILTIN_PREFIX, DTYPES
-from dllm_cli.settings import DecodeSettings
+from dllm_cli.settings import DecodeSettings, guide_problem, parse_accept
 from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, show
 
 DEFAULT_PROFILE = "tiny-gsm"
@@ -45,7 +45,7 @@ class ModelSection:
     """Which checkpoint to load and how; architecture None means config.json's model_type."""
 
     path: str = "builtin:tiny-gsm"
-    architecture: str | None = None
+    architecture: str | None = None  # llada | dream | diffusion_gemma (None: config.json's)
     dtype: str = "auto"
     device: str = "auto"
     chat_template: bool = True
@@ -58,10 +58,17 @@ class GuideSection:
 
     path: str = ""
     accept: str = "exact"  # exact | topk:K | prob:P
+    on_reject: str = "guide"  # guide: the guide's own token | draft: the diffusion model's
+    verify_chunk: int = 32  # drafts the guide scores per forward
+    draft_window: int = 0  # drafts from the first mask (0: to the end of the canvas)
 
     def acceptance(self) -> tuple[str, float | None]:
         """("exact", None), ("topk", K) or ("prob", P), parsed from `accept`."""
-        return _parse_accept(self.accept)
+        return parse_accept(self.accept)
+
+    def problem(self) -> str | None:
+        """Why these values cannot run (one line), or None."""
+        return guide_problem(self.accept, self.on_reject, self.verify_chunk, self.draft_window)
 
 
 @dataclass
@@ -147,22 +154,6 @@ def _parse(path: Path) -> tuple[Profile, dict]:
     return profile, data
 
 
-def _parse_accept(accept: str) -> tuple[str, float | None]:
-    kind, _, arg = accept.partition(":")
-    try:
-        if kind == "exact" and not arg:
-            return "exact", None
-        if kind == "topk" and int(arg) >= 1:
-            return "topk", int(arg)
-        if kind == "prob" and 0.0 < float(arg) <= 1.0:
-            return "prob", float(arg)
-    except ValueError:
-        pass
-    raise ProfileError(
-        f"guide accept must be 'exact', 'topk:K' (K >= 1) or 'prob:P' (0 < P <= 1), got {accept!r}"
-    )
-
-
 def _check_values(profile: Profile, where: str) -> None:
     """Allowed values beyond types; the decode checks are DecodeSettings' own (when built)."""
     m = profile.model
@@ -170,7 +161,7 @@ def _check_values(profile: Profile, where: str) -> None:
         raise ProfileError(f"{where}: path in [model] must not be empty")
     if m.architecture is not None:
         m.architecture = m.architecture.lower()
-        known = [kind.lower() for kind in ARCHITECTURES]
+        known = [kind.lower() for kind in ARCHITECTURES] + ["diffusion_gemma"]
         if m.architecture not in known:
             raise ProfileError(
                 f"{where}: architecture in [model] must be one of {', '.join(known)} "
@@ -187,10 +178,9 @@ def _check_values(profile: Profile, where: str) -> None:
     if profile.guide:
         if not profile.guide.path:
             raise ProfileError(f"{where}: [guide] needs a path (or leave the guide out)")
-        try:
-            _parse_accept(profile.guide.accept)
-        except ProfileError as e:
-            raise ProfileError(f"{where}: [guide] {e}") from None
+        problem = profile.guide.problem()
+        if problem:
+            raise ProfileError(f"{where}: [guide] {problem}")
 
 
 def _resolve_model_path(text: str, base: Path | None) -> str:
@@ -323,11 +313,10 @@ def resolve(
     profile, raw = _parse(path)
     keys = setting_keys()
     from_cli, decode = set(), {}
-    for name, value in (cli_overrides or {}).items():
-        if value is not None:
-            key = _canonical(name, keys)
-            _apply(profile, key, value, decode)
-            from_cli.add(key)
+    given = {_canonical(k, keys): v for k, v in (cli_overrides or {}).items() if v is not None}
+    for key in sorted(given, key=lambda k: k != "guide.path"):  # a guide first, then its rules
+        _apply(profile, key, given[key], decode)
+        from_cli.add(key)
     provenance = {}
     for key in keys:
         if key.startswith("guide.") and profile.guide is None:
@@ -372,6 +361,11 @@ def _apply(profile: Profile, key: str, value, decode: dict[str, object]) -> None
             profile.guide = None
             return
         if profile.guide is None:
+            if rest != ["path"]:
+                raise ProfileError(
+                    f"{key} given, but profile {profile.name!r} has no [guide] section "
+                    "(no AR guide to set up)"
+                )
             profile.guide = GuideSection()
         target = profile.guide
     elif section == "model":

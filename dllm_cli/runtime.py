@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dllm_cli.chat import Frame, encode_chat, encode_plain, frame, pieces
-from dllm_cli.decoding import Committer, answer_tokens
-from dllm_cli.decoding.guided import GuidedCommitter
+from dllm_cli.decoding import Committer, answer_tokens, gemma
+from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
 from dllm_cli.models.guide import GuideModel, load_guide
 from dllm_cli.models.loading import LoadedModel, load_model
@@ -63,6 +63,8 @@ class Runtime:
             raise InputError("empty prompt (it encodes to no tokens)")
         context = self.loaded.model.context_length
         gen = self.settings.gen_length
+        if self.loaded.architecture == gemma.FAMILY:  # whole canvases are denoised
+            gen = gemma.denoised_length(gen, self.loaded.model.canvas_length)
         if len(ids) + gen > context:
             fix = (
                 f"a prompt of at most {context - gen} tokens, or a smaller --gen-length"
@@ -82,16 +84,30 @@ class Runtime:
         """
         if self.guide is None:
             return None
-        rule, arg = self.profile.guide.acceptance()
+        g = self.profile.guide
+        rule, arg = g.acceptance()
+        rules = GuideRules(rule, arg, g.on_reject, g.verify_chunk, g.draft_window or None)
         special = self.loaded.special
         vocab = special.real_vocab(self.loaded.model.vocab_size)
-        return GuidedCommitter(self.guide.model, vocab, special.pad, rule, arg)
+        return GuidedCommitter(self.guide.model, vocab, special, rules)
 
     def text(self, tokens: list[int]) -> str:
         """Answer text: cut at the first stop token, special tokens removed."""
         special = self.loaded.special
         kept = [t for t in answer_tokens(tokens, special.stop) if t != special.mask]
         return self.loaded.tokenizer.decode(kept, skip_special_tokens=True).strip()
+
+
+def origin(provenance: dict[str, str]) -> Callable[[str], str]:
+    """decode setting -> " (from the command line)" / " (from profile FILE)" for messages."""
+
+    def where(key: str) -> str:
+        source = provenance.get(f"decode.{key}", "default")
+        if source == "cli":
+            return " (from the command line)"
+        return f" (from {source})" if source.startswith("profile ") else ""
+
+    return where
 
 
 def open_runtime(
@@ -127,10 +143,18 @@ def open_runtime(
         raise ModelLoadError(
             f"profile says architecture {wanted!r} but {loaded.path} is {loaded.architecture!r}"
         )
+    notes = settings.adjustments()
+    if loaded.architecture == gemma.FAMILY:  # settings that mean nothing there are refused
+        if use_guide and prof.guide is not None and prof.guide.path:
+            raise SettingsError(f"a guide model does not apply to {gemma.FAMILY} (use --no-guide)")
+        canvas = loaded.model.canvas_length
+        settings = gemma.check_settings(settings, canvas, origin(provenance))
+        notes = gemma.notes(settings, canvas)
+    else:
+        gemma.check_masked(settings, loaded.architecture, origin(provenance))
     guide = None
     if use_guide and prof.guide is not None and prof.guide.path:
         guide = load_guide(prof.guide.path, loaded)
-    notes = settings.adjustments()
     return Runtime(
         profile=prof,
         provenance=provenance,

@@ -136,6 +136,28 @@ def test_strategy_table_changes_only_what_the_name_says():
         assert name in STRATEGIES
     plan = BenchPlan.make(["dual", "dual"], [64, 64], shots=0)
     assert plan.strategies == ("baseline", "dual") and plan.lengths == (64,)
+    other = BenchPlan.make(["dual", "dual+parallel"], [64], shots=0, reference="dual+parallel")
+    assert other.strategies == ("dual+parallel", "dual")
+    with pytest.raises(InputError, match="turbo"):
+        BenchPlan.make(["dual"], [64], shots=0, reference="turbo")
+
+
+def test_speedups_against_another_reference(profile, tmp_path):
+    """--reference: no baseline run; speedups are that strategy's seconds over each one's."""
+    out = tmp_path / "b.json"
+    args = ["bench", "-p", str(profile), "--n", "2", "--shots", "0", "--gen-length", "16"]
+    args += ["--block-length", "8", "--no-warmup", "--reference", "dual+parallel+early-stop"]
+    result = invoke(*args, "--strategies", "freecache+guided+early-stop", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    ref, guided = json.loads(out.read_text())
+    assert (ref["strategy"], guided["strategy"]) == (
+        "dual+parallel+early-stop",
+        "freecache+guided+early-stop",
+    )
+    assert ref["speedup"] == 1.0 and ref["guide_forwards"] == 0 and guided["guide_forwards"] > 0
+    assert guided["speedup"] == pytest.approx(ref["seconds"] / guided["seconds"])
+    assert guided["speedup"] != 1.0  # a real ratio of two different runs
+    assert 0.0 < guided["guide_share"] < 1.0 and ref["guide_share"] == 0.0
 
 
 def test_plot_needs_matplotlib(tmp_path, monkeypatch):

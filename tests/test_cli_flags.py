@@ -21,12 +21,14 @@ MODEL = ("profile", "model", "device", "dtype", "chat")
 DECODE = (
     "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "threshold",
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop",
+    "t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold",
 )  # fmt: skip
+GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
 TAKES = {
-    "generate": (*MODEL, *DECODE, "guide"),
-    "visualize": (*MODEL, *DECODE, "guide"),
-    "eval": (*MODEL, *DECODE, "guide", "accept"),
-    "bench": (*MODEL, "accept", "temperature", "seed"),
+    "generate": (*MODEL, *DECODE, *GUIDE),
+    "visualize": (*MODEL, *DECODE, *GUIDE),
+    "eval": (*MODEL, *DECODE, *GUIDE),
+    "bench": (*MODEL, *GUIDE[1:], "temperature", "seed"),
 }
 COMMAND_LINES = {
     "generate": ["generate", "hi"],
@@ -55,8 +57,20 @@ CASES = {
     "cfg_scale": (["--cfg-scale", "0.5"], "decode.cfg_scale", 0.5),
     "seed": (["--seed", "7"], "decode.seed", 7),
     "early_stop": (["--no-early-stop"], "decode.early_stop", False),
+    "t_min": (["--t-min", "0.3"], "decode.t_min", 0.3),
+    "t_max": (["--t-max", "0.9"], "decode.t_max", 0.9),
+    "entropy_bound": (["--entropy-bound", "0.2"], "decode.entropy_bound", 0.2),
+    "stability_threshold": (["--stability-threshold", "2"], "decode.stability_threshold", 2),
+    "confidence_threshold": (
+        ["--confidence-threshold", "0.01"],
+        "decode.confidence_threshold",
+        0.01,
+    ),
     "guide": (["--no-guide"], "use_guide", False),
     "accept": (["--accept", "topk:3"], "guide.accept", "topk:3"),
+    "on_reject": (["--on-reject", "draft"], "guide.on_reject", "draft"),
+    "verify_chunk": (["--verify-chunk", "8"], "guide.verify_chunk", 8),
+    "draft_window": (["--draft-window", "16"], "guide.draft_window", 16),
 }
 
 

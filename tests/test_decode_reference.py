@@ -126,10 +126,10 @@ def test_threshold_above_one_is_fixed_one_token_per_step(kind, cache):
     threshold = settings(unmask="threshold", cache=cache)
     unchecked = copy.copy(threshold)  # settings refuse tau > 1 when built: set it past the check
     object.__setattr__(unchecked, "threshold", 1.5)
-    above_one = RuleCommitter(unchecked, "llada")
+    above_one = RuleCommitter(unchecked, "linear")
     got = decode(lm.model, lm.special, ps, threshold, committer=above_one)
     # LLaDA's fixed schedule with steps = gen_length (Dream's own schedule is not 1 per step).
     fixed = settings(unmask="fixed", cache=cache)
-    want = decode(lm.model, lm.special, ps, fixed, committer=RuleCommitter(fixed, "llada"))
+    want = decode(lm.model, lm.special, ps, fixed, committer=RuleCommitter(fixed, "linear"))
     assert got.tokens == want.tokens
     assert got.forwards == want.forwards == 16

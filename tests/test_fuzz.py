@@ -139,7 +139,11 @@ def alone(path: str, ids: tuple[int, ...]) -> dict:
 
 def kept(record: dict) -> dict:
     """A record without its timings (forwards, steps and seconds are its batch's)."""
-    return {k: v for k, v in record.items() if k not in ("forwards", "steps", "seconds")}
+    return {
+        k: v
+        for k, v in record.items()
+        if k not in ("forwards", "guide_forwards", "steps", "seconds")
+    }
 
 
 def check_run(result, path: str, lines: list[bytes], json_input: bool = False) -> None:

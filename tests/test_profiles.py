@@ -145,11 +145,21 @@ BAD = {
     "bad-dtype": ("[model]\ndtype = 'fp8'\n", "dtype in [model] must be one of auto, float32"),
     "bad-architecture": (
         "[model]\narchitecture = 'gpt9'\n",
-        "architecture in [model] must be one of llada, dream (got 'gpt9')",
+        "architecture in [model] must be one of llada, dream, diffusion_gemma (got 'gpt9')",
     ),
     "negative-id": ("[model.special]\nmask = -1\n", "mask in [model.special] must be >= 0"),
     "guide-no-path": ("[guide]\naccept = 'exact'\n", "[guide] needs a path"),
     "bad-accept": ("[guide]\npath = 'g'\naccept = 'topk:0'\n", "[guide] guide accept must be"),
+    "bad-on-reject": (
+        "[guide]\npath = 'g'\non_reject = 'both'\n",
+        "[guide] on_reject must be one of guide, draft (got 'both')",
+    ),
+    "bad-chunk": ("[guide]\npath = 'g'\nverify_chunk = 0\n", "[guide] verify_chunk must be >= 1"),
+    "chunk-type": (
+        "[guide]\npath = 'g'\nverify_chunk = 'all'\n",
+        "verify_chunk in [guide] must be an integer (got string 'all')",
+    ),
+    "bad-window": ("[guide]\npath = 'g'\ndraft_window = -1\n", "[guide] draft_window must be >= 0"),
 }
 
 
@@ -190,6 +200,8 @@ def test_every_decode_field_is_a_profile_key(tmp_path):
     """Keys come from DecodeSettings' fields, so a field added there is accepted here too."""
     values = {f.name: getattr(DecodeSettings(), f.name) for f in dataclasses.fields(DecodeSettings)}
     values |= {"steps": 64, "top_p": 0.5, "top_k": 4, "gen_length": 64, "threshold": 1}
+    values |= {"t_min": 0.4, "t_max": 0.8, "entropy_bound": 0.1, "stability_threshold": 1}
+    values |= {"confidence_threshold": 0.005}  # DiffusionGemma's knobs (unset by default)
     lines = "\n".join(f"{k} = {_toml(v)}" for k, v in values.items())
     profile = load_profile(write(tmp_path, "all", f"[decode]\n{lines}\n"))
     assert dataclasses.asdict(profile.decode) == values | {"threshold": 1.0}

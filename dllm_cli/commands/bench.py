@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dllm_cli import options as opt
 from dllm_cli.bench import (
+    BASELINE,
     MARKDOWN_COLUMNS,
     STRATEGIES,
     BenchPlan,
@@ -41,10 +42,13 @@ def parse_lengths(text: str) -> list[int]:
         raise InputError(f"--gen-length takes integers like 256,512 (got {text!r})") from None
 
 
-def choose_strategies(text: str | None, has_guide: bool) -> list[str]:
+def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> list[str]:
     """The requested names, or every strategy (the guided ones only when a guide is loaded)."""
     if text is not None:
         return split_list(text, "strategies")
+    if family == "diffusion_gemma":
+        note("diffusion_gemma decodes with transformers' own sampler: only the baseline applies")
+        return [BASELINE]
     names = [n for n, s in STRATEGIES.items() if has_guide or not s.guided]
     if not has_guide:
         note("no guide model loaded: skipping the guided strategies")
@@ -90,7 +94,19 @@ def write(path: Path, text: str) -> None:
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-@opt.shared("profile", "model", "device", "dtype", "chat", "accept", "temperature", "seed")
+@opt.shared(
+    "profile",
+    "model",
+    "device",
+    "dtype",
+    "chat",
+    "accept",
+    "on_reject",
+    "verify_chunk",
+    "draft_window",
+    "temperature",
+    "seed",
+)
 def bench_command(
     shots: opt.Shots = 5,
     gen_length: Annotated[
@@ -103,6 +119,12 @@ def bench_command(
             rich_help_panel=BENCH,
         ),
     ] = None,
+    reference: Annotated[
+        str,
+        typer.Option(
+            help="Strategy the speedups are measured against (run first).", rich_help_panel=BENCH
+        ),
+    ] = "baseline",
     n: opt.N = 20,
     batch_size: opt.BatchSize = 1,
     start: opt.Start = 0,
@@ -136,7 +158,7 @@ def bench_command(
         lengths = parse_lengths(gen_length)
         preflight(json_path, markdown_path, plot_path)
         rt = load_runtime(choices)
-        names = choose_strategies(strategies, rt.guide is not None)
+        names = choose_strategies(strategies, rt.guide is not None, rt.loaded.architecture)
         plan = BenchPlan.make(
             names,
             lengths,
@@ -144,6 +166,7 @@ def bench_command(
             block_length=block_length,
             batch_size=batch_size,
             warmup=warmup,
+            reference=reference,
         )
         tasks = held_out(rt.encode, n, shots, start)
 

@@ -32,7 +32,11 @@ def eval_report(rt: Runtime, score: Score, shots: int, batch_size: int, start: i
     """The `--json` object: the shared numbers, then what produced them."""
     guide = None
     if rt.guide is not None:
-        guide = {"path": str(rt.guide.path), "accept": rt.profile.guide.accept}
+        g = rt.profile.guide
+        guide = {
+            "path": str(rt.guide.path), "accept": g.accept, "on_reject": g.on_reject,
+            "verify_chunk": g.verify_chunk, "draft_window": g.draft_window,
+        }  # fmt: skip
     return {
         **score.summary(),
         "shots": shots,
@@ -71,7 +75,7 @@ def print_summary(report: dict) -> None:
         out.print(f"{report['mask_violations']} answers still held a mask token", style="bold red")
 
 
-@opt.shared("model", "guide", "accept", "decode")
+@opt.shared("model", "guide", "decode")
 def eval_command(
     n: opt.N = 100,
     shots: opt.Shots = 5,

@@ -116,6 +116,20 @@ class Sampler:
             out[..., self.mask_id] = float("-inf")
         return out
 
+    def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy drafts (B, L) whatever the temperature, and their probability (guided drafts).
+
+        FlashDLM drafts the argmax of the raw logits; the probability (softmax of the raw
+        logits, in at least float32) is only shown by the live view.
+        """
+        work = logits[..., : self.vocab_size]
+        work = work if work.dtype.itemsize >= 4 else work.float()
+        if self.mask_id < self.vocab_size:
+            work = work.clone()
+            work[..., self.mask_id] = float("-inf")
+        best, tokens = work.max(dim=-1)
+        return tokens, torch.exp(best - torch.logsumexp(work, dim=-1))
+
     def __call__(
         self, logits: torch.Tensor, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:

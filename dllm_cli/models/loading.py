@@ -33,12 +33,13 @@ EOT_NAMES = ("<|eot_id|>", "<|im_end|>")
 class SpecialIds:
     """Token ids with a role in decoding; read from the folder, overridable by a profile."""
 
-    mask: int
+    mask: int | None  # None: the family has no mask token (DiffusionGemma)
     eos: int
     pad: int
     bos: int | None = None
     eot: int | None = None
     vocab: int | None = None  # tokenizer size: ids at or above it are embedding padding rows
+    extra_stop: tuple[int, ...] = ()  # further stop tokens a checkpoint lists (DiffusionGemma)
 
     def real_vocab(self, model_vocab: int) -> int:
         """How many ids can be real tokens: a draft or a guide's token is always below this."""
@@ -46,8 +47,8 @@ class SpecialIds:
 
     @property
     def stop(self) -> tuple[int, ...]:
-        """Tokens that end an answer (EOS, and end-of-turn where the format has one)."""
-        return tuple(t for t in (self.eos, self.eot) if t is not None)
+        """Tokens that end an answer (EOS, end-of-turn where the format has one, and extras)."""
+        return tuple(t for t in (self.eos, self.eot, *self.extra_stop) if t is not None)
 
 
 @dataclass
@@ -142,7 +143,7 @@ def config_from_json(raw: dict, cfg_file: Path):
     if kind is None:
         raise ModelLoadError(f"{cfg_file} has no model_type (cannot tell the architecture)")
     if kind not in ARCHITECTURES:
-        known = ", ".join(ARCHITECTURES)
+        known = ", ".join([*ARCHITECTURES, "diffusion_gemma"])
         raise ModelLoadError(f"unknown architecture {kind!r} in {cfg_file} (supported: {known})")
     cfg_cls, model_cls = ARCHITECTURES[kind]
     raw = {k: v for k, v in raw.items() if k not in ("auto_map", "model_type")}
@@ -310,12 +311,14 @@ def load_model(
     device: str = "auto",
     special_overrides: dict | None = None,
 ) -> LoadedModel:
-    """Load a local LLaDA/Dream folder (sharded safetensors included) ready for decoding."""
+    """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included)."""
     quiet_transformers()
     folder = resolve_path(path)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     raw = read_config_json(folder)
+    if raw.get("model_type") == "diffusion_gemma":  # transformers' own model and sampler
+        return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
     config, model_cls = config_from_json(raw, folder / "config.json")
     try:
         with torch.device("meta"):
@@ -347,3 +350,35 @@ def load_model(
         device=dev,
         dtype=torch_dtype,
     )
+
+
+def load_diffusion_gemma(
+    folder: Path, raw: dict, dev: torch.device, dtype: torch.dtype, overrides: dict | None
+) -> LoadedModel:
+    """transformers' DiffusionGemma (models/diffusion_gemma.py), our tokenizer and special ids;
+    no mask role (uniform-state diffusion), the checkpoint's further stop tokens."""
+    from dllm_cli.models import diffusion_gemma as dg
+
+    try:
+        config = dg.read_config(raw)
+    except Exception as e:  # strict dataclass validation raises several types
+        raise ModelLoadError(
+            f"{folder / 'config.json'}: invalid {dg.FAMILY} config: {_one_line(e)}"
+        ) from None
+    weight_files(folder)  # no weights at all: our one-line error before transformers'
+    try:
+        model = dg.load_weights(folder, config, dev, dtype)
+    except ModelLoadError:
+        raise
+    except Exception as e:  # anything transformers raises for a damaged or mismatched folder
+        raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
+    tokenizer = load_tokenizer(folder)
+    text = config.text_config
+    present = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    roles = dg.role_defaults(model, tokenizer) | given
+    ids = special_ids(text, tokenizer, roles, present=present, table_size=text.vocab_size)
+    special = replace(
+        ids, mask=None, extra_stop=dg.extra_stops(model, ids.stop), vocab=len(tokenizer)
+    )
+    return LoadedModel(model, tokenizer, special, folder, dg.FAMILY, dev, dtype)

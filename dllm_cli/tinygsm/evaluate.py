@@ -16,7 +16,9 @@ Throughput, defined once for every command:
 - `gen_tokens_per_second` = n * gen_length / seconds: canvas positions per second, the number
   that grows with gen_length when a decoder stops early.
 - `forwards`: diffusion-model forwards (NFE) over all batches (one forward serves a batch);
-  `guide_forwards`: the AR guide's forwards; `tokens_per_forward` = tokens / forwards.
+  `guide_forwards`: the AR guide's forwards; `tokens_per_forward` = tokens / forwards (per
+  diffusion forward); `guide_seconds`: the part of `seconds` spent in the guide (its
+  forwards and the verification), `guide_share` = guide_seconds / seconds.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Score:
     guide_forwards: int = 0
     steps: int = 0
     seconds: float = 0.0
+    guide_seconds: float = 0.0
     mask_violations: int = 0  # answers whose text still held a mask token (must stay 0)
 
     @property
@@ -114,6 +117,8 @@ class Score:
             "forwards": self.forwards,
             "guide_forwards": self.guide_forwards,
             "tokens_per_forward": self.tokens_per_forward,
+            "guide_seconds": self.guide_seconds,
+            "guide_share": self.guide_seconds / self.seconds if self.seconds > 0 else 0.0,
             "steps": self.steps,
             "seconds": self.seconds,
             "mask_violations": self.mask_violations,
@@ -151,7 +156,6 @@ def score(
         raise InputError(f"--batch-size must be at least 1 (got {batch_size})")
     out = Score(gen_length=settings.gen_length)
     stop, mask = special.stop, special.mask
-    guide_before = getattr(committer, "forwards", 0)
     for first in range(0, len(tasks), batch_size):
         batch = tasks[first : first + batch_size]
         began = time.perf_counter()
@@ -159,6 +163,8 @@ def score(
         result = decode(model, special, prompts, settings, committer=committer)
         out.seconds += time.perf_counter() - began
         out.forwards += result.forwards
+        out.guide_forwards += result.guide_forwards
+        out.guide_seconds += result.guide_seconds
         out.steps += result.steps
         for task, tokens in zip(batch, result.tokens, strict=True):
             length = answer_length(tokens, stop)
@@ -171,7 +177,6 @@ def score(
             )
         if on_batch is not None:
             on_batch(len(batch))
-    out.guide_forwards = getattr(committer, "forwards", 0) - guide_before
     return out
 
 

@@ -30,10 +30,10 @@ def eval_ar(
     model, enc: Encoder, n: int, shots: int = 0, max_new: int = 96, split: str = "narrow"
 ) -> float:
     """Greedy decoding with the causal LM, left-padded batch."""
-    prompts, answers = _prompts(enc, n, shots, split)
+    prompts, answers = _prompts(enc, n, shots, split)  # fewer than n when the split is smaller
     width = max(map(len, prompts))
-    ids = torch.full((n, width), enc.ids.eos, dtype=torch.long)
-    att = torch.zeros((n, width), dtype=torch.long)
+    ids = torch.full((len(prompts), width), enc.ids.eos, dtype=torch.long)
+    att = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p)
         att[i, width - len(p) :] = 1

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from dllm_cli.tinygsm.data import Problem
-from dllm_cli.tinygsm.wide import FOOD, RELATIVES, invented_name, words
+from dllm_cli.tinygsm.wide import FOOD, RELATIVES, words
 
 TOP = 99  # every number stays in 0..99
 
@@ -80,17 +80,38 @@ PRONOUNS = {"He": ("He", "him", "his"), "She": ("She", "her", "her"), "It": ("It
 
 
 ROLE_SHARE = 0.12  # stories about `A farmer` and the like
-INVENTED_SHARE = [0.12]  # made-up names; 0 while listing the vocabulary (see no_invented_names)
+# made-up names and things (spelled letter by letter); 0 while listing the vocabulary
+INVENTED_SHARE = [0.2]
+VOWELS, CONSONANTS = "aeiouy", "bcdfghjklmnprstvwxz"
 
 
 @contextmanager
 def no_invented_names() -> Iterator[None]:
-    """Draw only listed names (the vocabulary is built from such problems: others are spelled)."""
+    """Draw only listed names and things (the vocabulary is built from such problems)."""
     saved, INVENTED_SHARE[0] = INVENTED_SHARE[0], 0.0
     try:
         yield
     finally:
         INVENTED_SHARE[0] = saved
+
+
+def invented_word(rng: random.Random, low: int = 3, high: int = 8) -> str:
+    """Random letters, mostly alternating consonants and vowels: any word a person might type.
+
+    No fixed syllable set: copying such a word means copying its letters (a model trained on
+    a few syllables learns to make up names from them instead: `Jasmine` -> `Jovenmi`).
+    """
+    vowel = rng.random() < 0.3
+    letters = []
+    for _ in range(rng.randint(low, high)):
+        letters.append(rng.choice(VOWELS if vowel else CONSONANTS))
+        vowel = not vowel if rng.random() < 0.85 else vowel
+    return "".join(letters)
+
+
+def invented_thing(rng: random.Random) -> str | None:
+    """Sometimes (a share of INVENTED_SHARE) a made-up plural noun, else None."""
+    return invented_word(rng, 3, 7) + "s" if rng.random() < INVENTED_SHARE[0] / 2 else None
 
 
 def actor(rng: random.Random, roles: bool = True) -> Actor:
@@ -100,7 +121,9 @@ def actor(rng: random.Random, roles: bool = True) -> Actor:
         return Actor(start, ref, *PRONOUNS[he])
     he = rng.random() < 0.5
     invented = ROLE_SHARE <= roll < ROLE_SHARE + INVENTED_SHARE[0]
-    name = invented_name(rng) if invented else rng.choice(HE_NAMES if he else SHE_NAMES)
+    name = (
+        invented_word(rng).capitalize() if invented else rng.choice(HE_NAMES if he else SHE_NAMES)
+    )
     return Actor(name, name, *(("He", "him", "his") if he else ("She", "her", "her")))
 
 

@@ -23,6 +23,7 @@ from dllm_cli.tinygsm.rich import (
     amount,
     cap,
     change,
+    invented_thing,
     other,
 )
 from dllm_cli.tinygsm.wide import CONTAINERS, OBJECTS
@@ -40,6 +41,9 @@ THEN = ("", "", "", "Then ", "Later, ", "After that, ", "Next, ")
 
 
 def thing(rng: random.Random) -> str:
+    made_up = invented_thing(rng)
+    if made_up is not None:
+        return made_up
     return rng.choice(OBJECTS) if rng.random() < 0.8 else rng.choice(MORE_OBJECTS)
 
 
