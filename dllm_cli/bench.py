@@ -67,6 +67,7 @@ STRATEGIES: dict[str, Strategy] = {
     "dual+parallel+early-stop": Strategy({"cache": "dual", **PARALLEL, **STOP}),
     "freecache+parallel+early-stop": Strategy({"cache": "freecache", **PARALLEL, **STOP}),
     "freecache+guided+early-stop": Strategy({"cache": "freecache", **STOP}, guided=True),
+    "dual+guided+early-stop": Strategy({"cache": "dual", **STOP}, guided=True),
 }
 BASELINE = "baseline"
 

@@ -23,7 +23,7 @@ from dllm_cli.models.loading import BUILTIN_PREFIX, DTYPES
 from dllm_cli.settings import DecodeSettings, guide_problem, parse_accept
 from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, show
 
-DEFAULT_PROFILE = "tiny-gsm"
+DEFAULT_PROFILE = "tiny-gsm-dream"
 ENV_DIR = "DLLM_PROFILES_DIR"
 BUILTIN_SOURCE = "built-in"
 _UNSET_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")

@@ -27,7 +27,8 @@ def test_lists_shipped_and_user_profiles(profile_file, monkeypatch):
     result = invoke("profiles")
     assert result.exit_code == 0, result.output
     table = rows(result.stdout)
-    assert table["tiny-gsm (default)"][1] == "built-in"
+    assert table["tiny-gsm-dream (default)"][1] == "built-in"
+    assert table["tiny-gsm"][1] == "built-in"
     assert table["llada-8b-instruct"][1] == "built-in"
     assert table["test-llada"] == ["tiny test model", str(profile_file)]
 

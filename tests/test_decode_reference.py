@@ -24,8 +24,9 @@ def reference_logits(model, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def llada_generate(model, prompt, gen_length, block_length, steps, remasking="low_confidence"):
-    """LLaDA's reference loop: blocks, top-k schedule, low-confidence remasking, no cache."""
+def llada_generate(model, prompt, gen_length, block_length, steps, shift=False):
+    """LLaDA's reference loop: blocks, top-k schedule, low-confidence remasking, no cache
+    (`shift`: read column i's prediction from column i-1, for a Dream-format model)."""
     p = len(prompt)
     x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
     x[0, :p] = torch.tensor(prompt)
@@ -39,6 +40,8 @@ def llada_generate(model, prompt, gen_length, block_length, steps, remasking="lo
         for i in range(steps_per_block):
             mask_index = x == MASK
             logits = reference_logits(model, x)
+            if shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
             x0 = logits.argmax(dim=-1)
             probs = torch.softmax(logits.to(torch.float64), dim=-1)
             x0_p = probs.gather(-1, x0[..., None]).squeeze(-1)
@@ -52,8 +55,9 @@ def llada_generate(model, prompt, gen_length, block_length, steps, remasking="lo
 
 
 @torch.inference_mode()
-def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3):
-    """Dream's diffusion_generate `_sample` (batch 1, temperature 0, no attention mask)."""
+def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3, shift=True):
+    """Dream's diffusion_generate `_sample` (batch 1, temperature 0, no attention mask;
+    `shift=False`: column i predicts itself, for a LLaDA-format model)."""
     p = len(prompt)
     x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
     x[0, :p] = torch.tensor(prompt)
@@ -61,7 +65,8 @@ def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3):
     for i in range(steps):
         mask_index = x == MASK
         logits = reference_logits(model, x)
-        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        if shift:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         mask_logits = logits[mask_index]
         t, s = timesteps[i], timesteps[i + 1]
         probs = torch.softmax(mask_logits, dim=-1)
@@ -115,6 +120,28 @@ def test_dream_fixed_matches_diffusion_generate(make, alg, steps):
     s = settings(gen_length=16, block_length=16, steps=steps, confidence=DREAM_ALGS[alg])
     got = decode(lm.model, lm.special, [prompt], s)
     assert got.tokens[0] == dream_generate(lm.model, prompt, 16, steps, alg)
+
+
+@pytest.mark.parametrize("make", MODELS)
+@pytest.mark.parametrize(("gen", "block", "steps"), [(16, 4, 16), (16, 8, 8), (12, 12, 5)])
+def test_linear_schedule_on_a_dream_model_matches_the_llada_loop(make, gen, block, steps):
+    """`--schedule linear`: a Dream-format model decoded with LLaDA's split of each block."""
+    lm = make("dream")
+    for prompt in prompts([5, 9], seed=gen + block):
+        s = settings(gen_length=gen, block_length=block, steps=steps, schedule="linear")
+        got = decode(lm.model, lm.special, [prompt], s)
+        assert got.tokens[0] == llada_generate(lm.model, prompt, gen, block, steps, shift=True)
+
+
+@pytest.mark.parametrize("make", MODELS)
+@pytest.mark.parametrize("steps", [16, 7])
+def test_dream_schedule_on_a_llada_model_matches_diffusion_generate(make, steps):
+    """`--schedule dream`: a LLaDA-format model decoded with Dream's timestep schedule."""
+    lm = make("llada")
+    prompt = prompts([6], seed=steps)[0]
+    s = settings(gen_length=16, block_length=16, steps=steps, schedule="dream")
+    got = decode(lm.model, lm.special, [prompt], s)
+    assert got.tokens[0] == dream_generate(lm.model, prompt, 16, steps, "maskgit_plus", shift=False)
 
 
 @pytest.mark.parametrize("kind", ["llada", "dream"])

@@ -55,13 +55,14 @@ def test_shipped_profile_parses_and_validates(path, monkeypatch, tmp_path):
         assert "$" not in p and (p.startswith("builtin:") or p.startswith(str(tmp_path)) or not p)
 
 
-def test_default_profile_is_tiny_gsm():
+def test_default_profile_is_the_guided_tiny_dream_model():
     profile, provenance = resolve(None, {})
-    assert profile.name == "tiny-gsm"
-    assert profile.model.path == "builtin:tiny-gsm"
+    assert profile.name == "tiny-gsm-dream"
+    assert profile.model.path == "builtin:tiny-gsm-dream"
     assert profile.guide is not None and profile.guide.path == "builtin:tiny-gsm-ar"
+    assert (profile.guide.accept, profile.guide.draft_window) == ("exact", 32)
     d = profile.decode
-    assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "dual", "threshold")
+    assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "freecache", "threshold")
     assert d.threshold == 0.9 and d.early_stop is True
     assert provenance["decode.cache"].startswith("profile ")
     assert provenance["decode.seed"] == "default"
@@ -268,7 +269,7 @@ def test_cli_guide_added_and_removed(tmp_path):
     profile, prov = resolve(str(path), {"guide": "ar-model"})
     assert profile.guide.path == str(tmp_path / "ar-model")  # CLI paths start at the cwd
     assert prov["guide.path"] == "cli" and prov["guide.accept"] == "default"
-    profile, prov = resolve("tiny-gsm", {"guide": "none"})
+    profile, prov = resolve("tiny-gsm-dream", {"guide": "none"})
     assert profile.guide is None and "guide.path" not in prov
 
 
@@ -293,7 +294,7 @@ def test_cli_guide_added_and_removed(tmp_path):
 )
 def test_bad_cli_overrides(overrides, error, message):
     with pytest.raises(error) as info:
-        resolve("tiny-gsm", overrides)
+        resolve("tiny-gsm-dream", overrides)  # a profile with a guide
     assert message in str(info.value)
 
 
