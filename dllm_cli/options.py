@@ -86,7 +86,11 @@ Factor = Annotated[
 Temperature = Annotated[float | None, typer.Option(help="0 = greedy.", rich_help_panel=DECODE)]
 TopP = Annotated[float | None, typer.Option(help="Nucleus sampling mass.", rich_help_panel=DECODE)]
 TopK = Annotated[
-    int | None, typer.Option(help="Sample among the top K tokens.", rich_help_panel=DECODE)
+    int | None,
+    typer.Option(
+        help="Keep the top K tokens (0: off; default: the family's, 50 for Dream as in its code).",
+        rich_help_panel=DECODE,
+    ),
 ]
 CfgScale = Annotated[
     float | None,

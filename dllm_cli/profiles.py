@@ -21,6 +21,7 @@ from typing import NamedTuple
 import tomli
 
 from dllm_cli.errors import ProfileError, SettingsError
+from dllm_cli.families import apply_family_defaults
 from dllm_cli.settings import DecodeSettings
 
 DEFAULT_PROFILE = "tiny-gsm"
@@ -402,8 +403,10 @@ def resolve(
 ) -> tuple[Profile, dict[str, str]]:
     """Apply CLI overrides (None = not given) to a profile; say where each value came from.
 
-    Provenance maps every dotted key (e.g. "decode.gen_length") to "cli", "profile <file>" or
-    "default". A guide path of "" or "none" from the CLI turns the profile's guide off.
+    Provenance maps every dotted key (e.g. "decode.gen_length") to "cli", "profile <file>",
+    "default" or "family default (<family>)" (`families.py`; with the family unknown, e.g. no
+    model folder yet, the value stays unset and the decoder fills it once the model is loaded).
+    A guide path of "" or "none" from the CLI turns the profile's guide off.
     """
     path = find_profile(name_or_path)
     profile, raw = _parse(path)
@@ -425,6 +428,7 @@ def resolve(
         else:
             provenance[key] = "default"
     _check_values(profile, "command line", in_file=False)
+    apply_family_defaults(profile, provenance)
     for key, section in (("model.path", profile.model), ("guide.path", profile.guide)):
         unset = unset_variables(section.path) if section else []
         if unset:

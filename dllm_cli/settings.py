@@ -16,9 +16,10 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from dllm_cli.errors import SettingsError
+from dllm_cli.families import family_defaults
 
 CACHES = ("none", "prefix", "dual", "freecache")
 UNMASKS = ("fixed", "threshold", "factor", "origin")
@@ -45,7 +46,7 @@ class DecodeSettings:
     factor: float = 1.0
     temperature: float = 0.0
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: int | None = None  # None: the family's default (families.py); 0: no top-k
     cfg_scale: float = 0.0
     seed: int = 0
     early_stop: bool = False
@@ -58,6 +59,11 @@ class DecodeSettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def with_family_defaults(self, family: str | None) -> DecodeSettings:
+        """A copy whose unset fields take the model family's reference defaults."""
+        unset = {k: v for k, v in family_defaults(family).items() if getattr(self, k) is None}
+        return replace(self, **unset)
 
     @property
     def num_blocks(self) -> int:
@@ -146,8 +152,8 @@ class DecodeSettings:
             _bad(f"temperature must be >= 0 (got {self.temperature})")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             _bad(f"top_p must be in (0, 1] (got {self.top_p})")
-        if self.top_k is not None and self.top_k < 1:
-            _bad(f"top_k must be >= 1 (got {self.top_k})")
+        if self.top_k is not None and self.top_k < 0:
+            _bad(f"top_k must be >= 0 (0 turns it off; got {self.top_k})")
         if self.cfg_scale < 0:
             _bad(f"cfg_scale must be >= 0 (got {self.cfg_scale})")
         if self.refresh_interval < 0:

@@ -7,12 +7,27 @@ never drafted (its logit is -inf), so no answer can contain a mask.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from decode_fixtures import MASK, one_thread, peaked, prompts, settings, tiny  # noqa: F401
+from decode_fixtures import (  # noqa: F401
+    MASK,
+    SPECIAL,
+    dream_config,
+    one_thread,
+    peaked,
+    prompts,
+    randomize,
+    settings,
+    tiny,
+)
 
 from dllm_cli.decoding import decode
+from dllm_cli.decoding.engine import Decoder
 from dllm_cli.decoding.unmask import RuleCommitter
+from dllm_cli.models import DreamModel
+from dllm_cli.models.loading import LoadedModel
 from dllm_cli.settings import DecodeSettings
 
 
@@ -50,9 +65,20 @@ def llada_generate(model, prompt, gen_length, block_length, steps, remasking="lo
     return x[0, p:].tolist()
 
 
+def dream_top_k_logits(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Dream's `top_k_logits`: below the k-th largest logit -> the dtype's minimum (not -inf)."""
+    top_k = min(top_k, logits.size(-1))
+    kth = torch.topk(logits, top_k)[0][..., -1, None]
+    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+
+
 @torch.inference_mode()
-def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3):
-    """Dream's diffusion_generate `_sample` (batch 1, temperature 0, no attention mask)."""
+def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3, top_k=None):
+    """Dream's diffusion_generate `_sample` (batch 1, temperature 0, no attention mask).
+
+    `top_k` is applied as Dream's `sample_tokens` does (after temperature and top_p, both off
+    here), so every confidence is computed on the top-k renormalised distribution.
+    """
     p = len(prompt)
     x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
     x[0, :p] = torch.tensor(prompt)
@@ -63,6 +89,8 @@ def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3):
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         mask_logits = logits[mask_index]
         t, s = timesteps[i], timesteps[i + 1]
+        if top_k is not None:
+            mask_logits = dream_top_k_logits(mask_logits, top_k)
         probs = torch.softmax(mask_logits, dim=-1)
         confidence, x0 = probs.max(dim=-1)
         if alg == "topk_margin":
@@ -125,3 +153,35 @@ def test_threshold_above_one_is_fixed_one_token_per_step(kind, cache):
     want = decode(lm, ps, fixed, committer=RuleCommitter(fixed, "llada"))
     assert got.tokens == want.tokens
     assert got.forwards == want.forwards == 16
+
+
+def wide_dream(seed: int = 0) -> LoadedModel:
+    """A tiny random Dream with 256 tokens and flat predictions: top_k = 50 drops real mass."""
+    cfg = dream_config()
+    cfg.vocab_size = 256
+    model = DreamModel(cfg)
+    randomize(model, seed, head_scale=0.5)
+    return LoadedModel(model, None, SPECIAL, "memory", "Dream", torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("alg", list(DREAM_ALGS))
+def test_dream_default_top_k_is_dreams_hidden_50(alg):
+    """Unset top_k on a Dream model = Dream's reference with top_k 50; top_k 0 = no filter."""
+    lm = wide_dream()
+    changed = 0
+    for steps, prompt in zip([16, 7, 5], prompts([6, 9, 4], seed=21), strict=True):
+        s = settings(gen_length=16, block_length=16, steps=steps, confidence=DREAM_ALGS[alg])
+        want_50 = dream_generate(lm.model, prompt, 16, steps, alg, top_k=50)
+        want_off = dream_generate(lm.model, prompt, 16, steps, alg)
+        assert decode(lm, [prompt], s).tokens[0] == want_50
+        assert decode(lm, [prompt], replace(s, top_k=50)).tokens[0] == want_50
+        assert decode(lm, [prompt], replace(s, top_k=0)).tokens[0] == want_off
+        changed += want_50 != want_off
+    assert changed  # the filter changes the reveal order, so the test can tell them apart
+
+
+def test_top_k_family_default_only_for_dream():
+    s = settings()
+    assert Decoder(tiny("dream"), s).settings.top_k == 50
+    assert Decoder(tiny("llada"), s).settings.top_k is None  # LLaDA's reference has none
+    assert Decoder(tiny("dream"), replace(s, top_k=0)).settings.top_k == 0  # explicitly off

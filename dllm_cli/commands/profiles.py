@@ -15,6 +15,7 @@ from rich.text import Text
 
 from dllm_cli.commands.common import cli_errors
 from dllm_cli.errors import ModelLoadError
+from dllm_cli.families import model_family
 from dllm_cli.models.loading import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profiles import (
     DEFAULT_PROFILE,
@@ -63,7 +64,7 @@ def show_command(
         shown = "unset" if values.get(key) is None else str(values[key])
         if key.endswith(".path"):
             shown += path_remark(values[key])
-        table.add_row(key, Text(shown), origin.split(" ", 1)[0])
+        table.add_row(key, Text(shown), shown_origin(origin))
     out.print(table)
     for var in unset:
         out.print(
@@ -72,6 +73,16 @@ def show_command(
         )  # fmt: skip
     for line in profile.decode.adjustments():
         out.print(Text(f"note: {line}", style="dim"))
+    if model_family(profile.model.architecture, profile.model.path) is None:
+        out.print(
+            Text("note: the model folder cannot be read, so its family is unknown here; family "
+                 "defaults (Dream: top_k 50) apply when the model loads", style="dim")
+        )  # fmt: skip
+
+
+def shown_origin(origin: str) -> str:
+    """The file of a "profile <file>" origin is printed above the table; others as they are."""
+    return "profile" if origin.startswith("profile ") else origin
 
 
 def describe(name: str) -> tuple[Profile, dict[str, str], list[str]]:

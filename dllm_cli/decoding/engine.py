@@ -32,8 +32,10 @@ class Decoder:
         settings: DecodeSettings,
         committer: Committer | None = None,
     ):
-        self.settings = settings.validate()
         self.model = loaded.model
+        # Unset values take the family's reference defaults (Dream: top_k 50).
+        settings = settings.with_family_defaults(self.model.config.model_type)
+        self.settings = settings.validate()
         self.special = loaded.special
         family = family_of(self.model)
         self.sampler = Sampler(settings, family, self.model.vocab_size, self.special.mask)
