@@ -33,6 +33,14 @@ Dtype = Annotated[
     str | None,
     typer.Option(help="auto | float32 | bfloat16 | float16.", rich_help_panel=MODEL),
 ]
+Compile = Annotated[
+    bool | None,
+    typer.Option(
+        "--compile/--no-compile",
+        help="Replay cached block steps as CUDA graphs (CUDA only; identical outputs).",
+        rich_help_panel=MODEL,
+    ),
+]
 Chat = Annotated[
     bool | None,
     typer.Option(
@@ -132,6 +140,7 @@ FLAG_KEYS = {
     "device": "model.device",
     "dtype": "model.dtype",
     "chat": "model.chat_template",
+    "compile": "model.compile",
     "gen_length": "decode.gen_length",
     "block_length": "decode.block_length",
     "steps": "decode.steps",

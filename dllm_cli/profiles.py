@@ -53,6 +53,7 @@ class ModelSection:
     dtype: str = "auto"
     device: str = "auto"
     chat_template: bool = True
+    compile: bool = False  # CUDA-graph replay of cached block steps (models/compiled.py)
     special: SpecialOverrides = field(default_factory=SpecialOverrides)
 
 

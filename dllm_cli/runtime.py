@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from dllm_cli.decoding import Committer
 from dllm_cli.decoding.guided import GuidedCommitter
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
+from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.guide import GuideModel, load_guide
 from dllm_cli.models.loading import LoadedModel, load_model
 from dllm_cli.profiles import Profile, resolve
@@ -115,6 +116,9 @@ def open_runtime(
     if use_guide and prof.guide is not None and prof.guide.path:
         guide = load_guide(prof.guide.path, loaded)
     notes = settings.adjustments()
+    if prof.model.compile:
+        why = enable_compile(loaded.model)  # None, or why the model stays eager
+        notes += [why] if why else []
     return Runtime(
         profile=prof,
         provenance=provenance,

@@ -18,12 +18,13 @@ from dllm_cli.bench import (
     cells,
     markdown_table,
     plot,
+    progress_line,
     run_bench,
 )
 from dllm_cli.commands.common import cli_errors, fail, note, stderr
 from dllm_cli.commands.eval import Accept, BatchSize, N, Shots, Start, open_for_eval
 from dllm_cli.errors import InputError
-from dllm_cli.evaluate import held_out
+from dllm_cli.throughput import bench_inputs
 
 BENCH = "Benchmark"
 
@@ -110,6 +111,14 @@ def bench_command(
     block_length: Annotated[
         int, typer.Option(help="Block size for every strategy.", rich_help_panel=BENCH)
     ] = 32,
+    prompt_length: Annotated[
+        int | None,
+        typer.Option(
+            help="Throughput mode: --n synthetic prompts of this many tokens instead of "
+            "TinyGSM problems (any checkpoint; no accuracy).",
+            rich_help_panel=BENCH,
+        ),
+    ] = None,
     warmup: Annotated[
         bool, typer.Option(help="Untimed warm-up decode per strategy.", rich_help_panel=BENCH)
     ] = True,
@@ -133,16 +142,19 @@ def bench_command(
     device: opt.Device = None,
     dtype: opt.Dtype = None,
     chat: opt.Chat = None,
+    compile: opt.Compile = None,
     accept: Accept = None,
     temperature: opt.Temperature = None,
     seed: opt.Seed = None,
 ) -> None:
     """Run every decoding strategy on the same held-out problems: accuracy, tok/s, speedup."""
     flags = {"model": model, "device": device, "dtype": dtype, "chat": chat}
-    flags |= {"temperature": temperature, "seed": seed}
+    flags |= {"temperature": temperature, "seed": seed, "compile": compile}
     with cli_errors():
         lengths = parse_lengths(gen_length)
         preflight(json_path, markdown_path, plot_path)
+        if plot_path is not None and prompt_length is not None:
+            raise InputError("--plot draws accuracy, which --prompt-length runs do not measure")
         rt = open_for_eval(profile, flags, None, accept)
         names = choose_strategies(strategies, rt.guide is not None)
         plan = BenchPlan.make(
@@ -153,19 +165,13 @@ def bench_command(
             batch_size=batch_size,
             warmup=warmup,
         )
-        tasks = held_out(rt.encode, n, shots, start)
+        tasks, measure, what = bench_inputs(rt, n, shots, start, prompt_length)
 
         def report(r: dict) -> None:
-            stderr.print(
-                f"{r['strategy']:>30} gen {r['gen_length']:>5}: accuracy {r['accuracy']:.3f}, "
-                f"{r['tokens_per_second']:.1f} tok/s, {r['speedup']:.2f}x",
-                highlight=False,
-            )
+            stderr.print(progress_line(r), highlight=False)
 
-        records = run_bench(rt, tasks, plan, on_record=report)
-        title = (
-            f"{rt.profile.name}: {n} held-out TinyGSM problems, {shots}-shot, batch {batch_size}"
-        )
+        records = run_bench(rt, tasks, plan, on_record=report, measure=measure)
+        title = f"{what}, batch {batch_size}"
         out = Console() if Console().is_terminal else Console(width=200)  # no squeezed pipes
         out.print(rich_table(records, title))
         write_outputs(records, json_path, markdown_path, plot_path)

@@ -127,6 +127,7 @@ def eval_command(
     device: opt.Device = None,
     dtype: opt.Dtype = None,
     chat: opt.Chat = None,
+    compile: opt.Compile = None,
     guide: opt.Guide = None,
     accept: Accept = None,
     gen_length: opt.GenLength = None,

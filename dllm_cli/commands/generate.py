@@ -86,6 +86,7 @@ def generate_command(
     seed: o.Seed = None,
     early_stop: o.EarlyStop = None,
     chat: o.Chat = None,
+    compile: o.Compile = None,
     guide: o.Guide = None,
     stats: o.Stats = False,
     json_out: o.Json = False,
@@ -117,6 +118,7 @@ def generate_command(
             block_length=block_length, steps=steps, cache=cache, unmask=unmask,
             confidence=confidence, threshold=threshold, factor=factor, temperature=temperature,
             top_p=top_p, top_k=top_k, cfg_scale=cfg_scale, seed=seed, early_stop=early_stop,
+            compile=compile,
         )  # fmt: skip
         if job is None:
             runtime = load_runtime(profile, flags, guide)

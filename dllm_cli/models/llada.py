@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
 from dllm_cli.models.base import DiffusionLM
-from dllm_cli.models.layers import RMSNorm, attend, split_heads
+from dllm_cli.models.fused import FusedLinear
+from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -133,25 +135,37 @@ class LLaDABlock(nn.Module):
         self.ff_proj = nn.Linear(d, cfg.ffn_size, bias=cfg.include_bias)
         self.up_proj = nn.Linear(d, cfg.ffn_size, bias=cfg.include_bias)
         self.ff_out = nn.Linear(cfg.ffn_size, d, bias=cfg.include_bias)
+        self.qkv = self.gate_up = self.out = self.down = None  # FusedLinear after fuse()
+
+    def fuse(self) -> None:
+        """One GEMM for q/k/v and one for ff_proj/up_proj, on views of the same weights."""
+        self.qkv = FusedLinear(self.q_proj, self.k_proj, self.v_proj)
+        self.gate_up = FusedLinear(self.ff_proj, self.up_proj)
+        self.out, self.down = FusedLinear(self.attn_out), FusedLinear(self.ff_out)
 
     def forward(self, x, rope, *, cache, layer, columns, key_mask):
         n = self.attn_norm(x)
-        q = split_heads(self.q_proj(n), self.n_heads)  # (B, H, T, D)
-        k = split_heads(self.k_proj(n), self.n_kv)  # (B, H_kv, T, D)
-        v = split_heads(self.v_proj(n), self.n_kv)
+        if self.qkv is not None:
+            qkv = self.qkv(n)  # (B, T, (H + 2 H_kv) D)
+        else:
+            qkv = torch.cat([self.q_proj(n), self.k_proj(n), self.v_proj(n)], dim=-1)
+        q, k, v = rotated_qkv(qkv, self.n_heads, self.n_kv, rope, self.full_precision_rope)
         a = attend(
             q,
             k,
             v,
-            rope,
+            None,  # already rotated
             full_precision_rope=self.full_precision_rope,
             cache=cache,
             layer=layer,
             columns=columns,
             key_mask=key_mask,
         )
-        x = x + self.attn_out(a)
+        x = residual(x, self.out(a) if self.out is not None else self.attn_out(a))
         n = self.ff_norm(x)
+        if self.gate_up is not None:
+            gate, up = self.gate_up(n).chunk(2, dim=-1)
+            return residual(x, self.down(swiglu(gate, up)))
         return x + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
 
 
@@ -208,6 +222,9 @@ class LLaDAModelLM(DiffusionLM):
     def kv_shape(self):
         c = self.config
         return c.n_layers, c.kv_heads, c.head_dim
+
+    def rope_dtype(self, dtype):
+        return torch.float32 if self.config.rope_full_precision else dtype
 
     @property
     def rope_theta(self):

@@ -1,0 +1,70 @@
+"""`--compile`: CUDA-graph replay of cached block steps, and its eager fallback on CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from cli_fixtures import (  # noqa: F401
+    cli_ckpt_fixture,
+    invoke,
+    isolated_fixture,
+    profile_file_fixture,
+)
+from decode_fixtures import SPECIAL, prompts, settings, tiny
+
+from dllm_cli.decoding import decode
+from dllm_cli.models.compiled import StepGraphs, enable_compile
+from dllm_cli.models.loading import LoadedModel
+
+
+def replaying_recorder(run):
+    """CPU stand-in for a CUDA graph: a replay reruns the recorded call on the recorded buffers
+    and writes into the same output buffer, so stale inputs or outputs would show."""
+    out = run()
+    buffer = out.clone()
+    return out, lambda: buffer.copy_(run()), buffer
+
+
+def test_cpu_falls_back_to_eager_with_a_note():
+    model = copy.deepcopy(tiny("llada").model)
+    before = model.forward
+    note = enable_compile(model)
+    assert note.startswith("--compile: CUDA graphs need a CUDA device; decoding eagerly on cpu")
+    assert model.forward == before  # nothing wrapped
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["dual", "prefix", "freecache"])
+def test_replayed_steps_decode_the_same_tokens(kind, cache):
+    plain = tiny(kind, seed=5)
+    model = copy.deepcopy(plain.model)
+    assert enable_compile(model, replaying_recorder) is None
+    graphed = LoadedModel(model, None, SPECIAL, "memory", kind, torch.device("cpu"), None)
+    ps = prompts([5, 9, 3], seed=8)  # padded rows; threshold rows finish at different steps
+    s = settings(cache=cache, unmask="threshold", threshold=0.4, gen_length=16, block_length=8)
+    assert decode(graphed, ps, s).tokens == decode(plain, ps, s).tokens
+    steps: StepGraphs = model.forward
+    assert steps.recordings >= 2 and steps.replays > 0 and steps.failed is None
+
+
+def test_a_failing_recording_decodes_eagerly():
+    plain = tiny("llada", seed=5)
+    model = copy.deepcopy(plain.model)
+
+    def broken(run):
+        raise RuntimeError("capture not supported")
+
+    enable_compile(model, broken)
+    graphed = LoadedModel(model, None, SPECIAL, "memory", "llada", torch.device("cpu"), None)
+    s = settings(cache="dual")
+    with pytest.warns(RuntimeWarning, match="recording failed"):
+        got = decode(graphed, prompts([6], seed=1), s)
+    assert got.tokens == decode(plain, prompts([6], seed=1), s).tokens
+
+
+def test_cli_compile_flag_notes_the_fallback(profile_file):
+    result = invoke("generate", "how many apples", "-p", str(profile_file), "--compile")
+    assert result.exit_code == 0, result.output
+    assert "--compile: CUDA graphs need a CUDA device" in result.stderr
