@@ -51,12 +51,14 @@ def test_fusing_keeps_names_values_and_memory(kind):
     assert list(got) == list(want)
     assert all(torch.equal(got[k], want[k]) for k in want)
     block = fused.blocks()[0]
-    qkv = block.qkv if kind == "llada" else block.self_attn.qkv
+    qkv = (block.fusion if kind == "llada" else block.self_attn.fusion).qkv
     storage = qkv.weight.untyped_storage().data_ptr()
     for lin in qkv.linears:  # views into one matrix: no second copy of the weights
         assert lin.weight.untyped_storage().data_ptr() == storage
     size = sum(p.numel() for p in plain.parameters())
-    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in fused.parameters()}
+    storages = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in fused.parameters()
+    }
     assert sum(storages.values()) == size * 4  # float32 bytes, nothing duplicated
 
 
@@ -68,7 +70,7 @@ def test_replaced_weights_fall_back_to_the_separate_linears():
     new = torch.randn_like(plain.blocks()[0].k_proj.weight)
     for model in (plain, fused):
         model.blocks()[0].k_proj.weight = torch.nn.Parameter(new.clone())
-    assert not fused.blocks()[0].qkv.intact()
+    assert not fused.blocks()[0].fusion.intact()
     ids = torch.randint(4, 39, (1, 12), generator=torch.Generator().manual_seed(1))
     assert torch.equal(fused(ids), plain(ids))
 
@@ -112,5 +114,5 @@ def test_fused_model_decodes_the_same_tokens():
 
 
 def test_loaded_checkpoints_are_fused(llada, dream):
-    assert llada.model.blocks()[0].qkv is not None
-    assert dream.model.blocks()[0].self_attn.qkv is not None
+    assert llada.model.blocks()[0].fusion is not None
+    assert dream.model.blocks()[0].self_attn.fusion is not None

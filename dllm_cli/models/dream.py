@@ -10,12 +10,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
 from dllm_cli.models.base import DiffusionLM
-from dllm_cli.models.fused import FusedLinear
+from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
 
 # Dream's generation code refuses prompt + output beyond this many tokens.
@@ -92,17 +91,17 @@ class DreamMLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up = self.down = None  # FusedLinear after fuse()
+        self.fusion: Fusion | None = None  # after fuse()
 
     def fuse(self) -> None:
-        self.gate_up = FusedLinear(self.gate_proj, self.up_proj)
-        self.down = FusedLinear(self.down_proj)
+        self.fusion = Fusion(gate_up=(self.gate_proj, self.up_proj), down=(self.down_proj,))
 
     def forward(self, x):
-        if self.gate_up is not None:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-            return self.down(swiglu(gate, up))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        f = self.fusion
+        if f is not None and f.intact():
+            gate, up = f.gate_up(x).chunk(2, dim=-1)
+            return f.down(swiglu(gate, up))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class DreamAttention(nn.Module):
@@ -114,15 +113,15 @@ class DreamAttention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=True)
         self.v_proj = nn.Linear(d, self.n_kv * hd, bias=True)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
-        self.qkv = self.out = None  # FusedLinear after fuse()
+        self.fusion: Fusion | None = None  # after fuse()
 
     def fuse(self) -> None:
-        self.qkv = FusedLinear(self.q_proj, self.k_proj, self.v_proj)
-        self.out = FusedLinear(self.o_proj)
+        self.fusion = Fusion(qkv=(self.q_proj, self.k_proj, self.v_proj), out=(self.o_proj,))
 
     def forward(self, x, rope, *, cache, layer, columns, key_mask):
-        if self.qkv is not None:
-            qkv = self.qkv(x)  # (B, T, (H + 2 H_kv) D)
+        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
+        if f is not None:
+            qkv = f.qkv(x)  # (B, T, (H + 2 H_kv) D)
         else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         q, k, v = rotated_qkv(qkv, self.n_heads, self.n_kv, rope, full_precision=False)
@@ -137,7 +136,7 @@ class DreamAttention(nn.Module):
             columns=columns,
             key_mask=key_mask,
         )
-        return self.out(a) if self.out is not None else self.o_proj(a)
+        return f.out(a) if f is not None else self.o_proj(a)
 
 
 class DreamLayer(nn.Module):

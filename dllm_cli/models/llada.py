@@ -14,7 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from dllm_cli.models.base import DiffusionLM
-from dllm_cli.models.fused import FusedLinear
+from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
 
 
@@ -135,18 +135,22 @@ class LLaDABlock(nn.Module):
         self.ff_proj = nn.Linear(d, cfg.ffn_size, bias=cfg.include_bias)
         self.up_proj = nn.Linear(d, cfg.ffn_size, bias=cfg.include_bias)
         self.ff_out = nn.Linear(cfg.ffn_size, d, bias=cfg.include_bias)
-        self.qkv = self.gate_up = self.out = self.down = None  # FusedLinear after fuse()
+        self.fusion: Fusion | None = None  # after fuse()
 
     def fuse(self) -> None:
         """One GEMM for q/k/v and one for ff_proj/up_proj, on views of the same weights."""
-        self.qkv = FusedLinear(self.q_proj, self.k_proj, self.v_proj)
-        self.gate_up = FusedLinear(self.ff_proj, self.up_proj)
-        self.out, self.down = FusedLinear(self.attn_out), FusedLinear(self.ff_out)
+        self.fusion = Fusion(
+            qkv=(self.q_proj, self.k_proj, self.v_proj),
+            gate_up=(self.ff_proj, self.up_proj),
+            out=(self.attn_out,),
+            down=(self.ff_out,),
+        )
 
     def forward(self, x, rope, *, cache, layer, columns, key_mask):
+        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
         n = self.attn_norm(x)
-        if self.qkv is not None:
-            qkv = self.qkv(n)  # (B, T, (H + 2 H_kv) D)
+        if f is not None:
+            qkv = f.qkv(n)  # (B, T, (H + 2 H_kv) D)
         else:
             qkv = torch.cat([self.q_proj(n), self.k_proj(n), self.v_proj(n)], dim=-1)
         q, k, v = rotated_qkv(qkv, self.n_heads, self.n_kv, rope, self.full_precision_rope)
@@ -161,12 +165,12 @@ class LLaDABlock(nn.Module):
             columns=columns,
             key_mask=key_mask,
         )
-        x = residual(x, self.out(a) if self.out is not None else self.attn_out(a))
+        x = residual(x, f.out(a) if f is not None else self.attn_out(a))
         n = self.ff_norm(x)
-        if self.gate_up is not None:
-            gate, up = self.gate_up(n).chunk(2, dim=-1)
-            return residual(x, self.down(swiglu(gate, up)))
-        return x + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
+        if f is not None:
+            gate, up = f.gate_up(n).chunk(2, dim=-1)
+            return residual(x, f.down(swiglu(gate, up)))
+        return residual(x, self.ff_out(swiglu(self.ff_proj(n), self.up_proj(n))))
 
 
 class LLaDATransformer(nn.Module):
