@@ -6,11 +6,15 @@ PrefixCache / DualCache and confident parallel decoding (threshold and factor ru
 2505.22618), FlashDLM's FreeCache and guided diffusion (arXiv 2505.21467), and early stop.
 The profile keeps what is not a strategy choice (temperature, top-p/k, seed, Dream's eps).
 
-Each record is one (strategy, gen_length): the numbers of `evaluate.Score.summary()` (accuracy,
-answer tokens per second, forwards, ...; definitions in evaluate.py) and `speedup`, the
-baseline's wall seconds over the strategy's on the same problems at the same gen_length in the
-same run (a latency ratio; the baseline always runs, first). Timing starts after a warm-up
-decode of one problem and one block with each strategy, so one-off setup costs nobody.
+Each record is one (strategy, gen_length): the numbers of `Score.summary()` (accuracy, answer
+tokens per second, forwards, ...; definitions in tinygsm/evaluate.py) and `speedup`, the
+reference strategy's wall seconds over the strategy's on the same problems at the same
+gen_length in the same run (a latency ratio; the reference, `baseline` unless chosen, always
+runs, first). Timing starts after a warm-up decode of one problem and one block with each
+strategy, so one-off setup costs nobody.
+
+Guided decoding ends a row at its first committed stop token whatever `early_stop` says
+(FlashDLM), so `freecache+guided` and `freecache+guided+early-stop` decode alike.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dllm_cli.errors import InputError
-from dllm_cli.evaluate import Score, Task, score, warm_up
+from dllm_cli.decoding import gemma
+from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
+from dllm_cli.tinygsm.evaluate import Score, Task, score, warm_up
 
 REFERENCE: dict[str, object] = {
     "steps": None,
@@ -75,30 +81,33 @@ class BenchPlan:
     block_length: int = 32
     batch_size: int = 1
     warmup: bool = True
+    reference: str = BASELINE  # speedups are its seconds over each strategy's
 
     @classmethod
     def make(cls, strategies: Sequence[str], lengths: Sequence[int], **kw) -> BenchPlan:
-        """Checked names, baseline prepended when missing, duplicates dropped."""
-        unknown = [s for s in strategies if s not in STRATEGIES]
+        """Checked names, the reference prepended when missing, duplicates dropped."""
+        reference = kw.get("reference", BASELINE)
+        unknown = [s for s in [reference, *strategies] if s not in STRATEGIES]
         if unknown:
             raise InputError(
                 f"unknown strategy {unknown[0]!r} (available: {', '.join(STRATEGIES)})"
             )
         if not lengths or any(n < 1 for n in lengths):
             raise InputError("--gen-length needs positive lengths, e.g. 256,512")
-        names = dict.fromkeys([BASELINE, *strategies])
+        names = dict.fromkeys([reference, *strategies])
         return cls(tuple(names), tuple(dict.fromkeys(lengths)), **kw)
 
 
 def settings_for(base: DecodeSettings, name: str, gen_length: int, block: int) -> DecodeSettings:
-    """The profile's settings with REFERENCE, then the strategy's changes, applied."""
+    """The profile's settings with REFERENCE, then the strategy's changes, applied (and so
+    validated: a DecodeSettings checks itself when it is built)."""
     changes = {**REFERENCE, "gen_length": gen_length, "block_length": block}
     changes.update(STRATEGIES[name].settings)
-    return replace(base, **changes).validate()
+    return replace(base, **changes)
 
 
 def run_bench(
-    runtime,
+    runtime: Runtime,
     tasks: Sequence[Task],
     plan: BenchPlan,
     on_record: Callable[[dict], None] | None = None,
@@ -113,6 +122,7 @@ def run_bench(
     guided = [n for n in plan.strategies if STRATEGIES[n].guided]
     if guided and runtime.guide is None:
         raise InputError(f"strategy {guided[0]!r} needs a guide model ([guide] in the profile)")
+    check_family(runtime, plan)
     records, warmed = [], set()
     for length in plan.lengths:
         baseline = None
@@ -120,10 +130,10 @@ def run_bench(
             settings = settings_for(runtime.settings, name, length, plan.block_length)
             committer = runtime.committer() if STRATEGIES[name].guided else None
             if plan.warmup and name not in warmed:
-                warm_up(runtime.loaded, tasks[0], settings, committer)
+                warm_up(runtime.loaded.model, runtime.loaded.special, tasks[0], settings, committer)
                 warmed.add(name)
             result = measure(runtime, tasks, settings, committer, plan.batch_size)
-            baseline = result if name == BASELINE else baseline
+            baseline = result if name == plan.reference else baseline
             record = {
                 "strategy": name,
                 "gen_length": length,
@@ -140,10 +150,28 @@ def run_bench(
     return records
 
 
-def measure_accuracy(runtime, tasks: Sequence[Task], settings, committer, batch_size: int) -> Score:
+def check_family(runtime: Runtime, plan: BenchPlan) -> None:
+    """DiffusionGemma runs transformers' sampler: refuse other strategies before any decode."""
+    if runtime.loaded.architecture != gemma.FAMILY:
+        return
+    canvas = runtime.loaded.model.canvas_length
+    for name in plan.strategies:
+        try:
+            settings = settings_for(runtime.settings, name, plan.lengths[0], plan.block_length)
+            gemma.check_settings(settings, canvas)
+            if STRATEGIES[name].guided:
+                raise SettingsError(f"a guide model does not apply to {gemma.FAMILY}")
+        except SettingsError as e:
+            raise SettingsError(f"strategy {name!r}: {e}") from None
+
+
+def measure_accuracy(
+    runtime: Runtime, tasks: Sequence[Task], settings, committer, batch_size: int
+) -> Score:
     """One timed pass over the tasks (a fresh guide cache per decode)."""
+    model, special = runtime.loaded.model, runtime.loaded.special
     return score(
-        runtime.loaded, tasks, settings, runtime.text, committer=committer, batch_size=batch_size
+        model, special, tasks, settings, runtime.text, committer=committer, batch_size=batch_size
     )
 
 
@@ -154,6 +182,8 @@ MARKDOWN_COLUMNS = (
     ("tok/s", "tokens_per_second", "{:.1f}"),
     ("NFE", "forwards", "{}"),
     ("tok/NFE", "tokens_per_forward", "{:.2f}"),
+    ("guide NFE", "guide_forwards", "{}"),
+    ("guide time", "guide_share", "{:.0%}"),
     ("seconds", "seconds", "{:.2f}"),
     ("speedup", "speedup", "{:.2f}x"),
     ("mask violations", "mask_violations", "{}"),

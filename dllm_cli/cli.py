@@ -33,7 +33,6 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def root(
-    ctx: typer.Context,
     debug: Annotated[
         bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
     ] = False,
@@ -45,7 +44,6 @@ def root(
     ] = False,
 ) -> None:
     """Fast decoding for masked diffusion language models (LLaDA, Dream)."""
-    ctx.obj = {"debug": debug}
     set_debug(debug)
 
 

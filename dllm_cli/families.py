@@ -7,8 +7,11 @@ it, so `dllm` reproduces the family's reference outputs out of the box (REFERENC
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from dllm_cli.errors import ModelLoadError
+from dllm_cli.models.loading import resolve_path
+from dllm_cli.settings import DecodeSettings
 
 # Keys: lowercased config.json model_type. Dream's `diffusion_generate` builds its generation
 # config from the model config when the caller passes none; under the transformers version
@@ -22,6 +25,12 @@ def family_defaults(family: str | None) -> dict[str, object]:
     return FAMILY_DEFAULTS.get((family or "").lower(), {})
 
 
+def with_family_defaults(settings: DecodeSettings, family: str | None) -> DecodeSettings:
+    """A copy whose unset fields take the model family's reference defaults."""
+    unset = {k: v for k, v in family_defaults(family).items() if getattr(settings, k) is None}
+    return replace(settings, **unset) if unset else settings
+
+
 def model_family(architecture: str | None, path: str) -> str | None:
     """Lowercased family: the profile's architecture, else the folder's config.json model_type.
 
@@ -29,8 +38,6 @@ def model_family(architecture: str | None, path: str) -> str | None:
     """
     if architecture:
         return architecture.lower()
-    from dllm_cli.models.loading import resolve_path  # (imports torch; only needed here)
-
     try:
         raw = json.loads((resolve_path(path) / "config.json").read_text())
     except (OSError, ValueError, ModelLoadError):
@@ -42,8 +49,12 @@ def model_family(architecture: str | None, path: str) -> str | None:
 def apply_family_defaults(profile, provenance: dict[str, str]) -> None:
     """Fill decode values nothing set with the family's defaults; provenance says so."""
     family = model_family(profile.model.architecture, profile.model.path)
-    for name, value in family_defaults(family).items():
-        key = f"decode.{name}"
-        if provenance.get(key) == "default" and getattr(profile.decode, name) is None:
-            setattr(profile.decode, name, value)
-            provenance[key] = f"family default ({family})"
+    unset = {
+        name: value
+        for name, value in family_defaults(family).items()
+        if provenance.get(f"decode.{name}") == "default" and getattr(profile.decode, name) is None
+    }
+    if unset:
+        profile.decode = replace(profile.decode, **unset)  # (settings are frozen, revalidated)
+    for name in unset:
+        provenance[f"decode.{name}"] = f"family default ({family})"

@@ -1,127 +1,223 @@
-"""Command-line options shared by generate, visualize, eval and bench (`Annotated` aliases).
+"""Command-line options, each declared once; the shared ones are plumbed one way for every command.
 
-Every decoding flag defaults to None ("not given"), so a profile value wins unless the flag is
-on the command line: CLI flag > profile > built-in default.
+A shared flag is one row of `FLAGS`: the Typer option and the profile key it overrides. A command
+takes the flags it wants with `@shared("model", "decode", ...)` (group or flag names) and
+receives their values as one `Choices`; `commands.common.load_runtime(choices)` turns that into
+a Runtime. Every shared flag defaults to None ("not given"), so a profile value wins unless the
+flag is on the command line: CLI flag > profile > built-in default.
+
+To add a decoding flag: add its field to `DecodeSettings` (settings.py), then one row here with
+group "decode" and key "decode.<field>"; generate, visualize and eval take it from then on, and
+tests/test_cli_flags.py asks for one test value for it.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeVar
 
 import typer
 
-DECODE = "Decoding"
 MODEL = "Model"
-
-Profile = Annotated[
-    str | None,
-    typer.Option(
-        "--profile", "-p", help="Profile NAME or path to a .toml file.", rich_help_panel=MODEL
-    ),
-]
-ModelPath = Annotated[
-    str | None,
-    typer.Option(
-        "--model", help="Checkpoint folder (replaces the profile's).", rich_help_panel=MODEL
-    ),
-]
-Device = Annotated[
-    str | None,
-    typer.Option(help="auto | cpu | cuda | cuda:N.", rich_help_panel=MODEL),
-]
-Dtype = Annotated[
-    str | None,
-    typer.Option(help="auto | float32 | bfloat16 | float16.", rich_help_panel=MODEL),
-]
-Compile = Annotated[
-    bool | None,
-    typer.Option(
-        "--compile/--no-compile",
-        help="Replay cached block steps as CUDA graphs (CUDA only; identical outputs).",
-        rich_help_panel=MODEL,
-    ),
-]
-Chat = Annotated[
-    bool | None,
-    typer.Option(
-        "--chat/--no-chat", help="Wrap prompts in the chat template.", rich_help_panel=MODEL
-    ),
-]
-Guide = Annotated[
-    bool | None,
-    typer.Option(
-        "--guide/--no-guide",
-        help="Verify drafts with the profile's AR guide model (guided diffusion; on by "
-        "default when the profile has one, off after --model unless given).",
-        rich_help_panel=DECODE,
-    ),
-]
-GenLength = Annotated[int | None, typer.Option(help="Tokens to generate.", rich_help_panel=DECODE)]
-BlockLength = Annotated[
-    int | None, typer.Option(help="Semi-autoregressive block size.", rich_help_panel=DECODE)
-]
-Steps = Annotated[
-    int | None,
-    typer.Option(
-        help="Denoising steps in all (fixed/origin); default one per token.", rich_help_panel=DECODE
-    ),
-]
-Cache = Annotated[
-    str | None,
-    typer.Option(help="KV cache: none | prefix | dual | freecache.", rich_help_panel=DECODE),
-]
-Unmask = Annotated[
-    str | None,
-    typer.Option(help="Commit rule: fixed | threshold | factor | origin.", rich_help_panel=DECODE),
-]
-Confidence = Annotated[
-    str | None,
-    typer.Option(help="low_confidence | random | margin | entropy.", rich_help_panel=DECODE),
-]
-Threshold = Annotated[
-    float | None,
-    typer.Option(
-        help="threshold rule: commit tokens at least this confident, in (0, 1].",
-        rich_help_panel=DECODE,
-    ),
-]
-Factor = Annotated[
-    float | None,
-    typer.Option(
-        help="factor rule: commit the largest n with (n+1)(1-c_n) < f.", rich_help_panel=DECODE
-    ),
-]
-Temperature = Annotated[float | None, typer.Option(help="0 = greedy.", rich_help_panel=DECODE)]
-TopP = Annotated[float | None, typer.Option(help="Nucleus sampling mass.", rich_help_panel=DECODE)]
-TopK = Annotated[
-    int | None,
-    typer.Option(
-        help="Keep the top K tokens (0: off; default: the family's, 50 for Dream as in its code).",
-        rich_help_panel=DECODE,
-    ),
-]
-CfgScale = Annotated[
-    float | None,
-    typer.Option(help="Classifier-free guidance scale (0 = off).", rich_help_panel=DECODE),
-]
-Seed = Annotated[int | None, typer.Option(help="Random seed.", rich_help_panel=DECODE)]
-EarlyStop = Annotated[
-    bool | None,
-    typer.Option(
-        "--early-stop/--no-early-stop",
-        help="Stop a row once its answer has ended (same text, fewer forwards).",
-        rich_help_panel=DECODE,
-    ),
-]
-
+DECODE = "Decoding"
+GEMMA = "DiffusionGemma"
 OUTPUT = "Output"
+INPUT = "Input"
+EVAL = "Evaluation"
 
+
+@dataclass(frozen=True)
+class Flag:
+    """One shared option: what Typer shows, and which profile key it sets (None: not a setting)."""
+
+    option: Any  # Annotated[type, typer.Option(...)]
+    group: str
+    key: str | None = None
+
+
+def _option(kind: type, help: str, panel: str, *names: str) -> Any:
+    return Annotated[kind | None, typer.Option(*names, help=help, rich_help_panel=panel)]
+
+
+def _decode(key: str, kind: type, help: str, *names: str) -> Flag:
+    return Flag(_option(kind, help, DECODE, *names), "decode", f"decode.{key}")
+
+
+def _guide(key: str, kind: type, help: str) -> Flag:
+    """A [guide] setting (group "guide", with --guide/--no-guide)."""
+    return Flag(_option(kind, help, DECODE), "guide", f"guide.{key}")
+
+
+def _gemma(key: str, kind: type, help: str) -> Flag:
+    """A DiffusionGemma knob: a decoding flag of its own help panel."""
+    return Flag(_option(kind, help, GEMMA), "decode", f"decode.{key}")
+
+
+FLAGS: dict[str, Flag] = {
+    "profile": Flag(
+        _option(str, "Profile NAME or path to a .toml file.", MODEL, "--profile", "-p"), "model"
+    ),
+    "model": Flag(
+        _option(str, "Checkpoint folder (replaces the profile's).", MODEL, "--model"),
+        "model",
+        "model.path",
+    ),
+    "device": Flag(_option(str, "auto | cpu | cuda | cuda:N.", MODEL), "model", "model.device"),
+    "dtype": Flag(
+        _option(str, "auto | float32 | bfloat16 | float16.", MODEL), "model", "model.dtype"
+    ),
+    "chat": Flag(
+        _option(bool, "Wrap prompts in the chat template.", MODEL, "--chat/--no-chat"),
+        "model",
+        "model.chat_template",
+    ),
+    "compile": Flag(
+        _option(
+            bool,
+            "Replay cached block steps as CUDA graphs (CUDA only; identical outputs).",
+            MODEL,
+            "--compile/--no-compile",
+        ),
+        "model",
+        "model.compile",
+    ),
+    "gen_length": _decode("gen_length", int, "Tokens to generate."),
+    "block_length": _decode("block_length", int, "Semi-autoregressive block size."),
+    "steps": _decode("steps", int, "Denoising steps in all (fixed/origin); default one per token."),
+    "cache": _decode("cache", str, "KV cache: none | prefix | dual | freecache."),
+    "unmask": _decode("unmask", str, "Commit rule: fixed | threshold | factor | origin."),
+    "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
+    "threshold": _decode(
+        "threshold", float, "threshold rule: commit tokens at least this confident, in (0, 1]."
+    ),
+    "factor": _decode("factor", float, "factor rule: commit the largest n with (n+1)(1-c_n) < f."),
+    "temperature": _decode("temperature", float, "0 = greedy."),
+    "top_p": _decode("top_p", float, "Nucleus sampling mass."),
+    "top_k": _decode(
+        "top_k", int, "Keep the top K tokens (0: off; default: the family's, 50 for Dream)."
+    ),
+    "cfg_scale": _decode("cfg_scale", float, "Classifier-free guidance scale (0 = off)."),
+    "seed": _decode("seed", int, "Random seed."),
+    "early_stop": _decode(
+        "early_stop",
+        bool,
+        "Stop a row once its answer has ended (same text, fewer forwards).",
+        "--early-stop/--no-early-stop",
+    ),
+    "t_min": _gemma("t_min", float, "Temperature at the last denoising step."),
+    "t_max": _gemma("t_max", float, "Temperature at the first denoising step."),
+    "entropy_bound": _gemma(
+        "entropy_bound",
+        float,
+        "Accept the lowest-entropy tokens whose summed entropy, less the largest, is within this.",
+    ),
+    "stability_threshold": _gemma(
+        "stability_threshold", int, "Stop a canvas once its draft held still this many steps."
+    ),
+    "confidence_threshold": _gemma(
+        "confidence_threshold", float, "Stop a canvas once its mean token entropy is below this."
+    ),
+    "guide": Flag(
+        _option(
+            bool,
+            "Verify drafts with the profile's AR guide model (guided diffusion; on by default "
+            "when the profile has one, off after --model unless given).",
+            DECODE,
+            "--guide/--no-guide",
+        ),
+        "guide",
+    ),
+    "accept": _guide("accept", str, "Guided: acceptance rule exact | topk:K | prob:P."),
+    "on_reject": _guide(
+        "on_reject",
+        str,
+        "Guided: on a rejection commit the guide's token (guide) or, when nothing was "
+        "accepted, the diffusion model's draft (draft).",
+    ),
+    "verify_chunk": _guide("verify_chunk", int, "Guided: drafts the guide verifies per forward."),
+    "draft_window": _guide(
+        "draft_window",
+        int,
+        "Guided: columns drafted from the first mask (0: to the canvas end); drafts are the "
+        "diffusion model's argmax whatever the temperature.",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The shared flags of one command line: profile, --guide/--no-guide, settings given."""
+
+    profile: str | None = None
+    guide: bool | None = None  # None: not given
+    overrides: dict[str, object] = field(default_factory=dict)  # profile key -> value
+
+    @classmethod
+    def of(cls, given: dict[str, object]) -> Choices:
+        """From flag name -> value as parsed (None: not given)."""
+        settings = {
+            FLAGS[name].key: value
+            for name, value in given.items()
+            if value is not None and FLAGS[name].key is not None
+        }
+        return cls(given.get("profile"), given.get("guide"), settings)  # type: ignore[arg-type]
+
+
+C = TypeVar("C", bound=Callable[..., None])
+
+
+def shared(*wanted: str) -> Callable[[C], C]:
+    """Give a command the shared flags named (or in the groups named) where it declares a
+    `choices` parameter; it is called with their values as `choices=Choices(...)`."""
+    names = [n for n, f in FLAGS.items() if n in wanted or f.group in wanted]
+    unknown = set(wanted) - set(names) - {f.group for f in FLAGS.values()}
+    if unknown:
+        raise ValueError(f"no shared flag or group named {sorted(unknown)}")
+
+    def add_flags(command: C) -> C:
+        own = inspect.signature(command, eval_str=True).parameters
+        clash = set(own) & set(names)
+        if clash or "choices" not in own:
+            raise TypeError(
+                f"{command.__name__}: needs a `choices` parameter, and none named {clash}"
+            )
+        flags = [
+            inspect.Parameter(
+                n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=FLAGS[n].option
+            )
+            for n in names
+        ]
+        params: list[inspect.Parameter] = []
+        for p in own.values():
+            params += flags if p.name == "choices" else [p.replace(kind=p.KEYWORD_ONLY)]
+
+        @functools.wraps(command)
+        def with_choices(**values: Any) -> None:
+            given = {n: values.pop(n) for n in names}
+            command(**values, choices=Choices.of(given))
+
+        with_choices.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        with_choices.__annotations__ = {p.name: p.annotation for p in params}
+        return with_choices  # type: ignore[return-value]
+
+    return add_flags
+
+
+# --- options of one or two commands ---------------------------------------------------------
+
+BatchSize = Annotated[
+    int,
+    typer.Option(help="Prompts decoded together in one batch."),
+]
 Json = Annotated[
     bool,
     typer.Option(
         "--json",
-        help="One JSON object per prompt on stdout: prompt, text, token_ids, forwards, steps, "
-        "seconds (a failed prompt: prompt, error).",
+        help="One JSON object per prompt on stdout: prompt, text, token_ids, forwards, "
+        "guide_forwards, steps, seconds (a failed prompt: prompt, error).",
         rich_help_panel=OUTPUT,
     ),
 ]
@@ -129,35 +225,12 @@ Stats = Annotated[
     bool,
     typer.Option(
         "--stats",
-        help="Answer tokens, forwards, steps, seconds and tok/s on stderr.",
+        help="Answer tokens, forwards (diffusion, guide), steps, seconds and tok/s on stderr.",
         rich_help_panel=OUTPUT,
     ),
 ]
-
-# flag name -> profile key understood by profiles.resolve
-FLAG_KEYS = {
-    "model": "model.path",
-    "device": "model.device",
-    "dtype": "model.dtype",
-    "chat": "model.chat_template",
-    "compile": "model.compile",
-    "gen_length": "decode.gen_length",
-    "block_length": "decode.block_length",
-    "steps": "decode.steps",
-    "cache": "decode.cache",
-    "unmask": "decode.unmask",
-    "confidence": "decode.confidence",
-    "threshold": "decode.threshold",
-    "factor": "decode.factor",
-    "temperature": "decode.temperature",
-    "top_p": "decode.top_p",
-    "top_k": "decode.top_k",
-    "cfg_scale": "decode.cfg_scale",
-    "seed": "decode.seed",
-    "early_stop": "decode.early_stop",
-}
-
-
-def overrides(**flags) -> dict[str, object]:
-    """Flags given on the command line (not None) as profile keys."""
-    return {FLAG_KEYS[k]: v for k, v in flags.items() if v is not None and k in FLAG_KEYS}
+N = Annotated[
+    int, typer.Option("--n", "-n", help="Held-out problems to solve.", rich_help_panel=EVAL)
+]
+Shots = Annotated[int, typer.Option(help="Solved examples in each prompt.", rich_help_panel=EVAL)]
+Start = Annotated[int, typer.Option(help="First held-out problem (0..999).", rich_help_panel=EVAL)]

@@ -12,24 +12,21 @@ import dataclasses
 import difflib
 import os
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import tomli
-
-from dllm_cli.errors import ProfileError, SettingsError
+from dllm_cli.errors import ProfileError
 from dllm_cli.families import apply_family_defaults
-from dllm_cli.settings import DecodeSettings
+from dllm_cli.models import ARCHITECTURES
+from dllm_cli.models.loading import BUILTIN_PREFIX, DTYPES
+from dllm_cli.settings import DecodeSettings, guide_problem, parse_accept
+from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, show
 
 DEFAULT_PROFILE = "tiny-gsm"
 ENV_DIR = "DLLM_PROFILES_DIR"
-BUILTIN_PREFIX = "builtin:"
 BUILTIN_SOURCE = "built-in"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-ARCHITECTURES = ("llada", "dream")
 _UNSET_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 
 
@@ -49,7 +46,7 @@ class ModelSection:
     """Which checkpoint to load and how; architecture None means config.json's model_type."""
 
     path: str = "builtin:tiny-gsm"
-    architecture: str | None = None
+    architecture: str | None = None  # llada | dream | diffusion_gemma (None: config.json's)
     dtype: str = "auto"
     device: str = "auto"
     chat_template: bool = True
@@ -63,10 +60,17 @@ class GuideSection:
 
     path: str = ""
     accept: str = "exact"  # exact | topk:K | prob:P
+    on_reject: str = "guide"  # guide: the guide's own token | draft: the diffusion model's
+    verify_chunk: int = 32  # drafts the guide scores per forward
+    draft_window: int = 0  # drafts from the first mask (0: to the end of the canvas)
 
     def acceptance(self) -> tuple[str, float | None]:
         """("exact", None), ("topk", K) or ("prob", P), parsed from `accept`."""
-        return _parse_accept(self.accept)
+        return parse_accept(self.accept)
+
+    def problem(self) -> str | None:
+        """Why these values cannot run (one line), or None."""
+        return guide_problem(self.accept, self.on_reject, self.verify_chunk, self.draft_window)
 
 
 @dataclass
@@ -79,10 +83,6 @@ class Profile:
     decode: DecodeSettings = field(default_factory=DecodeSettings)
     guide: GuideSection | None = None
     source: Path | None = None  # the file it was read from
-
-    def decode_settings(self) -> DecodeSettings:
-        """A validated copy, so callers can change it without touching the profile."""
-        return dataclasses.replace(self.decode).validate()
 
     def special_overrides(self) -> dict[str, int | None]:
         """The `special_overrides` argument of `dllm_cli.models.loading.load_model`."""
@@ -121,26 +121,26 @@ def read_profile(path: Path) -> Profile:
 
 def _parse(path: Path) -> tuple[Profile, dict]:
     """The profile and the raw TOML it came from (provenance needs to know what was set)."""
-    data = _read_toml(path)
+    data = read_toml(path)
     where = f"{path}"
     for key in data:
         if key not in TOP_KEYS:
-            hint = _did_you_mean(key, TOP_KEYS)
+            hint = did_you_mean(key, TOP_KEYS)
             kind = "section" if isinstance(data[key], dict) else "key"
             raise ProfileError(f"{where}: unknown top-level {kind} {key!r}{hint}")
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
-            raise ProfileError(f"{where}: {key} must be a string (got {_show(data[key])})")
+            raise ProfileError(f"{where}: {key} must be a string (got {show(data[key])})")
     tables = {}
     for section in SECTIONS:
         if section in data and not isinstance(data[section], dict):
             raise ProfileError(f"{where}: {section} must be a [{section}] table")
         tables[section] = data.get(section)
-    model = _build(ModelSection, tables["model"] or {}, "model", where)
-    decode = _build(DecodeSettings, tables["decode"] or {}, "decode", where)
+    model = build(ModelSection, tables["model"] or {}, "model", where)
+    decode = build(DecodeSettings, tables["decode"] or {}, "decode", where)  # validated here
     guide = None
     if tables["guide"] is not None:
-        guide = _build(GuideSection, tables["guide"], "guide", where)
+        guide = build(GuideSection, tables["guide"], "guide", where)
     profile = Profile(
         name=data.get("name", path.stem),
         description=data.get("description", ""),
@@ -149,120 +149,30 @@ def _parse(path: Path) -> tuple[Profile, dict]:
         guide=guide,
         source=path,
     )
-    _check_values(profile, where, in_file=True)
+    _check_values(profile, where)
     profile.model.path = _resolve_model_path(profile.model.path, path.parent)
     if profile.guide:
         profile.guide.path = _resolve_model_path(profile.guide.path, path.parent)
     return profile, data
 
 
-def _read_toml(path: Path) -> dict:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise ProfileError(f"cannot read profile {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise ProfileError(f"{path}: not a UTF-8 text file") from None
-    try:
-        return tomli.loads(text)
-    except tomli.TOMLDecodeError as e:
-        line = getattr(e, "lineno", None)
-        msg = getattr(e, "msg", None) or str(e)
-        at = f":{line}" if line else ""
-        raise ProfileError(f"{path}{at}: invalid TOML: {msg}") from None
-
-
-def _build(cls: type, table: dict, section: str, where: str):
-    """A dataclass from a TOML table; unknown keys and wrong types name key, section, file."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in table.items():
-        if key not in names:
-            hint = _did_you_mean(key, names)
-            raise ProfileError(f"{where}: unknown key {key!r} in [{section}]{hint}")
-        expected = hints[key]
-        if dataclasses.is_dataclass(expected):
-            if not isinstance(value, dict):
-                raise ProfileError(f"{where}: {key} in [{section}] must be a table")
-            values[key] = _build(expected, value, f"{section}.{key}", where)
-            continue
-        try:
-            values[key] = _check_type(value, expected)
-        except TypeError as e:
-            raise ProfileError(f"{where}: {key} in [{section}] must be {e}") from None
-    return cls(**values)
-
-
-_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _check_type(value, hint):
-    """`value` if it fits `hint` (ints widen to floats); else TypeError('<what it must be>')."""
-    options = typing.get_args(hint) if _is_union(hint) else (hint,)
-    for option in options:
-        if option is type(None):
-            continue
-        if option is bool:
-            if isinstance(value, bool):
-                return value
-        elif isinstance(value, bool):
-            continue  # TOML true/false is never a number or a string here
-        elif option is float and isinstance(value, int | float):
-            return float(value)
-        elif isinstance(value, typing.get_origin(option) or option):  # list[int] -> list
-            return value
-    wanted = " or ".join(_TYPE_NAMES.get(o, str(o)) for o in options if o is not type(None))
-    raise TypeError(f"{wanted} (got {_show(value)})")
-
-
-def _is_union(hint) -> bool:
-    return isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
-
-
-def _show(value) -> str:
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(type(value))
-    kind = kind or ("table" if isinstance(value, dict) else type(value).__name__)
-    shown = str(value).lower() if isinstance(value, bool) else repr(value)
-    return f"{kind} {shown}"
-
-
-def _did_you_mean(key: str, valid) -> str:
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(valid)})"
-
-
-def _parse_accept(accept: str) -> tuple[str, float | None]:
-    kind, _, arg = accept.partition(":")
-    try:
-        if kind == "exact" and not arg:
-            return "exact", None
-        if kind == "topk" and int(arg) >= 1:
-            return "topk", int(arg)
-        if kind == "prob" and 0.0 < float(arg) <= 1.0:
-            return "prob", float(arg)
-    except ValueError:
-        pass
-    raise ProfileError(
-        f"guide accept must be 'exact', 'topk:K' (K >= 1) or 'prob:P' (0 < P <= 1), got {accept!r}"
-    )
-
-
-def _check_values(profile: Profile, where: str, in_file: bool) -> None:
-    """Allowed values beyond types; the decode checks are DecodeSettings' own."""
+def _check_values(profile: Profile, where: str) -> None:
+    """Allowed values beyond types; the decode checks are DecodeSettings' own (when built)."""
     m = profile.model
     if not m.path:
         raise ProfileError(f"{where}: path in [model] must not be empty")
     if m.architecture is not None:
         m.architecture = m.architecture.lower()
-        if m.architecture not in ARCHITECTURES:
+        known = [kind.lower() for kind in ARCHITECTURES] + ["diffusion_gemma"]
+        if m.architecture not in known:
             raise ProfileError(
-                f"{where}: architecture in [model] must be one of {', '.join(ARCHITECTURES)} "
+                f"{where}: architecture in [model] must be one of {', '.join(known)} "
                 f"(got {m.architecture!r})"
             )
-    if m.dtype not in DTYPES:
+    dtypes = ("auto", *DTYPES)
+    if m.dtype not in dtypes:
         raise ProfileError(
-            f"{where}: dtype in [model] must be one of {', '.join(DTYPES)} (got {m.dtype!r})"
+            f"{where}: dtype in [model] must be one of {', '.join(dtypes)} (got {m.dtype!r})"
         )
     for role, value in dataclasses.asdict(m.special).items():
         if value is not None and value < 0:
@@ -270,15 +180,9 @@ def _check_values(profile: Profile, where: str, in_file: bool) -> None:
     if profile.guide:
         if not profile.guide.path:
             raise ProfileError(f"{where}: [guide] needs a path (or leave the guide out)")
-        try:
-            _parse_accept(profile.guide.accept)
-        except ProfileError as e:
-            raise ProfileError(f"{where}: [guide] {e}") from None
-    if in_file:
-        try:
-            profile.decode.validate()
-        except SettingsError as e:
-            raise ProfileError(f"{where}: [decode] {e}") from None
+        problem = profile.guide.problem()
+        if problem:
+            raise ProfileError(f"{where}: [guide] {problem}")
 
 
 def _resolve_model_path(text: str, base: Path | None) -> str:
@@ -364,7 +268,7 @@ def list_profiles() -> list[ProfileInfo]:
 
 def _description(file: Path) -> str:
     try:
-        description = _read_toml(file).get("description", "")
+        description = read_toml(file).get("description", "")
     except ProfileError as e:
         return f"(invalid: {e})"
     return description if isinstance(description, str) else ""
@@ -396,7 +300,7 @@ def _canonical(key: str, keys: list[str]) -> str:
     if matches:
         raise ProfileError(f"ambiguous setting {key!r} (use one of {', '.join(matches)})")
     bare = sorted({k.rsplit(".", 1)[-1] for k in keys} | set(ALIASES) | set(keys))
-    raise ProfileError(f"unknown setting {key!r}{_did_you_mean(key, bare)}")
+    raise ProfileError(f"unknown setting {key!r}{did_you_mean(key, bare)}")
 
 
 def resolve(
@@ -412,12 +316,11 @@ def resolve(
     path = find_profile(name_or_path)
     profile, raw = _parse(path)
     keys = setting_keys()
-    from_cli = set()
-    for name, value in (cli_overrides or {}).items():
-        if value is not None:
-            key = _canonical(name, keys)
-            _apply(profile, key, value)
-            from_cli.add(key)
+    from_cli, decode = set(), {}
+    given = {_canonical(k, keys): v for k, v in (cli_overrides or {}).items() if v is not None}
+    for key in sorted(given, key=lambda k: k != "guide.path"):  # a guide first, then its rules
+        _apply(profile, key, given[key], decode)
+        from_cli.add(key)
     provenance = {}
     for key in keys:
         if key.startswith("guide.") and profile.guide is None:
@@ -428,8 +331,7 @@ def resolve(
             provenance[key] = f"profile {path}"
         else:
             provenance[key] = "default"
-    _check_values(profile, "command line", in_file=False)
-    apply_family_defaults(profile, provenance)
+    _check_values(profile, "command line")
     for key, section in (("model.path", profile.model), ("guide.path", profile.guide)):
         unset = unset_variables(section.path) if section else []
         if unset:
@@ -437,7 +339,9 @@ def resolve(
                 f"{key} {section.path!r} uses ${unset[0]}, which is not set "
                 f"(set {unset[0]} to the folder holding your models, or give another path)"
             )
-    profile.decode.validate()
+    if decode:  # the run's settings are built (and so validated) here, once
+        profile.decode = dataclasses.replace(profile.decode, **decode)
+    apply_family_defaults(profile, provenance)
     return profile, provenance
 
 
@@ -453,14 +357,20 @@ def _lookup(data: dict, dotted: str):
     return node
 
 
-def _apply(profile: Profile, key: str, value) -> None:
-    """Set one dotted setting from the CLI, type-checked like a profile value."""
+def _apply(profile: Profile, key: str, value, decode: dict[str, object]) -> None:
+    """Set one dotted setting from the CLI, type-checked like a profile value; decode settings
+    are collected in `decode` (they are immutable: resolve builds them once, at the end)."""
     section, *rest = key.split(".")
     if section == "guide":
         if rest == ["path"] and isinstance(value, str) and value.strip().lower() in ("", "none"):
             profile.guide = None
             return
         if profile.guide is None:
+            if rest != ["path"]:
+                raise ProfileError(
+                    f"{key} given, but profile {profile.name!r} has no [guide] section "
+                    "(no AR guide to set up)"
+                )
             profile.guide = GuideSection()
         target = profile.guide
     elif section == "model":
@@ -470,9 +380,12 @@ def _apply(profile: Profile, key: str, value) -> None:
         target = profile.decode
     field_name = rest[0]
     try:
-        value = _check_type(value, typing.get_type_hints(type(target))[field_name])
+        value = check_type(value, typing.get_type_hints(type(target))[field_name])
     except TypeError as e:
         raise ProfileError(f"command-line value for {key} must be {e}") from None
     if field_name == "path":
         value = _resolve_model_path(value, base=Path.cwd())
-    setattr(target, field_name, value)
+    if target is profile.decode:
+        decode[field_name] = value
+    else:
+        setattr(target, field_name, value)

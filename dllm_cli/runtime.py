@@ -6,10 +6,11 @@ special tokens, what counts as the end of an answer) lives here, not in the comm
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dllm_cli.decoding import Committer
-from dllm_cli.decoding.guided import GuidedCommitter
+from dllm_cli.decoding import Committer, answer_tokens, gemma
+from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
 from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.guide import GuideModel, load_guide
@@ -50,6 +51,8 @@ class Runtime:
             raise InputError("empty prompt (it encodes to no tokens)")
         context = self.loaded.model.context_length
         gen = self.settings.gen_length
+        if self.loaded.architecture == gemma.FAMILY:  # whole canvases are denoised
+            gen = gemma.denoised_length(gen, self.loaded.model.canvas_length)
         if len(ids) + gen > context:
             fix = (
                 f"a prompt of at most {context - gen} tokens, or a smaller --gen-length"
@@ -69,18 +72,30 @@ class Runtime:
         """
         if self.guide is None:
             return None
-        rule, arg = self.profile.guide.acceptance()
+        g = self.profile.guide
+        rule, arg = g.acceptance()
+        rules = GuideRules(rule, arg, g.on_reject, g.verify_chunk, g.draft_window or None)
         special = self.loaded.special
-        vocab = self.loaded.model.vocab_size
-        return GuidedCommitter(self.guide.model, vocab, special.pad, rule, arg)
+        vocab = special.real_vocab(self.loaded.model.vocab_size)
+        return GuidedCommitter(self.guide.model, vocab, special, rules)
 
     def text(self, tokens: list[int]) -> str:
         """Answer text: cut at the first stop token, special tokens removed."""
-        stops = set(self.loaded.special.stop)
-        cut = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
-        mask = self.loaded.special.mask
-        kept = [t for t in tokens[:cut] if t != mask]
+        special = self.loaded.special
+        kept = [t for t in answer_tokens(tokens, special.stop) if t != special.mask]
         return self.loaded.tokenizer.decode(kept, skip_special_tokens=True).strip()
+
+
+def origin(provenance: dict[str, str]) -> Callable[[str], str]:
+    """decode setting -> " (from the command line)" / " (from profile FILE)" for messages."""
+
+    def where(key: str) -> str:
+        source = provenance.get(f"decode.{key}", "default")
+        if source == "cli":
+            return " (from the command line)"
+        return f" (from {source})" if source.startswith("profile ") else ""
+
+    return where
 
 
 def open_runtime(
@@ -89,22 +104,26 @@ def open_runtime(
     *,
     use_guide: bool = True,
     require_guide: bool = False,
+    place: Callable[[str], str] | None = None,
 ) -> Runtime:
-    """Resolve the profile with CLI overrides, load the model (and guide), validate settings.
+    """Resolve the profile with CLI overrides (which builds the settings), load the model and
+    guide.
 
     `require_guide` (the CLI's explicit --guide) makes a profile without [guide] an error
-    before anything is loaded.
+    before anything is loaded. `place` maps the configured device to the one to load on
+    (under torchrun: this rank's own GPU).
     """
     prof, provenance = resolve(profile, overrides)
     if require_guide and prof.guide is None:
         raise SettingsError(
             f"--guide: profile {prof.name!r} has no [guide] section (no AR guide model to use)"
         )
-    settings = prof.decode_settings()
+    settings = prof.decode
+    device = prof.model.device if place is None else place(prof.model.device)
     loaded = load_model(
         prof.model.path,
         dtype=prof.model.dtype,
-        device=prof.model.device,
+        device=device,
         special_overrides=prof.special_overrides(),
     )
     wanted = prof.model.architecture
@@ -112,13 +131,21 @@ def open_runtime(
         raise ModelLoadError(
             f"profile says architecture {wanted!r} but {loaded.path} is {loaded.architecture!r}"
         )
+    notes = settings.adjustments()
+    if loaded.architecture == gemma.FAMILY:  # settings that mean nothing there are refused
+        if use_guide and prof.guide is not None and prof.guide.path:
+            raise SettingsError(f"a guide model does not apply to {gemma.FAMILY} (use --no-guide)")
+        canvas = loaded.model.canvas_length
+        settings = gemma.check_settings(settings, canvas, origin(provenance))
+        notes = gemma.notes(settings, canvas)
+    else:
+        gemma.check_masked(settings, loaded.architecture, origin(provenance))
     guide = None
     if use_guide and prof.guide is not None and prof.guide.path:
         guide = load_guide(prof.guide.path, loaded)
-    notes = settings.adjustments()
     if prof.model.compile:
         why = enable_compile(loaded.model)  # None, or why the model stays eager
-        notes += [why] if why else []
+        notes = [*notes, why] if why else notes
     return Runtime(
         profile=prof,
         provenance=provenance,

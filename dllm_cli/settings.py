@@ -1,4 +1,7 @@
-"""Per-request decoding settings (the "sampling params" of this tool), validated in one place.
+"""Per-request decoding settings (the "sampling params" of this tool), validated in one place:
+when they are built. A DecodeSettings is immutable and valid by construction, so the code that
+receives one (the decoder, the benchmark) never checks it again; change one with
+`dataclasses.replace`, which builds (and validates) a new one.
 
 How the numbers combine (`split_blocks` below; `adjustments()` says it in words):
 - The answer is cut into blocks of `block_length` decoded left to right (LLaDA's semi-
@@ -16,22 +19,25 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 
 from dllm_cli.errors import SettingsError
-from dllm_cli.families import family_defaults
 
 CACHES = ("none", "prefix", "dual", "freecache")
 UNMASKS = ("fixed", "threshold", "factor", "origin")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
+SCHEDULES = ("family", "linear", "dream")
+ON_REJECT = ("guide", "draft")  # guided decoding: whose token a rejection commits
 # Threshold and factor compare a confidence with a probability; negative entropy is not one.
 PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
 
 INT_FIELDS = ("gen_length", "block_length", "refresh_interval", "seed")
 FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp")
+# DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
+GEMMA_FIELDS = ("t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeSettings:
     """How to turn a canvas of masks into text; every field has a validated range."""
 
@@ -41,6 +47,7 @@ class DecodeSettings:
     cache: str = "none"  # none | prefix | dual | freecache
     refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
     unmask: str = "fixed"  # fixed | threshold | factor | origin
+    schedule: str = "family"  # fixed rule's tokens per step: family | linear (LLaDA) | dream
     confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
     threshold: float = 0.9
     factor: float = 1.0
@@ -52,18 +59,17 @@ class DecodeSettings:
     early_stop: bool = False
     eps: float = 1e-3  # Dream's final timestep
     alg_temp: float = 0.0  # Dream: sample positions with softmax(conf / alg_temp) when > 0
+    t_min: float | None = None  # DiffusionGemma: temperature at the last denoising step
+    t_max: float | None = None  # DiffusionGemma: temperature at the first denoising step
+    entropy_bound: float | None = None  # DiffusionGemma: entropy budget of accepted tokens
+    stability_threshold: int | None = None  # DiffusionGemma: steps the draft must hold still
+    confidence_threshold: float | None = None  # DiffusionGemma: mean entropy to stop below
 
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+    def __post_init__(self) -> None:
+        self.validate()
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    def with_family_defaults(self, family: str | None) -> DecodeSettings:
-        """A copy whose unset fields take the model family's reference defaults."""
-        unset = {k: v for k, v in family_defaults(family).items() if getattr(self, k) is None}
-        return replace(self, **unset)
 
     @property
     def num_blocks(self) -> int:
@@ -126,12 +132,20 @@ class DecodeSettings:
             isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float)
         ):
             _bad(f"top_p must be a number or unset (got {self.top_p!r})")
+        for name in GEMMA_FIELDS:
+            value = getattr(self, name)
+            wanted = int if name == "stability_threshold" else int | float
+            if value is not None and (isinstance(value, bool) or not isinstance(value, wanted)):
+                _bad(f"{name} must be {'an integer' if wanted is int else 'a number'} or unset")
+            if isinstance(value, float) and not math.isfinite(value):
+                _bad(f"{name} must be finite (got {value!r})")
         if not isinstance(self.early_stop, bool):
             _bad(f"early_stop must be true or false (got {self.early_stop!r})")
         for name, choices in (
             ("cache", CACHES),
             ("unmask", UNMASKS),
             ("confidence", CONFIDENCES),
+            ("schedule", SCHEDULES),
         ):
             if getattr(self, name) not in choices:
                 got = getattr(self, name)
@@ -164,6 +178,22 @@ class DecodeSettings:
             _bad(f"alg_temp must be >= 0 (got {self.alg_temp})")
         if self.seed < 0 or self.seed >= 2**63:
             _bad(f"seed must be in [0, 2**63) (got {self.seed})")
+        self._check_gemma_ranges()
+
+    def _check_gemma_ranges(self) -> None:
+        """The ranges transformers' DiffusionGemmaGenerationConfig.validate accepts."""
+        if self.t_min is not None and self.t_min < 0:
+            _bad(f"t_min must be >= 0 (got {self.t_min})")
+        if self.t_max is not None and self.t_max < 0:
+            _bad(f"t_max must be >= 0 (got {self.t_max})")
+        if self.t_min is not None and self.t_max is not None and self.t_max <= self.t_min:
+            _bad(f"t_max must be above t_min (got t_max {self.t_max}, t_min {self.t_min})")
+        if self.entropy_bound is not None and self.entropy_bound <= 0:
+            _bad(f"entropy_bound must be > 0 (got {self.entropy_bound})")
+        if self.stability_threshold is not None and self.stability_threshold < 0:
+            _bad(f"stability_threshold must be >= 0 (got {self.stability_threshold})")
+        if self.confidence_threshold is not None and self.confidence_threshold <= 0:
+            _bad(f"confidence_threshold must be > 0 (got {self.confidence_threshold})")
 
     def _check_combinations(self) -> None:
         if self.total_steps < self.num_blocks:
@@ -195,6 +225,38 @@ def split_blocks(gen_length: int, block_length: int, steps: int) -> list[tuple[i
     base, extra = divmod(steps, n)
     lengths = [min(size, gen_length - b * size) for b in range(n)]
     return [(length, min(base + (b < extra), length)) for b, length in enumerate(lengths)]
+
+
+def parse_accept(accept: str) -> tuple[str, float | None]:
+    """A guide's acceptance rule: ("exact", None), ("topk", K) or ("prob", P)."""
+    kind, _, arg = accept.partition(":")
+    try:
+        if kind == "exact" and not arg:
+            return "exact", None
+        if kind == "topk" and int(arg) >= 1:
+            return "topk", int(arg)
+        if kind == "prob" and 0.0 < float(arg) <= 1.0:
+            return "prob", float(arg)
+    except ValueError:
+        pass
+    raise SettingsError(
+        f"guide accept must be 'exact', 'topk:K' (K >= 1) or 'prob:P' (0 < P <= 1), got {accept!r}"
+    )
+
+
+def guide_problem(accept: str, on_reject: str, verify_chunk: int, draft_window: int) -> str | None:
+    """Why these guided-decoding settings cannot run (one line), or None."""
+    try:
+        parse_accept(accept)
+    except SettingsError as e:
+        return str(e)
+    if on_reject not in ON_REJECT:
+        return f"on_reject must be one of {', '.join(ON_REJECT)} (got {on_reject!r})"
+    if verify_chunk < 1:
+        return f"verify_chunk must be >= 1 (got {verify_chunk})"
+    if draft_window < 0:
+        return f"draft_window must be >= 0 (0: to the canvas end; got {draft_window})"
+    return None
 
 
 def _bad(msg: str) -> None:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_cli.decoding import decode
+from dllm_cli.decoding import answer_length, decode
 from dllm_cli.errors import InputError
-from dllm_cli.evaluate import answer_length, held_out
 from dllm_cli.models.loading import LoadedModel
+from dllm_cli.tinygsm.evaluate import held_out
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Throughput:
     tokens: int = 0
     forwards: int = 0
     guide_forwards: int = 0
+    guide_seconds: float = 0.0
     steps: int = 0
     seconds: float = 0.0
     mask_violations: int = 0
@@ -56,6 +57,8 @@ class Throughput:
             "forwards": self.forwards,
             "guide_forwards": self.guide_forwards,
             "tokens_per_forward": self.tokens / self.forwards if self.forwards else 0.0,
+            "guide_seconds": self.guide_seconds,
+            "guide_share": self.guide_seconds / self.seconds if self.seconds > 0 else 0.0,
             "steps": self.steps,
             "seconds": self.seconds,
             "mask_violations": self.mask_violations,
@@ -97,20 +100,21 @@ def measure(runtime, tasks: Sequence[SyntheticTask], settings, committer, batch_
     length = len(tasks[0].prompt) if tasks else 0
     out = Throughput(gen_length=settings.gen_length, prompt_length=length)
     stop, mask = runtime.loaded.special.stop, runtime.loaded.special.mask
-    guide_before = getattr(committer, "forwards", 0)
     for first in range(0, len(tasks), batch_size):
         batch = [t.prompt for t in tasks[first : first + batch_size]]
         began = time.perf_counter()
-        result = decode(runtime.loaded, batch, settings, committer=committer)
+        loaded = runtime.loaded
+        result = decode(loaded.model, loaded.special, batch, settings, committer=committer)
         out.seconds += time.perf_counter() - began
         out.forwards += result.forwards
+        out.guide_forwards += result.guide_forwards
+        out.guide_seconds += result.guide_seconds
         out.steps += result.steps
         for tokens in result.tokens:
             used = answer_length(tokens, stop)
             out.n += 1
             out.tokens += used
             out.mask_violations += mask in tokens[:used]
-    out.guide_forwards = getattr(committer, "forwards", 0) - guide_before
     return out
 
 

@@ -19,7 +19,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from dllm_cli.decoding import DecodeResult, StepEvent
+from dllm_cli.decoding import DecodeResult, RowCommit, StepEvent, answer_end
 from dllm_cli.errors import DllmError, SettingsError
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
@@ -73,15 +73,20 @@ class CanvasView:
         settings: DecodeSettings,
         token_text: Callable[[int], str],
         stop_ids: tuple[int, ...] = (),
+        uniform: bool = False,
     ):
         self.s = settings
+        self.uniform = uniform  # uniform-state diffusion: drafts replace tokens (DiffusionGemma)
         self.token_text = token_text
         self.spelled: dict[int, str] = {}
-        self.stop_ids = set(stop_ids)
+        self.stop_ids = tuple(stop_ids)
         g = settings.gen_length
         self.tokens: list[int | None] = [None] * g
         self.steps = [-1] * g
         self.confidence = [0.0] * g
+        self.drafts: list[int | None] = [None] * g  # latest draft token, not yet final
+        self.drafted = [-1] * g  # step that last replaced the draft
+        self.settled: int | None = None  # step the stopping rule settled row 0's canvas
         self.blocks: list[tuple[int, int]] = []
         start = 0
         for length, _ in settings.block_plan():
@@ -90,15 +95,19 @@ class CanvasView:
         self.frozen: list[tuple[int, int]] = []
         self.event: StepEvent | None = None
         self.committed = 0
+        self.end = g  # where the answer ends (its first stop token), as far as committed
         self.accepted: int | None = None
+        self.corrected: int | None = None
+        self.by_guide: set[int] = set()  # positions holding the guide's own token
         self.seconds = 0.0
         self.done = False
 
     @classmethod
     def for_runtime(cls, runtime: Runtime) -> CanvasView:
         """A view that spells tokens with the runtime's tokenizer."""
-        tok = runtime.loaded.tokenizer
-        return cls(runtime.settings, lambda t: tok.decode([t]), runtime.loaded.special.stop)
+        tok, special = runtime.loaded.tokenizer, runtime.loaded.special
+        uniform = runtime.loaded.architecture == "diffusion_gemma"
+        return cls(runtime.settings, lambda t: tok.decode([t]), special.stop, uniform)
 
     def update(self, event: StepEvent, seconds: float) -> None:
         """Take one step's commits (row 0); `seconds` is decoding time so far."""
@@ -109,18 +118,36 @@ class CanvasView:
                 commit.positions, commit.tokens, commit.confidences, strict=True
             ):
                 self.tokens[pos], self.steps[pos], self.confidence[pos] = tok, event.step, conf
+            fixed = commit.corrected or (False,) * len(commit.positions)
+            self.by_guide.update(p for p, c in zip(commit.positions, fixed, strict=True) if c)
             self.committed += len(commit.positions)
+        self.end = answer_end(self.tokens, self.stop_ids)
+        for draft in event.drafts:
+            if draft.row == 0:
+                self._redraft(draft, event.step)
+        if event.block_step == 0:
+            self.settled = None
+        if 0 in event.settled:
+            self.settled = event.step
         if event.frozen is not None:
             self.frozen.append(event.frozen)
         if event.accepted is not None:
             self.accepted = (self.accepted or 0) + event.accepted
+        if event.corrected is not None:
+            self.corrected = (self.corrected or 0) + event.corrected
         self.event, self.seconds = event, seconds
+
+    def _redraft(self, draft: RowCommit, step: int) -> None:
+        """Uniform-state diffusion: the denoiser replaced these draft tokens."""
+        for pos, tok, conf in zip(draft.positions, draft.tokens, draft.confidences, strict=True):
+            self.drafts[pos], self.drafted[pos], self.confidence[pos] = tok, step, conf
 
     def finish(self, result: DecodeResult) -> None:
         """The final canvas: positions filled after an early stop show as ended."""
         for pos, tok in enumerate(result.tokens[0]):
             if self.tokens[pos] is None:
                 self.tokens[pos] = tok
+        self.end = answer_end(self.tokens, self.stop_ids)
         self.seconds, self.done = result.seconds, True
 
     # --- drawing ------------------------------------------------------------------------
@@ -133,13 +160,19 @@ class CanvasView:
             f"block {(e.block if e else 0) + 1}/{len(self.blocks)}",
             f"+{e.committed if e else 0} tokens",
             f"{self.committed}/{s.gen_length} committed",
-            f"forwards {e.forwards if e else 0}",
+            f"forwards {e.forwards if e else 0}" + guide_forwards(e),
             f"{rate:.1f} tok/s",
-            f"cache {s.cache}",
-            f"unmask {s.unmask}{rule}",
         ]
+        if self.uniform:
+            parts.insert(3, f"~{e.replaced if e else 0} replaced")
+            if self.settled is not None:
+                parts.append(f"settled at step {self.settled + 1} (stable and confident)")
+        else:
+            parts += [f"cache {s.cache}", f"unmask {s.unmask}{rule}"]
         if self.accepted is not None:
             parts.append(f"accepted {self.accepted}")
+        if self.corrected is not None:
+            parts.append(f"corrected {self.corrected}")
         return Text("  ".join(parts), style="bold")
 
     def block_state(self, index: int) -> tuple[str, str]:
@@ -156,7 +189,7 @@ class CanvasView:
         return "·", "dim"
 
     def _cached(self, start: int, end: int) -> bool:
-        if self.s.cache == "freecache":
+        if self.s.cache == "freecache" or self.frozen:
             return any(a <= start and end <= b for a, b in self.frozen)
         if self.s.cache in ("prefix", "dual") and self.event is not None:
             w0, w1 = self.event.window
@@ -165,9 +198,11 @@ class CanvasView:
 
     def token_cell(self, pos: int) -> Text:
         tok = self.tokens[pos]
+        if tok is None and self.drafts[pos] is not None:
+            return self.draft_cell(pos)
         if tok is None:
             return Text(MASK_GLYPH, style="dim")
-        if tok in self.stop_ids or self.steps[pos] < 0:
+        if pos >= self.end or self.steps[pos] < 0:  # the stop token itself, or past it
             return Text(END_GLYPH, style="dim")
         if tok not in self.spelled:
             self.spelled[tok] = spell(self.token_text(tok))
@@ -175,7 +210,19 @@ class CanvasView:
         style = step_style(self.steps[pos], self.confidence[pos])
         if self.event is not None and self.steps[pos] == self.event.step and not self.done:
             style += Style(underline=True)
+        if pos in self.by_guide:
+            style += Style(reverse=True)  # the guide's own token, not the diffusion draft
         return Text(shown, style=style)
+
+    def draft_cell(self, pos: int) -> Text:
+        """A token the denoiser may still replace: italic; underlined when it just changed."""
+        tok = self.drafts[pos]
+        if tok not in self.spelled:
+            self.spelled[tok] = spell(self.token_text(tok))
+        style = step_style(self.drafted[pos], self.confidence[pos]) + Style(italic=True)
+        if self.event is not None and self.drafted[pos] == self.event.step and not self.done:
+            style += Style(underline=True)
+        return Text(self.spelled[tok], style=style)
 
     def render(self) -> RenderableType:
         """Header, one table row per block, legend."""
@@ -187,11 +234,15 @@ class CanvasView:
             cells = Text(" ").join(self.token_cell(p) for p in range(start, end))
             row_style = "on grey11" if marker == "▶" else None
             table.add_row(Text(f"{marker} B{b}", style=style), cells, style=row_style)
+        blank = "random noise, not drafted yet" if self.uniform else "mask"
         legend = Text(
-            f"{MASK_GLYPH} mask · colour: commit step, bright = confident · "
-            f"▶ current ✓ done ❄ cached K/V {END_GLYPH} end",
+            f"{MASK_GLYPH} {blank} · colour: commit step, bright = confident · "
+            f"▶ current ✓ done ❄ cached K/V {END_GLYPH} end"
+            + (" · inverse: the guide's token" if self.corrected is not None else ""),
             style="dim",
         )
+        if self.uniform:
+            legend.append(" · italic: draft (replaced until final), underlined: changed this step")
         return Group(self.header(), table, legend)
 
     def summary(self) -> str:
@@ -200,10 +251,21 @@ class CanvasView:
         if e is None:
             return "no steps"
         tail = f", accepted {self.accepted}" if self.accepted is not None else ""
+        tail += f", corrected {self.corrected}" if self.corrected is not None else ""
+        if self.uniform:
+            tail += "" if self.settled is None else f", settled at step {self.settled + 1}"
+        replaced = f"~{e.replaced} replaced, " if self.uniform else ""
         return (
             f"step {e.step + 1} block {e.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
-            f"{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}{tail}"
+            f"{replaced}"
+            f"{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}"
+            f"{guide_forwards(e)}{tail}"
         )
+
+
+def guide_forwards(event: StepEvent | None) -> str:
+    """ " (+N guide)" once a guide has run, else nothing."""
+    return f" (+{event.guide_forwards} guide)" if event and event.guide_forwards else ""
 
 
 def spell(text: str) -> str:

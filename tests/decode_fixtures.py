@@ -90,7 +90,9 @@ def add_eos_bias(model, logits, input_ids, positions, logits_slice):
     """Raise the EOS logit where the predicted position (output position + shift) is late."""
     if positions is None:
         positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
-    if logits_slice is not None:
+    if isinstance(logits_slice, torch.Tensor):  # (B, T') per-row picks
+        positions = positions.gather(1, logits_slice)
+    elif logits_slice is not None:
         positions = positions[:, logits_slice]
     late = (positions + model.logit_shift >= model.eos_from).to(logits.dtype)  # (B, T)
     logits = logits.clone()

@@ -1,32 +1,48 @@
-"""AR guides for the guided-diffusion tests: real tiny Llama models, some with steered opinions.
+"""Guided-diffusion fixtures: real tiny Llama guides and diffusion models steered by position.
 
-`SteeredGuide` is a real `LlamaForCausalLM` (real KV cache, masks and positions) whose logits
-get a large bias toward a chosen token at each output: the next token it was fed (it agrees
-with every draft), the mask id (no draft is ever the mask, so it never agrees), or a mix. So
-tests know exactly which drafts a guide accepts while the cache machinery runs for real.
+A `Pointed*` diffusion model and a `PointedGuide` are real models (real KV caches, masks,
+positions) whose logits get a large bias toward a token chosen by the position they predict.
+The diffusion model always drafts `TARGET(p)` at answer position p; the guide's preference is
+set by its mode, so tests know exactly which drafts a guide accepts:
+
+agree: TARGET(p).  never: OTHER(p) (never a draft).  second: OTHER(p) first, TARGET(p) second.
+even: both equally (the draft gets probability ~0.5).  every3: TARGET(p) unless p % 3 == 0.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import torch
-from decode_fixtures import EOS, MASK
+from decode_fixtures import EOS, SPECIAL, dream_config, llada_config, randomize
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dllm_cli.decoding.guided import GuidedCommitter
+from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
+from dllm_cli.models import DreamModel, LLaDAModelLM
 from dllm_cli.models.loading import quiet_transformers
+from dllm_cli.tinygsm.architectures import ar_to_llada, build_ar, build_llada
 from dllm_cli.tinygsm.tokenizer import build_tokenizer
-from dllm_cli.tinygsm.train import PRESETS, ar_to_llada, build_ar, build_mdm
+from dllm_cli.tinygsm.train import PRESETS
 
 VOCAB = 40
 BIAS = 50.0
 
 
-def llama_config() -> LlamaConfig:
+def target(positions: torch.Tensor) -> torch.Tensor:
+    """The token a pointed diffusion model drafts at each position (ordinary ids 4..33)."""
+    return 4 + (positions * 7) % 30
+
+
+def other(positions: torch.Tensor) -> torch.Tensor:
+    """A token that is never the draft at that position."""
+    return target(positions) + 1
+
+
+def llama_config(vocab: int = VOCAB) -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=2,
@@ -52,44 +68,84 @@ def random_guide(seed: int = 0, scale: float = 3.0) -> LlamaForCausalLM:
     return model
 
 
-class SteeredGuide(LlamaForCausalLM):
-    """A Llama whose output at each position is pushed toward tokens chosen by `mode`.
+def one_hot(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.one_hot(tokens, like.shape[-1]).to(like.dtype)
 
-    agree: the next fed token.  never: the mask id.  second: the mask id first, the next
-    fed token second.  even: equal push to both (the next token gets probability ~0.5).
-    every3: agree unless the predicted position is a multiple of 3, then the mask id.
-    """
+
+class PointedGuide(LlamaForCausalLM):
+    """A Llama whose output at position p leans toward a token for position p + 1 (by mode)."""
 
     mode = "agree"
+    eos_at: int | None = None  # a position where it wants EOS instead
+    loves: tuple[int, ...] = ()  # ids it prefers above all, everywhere
 
     def forward(self, input_ids=None, position_ids=None, **kw):
+        if position_ids is None:  # a plain forward from position 0
+            position_ids = torch.arange(input_ids.shape[1])[None].expand_as(input_ids)
         out = super().forward(input_ids=input_ids, position_ids=position_ids, **kw)
-        nxt = torch.roll(input_ids, -1, dims=1)  # (B, T): the token fed after each position
-        nudge = torch.zeros_like(out.logits)
-        agree = torch.nn.functional.one_hot(nxt, out.logits.shape[-1]).to(nudge.dtype)
-        mask = torch.zeros_like(nudge)
-        mask[..., MASK] = 1.0
+        logits = out.logits
+        keep = logits.shape[1]  # logits_to_keep may have kept only the last outputs
+        nxt = (position_ids + 1)[:, -keep:]  # (B, T): the position each output predicts
+        agree, differ = one_hot(target(nxt), logits), one_hot(other(nxt), logits)
         if self.mode == "every3":
-            on = ((position_ids + 1) % 3 != 0)[..., None].to(nudge.dtype)
-            nudge = BIAS * (on * agree + (1 - on) * mask)
+            on = (nxt % 3 != 0)[..., None].to(logits.dtype)
+            nudge = on * agree + (1 - on) * differ
         else:
-            weights = {"agree": (1, 0), "never": (0, 1), "second": (1, 2), "even": (1, 1)}
-            a, m = weights[self.mode]
-            nudge = BIAS * (a * agree + m * mask)
-        out.logits = out.logits + nudge
+            a, d = {"agree": (1, 0), "never": (0, 1), "second": (1, 2), "even": (1, 1)}[self.mode]
+            nudge = a * agree + d * differ
+        if self.eos_at is not None:
+            at = (nxt == self.eos_at)[..., None].to(logits.dtype)
+            nudge = (1 - at) * nudge + at * one_hot(torch.full_like(nxt, EOS), logits)
+        for token in self.loves:
+            nudge[..., token] += 4.0
+        out.logits = logits + BIAS * nudge
         return out
 
 
-def steered(mode: str, seed: int = 0) -> SteeredGuide:
+def pointed_guide(
+    mode: str, seed: int = 0, eos_at: int | None = None, vocab: int = VOCAB, loves=()
+) -> PointedGuide:
     torch.manual_seed(seed)
-    model = SteeredGuide(llama_config()).double().eval()
-    model.mode = mode
+    model = PointedGuide(llama_config(vocab)).double().eval()
+    model.mode, model.eos_at, model.loves = mode, eos_at, tuple(loves)
     return model
 
 
-def committer(guide, rule: str = "exact", arg: float | None = None) -> GuidedCommitter:
-    """A guided committer for the decode_fixtures models (40 ids, EOS padding)."""
-    return GuidedCommitter(guide, vocab_size=VOCAB, pad_id=EOS, rule=rule, arg=arg)
+def point(model, logits, input_ids, positions, logits_slice):
+    """Add BIAS to TARGET(p) where the output predicts position p (LLaDA p, Dream p + 1)."""
+    if isinstance(logits_slice, torch.Tensor):
+        positions = positions.gather(1, logits_slice)
+    elif logits_slice is not None:
+        positions = positions[:, logits_slice]
+    return logits + BIAS * one_hot(target(positions + model.logit_shift), logits)
+
+
+class PointedLLaDA(LLaDAModelLM):
+    def forward(self, input_ids, positions=None, cache=None, key_mask=None, columns=None, **kw):
+        logits = super().forward(input_ids, positions, cache, key_mask, columns, **kw)
+        return point(self, logits, input_ids, positions, kw.get("logits_slice"))
+
+
+class PointedDream(DreamModel):
+    def forward(self, input_ids, positions=None, cache=None, key_mask=None, columns=None, **kw):
+        logits = super().forward(input_ids, positions, cache, key_mask, columns, **kw)
+        return point(self, logits, input_ids, positions, kw.get("logits_slice"))
+
+
+@cache
+def pointed(kind: str, seed: int = 0):
+    """A tiny diffusion model (LLaDA or Dream) that drafts TARGET(p) at every position."""
+    config, cls = {"llada": (llada_config, PointedLLaDA), "dream": (dream_config, PointedDream)}[
+        kind
+    ]
+    model = cls(config(2))
+    randomize(model, seed, 1.0)
+    return model.eval()
+
+
+def committer(guide, rule: str = "exact", arg: float | None = None, **kw) -> GuidedCommitter:
+    """A guided committer for the decode_fixtures models (40 ids, [MASK] = 39)."""
+    return GuidedCommitter(guide, VOCAB, SPECIAL, GuideRules(rule, arg, **kw))
 
 
 _WRITTEN: dict[str, tuple[Path, Path]] = {}
@@ -109,7 +165,7 @@ def write_tinygsm_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
     cfg = PRESETS["micro"]
     torch.manual_seed(seed)
     ar = build_ar(cfg, tok)
-    mdm = build_mdm(cfg, tok)
+    mdm = build_llada(cfg, tok)
     mdm.load_state_dict(ar_to_llada(ar.state_dict()))  # AR initialisation, as training does
     folders = (root / "tiny-gsm", root / "tiny-gsm-ar")
     for model, folder in zip((mdm, ar), folders, strict=True):

@@ -15,7 +15,7 @@ from cli_fixtures import (  # noqa: F401
     profile_file_fixture,
 )
 
-from dllm_cli.commands import generate
+from dllm_cli import batch
 from dllm_cli.decoding import decode as real_decode
 from dllm_cli.errors import InputError
 
@@ -108,7 +108,7 @@ def failing_decode(exc: BaseException, on_call: int):
     ],
 )
 def test_a_later_batch_failing_keeps_finished_output(profile_file, monkeypatch, exc, code, message):
-    monkeypatch.setattr(generate, "decode", failing_decode(exc, on_call=2))
+    monkeypatch.setattr(batch, "decode", failing_decode(exc, on_call=2))
     stdin = "\n".join(PROMPTS) + "\n"
     result = invoke("generate", "-p", str(profile_file), "--json", "--batch-size", "2", input=stdin)
     assert result.exit_code == code
@@ -118,7 +118,7 @@ def test_a_later_batch_failing_keeps_finished_output(profile_file, monkeypatch, 
 
 
 def test_an_input_error_from_the_engine_fails_only_its_batch(profile_file, monkeypatch):
-    monkeypatch.setattr(generate, "decode", failing_decode(InputError("engine says no"), on_call=1))
+    monkeypatch.setattr(batch, "decode", failing_decode(InputError("engine says no"), on_call=1))
     stdin = "\n".join(PROMPTS) + "\n"
     result = invoke("generate", "-p", str(profile_file), "--json", "--batch-size", "2", input=stdin)
     assert result.exit_code == InputError.exit_code
@@ -127,4 +127,4 @@ def test_an_input_error_from_the_engine_fails_only_its_batch(profile_file, monke
 
 
 def test_one_line_escapes_newlines_reversibly():
-    assert generate.one_line("a\nb\\n\r") == "a\\nb\\\\n\\r"
+    assert batch.one_line("a\nb\\n\r") == "a\\nb\\\\n\\r"

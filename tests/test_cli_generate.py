@@ -20,7 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from dllm_cli.commands import common, generate
 from dllm_cli.decoding import RowCommit, StepEvent, decode
-from dllm_cli.decoding.guided import GuidedCommitter
+from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.runtime import open_runtime
 from dllm_cli.view import TextStream
 
@@ -42,7 +42,12 @@ def test_stdout_is_the_answer_and_nothing_else(profile_file):
     result = invoke("generate", "how many apples", "-p", str(profile_file))
     assert result.exit_code == 0, result.output
     runtime = open_runtime(str(profile_file))
-    expected = decode(runtime.loaded, [runtime.encode("how many apples")], runtime.settings)
+    expected = decode(
+        runtime.loaded.model,
+        runtime.loaded.special,
+        [runtime.encode("how many apples")],
+        runtime.settings,
+    )
     text = runtime.text(expected.tokens[0])
     assert text and result.stdout == text + "\n"
     assert "dllm: error" not in result.stderr
@@ -170,7 +175,39 @@ def test_guide_flags(guided_profile, opened):
     result = invoke("generate", "hi", "-p", guided_profile, "--json")
     assert result.exit_code == 0, result.output
     assert isinstance(opened[-1].committer(), GuidedCommitter)
-    assert len(json.loads(result.stdout)["token_ids"]) == GEN
+    out = json.loads(result.stdout)
+    assert len(out["token_ids"]) == GEN and out["guide_forwards"] > 0 and out["forwards"] > 0
+
+
+@pytest.mark.parametrize("command", ["generate", "visualize"])
+def test_guide_rule_flags_reach_the_committer(command, guided_profile, opened):
+    args = ["--accept", "topk:3", "--on-reject", "draft", "--verify-chunk", "4"]
+    result = invoke(command, "hi", "-p", guided_profile, *args, "--draft-window", "8")
+    assert result.exit_code == 0, result.output
+    assert opened[-1].committer().rules == GuideRules("topk", 3, "draft", 4, 8)
+    assert opened[-1].provenance["guide.verify_chunk"] == "cli"
+    stats = invoke("generate", "hi", "-p", guided_profile, "--stats")
+    assert "guide forwards" in stats.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--on-reject", "both"], "on_reject must be one of guide, draft (got 'both')"),
+        (["--verify-chunk", "0"], "verify_chunk must be >= 1 (got 0)"),
+        (["--draft-window", "-2"], "draft_window must be >= 0"),
+        (["--accept", "top:2"], "guide accept must be"),
+    ],
+)
+def test_bad_guide_flags_are_one_line_errors(args, message, guided_profile):
+    result = invoke("generate", "hi", "-p", guided_profile, *args)
+    assert result.exit_code == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_guide_rules_need_a_guide(profile_file):
+    result = invoke("generate", "hi", "-p", str(profile_file), "--verify-chunk", "8")
+    assert result.exit_code == 2 and "has no [guide] section" in result.stderr
 
 
 # --- streaming ----------------------------------------------------------------------------

@@ -102,3 +102,17 @@ def test_save_refuses_other_formats_before_loading(tmp_path):
 
 def test_tokens_are_spelled_as_one_safe_cell():
     assert [spell(t) for t in ("\n", " ", " word ", "\x1b[2J")] == ["↵", "␣", "word", "\\x1b[2J"]
+
+
+def test_view_shows_guided_counts_and_marks_the_guides_tokens():
+    view = CanvasView(settings(), lambda t: WORDS[t], stop_ids=(9,))
+    row = RowCommit(0, (0, 1, 2), (1, 2, 3), (0.9, 0.8, 0.1), corrected=(False, False, True))
+    event = StepEvent(0, 0, 0, (0, 8), True, None, 1, (row,), accepted=2, guide_forwards=3,
+                      corrected=1)  # fmt: skip
+    view.update(event, seconds=0.5)
+    text = draw(view, width=200)
+    assert "accepted 2" in text and "corrected 1" in text and "forwards 1 (+3 guide)" in text
+    assert "inverse: the guide's token" in text
+    cells = [view.token_cell(p) for p in range(3)]
+    assert [c.style.reverse for c in cells] == [None, None, True]
+    assert view.summary().endswith("forwards 1 (+3 guide), accepted 2, corrected 1")

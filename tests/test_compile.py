@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 from cli_fixtures import (  # noqa: F401
     cli_ckpt_fixture,
     invoke,
@@ -14,9 +13,8 @@ from cli_fixtures import (  # noqa: F401
 )
 from decode_fixtures import SPECIAL, prompts, settings, tiny
 
-from dllm_cli.decoding import decode
+from dllm_cli.decoding import Decoder, decode
 from dllm_cli.models.compiled import StepGraphs, enable_compile
-from dllm_cli.models.loading import LoadedModel
 
 
 def replaying_recorder(run):
@@ -41,10 +39,10 @@ def test_replayed_steps_decode_the_same_tokens(kind, cache):
     plain = tiny(kind, seed=5)
     model = copy.deepcopy(plain.model)
     assert enable_compile(model, replaying_recorder) is None
-    graphed = LoadedModel(model, None, SPECIAL, "memory", kind, torch.device("cpu"), None)
     ps = prompts([5, 9, 3], seed=8)  # padded rows; threshold rows finish at different steps
     s = settings(cache=cache, unmask="threshold", threshold=0.4, gen_length=16, block_length=8)
-    assert decode(graphed, ps, s).tokens == decode(plain, ps, s).tokens
+    want = decode(plain.model, SPECIAL, ps, s).tokens
+    assert decode(model, SPECIAL, ps, s).tokens == want
     steps: StepGraphs = model.forward
     assert steps.recordings >= 2 and steps.replays > 0 and steps.failed is None
 
@@ -57,14 +55,25 @@ def test_a_failing_recording_decodes_eagerly():
         raise RuntimeError("capture not supported")
 
     enable_compile(model, broken)
-    graphed = LoadedModel(model, None, SPECIAL, "memory", "llada", torch.device("cpu"), None)
     s = settings(cache="dual")
     with pytest.warns(RuntimeWarning, match="recording failed"):
-        got = decode(graphed, prompts([6], seed=1), s)
-    assert got.tokens == decode(plain, prompts([6], seed=1), s).tokens
+        got = decode(model, SPECIAL, prompts([6], seed=1), s)
+    assert got.tokens == decode(plain.model, SPECIAL, prompts([6], seed=1), s).tokens
 
 
 def test_cli_compile_flag_notes_the_fallback(profile_file):
     result = invoke("generate", "how many apples", "-p", str(profile_file), "--compile")
     assert result.exit_code == 0, result.output
     assert "--compile: CUDA graphs need a CUDA device" in result.stderr
+
+
+@pytest.mark.parametrize("cache", ["dual", "prefix"])
+def test_rows_apart_replay_or_run_eagerly_the_same(cache):
+    """Rows leaving blocks one by one: per-row column forwards stay eager, lockstep ones replay."""
+    plain = tiny("llada", seed=3)
+    model = copy.deepcopy(plain.model)
+    enable_compile(model, replaying_recorder)
+    ps = prompts([4, 8, 6], seed=2)
+    s = settings(cache=cache, unmask="threshold", threshold=0.5, gen_length=16, block_length=4)
+    want = Decoder(plain.model, SPECIAL, s).run(ps, lockstep=False).result().tokens
+    assert Decoder(model, SPECIAL, s).run(ps, lockstep=False).result().tokens == want

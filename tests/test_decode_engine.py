@@ -9,14 +9,14 @@ from hypothesis import HealthCheck, assume, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from dllm_cli.decoding import Decision, StepContext, decode, decode_steps, truncate_at_stop
+from dllm_cli.decoding import Decision, StepContext, answer_tokens, decode, decode_steps
 from dllm_cli.errors import SettingsError
 from dllm_cli.settings import CACHES, CONFIDENCES, UNMASKS, DecodeSettings
 
 
 def check_run(lm, ps, s: DecodeSettings) -> None:
     """Run to the end and check every invariant the events and result promise."""
-    run = decode_steps(lm, ps, s)
+    run = decode_steps(lm.model, lm.special, ps, s)
     events = list(run)
     result = run.result()
     assert result.steps == len(events) == result.forwards
@@ -61,13 +61,12 @@ def test_any_settings_terminate_without_masks(
     kind, peak, lengths, gen, block, steps, cache, unmask, confidence, temperature, early_stop,
     cfg, refresh, alg_temp,
 ):  # fmt: skip
-    s = DecodeSettings(
-        gen_length=gen, block_length=block, steps=steps, cache=cache, unmask=unmask,
-        confidence=confidence, temperature=temperature, early_stop=early_stop, cfg_scale=cfg,
-        refresh_interval=refresh, threshold=0.6, factor=1.5, alg_temp=alg_temp, top_k=5,
-    )  # fmt: skip
     try:
-        s.validate()
+        s = DecodeSettings(
+            gen_length=gen, block_length=block, steps=steps, cache=cache, unmask=unmask,
+            confidence=confidence, temperature=temperature, early_stop=early_stop, cfg_scale=cfg,
+            refresh_interval=refresh, threshold=0.6, factor=1.5, alg_temp=alg_temp, top_k=5,
+        )  # fmt: skip
     except SettingsError:
         assume(False)
     lm = peaked(kind) if peak else tiny(kind)
@@ -81,8 +80,8 @@ def test_early_stop_same_text_fewer_forwards(kind, cache):
     lm = tiny(kind, seed=1, head_scale=6.0, eos_from=12)
     ps = prompts([4, 7, 5], seed=9)
     s = {"gen_length": 24, "block_length": 4, "cache": cache}
-    full = decode(lm, ps, settings(**s))
-    run = decode_steps(lm, ps, settings(early_stop=True, **s))
+    full = decode(lm.model, lm.special, ps, settings(**s))
+    run = decode_steps(lm.model, lm.special, ps, settings(early_stop=True, **s))
     events = list(run)
     early = run.result()
     for row in range(len(ps)):
@@ -105,18 +104,20 @@ def test_seeded_sampling_is_reproducible(kind, unmask):
     lm, ps = tiny(kind), prompts([5, 3], seed=2)
     s = settings(temperature=0.9, top_p=0.95, top_k=20, unmask=unmask, cache="dual", seed=7)
     torch.manual_seed(1)
-    first = decode(lm, ps, s)
+    first = decode(lm.model, lm.special, ps, s)
     torch.manual_seed(2)  # the global RNG plays no part
-    assert decode(lm, ps, s).tokens == first.tokens
-    other = decode(lm, ps, settings(**{**s.to_dict(), "seed": 8}))
+    assert decode(lm.model, lm.special, ps, s).tokens == first.tokens
+    other = decode(lm.model, lm.special, ps, settings(**{**s.to_dict(), "seed": 8}))
     assert other.tokens != first.tokens
 
 
 def test_sampling_respects_top_k():
     """top_k=1 samples the argmax, so temperature makes no difference."""
     lm, ps = tiny("llada"), prompts([5])
-    greedy = decode(lm, ps, settings())
-    assert decode(lm, ps, settings(temperature=2.0, top_k=1)).tokens == greedy.tokens
+    greedy = decode(lm.model, lm.special, ps, settings())
+    assert (
+        decode(lm.model, lm.special, ps, settings(temperature=2.0, top_k=1)).tokens == greedy.tokens
+    )
 
 
 class LeftmostFirst:
@@ -141,23 +142,25 @@ class CommitsEverything:
 @pytest.mark.parametrize("kind", KINDS)
 def test_committer_seam(kind):
     lm, ps = tiny(kind), prompts([4, 6])
-    run = decode_steps(lm, ps, settings(cache="dual"), committer=LeftmostFirst())
+    run = decode_steps(lm.model, lm.special, ps, settings(cache="dual"), committer=LeftmostFirst())
     events = list(run)
     assert all(e.accepted == 2 for e in events)  # one per row
     for row in (0, 1):
         order = [c.positions for e in events for c in e.commits if c.row == row]
         assert order == [(i,) for i in range(16)]  # strictly left to right
     # A committer that never commits still ends (everything left at a block's L-th step) ...
-    stuck = decode(lm, ps, settings(), committer=CommitsNothing())
+    stuck = decode(lm.model, lm.special, ps, settings(), committer=CommitsNothing())
     assert stuck.steps == 16 and all(MASK not in t for t in stuck.tokens)
     # ... and one that asks for everything gets only the current block's masks.
-    eager = list(decode_steps(lm, ps, settings(), committer=CommitsEverything()))
+    eager = list(decode_steps(lm.model, lm.special, ps, settings(), committer=CommitsEverything()))
     assert [e.committed for e in eager] == [8, 8, 8, 8]
 
 
 def test_events_describe_the_step():
     lm, ps = peaked("llada"), prompts([3, 5])
-    run = decode_steps(lm, ps, settings(unmask="threshold", threshold=0.5, cache="prefix"))
+    run = decode_steps(
+        lm.model, lm.special, ps, settings(unmask="threshold", threshold=0.5, cache="prefix")
+    )
     events = list(run)
     result = run.result()
     assert [e.forwards for e in events] == list(range(1, len(events) + 1))
@@ -166,4 +169,4 @@ def test_events_describe_the_step():
     assert result.tokens_per_forward == 32 / result.forwards
     assert result.prompt_lengths == [3, 5] and result.seconds > 0
     assert result.answer(0, [result.tokens[0][0]]) == []
-    assert truncate_at_stop([5, 6, 1, 7], [1, 3]) == [5, 6]
+    assert answer_tokens([5, 6, 1, 7], [1, 3]) == [5, 6]

@@ -7,6 +7,7 @@ never drafted (its logit is -inf), so no answer can contain a mask.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -27,8 +28,6 @@ from dllm_cli.decoding import decode
 from dllm_cli.decoding.engine import Decoder
 from dllm_cli.decoding.unmask import RuleCommitter
 from dllm_cli.models import DreamModel
-from dllm_cli.models.loading import LoadedModel
-from dllm_cli.settings import DecodeSettings
 
 
 def reference_logits(model, x: torch.Tensor) -> torch.Tensor:
@@ -120,7 +119,12 @@ MODELS = [pytest.param(lambda k: tiny(k, seed=3), id="random"), pytest.param(pea
 def test_llada_fixed_matches_reference_loop(make, gen, block, steps):
     lm = make("llada")
     for prompt in prompts([5, 9], seed=gen + block):
-        got = decode(lm, [prompt], settings(gen_length=gen, block_length=block, steps=steps))
+        got = decode(
+            lm.model,
+            lm.special,
+            [prompt],
+            settings(gen_length=gen, block_length=block, steps=steps),
+        )
         want = llada_generate(lm.model, prompt, gen, block, steps or gen)
         assert got.tokens[0] == want
 
@@ -135,7 +139,7 @@ def test_dream_fixed_matches_diffusion_generate(make, alg, steps):
     lm = make("dream")
     prompt = prompts([6], seed=steps)[0]
     s = settings(gen_length=16, block_length=16, steps=steps, confidence=DREAM_ALGS[alg])
-    got = decode(lm, [prompt], s)
+    got = decode(lm.model, lm.special, [prompt], s)
     assert got.tokens[0] == dream_generate(lm.model, prompt, 16, steps, alg)
 
 
@@ -146,42 +150,46 @@ def test_threshold_above_one_is_fixed_one_token_per_step(kind, cache):
     lm = peaked(kind)
     ps = prompts([4, 7], seed=11)
     threshold = settings(unmask="threshold", cache=cache)
-    above_one = RuleCommitter(DecodeSettings(**{**threshold.to_dict(), "threshold": 1.5}), "llada")
-    got = decode(lm, ps, threshold, committer=above_one)
+    unchecked = copy.copy(threshold)  # settings refuse tau > 1 when built: set it past the check
+    object.__setattr__(unchecked, "threshold", 1.5)
+    above_one = RuleCommitter(unchecked, "linear")
+    got = decode(lm.model, lm.special, ps, threshold, committer=above_one)
     # LLaDA's fixed schedule with steps = gen_length (Dream's own schedule is not 1 per step).
     fixed = settings(unmask="fixed", cache=cache)
-    want = decode(lm, ps, fixed, committer=RuleCommitter(fixed, "llada"))
+    want = decode(lm.model, lm.special, ps, fixed, committer=RuleCommitter(fixed, "linear"))
     assert got.tokens == want.tokens
     assert got.forwards == want.forwards == 16
 
 
-def wide_dream(seed: int = 0) -> LoadedModel:
+def wide_dream(seed: int = 0) -> DreamModel:
     """A tiny random Dream with 256 tokens and flat predictions: top_k = 50 drops real mass."""
     cfg = dream_config()
     cfg.vocab_size = 256
     model = DreamModel(cfg)
     randomize(model, seed, head_scale=0.5)
-    return LoadedModel(model, None, SPECIAL, "memory", "Dream", torch.device("cpu"), torch.float32)
+    return model
 
 
 @pytest.mark.parametrize("alg", list(DREAM_ALGS))
 def test_dream_default_top_k_is_dreams_hidden_50(alg):
     """Unset top_k on a Dream model = Dream's reference with top_k 50; top_k 0 = no filter."""
-    lm = wide_dream()
+    model = wide_dream()
     changed = 0
     for steps, prompt in zip([16, 7, 5], prompts([6, 9, 4], seed=21), strict=True):
         s = settings(gen_length=16, block_length=16, steps=steps, confidence=DREAM_ALGS[alg])
-        want_50 = dream_generate(lm.model, prompt, 16, steps, alg, top_k=50)
-        want_off = dream_generate(lm.model, prompt, 16, steps, alg)
-        assert decode(lm, [prompt], s).tokens[0] == want_50
-        assert decode(lm, [prompt], replace(s, top_k=50)).tokens[0] == want_50
-        assert decode(lm, [prompt], replace(s, top_k=0)).tokens[0] == want_off
+        want_50 = dream_generate(model, prompt, 16, steps, alg, top_k=50)
+        want_off = dream_generate(model, prompt, 16, steps, alg)
+        assert decode(model, SPECIAL, [prompt], s).tokens[0] == want_50
+        assert decode(model, SPECIAL, [prompt], replace(s, top_k=50)).tokens[0] == want_50
+        assert decode(model, SPECIAL, [prompt], replace(s, top_k=0)).tokens[0] == want_off
         changed += want_50 != want_off
     assert changed  # the filter changes the reveal order, so the test can tell them apart
 
 
 def test_top_k_family_default_only_for_dream():
     s = settings()
-    assert Decoder(tiny("dream"), s).settings.top_k == 50
-    assert Decoder(tiny("llada"), s).settings.top_k is None  # LLaDA's reference has none
-    assert Decoder(tiny("dream"), replace(s, top_k=0)).settings.top_k == 0  # explicitly off
+    dream, llada = tiny("dream"), tiny("llada")
+    assert Decoder(dream.model, dream.special, s).settings.top_k == 50
+    assert Decoder(llada.model, llada.special, s).settings.top_k is None  # LLaDA has none
+    off = Decoder(dream.model, dream.special, replace(s, top_k=0))
+    assert off.settings.top_k == 0  # explicitly off

@@ -3,6 +3,9 @@ combine; the selection rules on hand-made confidences; prompt errors."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import replace
+
 import pytest
 import torch
 from decode_fixtures import one_thread, prompts, settings, tiny  # noqa: F401
@@ -62,9 +65,15 @@ def test_bad_settings_raise_settings_error(kw, message):
     assert message in str(err.value)
 
 
-def test_decoder_validates_settings():
+def test_settings_are_valid_by_construction():
+    """Checked once, when built (so the decoder never checks again), and never changed after."""
     with pytest.raises(SettingsError, match="cache must be one of"):
-        decode(tiny("llada"), prompts([3]), settings(cache="bogus"))
+        settings(cache="bogus")
+    good = settings()
+    with pytest.raises(SettingsError, match="threshold must be in"):
+        replace(good, unmask="threshold", threshold=1.5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        good.cache = "bogus"  # type: ignore[misc]
 
 
 def test_defaults_and_edge_values_are_valid():
@@ -111,7 +120,9 @@ def test_adjustments_are_explained():
 
 def test_uneven_settings_decode_every_position():
     lm = tiny("llada")
-    result = decode(lm, prompts([4]), settings(gen_length=10, block_length=4, steps=5))
+    result = decode(
+        lm.model, lm.special, prompts([4]), settings(gen_length=10, block_length=4, steps=5)
+    )
     assert result.steps == 5 and len(result.tokens[0]) == 10
 
 
@@ -125,7 +136,7 @@ def context(confidence: list[list[float]], step=0, steps=4, masks=None) -> StepC
 
 
 def chosen(rule: str, ctx: StepContext, **kw) -> list[list[int]]:
-    committer = RuleCommitter(DecodeSettings(unmask=rule, **kw), "llada")
+    committer = RuleCommitter(DecodeSettings(unmask=rule, **kw), "linear")
     return committer(ctx).commit.long().tolist()
 
 
@@ -162,8 +173,8 @@ def test_dream_schedule_is_linspace_of_timesteps():
 def test_prompt_errors_are_input_errors():
     lm = tiny("llada")
     with pytest.raises(InputError, match="prompt 1 is empty"):
-        decode(lm, [[5], []], settings())
+        decode(lm.model, lm.special, [[5], []], settings())
     with pytest.raises(InputError, match="exceeds the model's context of 512"):
-        decode(lm, [[5] * 500], settings(gen_length=16))
+        decode(lm.model, lm.special, [[5] * 500], settings(gen_length=16))
     with pytest.raises(InputError, match="token id 99 outside the vocabulary"):
-        decode(lm, [[5, 99]], settings())
+        decode(lm.model, lm.special, [[5, 99]], settings())

@@ -21,7 +21,7 @@ from cli_fixtures import (  # noqa: F401
     profile_file_fixture,
 )
 
-from dllm_cli.distributed import Failure, Job, Merge, _Interrupts, rank_device
+from dllm_cli.distributed import Failure, Interrupts, Job, Merge, rank_device
 from dllm_cli.errors import DeviceError, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,9 +102,9 @@ def test_two_ranks_match_one_process_on_the_shipped_model():
 # `dllm ARGS` whose second decode fails (rank 1 of the failure test).
 FAILING_RANK = """
 import sys
-from dllm_cli.commands import generate
+from dllm_cli import batch
 from dllm_cli.cli import app
-real, calls = generate.decode, []
+real, calls = batch.decode, []
 
 def decode(*args, **kwargs):
     calls.append(1)
@@ -112,7 +112,7 @@ def decode(*args, **kwargs):
         raise RuntimeError("boom")
     return real(*args, **kwargs)
 
-generate.decode = decode
+batch.decode = decode
 app(sys.argv[1:], prog_name="dllm")
 """
 # A rank that joins the job, takes the lines and then never reports (rank 2): torch only.
@@ -277,7 +277,7 @@ def test_an_interrupt_writes_up_to_the_last_finished_line_only():
 
 
 def test_a_signal_while_a_record_is_written_stops_only_after_it():
-    interrupts, written = _Interrupts(), []
+    interrupts, written = Interrupts(), []
 
     def emit(record: Rec) -> None:
         written.append(record.line)

@@ -10,9 +10,8 @@ import torch.nn.functional as F
 from decode_fixtures import SPECIAL, prompts, settings, tiny
 
 from dllm_cli.cache import KVCache
-from dllm_cli.decoding import decode
+from dllm_cli.decoding import Decoder, decode
 from dllm_cli.models.layers import RMSNorm, rope_tables
-from dllm_cli.models.loading import LoadedModel
 
 
 def fused_copy(model):
@@ -105,12 +104,15 @@ def test_rope_table_rows_equal_direct_tables():
 
 
 def test_fused_model_decodes_the_same_tokens():
-    plain = tiny("dream", seed=2)
-    fused = LoadedModel(fused_copy(plain.model), None, SPECIAL, "memory", "Dream", "cpu", None)
+    plain = tiny("dream", seed=2).model
+    fused = fused_copy(plain)
     ps = prompts([5, 9, 3], seed=4)
     for cache in ("dual", "freecache"):
         s = settings(cache=cache, unmask="threshold", threshold=0.5)
-        assert decode(fused, ps, s).tokens == decode(plain, ps, s).tokens
+        assert decode(fused, SPECIAL, ps, s).tokens == decode(plain, SPECIAL, ps, s).tokens
+        # rows apart: per-row (B, T) columns and logit picks through the fused forward
+        apart = Decoder(fused, SPECIAL, s).run(ps, lockstep=False).result().tokens
+        assert apart == Decoder(plain, SPECIAL, s).run(ps, lockstep=False).result().tokens
 
 
 def test_loaded_checkpoints_are_fused(llada, dream):

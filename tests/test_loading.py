@@ -172,7 +172,7 @@ ERRORS = {
     ),
     "unknown-architecture": (
         lambda f: edit_config(f, model_type="gpt9"),
-        "unknown architecture 'gpt9' in {f}/config.json (supported: llada, Dream)",
+        "unknown architecture 'gpt9' in {f}/config.json (supported: llada, Dream, diffusion_gemma)",
         "",
     ),
     "unsupported-variant": (

@@ -48,7 +48,6 @@ def test_shipped_profile_parses_and_validates(path, monkeypatch, tmp_path):
     profile = load_profile(path.stem)
     assert profile.name == path.stem and profile.source == path.resolve()
     assert profile.description and "\n" not in profile.description
-    assert isinstance(profile.decode_settings(), DecodeSettings)
     assert "edit" in path.read_text().lower()  # comments say what to change
     monkeypatch.setenv("DLLM_MODELS_DIR", str(tmp_path / "models"))
     resolved, _ = resolve(path.stem, {})
@@ -61,7 +60,7 @@ def test_default_profile_is_tiny_gsm():
     assert profile.name == "tiny-gsm"
     assert profile.model.path == "builtin:tiny-gsm"
     assert profile.guide is not None and profile.guide.path == "builtin:tiny-gsm-ar"
-    d = profile.decode_settings()
+    d = profile.decode
     assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "dual", "threshold")
     assert d.threshold == 0.9 and d.early_stop is True
     assert provenance["decode.cache"].startswith("profile ")
@@ -146,11 +145,21 @@ BAD = {
     "bad-dtype": ("[model]\ndtype = 'fp8'\n", "dtype in [model] must be one of auto, float32"),
     "bad-architecture": (
         "[model]\narchitecture = 'gpt9'\n",
-        "architecture in [model] must be one of llada, dream (got 'gpt9')",
+        "architecture in [model] must be one of llada, dream, diffusion_gemma (got 'gpt9')",
     ),
     "negative-id": ("[model.special]\nmask = -1\n", "mask in [model.special] must be >= 0"),
     "guide-no-path": ("[guide]\naccept = 'exact'\n", "[guide] needs a path"),
     "bad-accept": ("[guide]\npath = 'g'\naccept = 'topk:0'\n", "[guide] guide accept must be"),
+    "bad-on-reject": (
+        "[guide]\npath = 'g'\non_reject = 'both'\n",
+        "[guide] on_reject must be one of guide, draft (got 'both')",
+    ),
+    "bad-chunk": ("[guide]\npath = 'g'\nverify_chunk = 0\n", "[guide] verify_chunk must be >= 1"),
+    "chunk-type": (
+        "[guide]\npath = 'g'\nverify_chunk = 'all'\n",
+        "verify_chunk in [guide] must be an integer (got string 'all')",
+    ),
+    "bad-window": ("[guide]\npath = 'g'\ndraft_window = -1\n", "[guide] draft_window must be >= 0"),
 }
 
 
@@ -191,6 +200,8 @@ def test_every_decode_field_is_a_profile_key(tmp_path):
     """Keys come from DecodeSettings' fields, so a field added there is accepted here too."""
     values = {f.name: getattr(DecodeSettings(), f.name) for f in dataclasses.fields(DecodeSettings)}
     values |= {"steps": 64, "top_p": 0.5, "top_k": 4, "gen_length": 64, "threshold": 1}
+    values |= {"t_min": 0.4, "t_max": 0.8, "entropy_bound": 0.1, "stability_threshold": 1}
+    values |= {"confidence_threshold": 0.005}  # DiffusionGemma's knobs (unset by default)
     lines = "\n".join(f"{k} = {_toml(v)}" for k, v in values.items())
     profile = load_profile(write(tmp_path, "all", f"[decode]\n{lines}\n"))
     assert dataclasses.asdict(profile.decode) == values | {"threshold": 1.0}
@@ -201,11 +212,13 @@ def _toml(value) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
-def test_decode_settings_is_a_validated_copy():
-    profile = load_profile("tiny-gsm")
-    settings = profile.decode_settings()
-    settings.gen_length = 1
-    assert profile.decode.gen_length == 256
+def test_cli_settings_are_built_once_from_the_profiles():
+    """CLI overrides build new settings (validated then); the profile's own are never changed."""
+    plain, _ = resolve("tiny-gsm", {})
+    changed, _ = resolve("tiny-gsm", {"gen_length": 64, "threshold": 0.5})
+    assert (plain.decode.gen_length, plain.decode.threshold) == (256, 0.9)
+    assert (changed.decode.gen_length, changed.decode.threshold) == (64, 0.5)
+    assert dataclasses.replace(changed.decode, gen_length=256, threshold=0.9) == plain.decode
 
 
 # --- precedence and provenance --------------------------------------------------------------

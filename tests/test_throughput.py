@@ -48,7 +48,8 @@ def test_throughput_bench_run(profile_file, cli_ckpt, tmp_path):
     loaded = load_model(cli_ckpt, dtype="float32", device="cpu")
     prompts = [t.prompt for t in synthetic_tasks(loaded, 2, 24, seed=0)]
     s = DecodeSettings(**records[1]["settings"])
-    assert sum(decode(loaded, [p], s).forwards for p in prompts) == records[1]["forwards"]
+    runs = [decode(loaded.model, loaded.special, [p], s) for p in prompts]
+    assert sum(r.forwards for r in runs) == records[1]["forwards"]
     table = out.with_suffix(".md").read_text().splitlines()
     assert table[0].startswith("| strategy |") and "| - |" in table[2]  # no accuracy
     assert "synthetic prompts of 24 tokens" in result.stdout

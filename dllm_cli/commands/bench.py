@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dllm_cli import options as opt
 from dllm_cli.bench import (
+    BASELINE,
     MARKDOWN_COLUMNS,
     STRATEGIES,
     BenchPlan,
@@ -21,8 +22,7 @@ from dllm_cli.bench import (
     progress_line,
     run_bench,
 )
-from dllm_cli.commands.common import cli_errors, fail, note, stderr
-from dllm_cli.commands.eval import Accept, BatchSize, N, Shots, Start, open_for_eval
+from dllm_cli.commands.common import cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import InputError
 from dllm_cli.throughput import bench_inputs
 
@@ -43,10 +43,13 @@ def parse_lengths(text: str) -> list[int]:
         raise InputError(f"--gen-length takes integers like 256,512 (got {text!r})") from None
 
 
-def choose_strategies(text: str | None, has_guide: bool) -> list[str]:
+def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> list[str]:
     """The requested names, or every strategy (the guided ones only when a guide is loaded)."""
     if text is not None:
         return split_list(text, "strategies")
+    if family == "diffusion_gemma":
+        note("diffusion_gemma decodes with transformers' own sampler: only the baseline applies")
+        return [BASELINE]
     names = [n for n, s in STRATEGIES.items() if has_guide or not s.guided]
     if not has_guide:
         note("no guide model loaded: skipping the guided strategies")
@@ -92,9 +95,22 @@ def write(path: Path, text: str) -> None:
         raise InputError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+@opt.shared(
+    "profile",
+    "model",
+    "device",
+    "dtype",
+    "chat",
+    "compile",
+    "accept",
+    "on_reject",
+    "verify_chunk",
+    "draft_window",
+    "temperature",
+    "seed",
+)
 def bench_command(
-    profile: opt.Profile = None,
-    shots: Shots = 5,
+    shots: opt.Shots = 5,
     gen_length: Annotated[
         str, typer.Option(help="Comma-separated answer lengths.", rich_help_panel=BENCH)
     ] = "256",
@@ -105,9 +121,15 @@ def bench_command(
             rich_help_panel=BENCH,
         ),
     ] = None,
-    n: N = 20,
-    batch_size: BatchSize = 1,
-    start: Start = 0,
+    reference: Annotated[
+        str,
+        typer.Option(
+            help="Strategy the speedups are measured against (run first).", rich_help_panel=BENCH
+        ),
+    ] = "baseline",
+    n: opt.N = 20,
+    batch_size: opt.BatchSize = 1,
+    start: opt.Start = 0,
     block_length: Annotated[
         int, typer.Option(help="Block size for every strategy.", rich_help_panel=BENCH)
     ] = 32,
@@ -138,25 +160,17 @@ def bench_command(
             "--plot", help="Throughput vs accuracy figure (.png/.svg).", rich_help_panel=BENCH
         ),
     ] = None,
-    model: opt.ModelPath = None,
-    device: opt.Device = None,
-    dtype: opt.Dtype = None,
-    chat: opt.Chat = None,
-    compile: opt.Compile = None,
-    accept: Accept = None,
-    temperature: opt.Temperature = None,
-    seed: opt.Seed = None,
+    *,
+    choices: opt.Choices,
 ) -> None:
     """Run every decoding strategy on the same held-out problems: accuracy, tok/s, speedup."""
-    flags = {"model": model, "device": device, "dtype": dtype, "chat": chat}
-    flags |= {"temperature": temperature, "seed": seed, "compile": compile}
     with cli_errors():
         lengths = parse_lengths(gen_length)
         preflight(json_path, markdown_path, plot_path)
         if plot_path is not None and prompt_length is not None:
             raise InputError("--plot draws accuracy, which --prompt-length runs do not measure")
-        rt = open_for_eval(profile, flags, None, accept)
-        names = choose_strategies(strategies, rt.guide is not None)
+        rt = load_runtime(choices)
+        names = choose_strategies(strategies, rt.guide is not None, rt.loaded.architecture)
         plan = BenchPlan.make(
             names,
             lengths,
@@ -164,6 +178,7 @@ def bench_command(
             block_length=block_length,
             batch_size=batch_size,
             warmup=warmup,
+            reference=reference,
         )
         tasks, measure, what = bench_inputs(rt, n, shots, start, prompt_length)
 

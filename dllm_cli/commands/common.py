@@ -11,16 +11,16 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
-from dataclasses import dataclass
+from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from dllm_cli.decoding import DecodeResult
 from dllm_cli.errors import DllmError
+from dllm_cli.options import Choices
 from dllm_cli.runtime import Runtime, open_runtime
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -35,7 +35,7 @@ _debug = False
 
 
 def set_debug(on: bool) -> None:
-    """Called by the root command for every invocation (ctx.obj carries it too)."""
+    """Called by the root command for every invocation."""
     global _debug
     _debug = on
 
@@ -84,18 +84,29 @@ def stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
-def load_runtime(profile: str | None, overrides: dict[str, object], guide: bool | None) -> Runtime:
-    """open_runtime with a spinner on a terminal; its notes go to stderr.
+def load_runtime(
+    choices: Choices, *, place: Callable[[str], str] | None = None, quiet: bool = False
+) -> Runtime:
+    """open_runtime for the shared flags, with a spinner on a terminal; notes go to stderr.
 
-    `guide` is the --guide/--no-guide flag (None: not given). A --model replaces the profile's
-    model, so the profile's guide (which must share that model's tokenizer) is left out unless
-    --guide asks for it.
+    A --model replaces the profile's model, so the profile's guide (which must share that
+    model's tokenizer) is left out unless --guide asks for it. `place`: see open_runtime;
+    `quiet`: no spinner and no notes (torchrun's ranks other than 0).
     """
+    guide, overrides = choices.guide, choices.overrides
     swapped = "model.path" in overrides and guide is None
     use_guide = guide is True or (guide is None and not swapped)
-    spinner = stderr.status("loading model...") if stderr_is_terminal() else nullcontext()
-    with spinner:
-        runtime = open_runtime(profile, overrides, use_guide=use_guide, require_guide=guide is True)
+    show = not quiet and stderr_is_terminal()
+    with stderr.status("loading model...") if show else nullcontext():
+        runtime = open_runtime(
+            choices.profile,
+            overrides,
+            use_guide=use_guide,
+            require_guide=guide is True,
+            place=place,
+        )
+    if quiet:
+        return runtime
     if swapped and runtime.profile.guide is not None:
         note("--model given: decoding without the profile's guide (add --guide to use it)")
     for line in runtime.notes:
@@ -131,32 +142,6 @@ def cli_errors() -> Iterator[None]:
         ) from None
 
 
-@dataclass
-class Totals:
-    """What --stats reports, summed over every decoded batch."""
-
-    prompts: int = 0
-    tokens: int = 0
-    forwards: int = 0
-    steps: int = 0
-    seconds: float = 0.0
-
-    def add(self, runtime: Runtime, result: DecodeResult) -> None:
-        stop = runtime.loaded.special.stop
-        self.prompts += len(result.tokens)
-        self.tokens += sum(len(result.answer(r, stop)) for r in range(len(result.tokens)))
-        self.forwards += result.forwards
-        self.steps += result.steps
-        self.seconds += result.seconds
-
-    def line(self) -> str:
-        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
-        return (
-            f"{self.prompts} prompt(s), {self.tokens} tokens, {self.forwards} forwards, "
-            f"{self.steps} steps, {self.seconds:.2f} s, {rate:.1f} tok/s"
-        )
-
-
 def describe_error(e: BaseException) -> tuple[str, int]:
     """The one-line message and exit code cli_errors gives `e`, for a rank reporting to rank 0."""
     if isinstance(e, DllmError):
@@ -165,3 +150,19 @@ def describe_error(e: BaseException) -> tuple[str, int]:
         return "interrupted", INTERRUPTED
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"internal error: {type(e).__name__}: {first}", INTERNAL
+
+
+def exit_now(e: BaseException) -> NoReturn:
+    """Exit with the line and code cli_errors gives `e`, skipping the interpreter's shutdown
+    (torchrun's rank 0 whose listener thread still waits inside gloo: a normal shutdown under
+    it aborts with SIGABRT)."""
+    code = 1
+    try:
+        with cli_errors():
+            raise e
+    except typer.Exit as stop:
+        code = stop.exit_code
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

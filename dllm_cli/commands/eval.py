@@ -11,38 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dllm_cli import options as opt
 from dllm_cli.commands.common import cli_errors, load_runtime, stderr
-from dllm_cli.evaluate import Score, details, evaluate
 from dllm_cli.runtime import Runtime
-
-EVAL = "Evaluation"
-OUTPUT = "Output"
-
-N = Annotated[
-    int, typer.Option("--n", "-n", help="Held-out problems to solve.", rich_help_panel=EVAL)
-]
-Shots = Annotated[int, typer.Option(help="Solved examples in each prompt.", rich_help_panel=EVAL)]
-BatchSize = Annotated[
-    int,
-    typer.Option(help="Problems decoded together (1: the papers' setting).", rich_help_panel=EVAL),
-]
-Start = Annotated[int, typer.Option(help="First held-out problem (0..999).", rich_help_panel=EVAL)]
-Accept = Annotated[
-    str | None,
-    typer.Option(
-        help="Guide acceptance rule: exact | topk:K | prob:P (default: the profile's).",
-        rich_help_panel=opt.DECODE,
-    ),
-]
-
-
-def open_for_eval(
-    profile: str | None, flags: dict, guide: bool | None, accept: str | None
-) -> Runtime:
-    """The runtime as generate opens it (guide rules included), plus --accept."""
-    overrides = opt.overrides(**flags)
-    if accept is not None:
-        overrides["accept"] = accept
-    return load_runtime(profile, overrides, guide)
+from dllm_cli.tinygsm.evaluate import Score, details, evaluate
 
 
 def progress() -> Progress:
@@ -62,7 +32,11 @@ def eval_report(rt: Runtime, score: Score, shots: int, batch_size: int, start: i
     """The `--json` object: the shared numbers, then what produced them."""
     guide = None
     if rt.guide is not None:
-        guide = {"path": str(rt.guide.path), "accept": rt.profile.guide.accept}
+        g = rt.profile.guide
+        guide = {
+            "path": str(rt.guide.path), "accept": g.accept, "on_reject": g.on_reject,
+            "verify_chunk": g.verify_chunk, "draft_window": g.draft_window,
+        }  # fmt: skip
     return {
         **score.summary(),
         "shots": shots,
@@ -101,54 +75,38 @@ def print_summary(report: dict) -> None:
         out.print(f"{report['mask_violations']} answers still held a mask token", style="bold red")
 
 
+@opt.shared("model", "guide", "decode")
 def eval_command(
-    n: N = 100,
-    shots: Shots = 5,
-    batch_size: BatchSize = 1,
-    start: Start = 0,
+    n: opt.N = 100,
+    shots: opt.Shots = 5,
+    batch_size: opt.BatchSize = 1,
+    start: opt.Start = 0,
     warmup: Annotated[
         bool,
-        typer.Option(help="Untimed one-block decode before timing.", rich_help_panel=EVAL),
+        typer.Option(help="Untimed one-block decode before timing.", rich_help_panel=opt.EVAL),
     ] = True,
     as_json: Annotated[
         bool,
         typer.Option(
-            "--json", help="Print one JSON object instead of the summary.", rich_help_panel=OUTPUT
+            "--json",
+            help="Print one JSON object instead of the summary.",
+            rich_help_panel=opt.OUTPUT,
         ),
     ] = False,
     per_problem: Annotated[
         bool,
         typer.Option(
-            "--details", help="With --json: add every problem's answer.", rich_help_panel=OUTPUT
+            "--details",
+            help="With --json: add every problem's answer.",
+            rich_help_panel=opt.OUTPUT,
         ),
     ] = False,
-    profile: opt.Profile = None,
-    model: opt.ModelPath = None,
-    device: opt.Device = None,
-    dtype: opt.Dtype = None,
-    chat: opt.Chat = None,
-    compile: opt.Compile = None,
-    guide: opt.Guide = None,
-    accept: Accept = None,
-    gen_length: opt.GenLength = None,
-    block_length: opt.BlockLength = None,
-    steps: opt.Steps = None,
-    cache: opt.Cache = None,
-    unmask: opt.Unmask = None,
-    confidence: opt.Confidence = None,
-    threshold: opt.Threshold = None,
-    factor: opt.Factor = None,
-    temperature: opt.Temperature = None,
-    top_p: opt.TopP = None,
-    top_k: opt.TopK = None,
-    cfg_scale: opt.CfgScale = None,
-    seed: opt.Seed = None,
-    early_stop: opt.EarlyStop = None,
+    *,
+    choices: opt.Choices,
 ) -> None:
     """Exact-match accuracy on held-out TinyGSM problems (tokens/s, forwards) with any settings."""
-    flags = {k: v for k, v in locals().items() if k in opt.FLAG_KEYS}
     with cli_errors():
-        rt = open_for_eval(profile, flags, guide, accept)
+        rt = load_runtime(choices)
         with progress() as bar:
             task = bar.add_task("eval", total=n)
             score = evaluate(

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dllm_cli.commands.common import cli_errors
+from dllm_cli.decoding import gemma
 from dllm_cli.errors import ModelLoadError
 from dllm_cli.families import model_family
 from dllm_cli.models.loading import BUILTIN_PREFIX, resolve_path
@@ -39,7 +40,10 @@ def list_command(ctx: typer.Context) -> None:
         return
     with cli_errors():
         found = list_profiles()
-    table = Table("Name", "Description", "Source", title="dllm profiles", title_justify="left")
+    table = Table(title="dllm profiles", title_justify="left")
+    table.add_column("Name", no_wrap=True)
+    table.add_column("Description")  # the one that wraps: names and paths stay whole
+    table.add_column("Source", no_wrap=True)
     for info in found:
         name = f"{info.name} (default)" if info.name == DEFAULT_PROFILE else info.name
         table.add_row(Text(name, style="bold"), Text(info.description), Text(info.source))
@@ -59,21 +63,33 @@ def show_command(
     out.print(Text(profile.name, style="bold"), Text(f"- {profile.description}"))
     out.print(Text(f"file: {profile.source}", style="dim"))
     values = flatten(profile.to_dict())
-    table = Table("Setting", "Value", "From")
+    family = model_family(profile.model.architecture, profile.model.path)
+    uses = gemma.uses(family)  # decode setting -> how this model family uses it
+    if family:
+        out.print(Text(f"model family: {family}", style="dim"))
+    table = Table("Setting", "Value", "From", *(["Use"] if uses else []))
     for key, origin in provenance.items():
         shown = "unset" if values.get(key) is None else str(values[key])
         if key.endswith(".path"):
             shown += path_remark(values[key])
-        table.add_row(key, Text(shown), shown_origin(origin))
+        use = (
+            [uses.get(key.removeprefix("decode."), "")]
+            if uses and key.startswith("decode.")
+            else []
+        )
+        table.add_row(key, Text(shown), shown_origin(origin), *use)
     out.print(table)
     for var in unset:
         out.print(
             Text(f"note: ${var} is not set; set it to the folder that holds your models "
                  "(or edit the path) before using this profile", style="yellow")
         )  # fmt: skip
-    for line in profile.decode.adjustments():
+    notes = profile.decode.adjustments()
+    if family == gemma.FAMILY:
+        notes = gemma.notes(profile.decode, profile.decode.block_length)
+    for line in notes:
         out.print(Text(f"note: {line}", style="dim"))
-    if model_family(profile.model.architecture, profile.model.path) is None:
+    if family is None:
         out.print(
             Text("note: the model folder cannot be read, so its family is unknown here; family "
                  "defaults (Dream: top_k 50) apply when the model loads", style="dim")

@@ -48,28 +48,11 @@ Width = Annotated[
 ]
 
 
+@o.shared("model", "decode", "guide")
 def visualize_command(
     prompt: Annotated[str, typer.Argument(help="The prompt to decode.", show_default=False)],
-    profile: o.Profile = None,
-    model: o.ModelPath = None,
-    device: o.Device = None,
-    dtype: o.Dtype = None,
-    gen_length: o.GenLength = None,
-    block_length: o.BlockLength = None,
-    steps: o.Steps = None,
-    cache: o.Cache = None,
-    unmask: o.Unmask = None,
-    confidence: o.Confidence = None,
-    threshold: o.Threshold = None,
-    factor: o.Factor = None,
-    temperature: o.Temperature = None,
-    top_p: o.TopP = None,
-    top_k: o.TopK = None,
-    cfg_scale: o.CfgScale = None,
-    seed: o.Seed = None,
-    early_stop: o.EarlyStop = None,
-    chat: o.Chat = None,
-    guide: o.Guide = None,
+    *,
+    choices: o.Choices,
     delay: Delay = 0.0,
     replay: Replay = False,
     save: Save = None,
@@ -81,15 +64,10 @@ def visualize_command(
             raise SettingsError(f"--delay must be >= 0 (got {delay})")
         if save is not None:
             check_save_path(save)
-        flags = o.overrides(
-            model=model, device=device, dtype=dtype, chat=chat, gen_length=gen_length,
-            block_length=block_length, steps=steps, cache=cache, unmask=unmask,
-            confidence=confidence, threshold=threshold, factor=factor, temperature=temperature,
-            top_p=top_p, top_k=top_k, cfg_scale=cfg_scale, seed=seed, early_stop=early_stop,
-        )  # fmt: skip
-        runtime = load_runtime(profile, flags, guide)
+        runtime = load_runtime(choices)
         ids = runtime.prepare(prompt)
-        run = decode_steps(runtime.loaded, [ids], runtime.settings, committer=runtime.committer())
+        model, special = runtime.loaded.model, runtime.loaded.special
+        run = decode_steps(model, special, [ids], runtime.settings, committer=runtime.committer())
         view = CanvasView.for_runtime(runtime)
         recorder = Recorder(save, width) if save is not None else None
         steps_seen = recorded(run) if replay else timed(run)

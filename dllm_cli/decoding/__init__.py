@@ -1,8 +1,8 @@
 """The decoding engine: canvas, sampling, unmasking rules, cache policies and the loop.
 
-    run = decode_steps(loaded, prompts, settings)   # iterate for StepEvents (prints nothing)
+    run = decode_steps(model, special, prompts, settings)  # iterate for StepEvents (no prints)
     for event in run: ...
-    result = run.result()                           # or: decode(loaded, prompts, settings)
+    result = run.result()                  # or: decode(model, special, prompts, settings)
 
 Choices worth knowing (details in each module):
 - Blocks and steps that do not divide are adjusted, not refused (settings.py, canvas.py).
@@ -13,14 +13,26 @@ Choices worth knowing (details in each module):
 - Classifier-free guidance decodes the prompt-masked branch as extra batch rows with their own
   cache rows, so it composes with every cache policy (engine.py).
 - [MASK] is never a draft and logits past the real vocabulary are ignored (sampling.py).
-- Guided diffusion (FlashDLM) is a committer: `GuidedCommitter(guide, vocab, pad)` passed as
-  `committer=`; an AR guide verifies the drafts left to right (guided.py says exactly how).
+- Every row keeps its own place (rows.py) and a step serves all rows with at most two forwards
+  (forwards.py); unguided static batches move through the blocks in lockstep.
+- Guided diffusion (FlashDLM) is a frontier-walking committer: `GuidedCommitter(guide, vocab,
+  special, GuideRules(...))` passed as `committer=`; each row is written left to right from its
+  first mask, an AR guide verifying the drafts in chunks (guided.py says exactly how).
+- A DiffusionGemma model (uniform-state block diffusion) is decoded by transformers' own
+  `generate` behind the same run interface; its events carry `drafts` (tokens replaced) as
+  well as commits (gemma.py, gemma_stream.py).
 - Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch), so a
   row never depends on its batch; confidence ties go to the leftmost column.
 """
 
+from dllm_cli.decoding.answer import answer_end, answer_length, answer_tokens, first_stop
 from dllm_cli.decoding.engine import Decoder, DecodeRun, decode, decode_steps
-from dllm_cli.decoding.events import DecodeResult, RowCommit, StepEvent, truncate_at_stop
+from dllm_cli.decoding.events import (
+    DecodeResult,
+    RowCommit,
+    RowPhase,
+    StepEvent,
+)
 from dllm_cli.decoding.guided import GuidedCommitter
 from dllm_cli.decoding.unmask import Committer, Decision, StepContext
 
@@ -32,9 +44,13 @@ __all__ = [
     "Decoder",
     "GuidedCommitter",
     "RowCommit",
+    "RowPhase",
     "StepContext",
     "StepEvent",
+    "answer_end",
+    "answer_length",
+    "answer_tokens",
     "decode",
     "decode_steps",
-    "truncate_at_stop",
+    "first_stop",
 ]

@@ -47,6 +47,16 @@ def check_prompts(prompts: list[list[int]], gen_length: int, context: int) -> No
             )
 
 
+def check_token_ids(prompts: list[list[int]], table: int) -> None:
+    """Prompt ids must index the embedding table."""
+    for i, p in enumerate(prompts):
+        bad = [t for t in p if not 0 <= t < table]
+        if bad:
+            raise InputError(
+                f"prompt {i} has token id {bad[0]} outside the vocabulary (0..{table - 1})"
+            )
+
+
 @dataclass
 class Canvas:
     """Token ids of the rows still decoding, left-padded so every answer starts at one column.

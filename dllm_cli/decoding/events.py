@@ -6,8 +6,10 @@ prompt columns (-1 = the last prompt column of the left-padded canvas).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from dllm_cli.decoding.answer import answer_tokens
 
 
 @dataclass(frozen=True)
@@ -17,12 +19,28 @@ class RowCommit:
     row: int  # index into the prompts given to the decoder
     positions: tuple[int, ...]
     tokens: tuple[int, ...]
-    confidences: tuple[float, ...]
+    confidences: tuple[float, ...]  # the diffusion model's, for its draft at each position
+    corrected: tuple[bool, ...] = ()  # guided: the guide's own token, not the draft (else ())
+
+
+@dataclass(frozen=True)
+class RowPhase:
+    """Where one row was this step (rows of a batch may be at different places)."""
+
+    row: int
+    block: int
+    block_step: int
+    window: tuple[int, int]  # answer positions its forward recomputed
+    refresh: bool  # it was served by a full forward
 
 
 @dataclass(frozen=True)
 class StepEvent:
-    """One decoding step, for streaming text, a live view or a benchmark."""
+    """One decoding step, for streaming text, a live view or a benchmark.
+
+    block, block_step, window, refresh and frozen describe the first live row (every row,
+    when the batch moves in lockstep); `phases` has them for each row.
+    """
 
     step: int  # 0-based over the whole decode
     block: int
@@ -30,15 +48,43 @@ class StepEvent:
     window: tuple[int, int]  # answer positions recomputed this step, [start, end)
     refresh: bool  # a full forward (cache refresh) ran this step
     frozen: tuple[int, int] | None  # positions whose K/V became final this step (freecache)
-    forwards: int  # model forwards so far, this step included
+    forwards: int  # diffusion-model forwards so far, this step included
     commits: tuple[RowCommit, ...]
     finished: tuple[int, ...] = ()  # rows whose answer became final this step
     accepted: int | None = None  # drafts a verifying committer accepted (None: no verifier)
+    guide_forwards: int = 0  # the AR guide's forwards so far, this step included
+    corrected: int | None = None  # tokens the guide chose instead of a draft (None: no guide)
+    phases: tuple[RowPhase, ...] = ()  # each live row's place this step
+    # Uniform-state diffusion (DiffusionGemma) replaces tokens instead of unmasking them: the
+    # positions whose draft token changed this step (not final until committed), and the rows
+    # whose draft the stopping rule declared stable and confident this step.
+    drafts: tuple[RowCommit, ...] = ()
+    settled: tuple[int, ...] = ()
 
     @property
     def committed(self) -> int:
         """Tokens committed this step over all rows."""
         return sum(len(c.positions) for c in self.commits)
+
+    @property
+    def replaced(self) -> int:
+        """Draft tokens replaced this step over all rows (uniform-state diffusion)."""
+        return sum(len(d.positions) for d in self.drafts)
+
+
+def row_commits(rows, positions, tokens, confidences, corrected, original) -> tuple[RowCommit, ...]:
+    """RowCommits from flat (N,) tensors of committed slots, in row order (`original`: the
+    prompt index of each live row; `corrected`: None without a verifier)."""
+    flags = corrected.tolist() if corrected is not None else [False] * len(rows)
+    grouped: dict[int, list] = {}
+    every = (rows.tolist(), positions.tolist(), tokens.tolist(), confidences.tolist(), flags)
+    for r, *item in zip(*every, strict=True):
+        grouped.setdefault(r, []).append(item)
+    out = []
+    for r, items in grouped.items():
+        pos, toks, confs, fixed = (tuple(x) for x in zip(*items, strict=True))
+        out.append(RowCommit(original[r], pos, toks, confs, fixed if corrected is not None else ()))
+    return tuple(out)
 
 
 @dataclass
@@ -48,10 +94,12 @@ class DecodeResult:
     tokens: list[list[int]]  # per row: gen_length ids (after an early stop: EOS fill)
     commit_steps: list[list[int]]  # per row and position: step that committed it (-1: filled)
     prompt_lengths: list[int]
-    forwards: int  # model forwards (NFE)
+    forwards: int  # diffusion-model forwards (NFE)
     steps: int
     seconds: float
     finished_at: list[int] = field(default_factory=list)  # per row: step its answer was final
+    guide_forwards: int = 0  # the AR guide's forwards (guided decoding)
+    guide_seconds: float = 0.0  # part of `seconds` spent in the guide
 
     @property
     def tokens_per_forward(self) -> float:
@@ -59,14 +107,5 @@ class DecodeResult:
         return total / self.forwards if self.forwards else 0.0
 
     def answer(self, row: int, stop: Iterable[int]) -> list[int]:
-        """A row's tokens cut before its first stop token (the text a user sees)."""
-        return truncate_at_stop(self.tokens[row], stop)
-
-
-def truncate_at_stop(tokens: Sequence[int], stop: Iterable[int]) -> list[int]:
-    """Tokens before the first stop token (all of them when there is none)."""
-    stops = set(stop)
-    for i, t in enumerate(tokens):
-        if t in stops:
-            return list(tokens[:i])
-    return list(tokens)
+        """A row's answer tokens (before its first stop token: the text a user sees)."""
+        return answer_tokens(self.tokens[row], stop)

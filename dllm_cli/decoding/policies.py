@@ -10,12 +10,20 @@ at column i predicts column i + 1 (Dream), so the block's first column gets a fr
 | prefix    | block start (Fast-dLLM)  | block start .. canvas end                          |
 | dual      | block start (Fast-dLLM)  | current block; suffix K/V frozen from the refresh  |
 | freecache | first step only (FlashDLM)| block start .. canvas end; on a block's first step |
-|           |                          | from the previous block's start, so the finished   |
-|           |                          | block's K/V are computed once from its final tokens|
-|           |                          | and frozen from then on                            |
+|           |                          | from the end of the frozen part, so the finished   |
+|           |                          | blocks' K/V are computed once from their final     |
+|           |                          | tokens and frozen from then on                     |
 
 `refresh_interval` N > 0 adds a full refresh every N steps within a block, counted from its
 first step (N = 1: every step, which makes every policy compute exactly what `none` computes).
+
+A policy plans one row at a time from the row's own place (its block, its step in it, how far
+its K/V are frozen), so rows at different places of their decode each get their own window;
+under guided decoding a row's block is the one holding its first mask, and a row may skip
+blocks (FreeCache then freezes everything between the frozen part and the new block). A guided
+row with a draft window needs no prediction past the window's end, so Prefix and FreeCache
+windows stop there (`reach`); the masked columns beyond keep the K/V they last got, as
+DualCache's suffix does.
 """
 
 from __future__ import annotations
@@ -37,14 +45,21 @@ class Forward:
 
 @dataclass(frozen=True)
 class StepPlace:
-    """Where the loop is: what a policy needs to choose a window."""
+    """Where a row is: what a policy needs to choose its window."""
 
     block: Block
-    previous: Block | None  # the block before, None for the first
     step: int  # 0-based step within the block
     width: int  # canvas width S
     shift: int  # model.logit_shift (1 for Dream)
     interval: int  # refresh_interval (0: off)
+    fresh: bool = False  # no forward has served the row yet (its decode's first step)
+    frozen_until: int = 0  # canvas column before which the row's K/V are final (FreeCache)
+    reach: int | None = None  # guided draft window: no prediction needed from this column on
+
+    @property
+    def end(self) -> int:
+        """Where a window running to the canvas end may stop (the draft window's end)."""
+        return self.width if self.reach is None else min(self.width, self.reach)
 
     @property
     def periodic_refresh(self) -> bool:
@@ -72,7 +87,7 @@ class PrefixCache:
     def plan(self, at: StepPlace) -> Forward:
         if at.step == 0 or at.periodic_refresh:
             return at.full()
-        return Forward(at.block.start - at.shift, at.width, refresh=False)
+        return Forward(at.block.start - at.shift, at.end, refresh=False)
 
 
 class DualCache:
@@ -90,21 +105,22 @@ class FreeCache:
     """FlashDLM FreeCache (arXiv 2505.21467): prompt and finished blocks never recomputed.
 
     A block's last step commits tokens after its forward, so the K/V that forward wrote still
-    show masks. The next block's first step therefore recomputes the finished block once, from
-    its final tokens, and freezes it; the prompt is frozen by the one full forward at the start.
+    show masks. The next block's first step therefore recomputes the finished block (all
+    finished blocks not yet frozen, when a guided row skipped some) once, from their final
+    tokens, and freezes them; the prompt is frozen by the one full forward at the start.
     """
 
     uses_cache = True
 
     def plan(self, at: StepPlace) -> Forward:
-        if at.previous is None and at.step == 0:
+        if at.fresh:
             return at.full(frozen=(0, at.block.start))
         if at.periodic_refresh:
             return at.full()
-        if at.step == 0:
-            prev = at.previous
-            return Forward(prev.start - at.shift, at.width, False, frozen=(prev.start, prev.end))
-        return Forward(at.block.start - at.shift, at.width, refresh=False)
+        done = at.frozen_until
+        if at.step == 0 and done < at.block.start:
+            return Forward(done - at.shift, at.end, False, frozen=(done, at.block.start))
+        return Forward(at.block.start - at.shift, at.end, refresh=False)
 
 
 POLICIES: dict[str, type] = {

@@ -27,7 +27,7 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     # LLaDA upcasts to float64 and measures confidence on softmax(raw logits).
-    "llada": Family("llada", torch.float64, tempered_confidence=False, schedule="llada"),
+    "llada": Family("llada", torch.float64, tempered_confidence=False, schedule="linear"),
     # Dream samples in the logits' dtype from softmax(filtered logits / temperature).
     "Dream": Family("Dream", None, tempered_confidence=True, schedule="dream"),
 }
@@ -115,6 +115,20 @@ class Sampler:
             out = out.clone() if out.data_ptr() == logits.data_ptr() else out
             out[..., self.mask_id] = float("-inf")
         return out
+
+    def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy drafts (B, L) whatever the temperature, and their probability (guided drafts).
+
+        FlashDLM drafts the argmax of the raw logits; the probability (softmax of the raw
+        logits, in at least float32) is only shown by the live view.
+        """
+        work = logits[..., : self.vocab_size]
+        work = work if work.dtype.itemsize >= 4 else work.float()
+        if self.mask_id < self.vocab_size:
+            work = work.clone()
+            work[..., self.mask_id] = float("-inf")
+        best, tokens = work.max(dim=-1)
+        return tokens, torch.exp(best - torch.logsumexp(work, dim=-1))
 
     def __call__(
         self, logits: torch.Tensor, generator: torch.Generator

@@ -19,21 +19,35 @@ from dllm_cli.settings import DecodeSettings
 
 @dataclass
 class StepContext:
-    """Everything a committer may look at; tensors cover the current block's columns."""
+    """Everything a committer may look at; tensors cover each row's columns this step.
+
+    Rows in lockstep share one block: `block` is it and `block_step` an int. Rows at their own
+    places (guided decoding, per-row progress) have `block` None, `block_step` and `planned`
+    (B,) tensors, and `columns` says which canvas column each slot is (padding: not a
+    candidate). A row's slots are its block's columns, or for a frontier walk (guided) the
+    masked columns from its first mask to the end of its draft window.
+    """
 
     drafts: torch.Tensor  # (B, L) long: proposed token per column
     confidence: torch.Tensor  # (B, L): -inf where the column is not a candidate
     candidates: torch.Tensor  # (B, L) bool: still masked (only these may be committed)
-    block: Block
-    block_step: int  # 0-based step within the block
+    block: Block | None  # the rows' shared block (None: each row has its own)
+    block_step: int | torch.Tensor  # 0-based step within the block (per row: (B,) long)
     masks_at_start: torch.Tensor  # (B,) long: masks in the block when it began
     canvas: Canvas  # state before this step's commits (rows map to the original batch)
     generator: torch.Generator
+    columns: torch.Tensor | None = None  # (B, L) long canvas columns (None: the block's)
+    planned: torch.Tensor | None = None  # (B,) steps planned for each row's block
 
     @property
-    def last_step(self) -> bool:
+    def steps_planned(self) -> int | torch.Tensor:
+        """Steps the row's block may take: the shared block's, or per row."""
+        return self.block.steps if self.planned is None else self.planned
+
+    @property
+    def last_step(self) -> bool | torch.Tensor:
         """The block's final planned step: schedules reveal everything left."""
-        return self.block_step >= self.block.steps - 1
+        return self.block_step >= self.steps_planned - 1
 
     @property
     def masks_now(self) -> torch.Tensor:
@@ -42,14 +56,29 @@ class StepContext:
 
 @dataclass
 class Decision:
-    """Columns to commit (B, L) and, for verifying committers, how many drafts passed."""
+    """Columns to commit (B, L) and, for verifying committers, what the verifier did.
+
+    `tokens` (B, L), when given, replaces the drafts at committed columns (a guide's own
+    token on a rejection); `corrected` (B, L) marks those columns. `accepted` counts drafts a
+    verifier passed, `forwards` the verifier's model forwards and `seconds` its time.
+    """
 
     commit: torch.Tensor
     accepted: int | None = None
+    tokens: torch.Tensor | None = None
+    corrected: torch.Tensor | None = None
+    forwards: int = 0
+    seconds: float = 0.0
 
 
 class Committer(Protocol):
-    """Who decides which drafts become tokens (a rule, or a guide model)."""
+    """Who decides which drafts become tokens (a rule, or a guide model).
+
+    Optional hooks the engine calls when present: `start(batch)` when a decode of `batch`
+    rows begins, `select(keep)` when only the rows at indices `keep` go on. A committer with
+    `frontier = True` walks each row's first mask (guided decoding, see guided.py) and may set
+    `draft_window` (columns drafted from the first mask; None: to the canvas end).
+    """
 
     def __call__(self, ctx: StepContext) -> Decision: ...
 
@@ -70,20 +99,42 @@ def commit_top(ctx: StepContext, counts: torch.Tensor, confidence=None) -> torch
 
 def llada_counts(ctx: StepContext, eps: float) -> torch.Tensor:
     """LLaDA's linear schedule: masks // steps each step, the first masks % steps one more."""
-    base = ctx.masks_at_start // ctx.block.steps
-    extra = (ctx.block_step < ctx.masks_at_start % ctx.block.steps).long()
+    steps = ctx.steps_planned
+    base = ctx.masks_at_start // steps
+    extra = (ctx.block_step < ctx.masks_at_start % steps).long()
     return base + extra
+
+
+def timesteps(ctx: StepContext, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dream's (t, s) = ts[step], ts[step + 1] of ts = linspace(1, eps, steps + 1), per row."""
+    device = ctx.drafts.device
+    if ctx.planned is None:
+        times = torch.linspace(1, eps, ctx.block.steps + 1, device=device)
+        return times[ctx.block_step], times[ctx.block_step + 1]
+    # Each row's own linspace (blocks may plan different numbers of steps), so a row gets
+    # exactly the numbers it would get decoded alone.
+    pairs = [
+        torch.linspace(1, eps, n + 1, device=device)[min(k, n - 1) :][:2]
+        for n, k in zip(ctx.planned.tolist(), ctx.block_step.tolist(), strict=True)
+    ]
+    both = torch.stack(pairs)  # (B, 2)
+    return both[:, 0], both[:, 1]
 
 
 def dream_counts(ctx: StepContext, eps: float) -> torch.Tensor:
     """Dream's schedule: t, s from linspace(1, eps, steps + 1); reveal int(masks * (1 - s/t))."""
-    times = torch.linspace(1, eps, ctx.block.steps + 1, device=ctx.drafts.device)
-    t, s = times[ctx.block_step], times[ctx.block_step + 1]
+    t, s = timesteps(ctx, eps)
     return (ctx.masks_now.float() * (1 - s / t)).long()
 
 
+def per_row(flag: bool | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A shared or per-row flag as a (B, 1) bool tensor."""
+    return torch.as_tensor(flag, device=like.device).reshape(-1, 1).expand(like.shape[0], 1)
+
+
+# `schedule` setting -> counts per step ("family" means the model family's own, see sampling.py)
 SCHEDULES: dict[str, Callable[[StepContext, float], torch.Tensor]] = {
-    "llada": llada_counts,
+    "linear": llada_counts,
     "dream": dream_counts,
 }
 
@@ -99,7 +150,11 @@ class RuleParams:
 
 def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     """A planned number per step (the family's schedule), everything left on the last step."""
-    counts = ctx.masks_now if ctx.last_step else p.schedule(ctx, p.eps)
+    last = ctx.last_step
+    if isinstance(last, bool):
+        counts = ctx.masks_now if last else p.schedule(ctx, p.eps)
+    else:
+        counts = torch.where(last, ctx.masks_now, p.schedule(ctx, p.eps))
     if p.alg_temp > 0:
         # Dream's alg_temp: positions sampled from softmax(conf / alg_temp) without replacement,
         # drawn here by Gumbel-top-k.
@@ -126,12 +181,15 @@ def factor_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
 
 def origin_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     """Dream's origin: each mask revealed independently with probability 1 - s/t."""
-    if ctx.last_step:
+    last = ctx.last_step
+    if isinstance(last, bool) and last:
         return ctx.candidates.clone()
-    times = torch.linspace(1, p.eps, ctx.block.steps + 1, device=ctx.drafts.device)
-    chance = 1 - times[ctx.block_step + 1] / times[ctx.block_step]
+    t, s = timesteps(ctx, p.eps)
+    chance = 1 - s / t
+    if isinstance(chance, torch.Tensor) and chance.dim() == 1:
+        chance = chance[:, None]  # (B, 1)
     u = torch.rand(ctx.candidates.shape, generator=ctx.generator, device=ctx.drafts.device)
-    return (u < chance) & ctx.candidates
+    return ((u < chance) | per_row(last, u)) & ctx.candidates
 
 
 UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
@@ -145,8 +203,9 @@ UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
 class RuleCommitter:
     """The default committer: one of UNMASK_RULES with this run's parameters."""
 
-    def __init__(self, settings: DecodeSettings, schedule: str):
+    def __init__(self, settings: DecodeSettings, family_schedule: str):
         self.rule = UNMASK_RULES[settings.unmask]
+        schedule = family_schedule if settings.schedule == "family" else settings.schedule
         self.params = RuleParams(
             threshold=settings.threshold,
             factor=settings.factor,

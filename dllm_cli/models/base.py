@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from dllm_cli.cache import KVCache
+from dllm_cli.cache import CacheRows, Columns, KVCache
 from dllm_cli.models.layers import RMSNorm, default_positions, rope_tables
 
 
@@ -17,10 +17,12 @@ class DiffusionLM(PreTrainedModel):
 
     `forward(input_ids, positions, cache, key_mask, columns)` computes only the given (active)
     canvas columns, writes their K/V into `cache` at those columns, and attends over every
-    cached column the key mask allows. RoPE sees `positions` (true positions, i.e. canvas
-    column minus the row's left padding). Returns raw logits (B, T, V) for the active
-    columns; `logit_shift` says whether they predict their own column (0, LLaDA) or the
-    next one (1, Dream), which the decoder resolves.
+    cached column the key mask allows. `columns` is one slice for every row, or a (B, T) long
+    tensor of each row's own columns (padding aimed at the cache's scratch column). RoPE sees
+    `positions` (true positions, i.e. canvas column minus the row's left padding). Returns raw
+    logits (B, T, V) for the active columns, or only those `logits_slice` picks (a slice, or
+    (B, T') per-row indices into T); `logit_shift` says whether they predict their own column
+    (0, LLaDA) or the next one (1, Dream), which the decoder resolves.
     """
 
     logit_shift: int = 0
@@ -70,10 +72,6 @@ class DiffusionLM(PreTrainedModel):
         raise NotImplementedError
 
     @property
-    def mask_token_id(self) -> int | None:
-        return getattr(self.config, "mask_token_id", None)
-
-    @property
     def vocab_size(self) -> int:
         """Real vocabulary size: logits past it are padding rows of the embedding."""
         return self.config.vocab_size
@@ -97,10 +95,10 @@ class DiffusionLM(PreTrainedModel):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | CacheRows | None = None,
         key_mask: torch.Tensor | None = None,
-        columns: slice | None = None,
-        logits_slice: slice | None = None,
+        columns: Columns | None = None,
+        logits_slice: slice | torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, T', V) of the active columns (T' = T, or the `logits_slice` of them)."""
         t = input_ids.shape[1]
@@ -112,6 +110,8 @@ class DiffusionLM(PreTrainedModel):
         rope = self.rope_at(positions, self.rope_dtype(h.dtype))  # one for every layer
         for i, block in enumerate(self.blocks()):
             h = block(h, rope, cache=cache, layer=i, columns=columns, key_mask=key_mask)
-        if logits_slice is not None:
+        if isinstance(logits_slice, torch.Tensor):  # (B, T') per-row picks
+            h = h.gather(1, logits_slice[..., None].expand(-1, -1, h.shape[-1]))
+        elif logits_slice is not None:
             h = h[:, logits_slice]
         return self.head(h)

@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 
+from dllm_cli.cache import KVCache
+
 # record(run) -> (this step's output, replay, the buffer each replay rewrites)
 Recorder = Callable[
     [Callable[[], torch.Tensor]], tuple[torch.Tensor, Callable[[], None], torch.Tensor]
@@ -85,10 +87,13 @@ class StepGraphs:
 
 
 def graphable(input_ids, positions, cache, key_mask, columns, logits_slice) -> bool:
-    """A cached step over part of the canvas (full-canvas refreshes run eagerly)."""
-    if cache is None or columns is None or positions is None:
+    """A lockstep cached step over part of the canvas; full-canvas refreshes and per-row
+    steps ((B, T) columns, row subsets of the cache, per-row logit picks) run eagerly."""
+    if not isinstance(cache, KVCache) or not isinstance(columns, slice) or positions is None:
         return False
-    return (columns.start or 0) > 0 or columns.stop < cache.length
+    if isinstance(logits_slice, torch.Tensor):
+        return False
+    return (columns.start or 0) > 0 or columns.stop < cache.width
 
 
 def recording_key(input_ids, positions, cache, key_mask, columns, logits_slice) -> tuple:

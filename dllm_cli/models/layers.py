@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dllm_cli.cache import KVCache
+from dllm_cli.cache import CacheRows, Columns, KVCache
 
 
 class RMSNorm(nn.Module):
@@ -108,16 +108,17 @@ def attend(
     rope: tuple[torch.Tensor, torch.Tensor] | None,
     *,
     full_precision_rope: bool,
-    cache: KVCache | None,
+    cache: KVCache | CacheRows | None,
     layer: int,
-    columns: slice,
+    columns: Columns,
     key_mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """Bidirectional attention of the active columns over every key the mask allows.
 
     q: (B, H, T, D); k, v: (B, H_kv, T, D) for the active columns. With a cache the fresh K/V
-    are written at `columns` and the queries attend over all cached columns. key_mask: (B, S)
-    bool, True where a key may be attended (padding is False). Returns (B, T, H*D).
+    are written at `columns` (a slice, or (B, T) per row) and the queries attend over all
+    cached columns. key_mask: (B, S) bool, True where a key may be attended (padding and the
+    cache's scratch column are False). Returns (B, T, H*D).
     """
     if rope is not None:  # None: the caller has rotated q and k already
         cos, sin = rope
@@ -132,8 +133,10 @@ def attend(
     return out.transpose(1, 2).reshape(b, t, h * d)
 
 
-def default_positions(input_ids: torch.Tensor, columns: slice) -> torch.Tensor:
+def default_positions(input_ids: torch.Tensor, columns: Columns) -> torch.Tensor:
     """Positions equal to canvas columns (no left padding)."""
+    if isinstance(columns, torch.Tensor):
+        return columns
     b, t = input_ids.shape
     start = columns.start or 0
     return torch.arange(start, start + t, device=input_ids.device).expand(b, t)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,16 +33,22 @@ EOT_NAMES = ("<|eot_id|>", "<|im_end|>")
 class SpecialIds:
     """Token ids with a role in decoding; read from the folder, overridable by a profile."""
 
-    mask: int
+    mask: int | None  # None: the family has no mask token (DiffusionGemma)
     eos: int
     pad: int
     bos: int | None = None
     eot: int | None = None
+    vocab: int | None = None  # tokenizer size: ids at or above it are embedding padding rows
+    extra_stop: tuple[int, ...] = ()  # further stop tokens a checkpoint lists (DiffusionGemma)
+
+    def real_vocab(self, model_vocab: int) -> int:
+        """How many ids can be real tokens: a draft or a guide's token is always below this."""
+        return model_vocab if self.vocab is None else min(model_vocab, self.vocab)
 
     @property
     def stop(self) -> tuple[int, ...]:
-        """Tokens that end an answer (EOS, and end-of-turn where the format has one)."""
-        return tuple(t for t in (self.eos, self.eot) if t is not None)
+        """Tokens that end an answer (EOS, end-of-turn where the format has one, and extras)."""
+        return tuple(t for t in (self.eos, self.eot, *self.extra_stop) if t is not None)
 
 
 @dataclass
@@ -56,7 +62,6 @@ class LoadedModel:
     architecture: str
     device: torch.device
     dtype: torch.dtype
-    extra: dict = field(default_factory=dict)
 
 
 def quiet_transformers() -> None:
@@ -138,7 +143,7 @@ def config_from_json(raw: dict, cfg_file: Path):
     if kind is None:
         raise ModelLoadError(f"{cfg_file} has no model_type (cannot tell the architecture)")
     if kind not in ARCHITECTURES:
-        known = ", ".join(ARCHITECTURES)
+        known = ", ".join([*ARCHITECTURES, "diffusion_gemma"])
         raise ModelLoadError(f"unknown architecture {kind!r} in {cfg_file} (supported: {known})")
     cfg_cls, model_cls = ARCHITECTURES[kind]
     raw = {k: v for k, v in raw.items() if k not in ("auto_map", "model_type")}
@@ -150,11 +155,6 @@ def config_from_json(raw: dict, cfg_file: Path):
     if why:
         raise ModelLoadError(f"{cfg_file}: unsupported {kind} variant: {why}")
     return config, model_cls
-
-
-def read_config(folder: Path):
-    """config.json -> our config object; errors name the file and the problem."""
-    return config_from_json(read_config_json(folder), folder / "config.json")
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
@@ -311,12 +311,14 @@ def load_model(
     device: str = "auto",
     special_overrides: dict | None = None,
 ) -> LoadedModel:
-    """Load a local LLaDA/Dream folder (sharded safetensors included) ready for decoding."""
+    """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included)."""
     quiet_transformers()
     folder = resolve_path(path)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     raw = read_config_json(folder)
+    if raw.get("model_type") == "diffusion_gemma":  # transformers' own model and sampler
+        return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
     config, model_cls = config_from_json(raw, folder / "config.json")
     try:
         with torch.device("meta"):
@@ -339,6 +341,7 @@ def load_model(
     tokenizer = load_tokenizer(folder)
     rows = model.get_input_embeddings().num_embeddings
     special = special_ids(config, tokenizer, special_overrides, present=raw, table_size=rows)
+    special = replace(special, vocab=len(tokenizer))
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -348,3 +351,35 @@ def load_model(
         device=dev,
         dtype=torch_dtype,
     )
+
+
+def load_diffusion_gemma(
+    folder: Path, raw: dict, dev: torch.device, dtype: torch.dtype, overrides: dict | None
+) -> LoadedModel:
+    """transformers' DiffusionGemma (models/diffusion_gemma.py), our tokenizer and special ids;
+    no mask role (uniform-state diffusion), the checkpoint's further stop tokens."""
+    from dllm_cli.models import diffusion_gemma as dg
+
+    try:
+        config = dg.read_config(raw)
+    except Exception as e:  # strict dataclass validation raises several types
+        raise ModelLoadError(
+            f"{folder / 'config.json'}: invalid {dg.FAMILY} config: {_one_line(e)}"
+        ) from None
+    weight_files(folder)  # no weights at all: our one-line error before transformers'
+    try:
+        model = dg.load_weights(folder, config, dev, dtype)
+    except ModelLoadError:
+        raise
+    except Exception as e:  # anything transformers raises for a damaged or mismatched folder
+        raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
+    tokenizer = load_tokenizer(folder)
+    text = config.text_config
+    present = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    roles = dg.role_defaults(model, tokenizer) | given
+    ids = special_ids(text, tokenizer, roles, present=present, table_size=text.vocab_size)
+    special = replace(
+        ids, mask=None, extra_stop=dg.extra_stops(model, ids.stop), vocab=len(tokenizer)
+    )
+    return LoadedModel(model, tokenizer, special, folder, dg.FAMILY, dev, dtype)

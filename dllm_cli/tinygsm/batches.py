@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from dllm_cli.tinygsm.data import Problem, few_shot_prompt, random_fact, train_stream
+from dllm_cli.tinygsm.splits import mixed_stream
+from dllm_cli.tinygsm.wide import wide_fact
 
 MASK_EPS = 1e-3
 
@@ -60,11 +62,14 @@ class Encoder:
         """True on the solution tokens of the in-context examples (after `Answer:`)."""
         return _mark_after(prompt, self.answer_open, self.newline)
 
-    def drill(self, rng: random.Random, length: int) -> tuple[list[int], list[bool]]:
+    def drill(
+        self, rng: random.Random, length: int, wide_frac: float = 0.0
+    ) -> tuple[list[int], list[bool]]:
         """BOS + equations `a op b = c.` filling `length` tokens; True on the results."""
         ids = [self.ids.bos]
         while len(ids) < length:
-            ids += self.tok(" " + random_fact(rng), add_special_tokens=False).input_ids
+            fact = wide_fact(rng) if rng.random() < wide_frac else random_fact(rng)
+            ids += self.tok(" " + fact, add_special_tokens=False).input_ids
         ids = ids[:length]
         marks = _mark_after(ids, [self.equals], self.period)
         return ids, marks
@@ -91,11 +96,16 @@ class Example:
 
 
 class ExampleSource:
-    """Deterministic k-shot examples from the training stream (shots are training problems)."""
+    """Deterministic k-shot examples from the training stream (shots are training problems).
 
-    def __init__(self, encoder: Encoder, seed: int):
+    `wide_frac` / `rich_frac` > 0 mix in the wide and rich generators (and skip every held-out
+    set); both 0 is the first release's narrow stream.
+    """
+
+    def __init__(self, encoder: Encoder, seed: int, wide_frac: float = 0.0, rich_frac: float = 0.0):
         self.encoder = encoder
-        self.stream = train_stream(seed)
+        mixed = wide_frac > 0 or rich_frac > 0
+        self.stream = mixed_stream(seed, wide_frac, rich_frac) if mixed else train_stream(seed)
 
     def take(self, k: int) -> Example:
         shots = [next(self.stream) for _ in range(k)]

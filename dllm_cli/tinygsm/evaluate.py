@@ -5,17 +5,20 @@ The library behind `dllm eval` and `dllm bench` (and training's learning curve):
 template), decoded in batches by the real engine and checked with `tinygsm.data.is_correct`.
 
 Throughput, defined once for every command:
-- `tokens`: per problem, the generated tokens up to and including the answer's end, i.e. the
-  first stop token (EOS or end-of-turn) counts, the EOS filling after it does not; an answer
-  without a stop token counts all `gen_length` positions. This is the text a user waits for,
-  and it does not reward decoders for padding faster.
+- `tokens`: per problem, `decoding.answer_length`: the generated tokens up to and including the
+  answer's end, i.e. the first stop token (EOS or end-of-turn) counts, the EOS filling after it
+  does not; an answer without a stop token counts all `gen_length` positions. This is the text
+  a user waits for, and it does not reward decoders for padding faster (`generate --stats`
+  counts the same).
 - `tokens_per_second` = sum of `tokens` / `seconds`, where `seconds` is the wall time of the
   decode calls (model and guide forwards, sampling, commits; not tokenization or checking),
   after an untimed warm-up decode of one block when asked (`dllm eval` and `dllm bench` do).
 - `gen_tokens_per_second` = n * gen_length / seconds: canvas positions per second, the number
   that grows with gen_length when a decoder stops early.
 - `forwards`: diffusion-model forwards (NFE) over all batches (one forward serves a batch);
-  `guide_forwards`: the AR guide's forwards; `tokens_per_forward` = tokens / forwards.
+  `guide_forwards`: the AR guide's forwards; `tokens_per_forward` = tokens / forwards (per
+  diffusion forward); `guide_seconds`: the part of `seconds` spent in the guide (its
+  forwards and the verification), `guide_share` = guide_seconds / seconds.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from dllm_cli.decoding import Committer, decode
+from dllm_cli.decoding import Committer, answer_length, decode
 from dllm_cli.errors import InputError
-from dllm_cli.models.loading import LoadedModel
+from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.loading import SpecialIds
+from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.tinygsm.data import (
     TEST_SIZE,
@@ -69,6 +74,7 @@ class Score:
     guide_forwards: int = 0
     steps: int = 0
     seconds: float = 0.0
+    guide_seconds: float = 0.0
     mask_violations: int = 0  # answers whose text still held a mask token (must stay 0)
 
     @property
@@ -111,6 +117,8 @@ class Score:
             "forwards": self.forwards,
             "guide_forwards": self.guide_forwards,
             "tokens_per_forward": self.tokens_per_forward,
+            "guide_seconds": self.guide_seconds,
+            "guide_share": self.guide_seconds / self.seconds if self.seconds > 0 else 0.0,
             "steps": self.steps,
             "seconds": self.seconds,
             "mask_violations": self.mask_violations,
@@ -132,14 +140,9 @@ def held_out(encode: Callable[[str], list[int]], n: int, shots: int, start: int 
     ]
 
 
-def answer_length(tokens: Sequence[int], stop: Sequence[int]) -> int:
-    """Generated tokens up to and including the first stop token (all when there is none)."""
-    stops = set(stop)
-    return next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))
-
-
 def score(
-    loaded: LoadedModel,
+    model: DiffusionLM,
+    special: SpecialIds,
     tasks: Sequence[Task],
     settings: DecodeSettings,
     text: Callable[[list[int]], str],
@@ -152,14 +155,16 @@ def score(
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1 (got {batch_size})")
     out = Score(gen_length=settings.gen_length)
-    stop, mask = loaded.special.stop, loaded.special.mask
-    guide_before = getattr(committer, "forwards", 0)
+    stop, mask = special.stop, special.mask
     for first in range(0, len(tasks), batch_size):
         batch = tasks[first : first + batch_size]
         began = time.perf_counter()
-        result = decode(loaded, [t.prompt for t in batch], settings, committer=committer)
+        prompts = [t.prompt for t in batch]
+        result = decode(model, special, prompts, settings, committer=committer)
         out.seconds += time.perf_counter() - began
         out.forwards += result.forwards
+        out.guide_forwards += result.guide_forwards
+        out.guide_seconds += result.guide_seconds
         out.steps += result.steps
         for task, tokens in zip(batch, result.tokens, strict=True):
             length = answer_length(tokens, stop)
@@ -172,40 +177,44 @@ def score(
             )
         if on_batch is not None:
             on_batch(len(batch))
-    out.guide_forwards = getattr(committer, "forwards", 0) - guide_before
     return out
 
 
-def warm_up(loaded: LoadedModel, task: Task, settings: DecodeSettings, committer=None) -> None:
+def warm_up(
+    model: DiffusionLM,
+    special: SpecialIds,
+    task: Task,
+    settings: DecodeSettings,
+    committer: Committer | None = None,
+) -> None:
     """One untimed decode of one block, so one-off setup (kernels, allocations) is not timed."""
     short = replace(settings, gen_length=min(settings.block_length, settings.gen_length))
-    decode(loaded, [task.prompt], short, committer=committer)
+    decode(model, special, [task.prompt], short, committer=committer)
 
 
 def evaluate(
-    runtime,
+    runtime: Runtime,
     n: int,
     shots: int,
     *,
     batch_size: int = 1,
     start: int = 0,
-    settings: DecodeSettings | None = None,
-    committer: Committer | None = None,
     warmup: bool = False,
     on_batch: Callable[[int], None] | None = None,
 ) -> Score:
-    """A Runtime's accuracy on n held-out problems (its settings and guide unless given)."""
+    """A Runtime's accuracy on n held-out problems, with its settings and guide."""
     tasks = held_out(runtime.encode, n, shots, start)
-    chosen = settings or runtime.settings
-    guide = committer if committer is not None else runtime.committer()
+    model, special = runtime.loaded.model, runtime.loaded.special
+    committer = runtime.committer()
     if warmup:
-        warm_up(runtime.loaded, tasks[0], chosen, guide)
+        warm_up(model, special, tasks[0], runtime.settings, committer)
     return score(
-        runtime.loaded,
+        model,
+        special,
         tasks,
-        chosen,
+        runtime.settings,
         runtime.text,
-        committer=guide,
+        committer=committer,
         batch_size=batch_size,
         on_batch=on_batch,
     )

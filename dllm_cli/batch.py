@@ -1,0 +1,179 @@
+"""The batch pipeline behind `dllm generate -`: numbered prompt lines in, one record per line out.
+
+Each line is checked as it is read, so a bad one (empty, too long, not JSON with --json-input)
+becomes its own error record instead of sinking a batch. Valid lines are decoded `batch_size`
+at a time, and finished records go to the caller's `done` in input order: record n as soon as
+records 1..n are all finished. The caller decides where records go (stdout; rank 0 under
+torchrun) and what a progress bar shows; the pipeline prints nothing. An interrupt or an error
+from the decoder stops it with every record before the failed batch already handed on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from dllm_cli.decoding import DecodeResult, answer_length, decode
+from dllm_cli.errors import DllmError, InputError
+from dllm_cli.runtime import Runtime
+
+
+@dataclass
+class Slot:
+    """One input line on its way to one output record."""
+
+    line: int
+    prompt: str
+    ids: list[int] | None = None
+    error: str | None = None
+    output: str | None = None  # its stdout line, once finished (text mode, failed: "")
+
+
+@dataclass
+class Totals:
+    """What --stats reports, summed over every decoded batch (tokens: see decoding/answer.py)."""
+
+    prompts: int = 0
+    tokens: int = 0
+    forwards: int = 0
+    guide_forwards: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+    def add(self, result: DecodeResult, stop: Iterable[int]) -> None:
+        self.prompts += len(result.tokens)
+        self.tokens += sum(answer_length(row, stop) for row in result.tokens)
+        self.forwards += result.forwards
+        self.guide_forwards += result.guide_forwards
+        self.steps += result.steps
+        self.seconds += result.seconds
+
+    def merge(self, other: Totals) -> None:
+        """Another rank's totals: counts add up; seconds is the longest, as ranks run at once."""
+        self.prompts += other.prompts
+        self.tokens += other.tokens
+        self.forwards += other.forwards
+        self.guide_forwards += other.guide_forwards
+        self.steps += other.steps
+        self.seconds = max(self.seconds, other.seconds)
+
+    def line(self) -> str:
+        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        guide = f"{self.guide_forwards} guide forwards, " if self.guide_forwards else ""
+        return (
+            f"{self.prompts} prompt(s), {self.tokens} tokens, {self.forwards} forwards, {guide}"
+            f"{self.steps} steps, {self.seconds:.2f} s, {rate:.1f} tok/s"
+        )
+
+
+@dataclass
+class Pipeline:
+    """A runtime and how to batch and format: `run` turns numbered lines into records."""
+
+    runtime: Runtime
+    batch_size: int = 8
+    json_out: bool = False
+    json_input: bool = False
+    totals: Totals = field(default_factory=Totals)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise InputError(f"--batch-size must be at least 1 (got {self.batch_size})")
+
+    def run(self, numbered: Iterable[tuple[int, str]], done: Callable[[list[Slot]], None]) -> None:
+        """Read (number, line) pairs, decode, hand finished slots to `done` in input order."""
+        pending: list[Slot] = []  # read, not yet handed on (input order)
+        batch: list[Slot] = []  # valid, not yet decoded
+
+        def flush() -> None:
+            finished = []
+            while pending and pending[0].output is not None:
+                finished.append(pending.pop(0))
+            if finished:
+                done(finished)
+
+        for number, raw in numbered:
+            slot = self.read(number, raw)
+            pending.append(slot)
+            if slot.error is None:
+                batch.append(slot)
+            if len(batch) == self.batch_size:
+                self.decode_batch(batch)
+                batch = []
+            flush()
+        if batch:
+            self.decode_batch(batch)
+        flush()
+
+    def read(self, number: int, raw: str) -> Slot:
+        """Parse and encode one input line; any problem makes it an error record."""
+        slot = Slot(number, raw.rstrip("\r\n"))
+        try:
+            if self.json_input:
+                slot.prompt = prompt_from_json(slot.prompt)
+            slot.ids = self.runtime.prepare(slot.prompt)
+        except DllmError as e:
+            self.fail(slot, str(e))
+        return slot
+
+    def lost(self, number: int, raw: str, reason: str) -> Slot:
+        """The error record of a line that was never decoded (its prompt as read)."""
+        slot = self.read(number, raw)
+        self.fail(slot, reason)
+        return slot
+
+    def fail(self, slot: Slot, reason: str) -> None:
+        slot.error = reason
+        error = {"line": slot.line, "prompt": slot.prompt, "error": reason}
+        slot.output = json.dumps(error) if self.json_out else ""
+
+    def decode_batch(self, batch: list[Slot]) -> None:
+        """Decode valid slots together; an input error the checks missed fails this batch only."""
+        rt = self.runtime
+        prompts = [s.ids for s in batch]
+        try:
+            model, special = rt.loaded.model, rt.loaded.special
+            result = decode(model, special, prompts, rt.settings, committer=rt.committer())
+        except InputError as e:
+            for slot in batch:
+                self.fail(slot, str(e))
+            return
+        self.totals.add(result, rt.loaded.special.stop)
+        for row, slot in enumerate(batch):
+            text = rt.text(result.tokens[row])
+            if self.json_out:
+                slot.output = json.dumps(
+                    {"line": slot.line, **record(slot.prompt, text, result, row)}
+                )
+            else:
+                slot.output = one_line(text)
+
+
+def prompt_from_json(text: str) -> str:
+    """The "prompt" string of a JSON-lines input."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"not a JSON object: {e.msg}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("prompt"), str):
+        raise InputError('expected a JSON object with a string "prompt" field')
+    return data["prompt"]
+
+
+def record(prompt: str, text: str, result: DecodeResult, row: int) -> dict:
+    """The --json object for one answer (forwards/steps/seconds are its batch's)."""
+    return {
+        "prompt": prompt,
+        "text": text,
+        "token_ids": result.tokens[row],
+        "forwards": result.forwards,
+        "guide_forwards": result.guide_forwards,
+        "steps": result.steps,
+        "seconds": round(result.seconds, 4),
+    }
+
+
+def one_line(text: str) -> str:
+    """Text-mode batch output: one line per answer, reversibly escaped."""
+    return text.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")

@@ -1,0 +1,45 @@
+"""Where an answer ends, defined once: at its first stop token (EOS, or end-of-turn).
+
+Generated positions past the first stop token are not part of the answer, whatever they hold.
+Two forms of the one rule: lists for finished answers (text, token counts, the live view) and
+a tensor test for rows still being decoded (early stop: is the end already final?).
+
+Throughput counts `answer_length` tokens per answer: everything up to AND including the stop
+token (the model had to produce it for the answer to end; the EOS filling after it does not
+count), or every position when the answer never ends. `dllm generate --stats`, `dllm eval` and
+`dllm bench` all divide this count by decoding seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+
+def answer_end(tokens: Sequence[int | None], stop: Iterable[int]) -> int:
+    """Index of the first stop token; len(tokens) when there is none (None: not yet decoded)."""
+    stops = set(stop)
+    return next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
+
+
+def answer_tokens(tokens: Sequence[int], stop: Iterable[int]) -> list[int]:
+    """The answer's tokens: those before the first stop token (the text a user sees)."""
+    return list(tokens[: answer_end(tokens, stop)])
+
+
+def answer_length(tokens: Sequence[int], stop: Iterable[int]) -> int:
+    """Tokens the answer took to generate: through its first stop token (all without one)."""
+    return min(answer_end(tokens, stop) + 1, len(tokens))
+
+
+def first_stop(answer: torch.Tensor, stop_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """(B,) position of each row's first stop token if everything before it is committed, else G.
+
+    Such a row's text is final: no later step can change a token before the stop.
+    """
+    g = answer.shape[1]
+    span = torch.arange(g, device=answer.device)[None]
+    stop_at = torch.where(torch.isin(answer, stop_ids), span, g).min(dim=1).values
+    mask_at = torch.where(answer == mask_id, span, g).min(dim=1).values
+    return torch.where(mask_at > stop_at, stop_at, torch.full_like(stop_at, g))

@@ -1,0 +1,165 @@
+"""One step's model forwards for rows at different places: at most two per step.
+
+Each row brings its plan (the canvas columns its cache policy recomputes, policies.py) and its
+span (the columns it decodes: its block, or a guided row's draft window). Rows are served by
+at most two forwards per step, and usually one:
+
+- rows whose plan is a full refresh (a decode's first step, a block start under Prefix/Dual
+  cache, a periodic refresh) share one full-canvas forward;
+- every other row shares one windowed forward. When all their windows are equal (rows in
+  lockstep, the common static batch) the window is one slice; otherwise each row feeds its own
+  columns, padded to the longest window with queries aimed at the KV cache's scratch column.
+
+Two, not one per distinct window: a full forward and a windowed one differ in length by the
+whole prompt, so padding them into one would cost the windowed rows a full forward each,
+while windows of cached rows differ little (a block's worth at most under Prefix/FreeCache).
+Logits are computed only for each row's span (per-row picks when spans differ), and the
+sampler runs on each group's logits, so memory stays at one group's (R, L, V).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_cli.cache import KVCache
+from dllm_cli.decoding.canvas import Canvas
+from dllm_cli.decoding.policies import Forward
+from dllm_cli.decoding.sampling import Sampler
+
+
+@dataclass
+class Prediction:
+    """Drafts for every row's span, left-aligned: slot j of row r is canvas column a_r + j."""
+
+    drafts: torch.Tensor  # (B, L) long
+    confidence: torch.Tensor  # (B, L): -inf on padding slots
+    columns: torch.Tensor  # (B, L) long canvas columns (padding: the span's first column)
+    valid: torch.Tensor  # (B, L) bool: a real slot of the row's span
+    forwards: int  # model forwards this step
+
+
+class Forwards:
+    """Runs a step's forwards and turns their logits into drafts per row."""
+
+    def __init__(self, model, sampler: Sampler, cfg_scale: float, greedy_drafts: bool):
+        self.model, self.sampler = model, sampler
+        self.cfg, self.branches = cfg_scale, 2 if cfg_scale > 0 else 1
+        self.greedy = greedy_drafts  # guided: drafts are argmax whatever the temperature
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        canvas: Canvas,
+        cache: KVCache | None,
+        plans: list[Forward],
+        spans: list[tuple[int, int]],
+        generator: torch.Generator,
+    ) -> Prediction:
+        device = canvas.ids.device
+        starts = torch.tensor([a for a, _ in spans], device=device)
+        lengths = torch.tensor([e - a for a, e in spans], device=device)
+        slots = torch.arange(int(lengths.max()), device=device)  # (L,)
+        valid = slots[None] < lengths[:, None]  # (B, L)
+        columns = torch.where(valid, starts[:, None] + slots, starts[:, None])
+        groups = [g for g in split(plans) if g]
+        if len(groups) == 1:  # one forward serves every row (the lockstep fast path)
+            drafts, confidence = self._group(canvas, cache, plans, spans, None, generator)
+        else:
+            drafts = torch.full(valid.shape, canvas.mask_id, dtype=torch.long, device=device)
+            confidence = None
+            for group in groups:
+                rows = torch.tensor(group, device=device)
+                sub = ([plans[r] for r in group], [spans[r] for r in group])
+                d, conf = self._group(canvas, cache, *sub, rows, generator)
+                if confidence is None:
+                    confidence = torch.full(valid.shape, float("-inf"), dtype=conf.dtype)
+                    confidence = confidence.to(device)
+                drafts[rows, : d.shape[1]] = d
+                confidence[rows, : d.shape[1]] = conf
+        return Prediction(drafts, confidence, columns, valid, forwards=len(groups))
+
+    def _group(self, canvas, cache, plans, spans, rows, generator):
+        logits = self._logits(canvas, cache, plans, spans, rows)  # (R, L, V)
+        if self.greedy:
+            return self.sampler.argmax(logits)
+        return self.sampler(logits, generator)
+
+    def _logits(self, c: Canvas, cache, plans, spans, rows) -> torch.Tensor:
+        """One forward for `rows` (None: every row), logits for each row's span."""
+        model, width, shift = self.model, c.width, self.model.logit_shift
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        ids_all, pos_all = pick(c.ids), pick(c.positions())
+        starts = [p.start for p in plans]
+        ends = [p.end for p in plans]
+        if len(set(starts)) == 1 and len(set(ends)) == 1:
+            cols = slice(starts[0], ends[0])
+            ids, pos = ids_all[:, cols], pos_all[:, cols]
+            prompt = pick(c.prompt_mask())[:, cols]
+        else:  # every row its own window, padding aimed at the scratch column `width`
+            cols = row_columns(starts, ends, width, c.ids.device)  # (R, T)
+            ids = take(ids_all, cols, c.mask_id)
+            pos, prompt = take(pos_all, cols, 0), take(pick(c.prompt_mask()), cols, False)
+        keys = self._keys(c, cache, rows, cols)
+        picks = span_picks(starts, spans, shift, c.ids.device)
+        branch_cache = cache
+        if cache is not None and rows is not None:
+            branch_cache = cache.rows(torch.cat([rows + b * c.batch for b in range(self.branches)]))
+        if self.branches == 2:
+            # Classifier-free guidance (LLaDA): a second branch with the prompt masked out.
+            uncond = ids.masked_fill(prompt, c.mask_id)
+            ids, pos = torch.cat([ids, uncond]), torch.cat([pos, pos])
+            keys = None if keys is None else torch.cat([keys, keys])
+            if isinstance(cols, torch.Tensor):
+                cols = torch.cat([cols, cols])
+            if isinstance(picks, torch.Tensor):
+                picks = torch.cat([picks, picks])
+        logits = model(ids, pos, branch_cache, keys, columns=cols, logits_slice=picks)
+        if self.branches == 2:
+            cond, un = logits.chunk(2)
+            logits = un + (self.cfg + 1) * (cond - un)
+        return logits
+
+    def _keys(self, c: Canvas, cache: KVCache | None, rows, cols) -> torch.Tensor | None:
+        """(R, S) key mask: padding off; with a scratch column, (R, S + 1) with it off."""
+        keys = c.key_mask()  # (B, S) or None
+        if cache is None:  # no cache: keys are the forward's own columns
+            return None if keys is None else keys[:, cols]
+        if cache.scratch:
+            if keys is None:
+                keys = torch.ones_like(c.ids, dtype=torch.bool)
+            keys = torch.cat([keys, torch.zeros_like(keys[:, :1])], dim=1)
+        return keys if keys is None or rows is None else keys[rows]
+
+
+def split(plans: list[Forward]) -> tuple[list[int], list[int]]:
+    """Row indices needing a full forward, and the rest (windowed)."""
+    full = [r for r, p in enumerate(plans) if p.refresh]
+    return full, [r for r, p in enumerate(plans) if not p.refresh]
+
+
+def row_columns(starts, ends, width: int, device) -> torch.Tensor:
+    """(R, T) canvas columns of each row's window, padded with the scratch column `width`."""
+    start = torch.tensor(starts, device=device)
+    length = torch.tensor(ends, device=device) - start
+    span = torch.arange(int(length.max()), device=device)
+    return torch.where(span[None] < length[:, None], start[:, None] + span, width)
+
+
+def take(values: torch.Tensor, cols: torch.Tensor, fill) -> torch.Tensor:
+    """values (R, S) at per-row columns (R, T); `fill` where a column is the scratch one."""
+    width = values.shape[1]
+    return values.gather(1, cols.clamp(max=width - 1)).masked_fill(cols >= width, fill)
+
+
+def span_picks(starts, spans, shift: int, device) -> slice | torch.Tensor:
+    """Which outputs of the forward predict each row's span (Dream: one column to the left)."""
+    offsets = [a - shift - s for s, (a, _) in zip(starts, spans, strict=True)]
+    lengths = [e - a for a, e in spans]
+    if len(set(offsets)) == 1 and len(set(lengths)) == 1:
+        return slice(offsets[0], offsets[0] + lengths[0])
+    off = torch.tensor(offsets, device=device)
+    n = torch.tensor(lengths, device=device)
+    j = torch.arange(max(lengths), device=device)[None]
+    return off[:, None] + torch.minimum(j, n[:, None] - 1)  # padding repeats the last pick

@@ -1,0 +1,315 @@
+"""DiffusionGemma decoding through transformers' own `generate` (the reference implementation).
+
+dllm's settings map onto its generation config where they mean the same thing (`USED`):
+gen_length -> max_new_tokens (whole canvases are denoised, the answer is cut at gen_length),
+steps -> max_denoising_steps (per canvas; the stopping rule may end a canvas sooner),
+early_stop -> eos_token_id (a row stops at the canvas holding its first stop token), seed ->
+one generator per row (gemma_stream.RowSampler), and the family's own knobs under their
+transformers names (t_min, t_max, entropy_bound, stability_threshold, confidence_threshold).
+Unset knobs take the checkpoint's generation_config.json, then transformers' defaults.
+block_length is the canvas length, fixed by the checkpoint. Every other setting means nothing
+here (`NOT_USED`) and is refused when it differs from its default, never silently ignored.
+
+This module imports transformers' DiffusionGemma code only when a run starts, so the checks
+cost nothing for the other families.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import fields, replace
+
+import torch
+
+from dllm_cli.decoding.answer import answer_length
+from dllm_cli.decoding.canvas import check_prompts
+from dllm_cli.decoding.events import DecodeResult, StepEvent
+from dllm_cli.errors import DllmError, InputError, SettingsError
+from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
+
+FAMILY = "diffusion_gemma"
+MASKED_FAMILIES = ("llada", "dream")
+PROFILE = "diffusiongemma-26b-a4b-it"
+_CACHE = "its encoder keeps its own KV cache of the prompt and of every finished canvas"
+_ACCEPT = "transformers' entropy-bound sampler picks the tokens to accept (see entropy_bound)"
+_TEMPERATURE = "its temperature follows a schedule from t_max down to t_min (see t_min, t_max)"
+NOT_USED: dict[str, str] = {
+    "cache": _CACHE,
+    "refresh_interval": _CACHE,
+    "unmask": _ACCEPT,
+    "schedule": _ACCEPT,
+    "confidence": _ACCEPT,
+    "threshold": _ACCEPT,
+    "factor": _ACCEPT,
+    "temperature": _TEMPERATURE,
+    "top_p": "it samples from the whole temperature-scaled distribution",
+    "top_k": "it samples from the whole temperature-scaled distribution",
+    "cfg_scale": "it has no classifier-free guidance",
+    "eps": "it is a timestep setting of Dream's schedule",
+    "alg_temp": "it is a setting of Dream's position sampling",
+}
+USED: dict[str, str] = {
+    "gen_length": "max_new_tokens",
+    "block_length": "canvas_length (fixed by the checkpoint)",
+    "steps": "max_denoising_steps (per canvas)",
+    "seed": "seeds one generator per row",
+    "early_stop": "eos_token_id (stop tokens end a row)",
+    "t_min": "t_min",
+    "t_max": "t_max",
+    "entropy_bound": "sampler_config.entropy_bound",
+    "stability_threshold": "stability_threshold",
+    "confidence_threshold": "confidence_threshold",
+}
+Where = Callable[[str], str]  # setting -> " (from ...)" for error messages
+
+
+def uses(family: str | None) -> dict[str, str]:
+    """decode.* setting -> how `family` uses it (empty when the family is unknown)."""
+    if family == FAMILY:
+        return {f.name: USED.get(f.name, "not used") for f in fields(DecodeSettings)}
+    if family in MASKED_FAMILIES:
+        return dict.fromkeys(GEMMA_FIELDS, f"{FAMILY} only")
+    return {}
+
+
+def nowhere(key: str) -> str:
+    return ""
+
+
+def check_settings(s: DecodeSettings, canvas: int, where: Where = nowhere) -> DecodeSettings:
+    """Refuse settings that mean nothing here; block_length becomes the canvas length."""
+    defaults = DecodeSettings()
+    for key, why in NOT_USED.items():
+        value = getattr(s, key)
+        if value != getattr(defaults, key):
+            raise SettingsError(
+                f"{key} {value!r}{where(key)} does not apply to {FAMILY}: {why} (leave it out, "
+                f"or use a {FAMILY} profile such as {PROFILE})"
+            )
+    if s.block_length not in (canvas, defaults.block_length):
+        raise SettingsError(
+            f"block_length {s.block_length}{where('block_length')} does not apply to {FAMILY}: "
+            f"its canvas length is fixed by the checkpoint ({canvas}); leave it out"
+        )
+    return replace(s, block_length=canvas)
+
+
+def check_masked(s: DecodeSettings, family: str, where: Where = nowhere) -> None:
+    """LLaDA and Dream refuse DiffusionGemma's own knobs."""
+    for key in GEMMA_FIELDS:
+        if getattr(s, key) is not None:
+            raise SettingsError(
+                f"{key} {getattr(s, key)!r}{where(key)} applies to {FAMILY} models only "
+                f"(this model is {family})"
+            )
+
+
+def denoised_length(gen_length: int, canvas: int) -> int:
+    """Positions generate fills for gen_length: whole canvases."""
+    return math.ceil(gen_length / canvas) * canvas
+
+
+def notes(s: DecodeSettings, canvas: int) -> list[str]:
+    """What the user should know about how the settings map (shown on stderr)."""
+    out = []
+    if s.gen_length % canvas:
+        n = math.ceil(s.gen_length / canvas)
+        out.append(
+            f"{FAMILY} denoises whole canvases of {canvas} tokens: {n} for gen_length "
+            f"{s.gen_length}, the answer is cut after {s.gen_length}"
+        )
+    return out
+
+
+def generation_kwargs(stop: tuple[int, ...], pad: int, s: DecodeSettings) -> dict:
+    """Keyword arguments of `generate` that set its generation config from dllm's settings.
+
+    Passed as kwargs because those override every level (a generation_config object's unset
+    fields would be refilled from the checkpoint's, e.g. its stop tokens with early stop off).
+    """
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+        EntropyBoundSamplerConfig,
+    )
+
+    kw = {
+        "max_new_tokens": s.gen_length,
+        "max_length": None,  # or a checkpoint's max_length could win over max_new_tokens
+        "cache_implementation": None,  # dynamic cache: the compiled static path is not used
+        # No stop tokens is [] rather than None: 5.11's generate fails on None (fixed in 5.12).
+        "eos_token_id": list(stop) if s.early_stop else [],
+        "pad_token_id": pad,
+    }
+    if s.steps is not None:
+        kw["max_denoising_steps"] = s.steps
+    for name in ("t_min", "t_max", "confidence_threshold"):
+        if getattr(s, name) is not None:
+            kw[name] = float(getattr(s, name))
+    if s.stability_threshold is not None:
+        kw["stability_threshold"] = int(s.stability_threshold)
+    if s.entropy_bound is not None:
+        kw["sampler_config"] = EntropyBoundSamplerConfig(entropy_bound=float(s.entropy_bound))
+    return kw
+
+
+def resolve_config(model, kwargs: dict):
+    """The generation config `generate` will use (its own resolution), or a SettingsError."""
+    try:
+        config, unused = model._prepare_generation_config(None, **kwargs)
+    except ValueError as e:
+        raise SettingsError(f"{FAMILY} generation settings: {e}") from None
+    if unused:
+        raise SettingsError(f"{FAMILY}: transformers does not know {sorted(unused)}")
+    return config
+
+
+class GemmaRun:
+    """One DiffusionGemma decode with DecodeRun's interface: iterate it for StepEvents, then
+    `result()`. transformers' `generate` runs in a worker thread and is paused at every step
+    until the consumer asks for the next event; `seconds` excludes that waiting."""
+
+    def __init__(self, model, special, prompts: list[list[int]], settings: DecodeSettings):
+        began = time.perf_counter()
+        from dllm_cli.decoding import gemma_stream as gs
+
+        self.gs, self.model = gs, model
+        canvas = model.canvas_length
+        self.settings = s = check_settings(settings.validate(), canvas)
+        prompts = [list(map(int, p)) for p in prompts]
+        canvases = math.ceil(s.gen_length / canvas)
+        check_prompts(prompts, denoised_length(s.gen_length, canvas), model.context_length)
+        check_vocabulary(prompts, model.config.text_config.vocab_size)
+        self.prompt_lengths = [len(p) for p in prompts]
+        self.width = max(self.prompt_lengths)
+        device = next(model.parameters()).device
+        rows = [[special.pad] * (self.width - len(p)) + p for p in prompts]
+        self.ids = torch.tensor(rows, device=device)  # (B, W) left-padded
+        lengths = torch.tensor(self.prompt_lengths, device=device)
+        self.mask = torch.arange(self.width, device=device)[None] >= (self.width - lengths)[:, None]
+        self.kwargs = generation_kwargs(special.stop, special.pad, s)
+        self.config = resolve_config(model, self.kwargs)
+        self.generators = [torch.Generator(device=device).manual_seed(s.seed) for _ in prompts]
+        self.stop, self.eos = frozenset(special.stop), special.eos
+        plan = gs.CanvasPlan(
+            canvas, s.gen_length, self.stop if s.early_stop else frozenset(), canvases
+        )
+        self.observer = None
+        self.handoff = gs.Handoff()
+        self.streamer = gs.EventStreamer(plan, len(prompts), lambda: self.observer, self._send)
+        self.sequences: torch.Tensor | None = None
+        self.forwards = self.steps = 0
+        self.setup = time.perf_counter() - began
+        self.seconds = self.setup
+        self._began = 0.0
+        self._events = self._stream()
+
+    # --- DecodeHooks: what generate calls back -------------------------------------------
+    def sampler(self, reference, generation_config):
+        """transformers' sampler, drawing per row (gemma_stream.RowSampler)."""
+        return self.gs.RowSampler(
+            generation_config.sampler_config,
+            reference.canvas_length,
+            reference.vocab_size,
+            generation_config.max_denoising_steps,
+            self.generators,
+            lambda: None if self.observer is None else self.observer.finished,
+        )
+
+    def stopping(self, rule):
+        self.observer = self.gs.StopObserver(rule)
+        return self.observer
+
+    # --- the worker and the consumer -----------------------------------------------------
+    def _clock(self) -> None:
+        self.seconds = self.setup + time.perf_counter() - self._began - self.handoff.waited
+
+    def _send(self, event: StepEvent) -> None:
+        self.forwards = self.steps = event.step + 1
+        self._clock()
+        self.handoff.give(event)
+
+    def _work(self) -> None:
+        self._began = time.perf_counter()
+        try:
+            self.model.hooks = self  # read once, as generate sets up its sampler and stop rule
+            try:
+                out = self.model.generate(
+                    self.ids, attention_mask=self.mask, streamer=self.streamer, **self.kwargs
+                )
+            finally:
+                if self.model.hooks is self:  # a later run may have set its own meanwhile
+                    self.model.hooks = None
+            self.sequences = getattr(out, "sequences", out).cpu()
+            self._clock()
+            self.handoff.finish(self.gs.DONE)
+        except self.gs.Cancelled:
+            pass
+        except BaseException as e:  # re-raised in the consumer's thread
+            self.handoff.finish(e)
+
+    def _stream(self) -> Iterator[StepEvent]:
+        worker = threading.Thread(target=self._work, name="dllm-diffusion-gemma", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = self.handoff.take()
+                if item is self.gs.DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                self.handoff.ask()
+        finally:
+            self.handoff.close()
+            worker.join()
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        return self._events
+
+    def result(self) -> DecodeResult:
+        """The finished decode (runs any remaining steps first)."""
+        for _ in self._events:
+            pass
+        if self.sequences is None:
+            raise DllmError("the decode was stopped before it finished")
+        tokens, steps = self._answers()
+        return DecodeResult(
+            tokens=tokens,
+            commit_steps=steps,
+            prompt_lengths=self.prompt_lengths,
+            forwards=self.forwards,
+            steps=self.steps,
+            seconds=self.seconds,
+            finished_at=list(self.streamer.finished_at),
+        )
+
+    def _answers(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Per row: gen_length tokens (after an early stop: EOS fill) and their commit steps."""
+        g, canvas = self.settings.gen_length, self.model.canvas_length
+        ends = self.streamer.canvas_step
+        answers = self.sequences[:, self.width : self.width + g].tolist()
+        tokens, steps = [], []
+        for answer in answers:
+            cut = answer_length(answer, self.stop) if self.settings.early_stop else len(answer)
+            tokens.append(answer[:cut] + [self.eos] * (g - cut))
+            steps.append([ends[p // canvas] if p < cut else -1 for p in range(g)])
+        return tokens, steps
+
+
+def check_vocabulary(prompts: list[list[int]], size: int) -> None:
+    """Prompt ids must index the embedding table."""
+    for i, p in enumerate(prompts):
+        bad = [t for t in p if not 0 <= t < size]
+        if bad:
+            raise InputError(
+                f"prompt {i} has token id {bad[0]} outside the vocabulary (0..{size - 1})"
+            )
+
+
+def start_run(model, special, prompts, settings, committer=None) -> GemmaRun:
+    """decode_steps for this family (guided decoding's committer does not apply)."""
+    if committer is not None:
+        raise SettingsError(f"a guide model does not apply to {FAMILY}: it uses its own sampler")
+    return GemmaRun(model, special, prompts, settings)

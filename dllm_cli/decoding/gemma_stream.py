@@ -1,0 +1,263 @@
+"""What dllm plugs into transformers' DiffusionGemma `generate`, and what it gets back as events.
+
+- `RowSampler`: transformers' `EntropyBoundSampler` whose random draws come from one generator
+  per row, so a prompt's output does not depend on the rest of its batch.
+- `StopObserver`: transformers' `StableAndConfidentStoppingCriteria`, passed through unchanged,
+  keeping each step's verdict and each token's confidence for the events.
+- `EventStreamer`: the streamer protocol (`put` per finished canvas, `put_draft` per denoising
+  step) turned into StepEvents: a token the denoiser replaces is a draft, a finished canvas is
+  a commit. `Handoff` passes them from the thread running `generate` to the consumer, one at a
+  time, so the decode advances only as fast as its consumer reads (like the masked engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
+
+from dllm_cli.decoding.answer import answer_length
+from dllm_cli.decoding.events import RowCommit, StepEvent
+
+
+class RowSampler(EntropyBoundSampler):
+    """transformers' entropy-bound sampler; row r draws its noise and samples from generators[r].
+
+    The reference draws from torch's global generator, so a row's draws depend on the rows
+    before it. Acceptance and renoising are the reference's own methods; only the source of
+    randomness differs: each row has its own generator (seeded with the run's seed), and a row
+    whose canvas the stopping rule has frozen draws nothing (alone, its loop would have ended),
+    so its later canvases see the same random numbers as in a run of its own.
+    """
+
+    def __init__(self, config, canvas_length, vocab_size, max_denoising_steps, generators, frozen):
+        super().__init__(config, canvas_length, vocab_size, max_denoising_steps)
+        self.generators = generators
+        self.frozen = frozen  # () -> (B,) bool: rows the stopping rule froze, or None
+        self.renoising = False
+
+    def _skip(self) -> list[bool]:
+        frozen = self.frozen()
+        return [False] * len(self.generators) if frozen is None else frozen.tolist()
+
+    def initialize_canvas(self, batch_size: int, device: torch.device) -> torch.Tensor:
+        """Uniform random tokens, (B, L), one row per generator (zeros for frozen rows, whose
+        renoised canvas generate discards)."""
+        skip = self._skip() if self.renoising else [False] * len(self.generators)
+        shape = (1, self.canvas_length)
+        rows = [
+            torch.zeros(shape, dtype=torch.long, device=device)
+            if s
+            else torch.randint(0, self.vocab_size, shape, generator=g, device=device)
+            for g, s in zip(self.generators, skip, strict=True)
+        ]
+        return torch.cat(rows)
+
+    def renoise_canvas(self, accepted_canvas, cur_step):
+        self.renoising = True
+        try:
+            return super().renoise_canvas(accepted_canvas, cur_step)
+        finally:
+            self.renoising = False
+
+    def accept_canvas(self, current_canvas, denoiser_canvas, logits, cur_step):
+        """Redraw the denoiser's sample per row from the same distribution, then accept as the
+        reference does (its own sample came from the global generator and is not used)."""
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (B, L, V), as generate has it
+        draws = [
+            current_canvas[r : r + 1] if s else torch.multinomial(probs[r], 1, generator=g).T
+            for r, (g, s) in enumerate(zip(self.generators, self._skip(), strict=True))
+        ]
+        return super().accept_canvas(current_canvas, torch.cat(draws), logits, cur_step)
+
+
+class StopObserver:
+    """The stopping rule, unchanged; keeps its per-row verdict and per-token confidences."""
+
+    def __init__(self, rule):
+        self.rule = rule
+        self.finished: torch.Tensor | None = None  # (B,) rows stopped so far in this canvas
+        self.stopped: torch.Tensor | None = None  # (B,) the rule's verdict this step (CPU)
+        self.confidence: torch.Tensor | None = None  # (B, L) probability of the argmax token
+
+    def __call__(self, argmax_canvas, logits, **kwargs):
+        stop = self.rule(argmax_canvas, logits, **kwargs)
+        self.finished = stop.clone() if self.finished is None else self.finished | stop
+        logits = logits.float()
+        top = logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)  # (B, L) log p(argmax)
+        self.stopped, self.confidence = stop.cpu(), top.exp().cpu()
+        return stop
+
+    def reset(self) -> None:
+        """A new canvas: generate resets the rule, and every row denoises again."""
+        self.rule.reset()
+        self.finished = None
+
+
+class Cancelled(Exception):
+    """The consumer stopped reading: unwinds `generate` in the worker thread."""
+
+
+DONE = object()
+
+
+class Handoff:
+    """One item at a time from a worker thread to the consumer, which sets the pace."""
+
+    def __init__(self):
+        self._items: queue.Queue = queue.Queue(maxsize=1)
+        self._more = threading.Semaphore(0)
+        self.closed = False
+        self.waited = 0.0  # seconds the worker spent waiting for the consumer
+
+    def give(self, item) -> None:
+        """Worker: hand one item over, then wait until the consumer asks for the next."""
+        began = time.perf_counter()
+        self._items.put(item)
+        self._more.acquire()
+        self.waited += time.perf_counter() - began
+        if self.closed:
+            raise Cancelled
+
+    def finish(self, item) -> None:
+        """Worker: the last item (DONE or an exception); nothing to wait for."""
+        self._items.put(item)
+
+    def take(self):
+        return self._items.get()
+
+    def ask(self) -> None:
+        """Consumer: ready for the next item."""
+        self._more.release()
+
+    def close(self) -> None:
+        """Consumer: no more items wanted; a waiting or later `give` raises Cancelled."""
+        self.closed = True
+        self._more.release()
+
+
+@dataclasses.dataclass
+class CanvasPlan:
+    """Where each canvas sits in the answer, and what ends a row."""
+
+    canvas: int  # canvas length L
+    gen_length: int  # answer positions G (the last canvas may reach past G)
+    stop: frozenset[int]  # stop tokens; empty when early stop is off
+    canvases: int  # ceil(G / L)
+
+
+class EventStreamer:
+    """transformers' streamer protocol -> StepEvents (one per denoising step).
+
+    A step event is held back until the next call: if that call is `put` (the canvas is final),
+    the event also carries the canvas's commits and the rows that finished with it.
+    """
+
+    def __init__(self, plan: CanvasPlan, rows: int, observer: Callable[[], StopObserver | None],
+                 send: Callable[[StepEvent], None]):  # fmt: skip
+        self.plan, self.rows, self.observer, self.send = plan, rows, observer, send
+        self.done: set[int] = set()  # rows whose answer is final
+        self.finished_at = [-1] * rows
+        self.canvas_step: list[int] = []  # per finished canvas: its last step
+        self.puts = self.steps = self.block_step = 0
+        self.previous: torch.Tensor | None = None  # (B, L) last draft of this canvas
+        self.settled = torch.zeros(rows, dtype=torch.bool)
+        self.pending: StepEvent | None = None
+
+    # --- the streamer protocol ----------------------------------------------------------
+    def put_draft(self, value: torch.Tensor, **_) -> None:
+        """One denoising step: its argmax canvas (B, L)."""
+        if self.pending is not None:
+            self._flush(self.pending)
+        self.pending = self._step_event(value.reshape(self.rows, -1))
+        self.previous = value.reshape(self.rows, -1).clone()
+        self.steps += 1
+        self.block_step += 1
+
+    def put(self, value: torch.Tensor) -> None:
+        """First call: the prompt (ignored). Then one finished canvas (B, L), pads filled in."""
+        self.puts += 1
+        if self.puts == 1:
+            return
+        event, self.pending = self.pending, None
+        commits, finished = self._finish_canvas(value.reshape(self.rows, -1), event.step)
+        self.canvas_step.append(event.step)
+        self._flush(dataclasses.replace(event, commits=commits, finished=finished))
+        self.previous, self.block_step = None, 0
+        self.settled = torch.zeros(self.rows, dtype=torch.bool)
+
+    def end(self) -> None:
+        if self.pending is not None:  # not reached by generate (a canvas always ends in put)
+            self._flush(self.pending)
+            self.pending = None
+
+    # --- building events ----------------------------------------------------------------
+    def _flush(self, event: StepEvent) -> None:
+        self.send(event)
+
+    def _span(self) -> tuple[int, int]:
+        """Answer positions of the current canvas, [start, end) within gen_length."""
+        c = len(self.canvas_step)
+        start = c * self.plan.canvas
+        return start, min(start + self.plan.canvas, self.plan.gen_length)
+
+    def _step_event(self, draft: torch.Tensor) -> StepEvent:
+        observed = self.observer()
+        confidence = observed.confidence if observed and observed.confidence is not None else None
+        changed = torch.ones_like(draft, dtype=torch.bool)  # (B, L) vs. the random start
+        if self.previous is not None:
+            changed = draft != self.previous
+        start, end = self._span()
+        width = end - start
+        drafts = []
+        for r in range(self.rows):
+            cols = [] if r in self.done else changed[r, :width].nonzero().flatten().tolist()
+            if cols:
+                conf = confidence[r, cols].tolist() if confidence is not None else [1.0] * len(cols)
+                drafts.append(RowCommit(r, tuple(start + j for j in cols),
+                                        tuple(draft[r, cols].tolist()), tuple(conf)))  # fmt: skip
+        settled = ()
+        if observed is not None and observed.stopped is not None:
+            new = observed.stopped & ~self.settled
+            self.settled |= observed.stopped
+            settled = tuple(r for r in new.nonzero().flatten().tolist() if r not in self.done)
+        c = len(self.canvas_step)
+        first = self.block_step == 0
+        return StepEvent(
+            step=self.steps,
+            block=c,
+            block_step=self.block_step,
+            window=(start, end),
+            refresh=first,  # the encoder ran for this canvas (prompt, or the previous canvas)
+            frozen=(start - self.plan.canvas, start) if first and c > 0 else None,
+            forwards=self.steps + 1,
+            commits=(),
+            drafts=tuple(drafts),
+            settled=settled,
+        )
+
+    def _finish_canvas(self, canvas: torch.Tensor, step: int):
+        """The final tokens of live rows (up to and including a stop token), and who finished."""
+        start, end = self._span()
+        last = len(self.canvas_step) + 1 == self.plan.canvases
+        observed = self.observer()
+        conf = observed.confidence if observed and observed.confidence is not None else None
+        commits, finished = [], []
+        for r in range(self.rows):
+            if r in self.done:
+                continue
+            tokens = canvas[r, : end - start].tolist()
+            cut = answer_length(tokens, self.plan.stop)  # through its first stop token
+            scores = conf[r, :cut].tolist() if conf is not None else [1.0] * cut
+            commits.append(RowCommit(r, tuple(range(start, start + cut)), tuple(tokens[:cut]),
+                                     tuple(scores)))  # fmt: skip
+            if last or (cut > 0 and tokens[cut - 1] in self.plan.stop):
+                finished.append(r)
+                self.done.add(r)
+                self.finished_at[r] = step
+        return tuple(commits), tuple(finished)

@@ -1,0 +1,132 @@
+"""Per-row progress: where each row (batch slot) is in its own decode.
+
+Every row keeps its block, its step within that block, the masks the block held when the row
+entered it, how far its K/V are frozen (FreeCache) and whether any forward has served it yet.
+How a row moves on depends on how its tokens are committed:
+
+- block walk (the unmasking rules): a row leaves its block once the block has no masks left;
+  in lockstep (a static batch, as LLaDA and Fast-dLLM decode) every row waits until no row
+  has masks left in the shared block, so the batch steps through the blocks together;
+- frontier walk (guided decoding, FlashDLM): a row's block is the block holding its first
+  masked column, wherever the last verification left it; it may skip blocks.
+
+The engine plans one forward per row from this state (policies.py), so a step can serve rows
+at different places, and a row's decode never depends on what else is in its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from dllm_cli.decoding.canvas import Block, Canvas
+from dllm_cli.decoding.policies import Forward, StepPlace
+
+
+@dataclass
+class RowState:
+    """One row's place in its decode."""
+
+    block: int  # index of the row's current block
+    step: int = 0  # steps taken in that block
+    masks_at_start: int = 0  # masks the block held at the row's first step in it
+    frozen_until: int = 0  # canvas column before which its K/V are final (FreeCache)
+    fresh: bool = True  # no forward has served the row yet
+
+    def place(
+        self, blocks: list[Block], width: int, shift: int, interval: int, reach: int | None = None
+    ) -> StepPlace:
+        block = blocks[self.block]
+        frozen = self.frozen_until
+        return StepPlace(block, self.step, width, shift, interval, self.fresh, frozen, reach)
+
+    def served(self, plan: Forward) -> None:
+        """After a forward: the row is no longer fresh; frozen columns stay frozen."""
+        self.fresh = False
+        if plan.frozen is not None:
+            self.frozen_until = max(self.frozen_until, plan.frozen[1])
+
+    def enter(self, block: int) -> None:
+        """Move to another block (step 0 there)."""
+        self.block, self.step = block, 0
+
+
+def first_masks(canvas: Canvas) -> torch.Tensor:
+    """(B,) canvas column of each row's first mask (the canvas width when it has none)."""
+    masked = canvas.ids == canvas.mask_id  # (B, S)
+    columns = canvas.columns()[None].expand_as(masked)
+    return torch.where(masked, columns, canvas.width).min(dim=1).values
+
+
+def block_of(column: int, blocks: list[Block]) -> int:
+    """Index of the block holding canvas `column` (the last block past the end)."""
+    for b in blocks:
+        if column < b.end:
+            return b.index
+    return blocks[-1].index
+
+
+class BlockWalk:
+    """Rows leave a block once it has no masks (all rows together when in lockstep)."""
+
+    frontier = False
+
+    def __init__(self, lockstep: bool):
+        self.lockstep = lockstep
+
+    def begin(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
+        """A row starting a block counts the block's masks (LLaDA's schedule needs them)."""
+        if any(row.step == 0 for row in rows):
+            counts = block_masks(canvas, rows, blocks)
+            for row, n in zip(rows, counts, strict=True):
+                if row.step == 0:
+                    row.masks_at_start = n
+
+    def advance(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
+        if not rows:
+            return
+        left = [n > 0 for n in block_masks(canvas, rows, blocks)]
+        if self.lockstep:
+            move = not any(left)
+            left = [not move] * len(rows)
+        for row, open_ in zip(rows, left, strict=True):
+            if open_ or row.block + 1 == len(blocks):
+                row.step += 1
+            else:
+                row.enter(row.block + 1)
+
+
+class FrontierWalk:
+    """A row's block is the one holding its first mask (guided decoding)."""
+
+    frontier = True
+
+    def begin(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
+        pass
+
+    def advance(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
+        if not rows:
+            return
+        for row, first in zip(rows, first_masks(canvas).tolist(), strict=True):
+            block = block_of(first, blocks)
+            if block == row.block:
+                row.step += 1
+            else:
+                row.enter(block)
+
+
+def block_masks(canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> list[int]:
+    """Masks left in each row's current block (one device sync for the batch)."""
+    device = canvas.ids.device
+    starts = torch.tensor([blocks[row.block].start for row in rows], device=device)
+    ends = torch.tensor([blocks[row.block].end for row in rows], device=device)
+    cols = canvas.columns()[None]
+    inside = (cols >= starts[:, None]) & (cols < ends[:, None])  # (B, S)
+    return ((canvas.ids == canvas.mask_id) & inside).sum(dim=1).tolist()
+
+
+def same_place(rows: list[RowState]) -> bool:
+    """Every row at the same block and step (one shared plan serves them all)."""
+    first = replace(rows[0], masks_at_start=0)
+    return all(replace(row, masks_at_start=0) == first for row in rows)

@@ -1,0 +1,125 @@
+"""This process's place in a torchrun launch: rank, device, process group, its input lines."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TextIO
+
+import torch
+import torch.distributed as dist
+
+from dllm_cli.errors import DeviceError, SettingsError
+
+TIMEOUT_ENV = "DLLM_DIST_TIMEOUT"
+DEFAULT_TIMEOUT = 1800.0
+LAUNCH_ENV = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Job:
+    """This process's place in a torchrun launch."""
+
+    rank: int
+    world: int
+    local_rank: int
+    timeout: float  # seconds rank 0 waits for the next report
+
+    @property
+    def group_timeout(self) -> timedelta:
+        """How long ranks wait for each other to start (model loads) and to finish."""
+        return timedelta(seconds=max(self.timeout, DEFAULT_TIMEOUT))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Job | None:
+        """The launch torchrun describes in the environment; None for a one-process run."""
+        world = _number(env, "WORLD_SIZE", "1", int)
+        if world <= 1:
+            return None
+        missing = [name for name in LAUNCH_ENV if not env.get(name)]
+        if missing:
+            raise SettingsError(
+                f"WORLD_SIZE={world} but {', '.join(missing)} not set: launch with torchrun "
+                "(see the README, 'Several GPUs or machines')"
+            )
+        timeout = _number(env, TIMEOUT_ENV, str(DEFAULT_TIMEOUT), float)
+        if not timeout > 0:
+            raise SettingsError(f"{TIMEOUT_ENV} must be a number of seconds above 0")
+        rank, local = _number(env, "RANK", "", int), _number(env, "LOCAL_RANK", "", int)
+        if not 0 <= rank < world or local < 0:
+            raise SettingsError(f"RANK={rank}, LOCAL_RANK={local} do not fit WORLD_SIZE={world}")
+        return cls(rank, world, local, timeout)
+
+    def lines_of(self, rank: int, count: int) -> range:
+        """The 1-based line numbers `rank` decodes out of `count`: every world-th line."""
+        return range(rank + 1, count + 1, self.world)
+
+    def shard(self, lines: list[str]) -> Iterator[tuple[int, str]]:
+        """(line number, line) for this rank's lines, in input order."""
+        return ((n, lines[n - 1]) for n in self.lines_of(self.rank, len(lines)))
+
+
+def _number(env: Mapping[str, str], name: str, default: str, kind: type) -> int | float:
+    try:
+        return kind(env.get(name, default))
+    except ValueError:
+        raise SettingsError(f"{name}={env.get(name)!r} is not a number") from None
+
+
+def rank_device(job: Job, flag: str | None, configured: str) -> str:
+    """This rank's device: its own GPU, cuda:LOCAL_RANK, unless the run asks for the CPU.
+
+    `flag` is --device as given (None: not given), `configured` what it resolves to with the
+    profile. An explicit --device cuda:N is refused: it would put every rank on one GPU.
+    """
+    if flag is not None and flag.strip().lower().startswith("cuda:"):
+        raise SettingsError(
+            f"--device {flag} would put every rank on one GPU: under torchrun rank r uses "
+            "cuda:LOCAL_RANK, so give --device cuda (or auto) and pick GPUs with "
+            "CUDA_VISIBLE_DEVICES"
+        )
+    wanted = configured.strip().lower()
+    if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    if wanted in ("auto", "cuda") or wanted.startswith("cuda:"):
+        count = torch.cuda.device_count()
+        if 0 < count <= job.local_rank:
+            raise DeviceError(
+                f"LOCAL_RANK {job.local_rank} needs cuda:{job.local_rank} but this machine has "
+                f"{count} GPU(s): run at most {count} processes per machine (--nproc-per-node)"
+            )
+        return f"cuda:{job.local_rank}"
+    return configured  # another kind (mps): load_model accepts or refuses it
+
+
+@contextmanager
+def process_group(job: Job) -> Iterator[None]:
+    """gloo over all ranks (MASTER_ADDR:MASTER_PORT) for the length of the job.
+
+    Only a job that ends normally takes the group down: after an error or interrupt, rank 0's
+    listener may still be inside it, and tearing it down under it aborts the process.
+    """
+    dist.init_process_group("gloo", rank=job.rank, world_size=job.world, timeout=job.group_timeout)
+    yield
+    dist.destroy_process_group()
+
+
+def share_lines(job: Job, stdin: TextIO) -> list[str] | None:
+    """Rank 0's input lines, on every rank (other ranks' stdin may be empty, or elsewhere).
+
+    Rank 0 raises what reading stdin raised; the other ranks then get None.
+    """
+    box: list[list[str] | None] = [None]
+    error = None
+    if job.rank == 0:
+        try:
+            box[0] = stdin.readlines()
+        except (OSError, ValueError) as e:  # ValueError: not UTF-8
+            error = e
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    return box[0]

@@ -1,0 +1,141 @@
+"""Every shared flag of every command reaches the run: the settings, the model, the guide choice.
+
+One test over all commands: each invocation stops right after the profile is resolved (the
+settings are built there), so nothing is loaded or decoded. The flags each command must take
+are listed here, not read from the code, so a flag dropped from one command fails this test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from cli_fixtures import cli_ckpt_fixture, invoke, isolated_fixture, profile_text  # noqa: F401
+
+from dllm_cli import runtime
+from dllm_cli.cli import app
+from dllm_cli.commands import common
+from dllm_cli.errors import DllmError
+from dllm_cli.options import FLAGS
+
+MODEL = ("profile", "model", "device", "dtype", "chat", "compile")
+DECODE = (
+    "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "threshold",
+    "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop",
+    "t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold",
+)  # fmt: skip
+GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
+TAKES = {
+    "generate": (*MODEL, *DECODE, *GUIDE),
+    "visualize": (*MODEL, *DECODE, *GUIDE),
+    "eval": (*MODEL, *DECODE, *GUIDE),
+    "bench": (*MODEL, *GUIDE[1:], "temperature", "seed"),
+}
+COMMAND_LINES = {
+    "generate": ["generate", "hi"],
+    "visualize": ["visualize", "hi"],
+    "eval": ["eval"],
+    "bench": ["bench"],
+}
+# flag -> (arguments, what to look at, the value it must have); the profile sets other values
+CASES = {
+    "profile": ([], "source", None),  # every run names its profile file with -p
+    "model": (["--model", "{ckpt}"], "model.path", "{ckpt}"),
+    "device": (["--device", "auto"], "model.device", "auto"),
+    "dtype": (["--dtype", "bfloat16"], "model.dtype", "bfloat16"),
+    "chat": (["--no-chat"], "model.chat_template", False),
+    "compile": (["--compile"], "model.compile", True),
+    "gen_length": (["--gen-length", "12"], "decode.gen_length", 12),
+    "block_length": (["--block-length", "4"], "decode.block_length", 4),
+    "steps": (["--steps", "8"], "decode.steps", 8),
+    "cache": (["--cache", "prefix"], "decode.cache", "prefix"),
+    "unmask": (["--unmask", "factor"], "decode.unmask", "factor"),
+    "confidence": (["--confidence", "margin"], "decode.confidence", "margin"),
+    "threshold": (["--threshold", "0.5"], "decode.threshold", 0.5),
+    "factor": (["--factor", "2.5"], "decode.factor", 2.5),
+    "temperature": (["--temperature", "0.7"], "decode.temperature", 0.7),
+    "top_p": (["--top-p", "0.8"], "decode.top_p", 0.8),
+    "top_k": (["--top-k", "5"], "decode.top_k", 5),
+    "cfg_scale": (["--cfg-scale", "0.5"], "decode.cfg_scale", 0.5),
+    "seed": (["--seed", "7"], "decode.seed", 7),
+    "early_stop": (["--no-early-stop"], "decode.early_stop", False),
+    "t_min": (["--t-min", "0.3"], "decode.t_min", 0.3),
+    "t_max": (["--t-max", "0.9"], "decode.t_max", 0.9),
+    "entropy_bound": (["--entropy-bound", "0.2"], "decode.entropy_bound", 0.2),
+    "stability_threshold": (["--stability-threshold", "2"], "decode.stability_threshold", 2),
+    "confidence_threshold": (
+        ["--confidence-threshold", "0.01"],
+        "decode.confidence_threshold",
+        0.01,
+    ),
+    "guide": (["--no-guide"], "use_guide", False),
+    "accept": (["--accept", "topk:3"], "guide.accept", "topk:3"),
+    "on_reject": (["--on-reject", "draft"], "guide.on_reject", "draft"),
+    "verify_chunk": (["--verify-chunk", "8"], "guide.verify_chunk", 8),
+    "draft_window": (["--draft-window", "16"], "guide.draft_window", 16),
+}
+
+
+class Stop(DllmError):
+    """Raised once the profile is resolved: the test has what it needs."""
+
+    exit_code = 99
+
+
+@pytest.fixture
+def resolved(monkeypatch) -> dict:
+    """What the command asked open_runtime for, and the profile resolve built from it."""
+    seen: dict = {}
+    real_open, real_resolve = runtime.open_runtime, runtime.resolve
+
+    def open_spy(*args, **kwargs):
+        seen["kwargs"] = kwargs
+        return real_open(*args, **kwargs)
+
+    def resolve_spy(*args, **kwargs):
+        seen["profile"], seen["provenance"] = real_resolve(*args, **kwargs)
+        raise Stop("resolved")
+
+    monkeypatch.setattr(common, "open_runtime", open_spy)
+    monkeypatch.setattr(runtime, "resolve", resolve_spy)
+    return seen
+
+
+def flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
+    return out
+
+
+def test_every_shared_flag_has_a_case():
+    assert set(CASES) == set(FLAGS)
+
+
+@pytest.mark.parametrize("command", list(TAKES))
+def test_each_command_takes_exactly_its_shared_flags(command):
+    """Shared flags are told apart from a command's own same-named option by their help."""
+    params = typer.main.get_command(app).commands[command].params
+    shared = {p.name for p in params if p.name in FLAGS and p.help == help_of(p.name)}
+    assert shared == set(TAKES[command])
+
+
+def help_of(flag: str) -> str:
+    return FLAGS[flag].option.__metadata__[0].help
+
+
+@pytest.mark.parametrize(("command", "flag"), [(c, f) for c, flags in TAKES.items() for f in flags])
+def test_flag_reaches_the_run(command, flag, tmp_path, cli_ckpt, resolved):
+    path = tmp_path / "p.toml"
+    path.write_text(profile_text(cli_ckpt, extra='[guide]\npath = "ar"\n'))
+    args, key, value = CASES[flag]
+    args = [a.replace("{ckpt}", str(cli_ckpt)) for a in args]
+    result = invoke(*COMMAND_LINES[command], "-p", str(path), *args)
+    assert result.exit_code == Stop.exit_code, result.output
+    if key == "use_guide":
+        assert resolved["kwargs"]["use_guide"] is value
+    elif key == "source":
+        assert resolved["profile"].source == path.resolve()
+    else:
+        expected = str(cli_ckpt) if value == "{ckpt}" else value
+        assert flat(resolved["profile"].to_dict())[key] == expected
+        assert resolved["provenance"][key] == "cli"
