@@ -90,6 +90,9 @@ FLAGS: dict[str, Flag] = {
     "cache": _decode("cache", str, "KV cache: none | prefix | dual | freecache."),
     "unmask": _decode("unmask", str, "Commit rule: fixed | threshold | factor | origin."),
     "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
+    "schedule": _decode(
+        "schedule", str, "fixed rule's tokens per step: family | linear (LLaDA) | dream."
+    ),
     "threshold": _decode(
         "threshold", float, "threshold rule: commit tokens at least this confident, in (0, 1]."
     ),
@@ -226,6 +229,15 @@ Stats = Annotated[
     typer.Option(
         "--stats",
         help="Answer tokens, forwards (diffusion, guide), steps, seconds and tok/s on stderr.",
+        rich_help_panel=OUTPUT,
+    ),
+]
+VerbosePrompt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose-prompt",
+        help="Show on stderr the exact prompt the model sees: each token's id and text "
+        "(to check a chat template or a profile).",
         rich_help_panel=OUTPUT,
     ),
 ]

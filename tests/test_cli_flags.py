@@ -19,7 +19,7 @@ from dllm_cli.options import FLAGS
 
 MODEL = ("profile", "model", "device", "dtype", "chat", "compile")
 DECODE = (
-    "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "threshold",
+    "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "schedule", "threshold",
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop",
     "t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold",
 )  # fmt: skip
@@ -50,6 +50,7 @@ CASES = {
     "cache": (["--cache", "prefix"], "decode.cache", "prefix"),
     "unmask": (["--unmask", "factor"], "decode.unmask", "factor"),
     "confidence": (["--confidence", "margin"], "decode.confidence", "margin"),
+    "schedule": (["--schedule", "dream"], "decode.schedule", "dream"),
     "threshold": (["--threshold", "0.5"], "decode.threshold", 0.5),
     "factor": (["--factor", "2.5"], "decode.factor", 2.5),
     "temperature": (["--temperature", "0.7"], "decode.temperature", 0.7),

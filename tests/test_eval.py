@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from cli_fixtures import GEN, cli_ckpt_fixture, invoke, isolated_fixture, profile_text  # noqa: F401
@@ -11,8 +12,9 @@ from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm import data
+from dllm_cli.tinygsm import data, splits
 from dllm_cli.tinygsm.evaluate import Task, held_out, score
+from dllm_cli.tinygsm.splits import SPLITS
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +43,8 @@ def test_eval_json_schema_and_checker(guided_profile):
         ("forwards", int),
         ("seconds", float),
         ("shots", int),
+        ("split", str),
+        ("restated", int),
         ("settings", dict),
     ]:
         assert isinstance(report[key], kind), key
@@ -65,10 +69,12 @@ def test_eval_guided_summary(guided_profile):
 
 
 def test_eval_refuses_bad_counts(guided_profile):
-    for flag, value in [("--n", "0"), ("--batch-size", "0"), ("--start", "999")]:
-        args = ["eval", "-p", str(guided_profile), "--n", "2", "--no-guide", flag, value]
+    bad = [["--n", "0"], ["--batch-size", "0"], ["--start", "999"], ["--split", "easy"]]
+    bad += [["--split", "hand2", "--start", "99"]]  # hand2 has problems 0..99
+    for extra in bad:
+        args = ["eval", "-p", str(guided_profile), "--n", "2", "--no-guide", *extra]
         result = invoke(*args)
-        assert result.exit_code == 4, (flag, result.output)
+        assert result.exit_code == 4, (extra, result.output)
 
 
 def test_held_out_prompts_use_fixed_shots():
@@ -78,6 +84,35 @@ def test_held_out_prompts_use_fixed_shots():
         assert t.answer == p.answer
         assert t.prompt == [len(data.few_shot_prompt(p.question, data.shots_for(t.index, 2)))]
     assert [t.index for t in tasks] == [5, 6, 7]
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_held_out_splits_carry_their_problems_and_shots(split):
+    """Each split's problems in order, with the shots its own table names, and the problem kept
+    for the restatement check."""
+    chosen = SPLITS[split]
+    tasks = held_out(lambda text: [len(text)], n=2, shots=1, start=3, split=split)
+    for t in tasks:
+        p = chosen.problems()[t.index]
+        assert t.problem == p and t.answer == p.answer
+        assert t.prompt == [len(data.few_shot_prompt(p.question, chosen.shots(t.index, 1)))]
+
+
+def test_restated_counts_answers_that_repeat_the_facts():
+    """An answer that repeats every number and name of its question counts as restated; one
+    that drops a number does not; tasks without a problem leave the count unset."""
+    lm = tiny("llada")
+    problem = splits.hand_split("hand2")[0]
+    numbers = " ".join(re.findall(r"\d+", problem.question))
+    good = f"{' '.join(problem.names)} {numbers}. The answer is {problem.answer}."
+    said = iter([good, f"The answer is {problem.answer}."])
+    tasks = [Task(i, p, problem.answer, problem) for i, p in enumerate(prompts([3, 4]))]
+    s = DecodeSettings(gen_length=4, block_length=4)
+    out = score(lm.model, lm.special, tasks, s, text=lambda tokens: next(said))
+    assert [r.restated for r in out.results] == [True, False] and out.restated == 1
+    assert out.correct == 2 and out.summary()["restated"] == 1
+    bare = score(lm.model, lm.special, [Task(0, prompts([3])[0], 1)], s, text=lambda t: "1")
+    assert bare.restated is None and bare.summary()["restated"] is None
 
 
 def test_score_counts_in_order_across_batches():

@@ -28,7 +28,9 @@ def progress() -> Progress:
     )
 
 
-def eval_report(rt: Runtime, score: Score, shots: int, batch_size: int, start: int) -> dict:
+def eval_report(
+    rt: Runtime, score: Score, shots: int, batch_size: int, start: int, split: str
+) -> dict:
     """The `--json` object: the shared numbers, then what produced them."""
     guide = None
     if rt.guide is not None:
@@ -39,6 +41,7 @@ def eval_report(rt: Runtime, score: Score, shots: int, batch_size: int, start: i
         }  # fmt: skip
     return {
         **score.summary(),
+        "split": split,
         "shots": shots,
         "start": start,
         "batch_size": batch_size,
@@ -56,8 +59,13 @@ def print_summary(report: dict) -> None:
     guide = f"guide {report['guide']['accept']}" if report["guide"] else "no guide"
     out.print(
         f"accuracy  {report['accuracy']:.3f}  ({report['correct']}/{report['n']} held-out "
-        f"TinyGSM, {report['shots']}-shot)"
+        f"TinyGSM {report['split']}, {report['shots']}-shot)"
     )
+    if report["restated"] is not None:
+        out.print(
+            f"restated  {report['restated']}/{report['n']} answers repeat every number and "
+            "name of their question"
+        )
     out.print(
         f"speed     {report['tokens_per_second']:.1f} tok/s (answer tokens up to their end), "
         f"{report['gen_tokens_per_second']:.1f} tok/s over all {report['gen_length']} positions"
@@ -81,6 +89,13 @@ def eval_command(
     shots: opt.Shots = 5,
     batch_size: opt.BatchSize = 1,
     start: opt.Start = 0,
+    split: Annotated[
+        str,
+        typer.Option(
+            help="Held-out set: narrow | wide | rich | hand | hand2 (README: TinyGSM).",
+            rich_help_panel=opt.EVAL,
+        ),
+    ] = "narrow",
     warmup: Annotated[
         bool,
         typer.Option(help="Untimed one-block decode before timing.", rich_help_panel=opt.EVAL),
@@ -115,10 +130,11 @@ def eval_command(
                 shots,
                 batch_size=batch_size,
                 start=start,
+                split=split,
                 warmup=warmup,
                 on_batch=lambda done: bar.advance(task, done),
             )
-        report = eval_report(rt, score, shots, batch_size, start)
+        report = eval_report(rt, score, shots, batch_size, start, split)
         if as_json:
             if per_problem:
                 report["problems"] = details(score)

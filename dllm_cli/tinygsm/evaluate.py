@@ -33,14 +33,8 @@ from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm.data import (
-    TEST_SIZE,
-    extract_answer,
-    few_shot_prompt,
-    is_correct,
-    shots_for,
-    test_split,
-)
+from dllm_cli.tinygsm.data import Problem, extract_answer, few_shot_prompt, is_correct
+from dllm_cli.tinygsm.splits import SPLITS, restates
 
 
 @dataclass(frozen=True)
@@ -50,6 +44,7 @@ class Task:
     index: int  # position in the held-out split
     prompt: list[int]
     answer: int
+    problem: Problem | None = None  # the question, to check that the answer restates it
 
 
 @dataclass(frozen=True)
@@ -62,6 +57,7 @@ class ProblemResult:
     correct: bool
     tokens: int  # generated tokens up to and including the answer's end
     text: str
+    restated: bool | None = None  # repeated every number and name of the question (splits.py)
 
 
 @dataclass
@@ -84,6 +80,12 @@ class Score:
     @property
     def correct(self) -> int:
         return sum(r.correct for r in self.results)
+
+    @property
+    def restated(self) -> int | None:
+        """Answers that restate their question's facts (None when no problem says what)."""
+        marks = [r.restated for r in self.results if r.restated is not None]
+        return sum(marks) if marks else None
 
     @property
     def accuracy(self) -> float:
@@ -111,6 +113,7 @@ class Score:
             "accuracy": self.accuracy,
             "n": self.n,
             "correct": self.correct,
+            "restated": self.restated,
             "tokens": self.tokens,
             "tokens_per_second": self.tokens_per_second,
             "gen_tokens_per_second": self.gen_tokens_per_second,
@@ -125,18 +128,31 @@ class Score:
         }
 
 
-def held_out(encode: Callable[[str], list[int]], n: int, shots: int, start: int = 0) -> list[Task]:
-    """Problems start .. start+n-1 of the held-out split with K fixed shots each, encoded."""
+def held_out(
+    encode: Callable[[str], list[int]], n: int, shots: int, start: int = 0, split: str = "narrow"
+) -> list[Task]:
+    """Problems start .. start+n-1 of a held-out split with K fixed shots each, encoded."""
+    if split not in SPLITS:
+        raise InputError(f"unknown split {split!r} (choose from {', '.join(SPLITS)})")
     if n < 1:
         raise InputError(f"--n must be at least 1 (got {n})")
     if shots < 0:
         raise InputError(f"--shots must be >= 0 (got {shots})")
-    if start < 0 or start + n > TEST_SIZE:
-        raise InputError(f"problems {start}..{start + n - 1} are outside the held-out 0..999")
-    problems = test_split()[start : start + n]
+    chosen = SPLITS[split]
+    problems = chosen.problems()
+    if start < 0 or start + n > len(problems):
+        raise InputError(
+            f"problems {start}..{start + n - 1} are outside the {split} split's "
+            f"0..{len(problems) - 1}"
+        )
     return [
-        Task(start + i, encode(few_shot_prompt(p.question, shots_for(start + i, shots))), p.answer)
-        for i, p in enumerate(problems)
+        Task(
+            start + i,
+            encode(few_shot_prompt(p.question, chosen.shots(start + i, shots))),
+            p.answer,
+            p,
+        )
+        for i, p in enumerate(problems[start : start + n])
     ]
 
 
@@ -172,8 +188,11 @@ def score(
             answer_text = text(tokens)
             predicted = extract_answer(answer_text)
             correct = is_correct(answer_text, task.answer)
+            restated = None if task.problem is None else restates(task.problem, answer_text)
             out.results.append(
-                ProblemResult(task.index, task.answer, predicted, correct, length, answer_text)
+                ProblemResult(
+                    task.index, task.answer, predicted, correct, length, answer_text, restated
+                )
             )
         if on_batch is not None:
             on_batch(len(batch))
@@ -199,11 +218,12 @@ def evaluate(
     *,
     batch_size: int = 1,
     start: int = 0,
+    split: str = "narrow",
     warmup: bool = False,
     on_batch: Callable[[int], None] | None = None,
 ) -> Score:
     """A Runtime's accuracy on n held-out problems, with its settings and guide."""
-    tasks = held_out(runtime.encode, n, shots, start)
+    tasks = held_out(runtime.encode, n, shots, start, split)
     model, special = runtime.loaded.model, runtime.loaded.special
     committer = runtime.committer()
     if warmup:
