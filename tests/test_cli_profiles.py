@@ -61,3 +61,13 @@ def test_show_resolves_set_variables_and_flags_missing_folders(monkeypatch, tmp_
 def test_version():
     result = invoke("--version")
     assert result.exit_code == 0 and result.stdout.strip() == f"dllm {__version__}"
+
+
+def test_show_names_the_family_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("DLLM_MODELS_DIR", str(tmp_path))
+    result = invoke("profiles", "show", "dream-7b-instruct")
+    assert result.exit_code == 0, result.output
+    assert rows(result.stdout)["decode.top_k"] == ["50", "family default (dream)"]
+    result = invoke("profiles", "show", "llada-1.5")
+    assert rows(result.stdout)["decode.top_k"] == ["unset", "default"]
+    assert "family is unknown here" in result.stdout  # no LLaDA-1.5 folder in tmp_path
