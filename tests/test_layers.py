@@ -23,7 +23,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("decoding",),
     ("profiles",),
     ("runtime",),
-    ("batch", "distributed", "view", "bench", "tinygsm.evaluate", "tinygsm.quickeval"),
+    ("batch", "distributed", "view", "bench", "bench_batching", "tinygsm.evaluate"),
+    ("tinygsm.quickeval",),
     ("tinygsm.phases",),
     ("options", "commands", "cli", "__main__", "tinygsm.train"),  # entry points
 ]
