@@ -1,11 +1,12 @@
 """The batch pipeline behind `dllm generate -`: numbered prompt lines in, one record per line out.
 
-Each line is checked as it is read, so a bad one (empty, too long, not JSON with --json-input)
-becomes its own error record instead of sinking a batch. Valid lines are decoded `batch_size`
-at a time, and finished records go to the caller's `done` in input order: record n as soon as
-records 1..n are all finished. The caller decides where records go (stdout; rank 0 under
-torchrun) and what a progress bar shows; the pipeline prints nothing. An interrupt or an error
-from the decoder stops it with every record before the failed batch already handed on.
+Lines come in as bytes and each is decoded on its own (prompt_text.py), so a bad one (not
+UTF-8, a control character, empty, too long, not JSON with --json-input) becomes its own error
+record instead of sinking a batch. Valid lines are decoded `batch_size` at a time, and
+finished records go to the caller's `done` in input order: record n as soon as records 1..n
+are all finished. The caller decides where records go (stdout; rank 0 under torchrun) and
+what a progress bar shows; the pipeline prints nothing. An interrupt or an error from the
+decoder stops it with every record before the failed batch already handed on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from dllm_cli.decoding import Decoder, DecodeResult, answer_length, decode
 from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
 from dllm_cli.errors import DllmError, InputError
+from dllm_cli.prompt_text import decode_line, escape_bytes, strip_line_end
 from dllm_cli.runtime import Runtime
 
 
@@ -27,6 +29,7 @@ class Slot:
 
     line: int
     prompt: str
+    raw: str | None = None  # a line that is not UTF-8: its bytes, escaped (escape_bytes)
     ids: list[int] | None = None
     error: str | None = None
     output: str | None = None  # its stdout line, once finished (text mode, failed: "")
@@ -101,7 +104,9 @@ class Pipeline:
         if self.batch_size < 1:
             raise InputError(f"--batch-size must be at least 1 (got {self.batch_size})")
 
-    def run(self, numbered: Iterable[tuple[int, str]], done: Callable[[list[Slot]], None]) -> None:
+    def run(
+        self, numbered: Iterable[tuple[int, bytes]], done: Callable[[list[Slot]], None]
+    ) -> None:
         """Read (number, line) pairs, decode, hand finished slots to `done` in input order."""
         if self.batching() == "continuous":
             Stream(self, done).run(numbered)
@@ -141,9 +146,16 @@ class Pipeline:
         """Why continuous batching falls back to static batches here (None: it does not)."""
         return static_reason(self.runtime.loaded.model, guided=self.runtime.guide is not None)
 
-    def read(self, number: int, raw: str) -> Slot:
-        """Parse and encode one input line; any problem makes it an error record."""
-        slot = Slot(number, raw.rstrip("\r\n"))
+    def read(self, number: int, raw: bytes) -> Slot:
+        """Decode, parse and encode one input line; any problem makes it an error record."""
+        line = strip_line_end(raw)
+        slot = Slot(number, "")
+        try:
+            slot.prompt = decode_line(line, first=number == 1)
+        except InputError as e:
+            slot.raw = escape_bytes(line)
+            self.fail(slot, str(e))
+            return slot
         try:
             if self.json_input:
                 slot.prompt = prompt_from_json(slot.prompt)
@@ -152,7 +164,7 @@ class Pipeline:
             self.fail(slot, str(e))
         return slot
 
-    def lost(self, number: int, raw: str, reason: str) -> Slot:
+    def lost(self, number: int, raw: bytes, reason: str) -> Slot:
         """The error record of a line that was never decoded (its prompt as read)."""
         slot = self.read(number, raw)
         self.fail(slot, reason)
@@ -160,8 +172,10 @@ class Pipeline:
 
     def fail(self, slot: Slot, reason: str) -> None:
         slot.error = reason
-        error = {"line": slot.line, "prompt": slot.prompt, "error": reason}
-        slot.output = json.dumps(error) if self.json_out else ""
+        shown = {"prompt": slot.prompt} if slot.raw is None else {"raw": slot.raw}
+        slot.output = (
+            json.dumps({"line": slot.line, **shown, "error": reason}) if self.json_out else ""
+        )
 
     def decode_batch(self, batch: list[Slot]) -> None:
         """Decode valid slots together; an input error the checks missed fails this batch only."""
@@ -200,7 +214,7 @@ class Stream:
         self.p, self.done = pipeline, done
         self.pending: deque[Slot] = deque()  # read, not yet handed on (input order)
 
-    def run(self, numbered: Iterable[tuple[int, str]]) -> None:
+    def run(self, numbered: Iterable[tuple[int, bytes]]) -> None:
         rt = self.p.runtime
         decoder = Decoder(rt.loaded.model, rt.loaded.special, rt.settings, rt.committer())
         run = ContinuousRun(
@@ -213,7 +227,7 @@ class Stream:
             self.p.totals.rows_served += run.served
         self.flush()
 
-    def prompts(self, numbered: Iterable[tuple[int, str]]) -> Iterator[tuple[Slot, list[int]]]:
+    def prompts(self, numbered: Iterable[tuple[int, bytes]]) -> Iterator[tuple[Slot, list[int]]]:
         """Valid lines for the scheduler; bad ones become error records on the way."""
         for number, raw in numbered:
             slot = self.p.read(number, raw)
@@ -251,6 +265,10 @@ def prompt_from_json(text: str) -> str:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"not a JSON object: {e.msg}") from None
+    except ValueError:  # Python refuses integers of over 4300 digits
+        raise InputError("not a JSON object: a number too long to read") from None
+    except RecursionError:
+        raise InputError("not a JSON object: nested too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("prompt"), str):
         raise InputError('expected a JSON object with a string "prompt" field')
     return data["prompt"]

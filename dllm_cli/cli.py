@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from contextlib import suppress
 from typing import Annotated
 
 import typer
@@ -57,4 +59,14 @@ app.command("bench")(bench_command)
 
 def main() -> None:
     """Console-script entry point (`dllm`) and `python -m dllm_cli`."""
+    use_utf8()
     app()
+
+
+def use_utf8() -> None:
+    """Answers go out as UTF-8 whatever the locale, as prompts come in (a text answer in
+    Hebrew under a Latin-1 locale must not end the run); stderr shows what it cannot encode
+    as escapes."""
+    for stream, kind in ((sys.stdout, {"encoding": "utf-8"}), (sys.stderr, {})):
+        with suppress(AttributeError, ValueError):  # not a text file, or closed
+            stream.reconfigure(errors="backslashreplace", **kind)

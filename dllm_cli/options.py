@@ -230,6 +230,15 @@ Stats = Annotated[
         rich_help_panel=OUTPUT,
     ),
 ]
+VerbosePrompt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose-prompt",
+        help="Show on stderr the exact prompt the model sees: each token's id and text "
+        "(to check a chat template or a profile).",
+        rich_help_panel=OUTPUT,
+    ),
+]
 N = Annotated[
     int, typer.Option("--n", "-n", help="Held-out problems to solve.", rich_help_panel=EVAL)
 ]

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dllm_cli.chat import Frame, encode_chat, encode_plain, frame, pieces
 from dllm_cli.decoding import Committer, answer_tokens, gemma
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
 from dllm_cli.models.guide import GuideModel, load_guide
 from dllm_cli.models.loading import LoadedModel, load_model
 from dllm_cli.profiles import Profile, resolve
+from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
 
 
@@ -29,19 +31,30 @@ class Runtime:
     guide: GuideModel | None = None
     chat: bool = True
     notes: list[str] = field(default_factory=list)  # adjustments worth telling the user
+    _frame: Frame | None = field(default=None, init=False, repr=False)
 
     def encode(self, prompt: str) -> list[int]:
-        """Prompt text -> token ids (inside the chat template unless chat is off)."""
+        """Prompt text -> token ids (inside the chat template unless chat is off).
+
+        The prompt is text: a special token's string in it is tokenized as text (chat.py), so
+        the only special tokens in a prompt are the ones the template (or the tokenizer's own
+        BOS) writes.
+        """
+        check_text(prompt)
         if not prompt.strip():
             raise InputError("empty prompt")
         tok = self.loaded.tokenizer
-        if self.chat:
+        if not self.chat:
+            return encode_plain(tok, prompt)
+        if self._frame is None:
             if not tok.chat_template:
                 raise InputError("this model's tokenizer has no chat template; use --no-chat")
-            messages = [{"role": "user", "content": prompt}]
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return tok(text, add_special_tokens=False).input_ids
-        return tok(prompt).input_ids
+            self._frame = frame(tok)
+        return encode_chat(tok, prompt, self._frame)
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        """Each prompt token's text, special tokens by name (what --verbose-prompt shows)."""
+        return pieces(self.loaded.tokenizer, ids)
 
     def prepare(self, prompt: str) -> list[int]:
         """Encoded prompt, refused here (not mid-batch) when it is empty or too long."""

@@ -32,6 +32,12 @@ ON_REJECT = ("guide", "draft")  # guided decoding: whose token a rejection commi
 # Threshold and factor compare a confidence with a probability; negative entropy is not one.
 PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
 
+# Beyond these, float32 logits over- or underflow to inf/NaN (a temperature of 1e300 drafted
+# nothing but [MASK] and never ended; 1e-40 or a cfg_scale of 1e300 drafted token 0 throughout),
+# and sampling is greedy or uniform long before.
+TEMPERATURE_RANGE = (1e-6, 1e6)
+MAX_CFG_SCALE = 100.0
+
 INT_FIELDS = ("gen_length", "block_length", "refresh_interval", "seed")
 FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp")
 # DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
@@ -165,14 +171,17 @@ class DecodeSettings:
             _bad(f"threshold must be in (0, 1] (got {self.threshold})")
         if self.factor <= 0:
             _bad(f"factor must be > 0 (got {self.factor})")
-        if self.temperature < 0:
-            _bad(f"temperature must be >= 0 (got {self.temperature})")
+        low, high = TEMPERATURE_RANGE
+        if self.temperature != 0 and not low <= self.temperature <= high:
+            _bad(
+                f"temperature must be 0 (greedy) or in [{low:g}, {high:g}] (got {self.temperature})"
+            )
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             _bad(f"top_p must be in (0, 1] (got {self.top_p})")
         if self.top_k is not None and self.top_k < 1:
             _bad(f"top_k must be >= 1 (got {self.top_k})")
-        if self.cfg_scale < 0:
-            _bad(f"cfg_scale must be >= 0 (got {self.cfg_scale})")
+        if not 0 <= self.cfg_scale <= MAX_CFG_SCALE:
+            _bad(f"cfg_scale must be in [0, {MAX_CFG_SCALE:g}] (got {self.cfg_scale})")
         if self.refresh_interval < 0:
             _bad(f"refresh_interval must be >= 0 (0 turns it off; got {self.refresh_interval})")
         if not 0.0 < self.eps < 1.0:

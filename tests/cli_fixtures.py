@@ -69,7 +69,7 @@ def isolated_fixture(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def invoke(*args: str, input: str | None = None):
+def invoke(*args: str, input: str | bytes | None = None):
     """Run `dllm ARGS` in-process; result has exit_code, stdout, stderr, output."""
     return CliRunner().invoke(app, list(args), input=input)
 

@@ -42,13 +42,16 @@ BAD = [
     ({"unmask": "factor", "confidence": "entropy"}, "unmask=factor compares confidences"),
     ({"factor": 0}, "factor must be > 0"),
     ({"factor": float("nan")}, "factor must be finite"),
-    ({"temperature": -0.1}, "temperature must be >= 0"),
+    ({"temperature": -0.1}, "temperature must be 0 (greedy) or in [1e-06, 1e+06]"),
+    ({"temperature": 1e300}, "temperature must be 0 (greedy) or in"),  # drafted only [MASK]
+    ({"temperature": 1e-40}, "temperature must be 0 (greedy) or in"),  # overflowed to NaN
     ({"temperature": "hot"}, "temperature must be a number"),
     ({"top_p": 0.0}, "top_p must be in (0, 1]"),
     ({"top_p": 1.2}, "top_p must be in (0, 1]"),
     ({"top_p": "x"}, "top_p must be a number or unset"),
     ({"top_k": 0}, "top_k must be >= 1"),
-    ({"cfg_scale": -1.0}, "cfg_scale must be >= 0"),
+    ({"cfg_scale": -1.0}, "cfg_scale must be in [0, 100]"),
+    ({"cfg_scale": 1e300}, "cfg_scale must be in [0, 100]"),  # overflowed to NaN
     ({"refresh_interval": -1}, "refresh_interval must be >= 0"),
     ({"eps": 0.0}, "eps must be in (0, 1)"),
     ({"eps": 1.0}, "eps must be in (0, 1)"),

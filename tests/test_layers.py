@@ -15,14 +15,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dllm_cli"
 
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS: list[tuple[str, ...]] = [
-    ("dllm_cli", "errors", "settings", "cache", "strict_toml"),  # "dllm_cli": __version__
+    (
+        "dllm_cli",
+        "errors",
+        "settings",
+        "cache",
+        "strict_toml",
+        "prompt_text",
+    ),  # "dllm_cli": __version__
     # the TinyGSM data, no models
     ("tinygsm.data", "tinygsm.wide", "tinygsm.rich", "tinygsm.stories", "tinygsm.scenes"),
     ("tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
     ("models", "tinygsm.architectures"),
     ("decoding",),
     ("profiles",),
-    ("runtime",),
+    ("runtime", "chat"),
     ("batch", "distributed", "view", "bench", "bench_batching", "tinygsm.evaluate"),
     ("tinygsm.quickeval",),
     ("tinygsm.phases",),

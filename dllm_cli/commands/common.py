@@ -72,6 +72,19 @@ def write(text: str) -> None:
         sys.stdout.flush()
 
 
+def show_prompt(runtime: Runtime, ids: list[int], line: int | None = None) -> None:
+    """--verbose-prompt: the prompt as the model sees it, one token per line, on stderr.
+
+    Each token's text is shown as a Python string literal, so spaces, newlines and anything
+    unprintable are visible, and nothing in it can drive the terminal.
+    """
+    where = "prompt" if line is None else f"prompt of line {line}"
+    stderr.print(Text(f"dllm: {where}: {len(ids)} tokens"), highlight=False)
+    width = len(str(max(ids, default=0)))
+    for token, piece in zip(ids, runtime.pieces(ids), strict=True):
+        stderr.print(Text(f"  {token:>{width}}  {piece!r}"), highlight=False)
+
+
 def stdin_is_terminal() -> bool:
     return sys.stdin is None or sys.stdin.isatty()
 

@@ -8,6 +8,7 @@ module decides what goes to stdout and stderr, and the exit code.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from functools import partial
@@ -29,6 +30,7 @@ from dllm_cli.commands.common import (
     is_debug,
     load_runtime,
     note,
+    show_prompt,
     stderr,
     stderr_is_terminal,
     stdin_is_terminal,
@@ -37,6 +39,7 @@ from dllm_cli.commands.common import (
 )
 from dllm_cli.decoding import decode_steps
 from dllm_cli.errors import DllmError, InputError
+from dllm_cli.prompt_text import escape_bytes, from_argv
 from dllm_cli.runtime import Runtime
 from dllm_cli.view import TextStream
 
@@ -67,10 +70,13 @@ def generate_command(
     json_out: o.Json = False,
     batch_size: o.BatchSize = 8,
     json_input: JsonInput = False,
+    verbose_prompt: o.VerbosePrompt = False,
 ) -> None:
     """Generate an answer to PROMPT (or to every line of stdin) and print it on stdout.
 
-    Batch mode ('-', or no PROMPT with stdin piped): output line N answers input line N. A bad line gets an error record (--json: {"line", "prompt", "error"}; text: an empty line, the reason on stderr) and the exit code is 4 at the end. Text mode writes newlines inside an answer as \\n; --json keeps the exact text.
+    Batch mode ('-', or no PROMPT with stdin piped): output line N answers input line N. A bad line gets an error record (--json: {"line", "prompt", "error"}, or {"line", "raw", "error"} for a line that is not UTF-8, its bytes shown as \\xNN; text: an empty line, the reason on stderr) and the exit code is 4 at the end. Text mode writes newlines inside an answer as \\n; --json keeps the exact text.
+
+    A prompt is UTF-8 text: control characters other than tab, newline and carriage return (NUL, ESC, ...) make it a bad line. Special token strings in it (<|eot_id|>, <|mdm_mask|>, ...) are read as plain text: only the chat template writes special tokens.
     """
     with cli_errors():
         job = distributed.Job.from_env()
@@ -89,13 +95,14 @@ def generate_command(
         pipeline = Pipeline(runtime, batch_size, json_out, json_input)
         if batch and leader:
             note_static(pipeline)
+        shown = runtime if verbose_prompt else None
         if job is not None:
-            failed = run_sharded(job, pipeline)
+            failed = run_sharded(job, pipeline, shown)
         elif batch:
-            failed = run_batch(pipeline)
+            failed = run_batch(pipeline, shown)
         else:
             failed = 0
-            run_single(runtime, prompt, json_out, pipeline.totals)
+            run_single(runtime, prompt, json_out, pipeline.totals, verbose_prompt)
         if stats and leader:
             note(pipeline.totals.line())
         if failed:
@@ -114,14 +121,22 @@ def note_static(pipeline: Pipeline) -> None:
         note(f"continuous batching falls back to static batches: {reason}")
 
 
-def run_single(runtime: Runtime, prompt: str, json_out: bool, totals: Totals) -> None:
+def run_single(
+    runtime: Runtime, arg: str, json_out: bool, totals: Totals, verbose: bool = False
+) -> None:
     """Decode one prompt; on a terminal, print text as soon as its prefix is final."""
+    try:
+        prompt = from_argv(arg)
+    except InputError as e:  # not UTF-8: the record shows its bytes
+        single_error({"raw": escape_bytes(os.fsencode(arg))}, e, json_out)
+        raise
     try:
         ids = runtime.prepare(prompt)
     except InputError as e:
-        if json_out:  # the record says what failed; the error line and exit code follow
-            write(json.dumps({"prompt": prompt, "error": str(e)}) + "\n")
+        single_error({"prompt": prompt}, e, json_out)
         raise
+    if verbose:
+        show_prompt(runtime, ids)
     model, special = runtime.loaded.model, runtime.loaded.special
     run = decode_steps(model, special, [ids], runtime.settings, committer=runtime.committer())
     stream = None
@@ -141,12 +156,18 @@ def run_single(runtime: Runtime, prompt: str, json_out: bool, totals: Totals) ->
         write(text + "\n")
 
 
-def run_batch(pipeline: Pipeline) -> int:
+def single_error(shown: dict[str, str], e: InputError, json_out: bool) -> None:
+    """--json: the record says what failed; the error line and exit code follow."""
+    if json_out:
+        write(json.dumps({**shown, "error": str(e)}) + "\n")
+
+
+def run_batch(pipeline: Pipeline, shown: Runtime | None = None) -> int:
     """The pipeline on stdin, records to stdout as they are ready; returns how many failed."""
     failed = 0
 
     def numbered():
-        for number, raw in enumerate(sys.stdin, start=1):
+        for number, raw in enumerate(sys.stdin.buffer, start=1):
             progress.update(task, total=number)
             yield number, raw
 
@@ -154,7 +175,7 @@ def run_batch(pipeline: Pipeline) -> int:
         nonlocal failed
         for slot in slots:
             failed += slot.error is not None
-            emit(slot, pipeline.json_out)
+            emit(slot, pipeline.json_out, shown)
 
     with decoding_progress() as progress:
         task = progress.add_task("decoding", total=None)
@@ -163,8 +184,11 @@ def run_batch(pipeline: Pipeline) -> int:
     return failed
 
 
-def emit(slot: Slot, json_out: bool) -> None:
-    """Write one record (and flush) so a reader sees each answer as soon as it is ready."""
+def emit(slot: Slot, json_out: bool, shown: Runtime | None = None) -> None:
+    """Write one record (and flush) so a reader sees each answer as soon as it is ready;
+    with `shown` (--verbose-prompt), its prompt's tokens first, on stderr."""
+    if shown is not None and slot.ids is not None:
+        show_prompt(shown, slot.ids, slot.line)
     if slot.error is not None and not json_out:
         error_line(f"line {slot.line}: {slot.error}")
     write(f"{slot.output}\n")
@@ -191,10 +215,10 @@ def load_on_rank(job: distributed.Job, choices: o.Choices) -> Runtime:
         raise type(e)(f"rank {job.rank}: {e}") from None
 
 
-def run_sharded(job: distributed.Job, pipeline: Pipeline) -> int:
+def run_sharded(job: distributed.Job, pipeline: Pipeline, shown: Runtime | None = None) -> int:
     """This rank's share of stdin through the pipeline; rank 0 writes every rank's records."""
     with distributed.process_group(job):
-        lines = distributed.share_lines(job, sys.stdin)
+        lines = distributed.share_lines(job, sys.stdin.buffer)
         if lines is None:
             raise typer.Exit(1)  # rank 0 could not read stdin and says why
 
@@ -205,7 +229,8 @@ def run_sharded(job: distributed.Job, pipeline: Pipeline) -> int:
             task = progress.add_task("decoding", total=len(lines))
             try:
                 outcome = distributed.run(
-                    job, lines, pipeline.run, emit=partial(emit, json_out=pipeline.json_out),
+                    job, lines, pipeline.run,
+                    emit=partial(emit, json_out=pipeline.json_out, shown=shown),
                     lost=lost, totals=pipeline.totals, advance=partial(progress.advance, task),
                     describe=describe_failure,
                 )  # fmt: skip

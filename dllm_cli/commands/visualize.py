@@ -16,12 +16,14 @@ from dllm_cli import options as o
 from dllm_cli.commands.common import (
     cli_errors,
     load_runtime,
+    show_prompt,
     stderr,
     stderr_is_terminal,
     write,
 )
 from dllm_cli.decoding import DecodeRun, StepEvent, decode_steps
 from dllm_cli.errors import SettingsError
+from dllm_cli.prompt_text import from_argv
 from dllm_cli.view import CanvasView, Recorder, check_save_path
 
 VIEW = "View"
@@ -57,6 +59,7 @@ def visualize_command(
     replay: Replay = False,
     save: Save = None,
     width: Width = 120,
+    verbose_prompt: o.VerbosePrompt = False,
 ) -> None:
     """Decode PROMPT showing every step: masks, commits by step and confidence, blocks, caches."""
     with cli_errors():
@@ -65,7 +68,9 @@ def visualize_command(
         if save is not None:
             check_save_path(save)
         runtime = load_runtime(choices)
-        ids = runtime.prepare(prompt)
+        ids = runtime.prepare(from_argv(prompt))
+        if verbose_prompt:
+            show_prompt(runtime, ids)
         model, special = runtime.loaded.model, runtime.loaded.special
         run = decode_steps(model, special, [ids], runtime.settings, committer=runtime.committer())
         view = CanvasView.for_runtime(runtime)

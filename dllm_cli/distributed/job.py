@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TextIO
+from typing import BinaryIO
 
 import torch
 import torch.distributed as dist
@@ -57,7 +57,7 @@ class Job:
         """The 1-based line numbers `rank` decodes out of `count`: every world-th line."""
         return range(rank + 1, count + 1, self.world)
 
-    def shard(self, lines: list[str]) -> Iterator[tuple[int, str]]:
+    def shard(self, lines: list[bytes]) -> Iterator[tuple[int, bytes]]:
         """(line number, line) for this rank's lines, in input order."""
         return ((n, lines[n - 1]) for n in self.lines_of(self.rank, len(lines)))
 
@@ -107,17 +107,18 @@ def process_group(job: Job) -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def share_lines(job: Job, stdin: TextIO) -> list[str] | None:
-    """Rank 0's input lines, on every rank (other ranks' stdin may be empty, or elsewhere).
+def share_lines(job: Job, stdin: BinaryIO) -> list[bytes] | None:
+    """Rank 0's input lines as bytes, on every rank (other ranks' stdin may be empty, or
+    elsewhere); each line is decoded later, on its own.
 
     Rank 0 raises what reading stdin raised; the other ranks then get None.
     """
-    box: list[list[str] | None] = [None]
+    box: list[list[bytes] | None] = [None]
     error = None
     if job.rank == 0:
         try:
             box[0] = stdin.readlines()
-        except (OSError, ValueError) as e:  # ValueError: not UTF-8
+        except (OSError, ValueError) as e:  # ValueError: stdin is closed
             error = e
     dist.broadcast_object_list(box, src=0)
     if error is not None:

@@ -23,7 +23,7 @@ from dllm_cli.distributed.job import Job
 from dllm_cli.distributed.merge import Interrupts, Merge, Record
 
 R = TypeVar("R", bound=Record)
-Work = Callable[[Iterable[tuple[int, str]], Callable[[list[R]], None]], None]
+Work = Callable[[Iterable[tuple[int, bytes]], Callable[[list[R]], None]], None]
 Describe = Callable[[BaseException], tuple[str, int]]  # an error -> (one line, exit code)
 
 
@@ -54,7 +54,7 @@ class Stranded(BaseException):
 
 def run(
     job: Job,
-    lines: list[str],
+    lines: list[bytes],
     work: Work,
     *,
     emit: Callable[[R], None],
@@ -75,7 +75,7 @@ def run(
     return _follow(job, lines, work, totals, describe)
 
 
-def _follow(job: Job, lines: list[str], work: Work, totals: Tally, describe: Describe) -> Outcome:
+def _follow(job: Job, lines: list[bytes], work: Work, totals: Tally, describe: Describe) -> Outcome:
     """A rank other than 0: decode, report each batch, report how it ended, wait for the rest."""
     outbox = Outbox(job.timeout)
     outcome = Outcome()
@@ -97,7 +97,7 @@ def _follow(job: Job, lines: list[str], work: Work, totals: Tally, describe: Des
 
 def _lead(
     job: Job,
-    lines: list[str],
+    lines: list[bytes],
     work: Work,
     emit: Callable[[R], None],
     lost: Callable[[int, str], R],
