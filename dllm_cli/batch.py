@@ -85,7 +85,8 @@ class Totals:
         return (
             f"{self.prompts} prompt(s), {self.tokens} tokens, {self.forwards} forwards, {guide}"
             f"{self.steps} steps, {self.seconds:.2f} s, {rate:.1f} tok/s, "
-            f"{prompts:.2f} prompts/s, {self.occupancy:.2f} rows/forward"
+            f"{prompts:.2f} prompts/s"
+            + (f", {self.occupancy:.2f} rows/forward" if self.rows_served else "")
         )
 
 

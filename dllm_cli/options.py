@@ -211,7 +211,9 @@ def shared(*wanted: str) -> Callable[[C], C]:
 
 BatchSize = Annotated[
     int,
-    typer.Option(help="Prompts decoded together in one batch."),
+    typer.Option(
+        help="Prompts decoded together (continuous batching: slots refilled as prompts finish)."
+    ),
 ]
 Json = Annotated[
     bool,

@@ -14,6 +14,7 @@ from cli_fixtures import (  # noqa: F401
     isolated_fixture,
     profile_file_fixture,
 )
+from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
 from dllm_cli import batch
 from dllm_cli.decoding import decode as real_decode
@@ -180,3 +181,17 @@ def test_both_batchings_give_the_single_run_answers(profile_file, batching):
 
 def test_one_line_escapes_newlines_reversibly():
     assert batch.one_line("a\nb\\n\r") == "a\\nb\\\\n\\r"
+
+
+def test_guided_batches_fall_back_to_static_with_a_note(tmp_path_factory, tmp_path):
+    model, guide = shared_tinygsm_pair(tmp_path_factory)
+    profile = tinygsm_profile(tmp_path / "p" / "guided.toml", model, guide)
+    stdin = "1 + 1\n2 + 2\n3 + 3\n"
+    asked = invoke("generate", "-p", str(profile), "--batching", "continuous", input=stdin)
+    static = invoke("generate", "-p", str(profile), "--batching", "static", input=stdin)
+    default = invoke("generate", "-p", str(profile), input=stdin)
+    assert asked.exit_code == static.exit_code == default.exit_code == 0, asked.output
+    assert asked.stdout == static.stdout == default.stdout
+    note = "dllm: note: continuous batching falls back to static batches: guided decoding"
+    assert note in asked.stderr
+    assert "falls back" not in static.stderr + default.stderr  # not asked for: no note
