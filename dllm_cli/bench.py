@@ -67,6 +67,7 @@ STRATEGIES: dict[str, Strategy] = {
     "dual+parallel+early-stop": Strategy({"cache": "dual", **PARALLEL, **STOP}),
     "freecache+parallel+early-stop": Strategy({"cache": "freecache", **PARALLEL, **STOP}),
     "freecache+guided+early-stop": Strategy({"cache": "freecache", **STOP}, guided=True),
+    "dual+guided+early-stop": Strategy({"cache": "dual", **STOP}, guided=True),
 }
 BASELINE = "baseline"
 
@@ -111,8 +112,14 @@ def run_bench(
     tasks: Sequence[Task],
     plan: BenchPlan,
     on_record: Callable[[dict], None] | None = None,
+    measure: Callable | None = None,
 ) -> list[dict]:
-    """Every (gen_length, strategy) of the plan on `tasks`; one record each, in run order."""
+    """Every (gen_length, strategy) of the plan on `tasks`; one record each, in run order.
+
+    `measure` times one pass (default: accuracy on TinyGSM tasks; throughput.measure for
+    synthetic prompts).
+    """
+    measure = measure or measure_accuracy
     guided = [n for n in plan.strategies if STRATEGIES[n].guided]
     if guided and runtime.guide is None:
         raise InputError(f"strategy {guided[0]!r} needs a guide model ([guide] in the profile)")
@@ -159,7 +166,9 @@ def check_family(runtime: Runtime, plan: BenchPlan) -> None:
             raise SettingsError(f"strategy {name!r}: {e}") from None
 
 
-def measure(runtime: Runtime, tasks: Sequence[Task], settings, committer, batch_size: int) -> Score:
+def measure_accuracy(
+    runtime: Runtime, tasks: Sequence[Task], settings, committer, batch_size: int
+) -> Score:
     """One timed pass over the tasks (a fresh guide cache per decode)."""
     model, special = runtime.loaded.model, runtime.loaded.special
     return score(
@@ -183,8 +192,19 @@ MARKDOWN_COLUMNS = (
 
 
 def cells(record: dict) -> list[str]:
-    """One record's row for a table (markdown or Rich)."""
-    return [fmt.format(record[key]) for _, key, fmt in MARKDOWN_COLUMNS]
+    """One record's row for a table (markdown or Rich); "-" where a value is undefined."""
+    return [
+        "-" if record[key] is None else fmt.format(record[key]) for _, key, fmt in MARKDOWN_COLUMNS
+    ]
+
+
+def progress_line(r: dict) -> str:
+    """One finished record, as the command reports it while the bench runs."""
+    accuracy = "" if r["accuracy"] is None else f"accuracy {r['accuracy']:.3f}, "
+    return (
+        f"{r['strategy']:>30} gen {r['gen_length']:>5}: {accuracy}"
+        f"{r['tokens_per_second']:.1f} tok/s, {r['speedup']:.2f}x"
+    )
 
 
 def markdown_table(records: Sequence[dict]) -> str:
@@ -202,6 +222,8 @@ def plot(records: Sequence[dict], path: Path) -> None:
         raise InputError(
             "--plot needs matplotlib: pip install 'dllm-cli[plot]' (or matplotlib>=3.7)"
         ) from None
+    if any(r["accuracy"] is None for r in records):
+        raise InputError("--plot draws accuracy, which synthetic prompts (--prompt-length) lack")
     lengths = sorted({r["gen_length"] for r in records})
     fig = Figure(figsize=(6 * len(lengths), 4.5), layout="tight")
     axes = fig.subplots(1, len(lengths), squeeze=False)[0]

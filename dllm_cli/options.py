@@ -74,6 +74,16 @@ FLAGS: dict[str, Flag] = {
         "model",
         "model.chat_template",
     ),
+    "compile": Flag(
+        _option(
+            bool,
+            "Replay cached block steps as CUDA graphs (CUDA only; identical outputs).",
+            MODEL,
+            "--compile/--no-compile",
+        ),
+        "model",
+        "model.compile",
+    ),
     "gen_length": _decode("gen_length", int, "Tokens to generate."),
     "block_length": _decode("block_length", int, "Semi-autoregressive block size."),
     "steps": _decode("steps", int, "Denoising steps in all (fixed/origin); default one per token."),
@@ -89,7 +99,9 @@ FLAGS: dict[str, Flag] = {
     "factor": _decode("factor", float, "factor rule: commit the largest n with (n+1)(1-c_n) < f."),
     "temperature": _decode("temperature", float, "0 = greedy."),
     "top_p": _decode("top_p", float, "Nucleus sampling mass."),
-    "top_k": _decode("top_k", int, "Sample among the top K tokens."),
+    "top_k": _decode(
+        "top_k", int, "Keep the top K tokens (0: off; default: the family's, 50 for Dream)."
+    ),
     "cfg_scale": _decode("cfg_scale", float, "Classifier-free guidance scale (0 = off)."),
     "seed": _decode("seed", int, "Random seed."),
     "early_stop": _decode(

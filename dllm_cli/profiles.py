@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dllm_cli.errors import ProfileError
+from dllm_cli.families import apply_family_defaults
 from dllm_cli.models import ARCHITECTURES
 from dllm_cli.models.loading import BUILTIN_PREFIX, DTYPES
 from dllm_cli.settings import DecodeSettings, guide_problem, parse_accept
 from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, show
 
-DEFAULT_PROFILE = "tiny-gsm"
+DEFAULT_PROFILE = "tiny-gsm-dream"
 ENV_DIR = "DLLM_PROFILES_DIR"
 BUILTIN_SOURCE = "built-in"
 _UNSET_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
@@ -49,6 +50,7 @@ class ModelSection:
     dtype: str = "auto"
     device: str = "auto"
     chat_template: bool = True
+    compile: bool = False  # CUDA-graph replay of cached block steps (models/compiled.py)
     special: SpecialOverrides = field(default_factory=SpecialOverrides)
 
 
@@ -306,8 +308,10 @@ def resolve(
 ) -> tuple[Profile, dict[str, str]]:
     """Apply CLI overrides (None = not given) to a profile; say where each value came from.
 
-    Provenance maps every dotted key (e.g. "decode.gen_length") to "cli", "profile <file>" or
-    "default". A guide path of "" or "none" from the CLI turns the profile's guide off.
+    Provenance maps every dotted key (e.g. "decode.gen_length") to "cli", "profile <file>",
+    "default" or "family default (<family>)" (`families.py`; with the family unknown, e.g. no
+    model folder yet, the value stays unset and the decoder fills it once the model is loaded).
+    A guide path of "" or "none" from the CLI turns the profile's guide off.
     """
     path = find_profile(name_or_path)
     profile, raw = _parse(path)
@@ -337,6 +341,7 @@ def resolve(
             )
     if decode:  # the run's settings are built (and so validated) here, once
         profile.decode = dataclasses.replace(profile.decode, **decode)
+    apply_family_defaults(profile, provenance)
     return profile, provenance
 
 

@@ -13,6 +13,7 @@ from dllm_cli.chat import Frame, encode_chat, encode_plain, frame, pieces
 from dllm_cli.decoding import Committer, answer_tokens, gemma
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
+from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.guide import GuideModel, load_guide
 from dllm_cli.models.loading import LoadedModel, load_model
 from dllm_cli.profiles import Profile, resolve
@@ -155,6 +156,9 @@ def open_runtime(
     guide = None
     if use_guide and prof.guide is not None and prof.guide.path:
         guide = load_guide(prof.guide.path, loaded)
+    if prof.model.compile:
+        why = enable_compile(loaded.model)  # None, or why the model stays eager
+        notes = [*notes, why] if why else notes
     return Runtime(
         profile=prof,
         provenance=provenance,

@@ -60,7 +60,7 @@ class DecodeSettings:
     factor: float = 1.0
     temperature: float = 0.0
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: int | None = None  # None: the family's default (families.py); 0: no top-k
     cfg_scale: float = 0.0
     seed: int = 0
     early_stop: bool = False
@@ -178,8 +178,8 @@ class DecodeSettings:
             )
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             _bad(f"top_p must be in (0, 1] (got {self.top_p})")
-        if self.top_k is not None and self.top_k < 1:
-            _bad(f"top_k must be >= 1 (got {self.top_k})")
+        if self.top_k is not None and self.top_k < 0:
+            _bad(f"top_k must be >= 0 (0 turns it off; got {self.top_k})")
         if not 0 <= self.cfg_scale <= MAX_CFG_SCALE:
             _bad(f"cfg_scale must be in [0, {MAX_CFG_SCALE:g}] (got {self.cfg_scale})")
         if self.refresh_interval < 0:

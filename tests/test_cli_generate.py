@@ -89,6 +89,7 @@ FLAGS = [
     (["--temperature", "0.7"], "temperature", 0.7),
     (["--top-p", "0.9", "--temperature", "1"], "top_p", 0.9),
     (["--top-k", "5", "--temperature", "1"], "top_k", 5),
+    (["--top-k", "0"], "top_k", 0),
     (["--cfg-scale", "0.5"], "cfg_scale", 0.5),
     (["--seed", "7"], "seed", 7),
     (["--no-early-stop"], "early_stop", False),

@@ -27,7 +27,8 @@ def test_lists_shipped_and_user_profiles(profile_file, monkeypatch):
     result = invoke("profiles")
     assert result.exit_code == 0, result.output
     table = rows(result.stdout)
-    assert table["tiny-gsm (default)"][1] == "built-in"
+    assert table["tiny-gsm-dream (default)"][1] == "built-in"
+    assert table["tiny-gsm"][1] == "built-in"
     assert table["llada-8b-instruct"][1] == "built-in"
     assert table["test-llada"] == ["tiny test model", str(profile_file)]
 
@@ -60,3 +61,13 @@ def test_show_resolves_set_variables_and_flags_missing_folders(monkeypatch, tmp_
 def test_version():
     result = invoke("--version")
     assert result.exit_code == 0 and result.stdout.strip() == f"dllm {__version__}"
+
+
+def test_show_names_the_family_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("DLLM_MODELS_DIR", str(tmp_path))
+    result = invoke("profiles", "show", "dream-7b-instruct")
+    assert result.exit_code == 0, result.output
+    assert rows(result.stdout)["decode.top_k"] == ["50", "family default (dream)"]
+    result = invoke("profiles", "show", "llada-1.5")
+    assert rows(result.stdout)["decode.top_k"] == ["unset", "default"]
+    assert "family is unknown here" in result.stdout  # no LLaDA-1.5 folder in tmp_path

@@ -8,13 +8,26 @@ never drafted (its logit is -inf), so no answer can contain a mask.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
-from decode_fixtures import MASK, one_thread, peaked, prompts, settings, tiny  # noqa: F401
+from decode_fixtures import (  # noqa: F401
+    MASK,
+    SPECIAL,
+    dream_config,
+    one_thread,
+    peaked,
+    prompts,
+    randomize,
+    settings,
+    tiny,
+)
 
 from dllm_cli.decoding import decode
+from dllm_cli.decoding.engine import Decoder
 from dllm_cli.decoding.unmask import RuleCommitter
+from dllm_cli.models import DreamModel
 
 
 def reference_logits(model, x: torch.Tensor) -> torch.Tensor:
@@ -24,8 +37,9 @@ def reference_logits(model, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def llada_generate(model, prompt, gen_length, block_length, steps, remasking="low_confidence"):
-    """LLaDA's reference loop: blocks, top-k schedule, low-confidence remasking, no cache."""
+def llada_generate(model, prompt, gen_length, block_length, steps, shift=False):
+    """LLaDA's reference loop: blocks, top-k schedule, low-confidence remasking, no cache
+    (`shift`: read column i's prediction from column i-1, for a Dream-format model)."""
     p = len(prompt)
     x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
     x[0, :p] = torch.tensor(prompt)
@@ -39,6 +53,8 @@ def llada_generate(model, prompt, gen_length, block_length, steps, remasking="lo
         for i in range(steps_per_block):
             mask_index = x == MASK
             logits = reference_logits(model, x)
+            if shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
             x0 = logits.argmax(dim=-1)
             probs = torch.softmax(logits.to(torch.float64), dim=-1)
             x0_p = probs.gather(-1, x0[..., None]).squeeze(-1)
@@ -51,9 +67,21 @@ def llada_generate(model, prompt, gen_length, block_length, steps, remasking="lo
     return x[0, p:].tolist()
 
 
+def dream_top_k_logits(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Dream's `top_k_logits`: below the k-th largest logit -> the dtype's minimum (not -inf)."""
+    top_k = min(top_k, logits.size(-1))
+    kth = torch.topk(logits, top_k)[0][..., -1, None]
+    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+
+
 @torch.inference_mode()
-def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3):
-    """Dream's diffusion_generate `_sample` (batch 1, temperature 0, no attention mask)."""
+def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3, top_k=None, shift=True):
+    """Dream's diffusion_generate `_sample` (batch 1, temperature 0, no attention mask).
+
+    `top_k` is applied as Dream's `sample_tokens` does (after temperature and top_p, both off
+    here), so every confidence is computed on the top-k renormalised distribution;
+    `shift=False`: column i predicts itself, for a LLaDA-format model.
+    """
     p = len(prompt)
     x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
     x[0, :p] = torch.tensor(prompt)
@@ -61,9 +89,12 @@ def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3):
     for i in range(steps):
         mask_index = x == MASK
         logits = reference_logits(model, x)
-        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        if shift:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         mask_logits = logits[mask_index]
         t, s = timesteps[i], timesteps[i + 1]
+        if top_k is not None:
+            mask_logits = dream_top_k_logits(mask_logits, top_k)
         probs = torch.softmax(mask_logits, dim=-1)
         confidence, x0 = probs.max(dim=-1)
         if alg == "topk_margin":
@@ -117,6 +148,28 @@ def test_dream_fixed_matches_diffusion_generate(make, alg, steps):
     assert got.tokens[0] == dream_generate(lm.model, prompt, 16, steps, alg)
 
 
+@pytest.mark.parametrize("make", MODELS)
+@pytest.mark.parametrize(("gen", "block", "steps"), [(16, 4, 16), (16, 8, 8), (12, 12, 5)])
+def test_linear_schedule_on_a_dream_model_matches_the_llada_loop(make, gen, block, steps):
+    """`--schedule linear`: a Dream-format model decoded with LLaDA's split of each block."""
+    lm = make("dream")
+    for prompt in prompts([5, 9], seed=gen + block):
+        s = settings(gen_length=gen, block_length=block, steps=steps, schedule="linear")
+        got = decode(lm.model, lm.special, [prompt], s)
+        assert got.tokens[0] == llada_generate(lm.model, prompt, gen, block, steps, shift=True)
+
+
+@pytest.mark.parametrize("make", MODELS)
+@pytest.mark.parametrize("steps", [16, 7])
+def test_dream_schedule_on_a_llada_model_matches_diffusion_generate(make, steps):
+    """`--schedule dream`: a LLaDA-format model decoded with Dream's timestep schedule."""
+    lm = make("llada")
+    prompt = prompts([6], seed=steps)[0]
+    s = settings(gen_length=16, block_length=16, steps=steps, schedule="dream")
+    got = decode(lm.model, lm.special, [prompt], s)
+    assert got.tokens[0] == dream_generate(lm.model, prompt, 16, steps, "maskgit_plus", shift=False)
+
+
 @pytest.mark.parametrize("kind", ["llada", "dream"])
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_threshold_above_one_is_fixed_one_token_per_step(kind, cache):
@@ -133,3 +186,37 @@ def test_threshold_above_one_is_fixed_one_token_per_step(kind, cache):
     want = decode(lm.model, lm.special, ps, fixed, committer=RuleCommitter(fixed, "linear"))
     assert got.tokens == want.tokens
     assert got.forwards == want.forwards == 16
+
+
+def wide_dream(seed: int = 0) -> DreamModel:
+    """A tiny random Dream with 256 tokens and flat predictions: top_k = 50 drops real mass."""
+    cfg = dream_config()
+    cfg.vocab_size = 256
+    model = DreamModel(cfg)
+    randomize(model, seed, head_scale=0.5)
+    return model
+
+
+@pytest.mark.parametrize("alg", list(DREAM_ALGS))
+def test_dream_default_top_k_is_dreams_hidden_50(alg):
+    """Unset top_k on a Dream model = Dream's reference with top_k 50; top_k 0 = no filter."""
+    model = wide_dream()
+    changed = 0
+    for steps, prompt in zip([16, 7, 5], prompts([6, 9, 4], seed=21), strict=True):
+        s = settings(gen_length=16, block_length=16, steps=steps, confidence=DREAM_ALGS[alg])
+        want_50 = dream_generate(model, prompt, 16, steps, alg, top_k=50)
+        want_off = dream_generate(model, prompt, 16, steps, alg)
+        assert decode(model, SPECIAL, [prompt], s).tokens[0] == want_50
+        assert decode(model, SPECIAL, [prompt], replace(s, top_k=50)).tokens[0] == want_50
+        assert decode(model, SPECIAL, [prompt], replace(s, top_k=0)).tokens[0] == want_off
+        changed += want_50 != want_off
+    assert changed  # the filter changes the reveal order, so the test can tell them apart
+
+
+def test_top_k_family_default_only_for_dream():
+    s = settings()
+    dream, llada = tiny("dream"), tiny("llada")
+    assert Decoder(dream.model, dream.special, s).settings.top_k == 50
+    assert Decoder(llada.model, llada.special, s).settings.top_k is None  # LLaDA has none
+    off = Decoder(dream.model, dream.special, replace(s, top_k=0))
+    assert off.settings.top_k == 0  # explicitly off

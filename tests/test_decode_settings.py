@@ -49,7 +49,7 @@ BAD = [
     ({"top_p": 0.0}, "top_p must be in (0, 1]"),
     ({"top_p": 1.2}, "top_p must be in (0, 1]"),
     ({"top_p": "x"}, "top_p must be a number or unset"),
-    ({"top_k": 0}, "top_k must be >= 1"),
+    ({"top_k": -1}, "top_k must be >= 0 (0 turns it off"),
     ({"cfg_scale": -1.0}, "cfg_scale must be in [0, 100]"),
     ({"cfg_scale": 1e300}, "cfg_scale must be in [0, 100]"),  # overflowed to NaN
     ({"refresh_interval": -1}, "refresh_interval must be >= 0"),

@@ -199,6 +199,9 @@ def test_bench_runs_the_baseline(gemma_profile_file, tmp_path):
     assert record["forwards"] > 0 and record["tokens_per_forward"] > 0
     refused = invoke(*args, "--strategies", "baseline,dual")
     assert refused.exit_code == 2 and "strategy 'dual': cache 'dual'" in error_lines(refused)[0]
+    # throughput mode (synthetic prompts) goes through the same check
+    synthetic = invoke(*args, "--prompt-length", "6", "--strategies", "baseline,dual")
+    assert synthetic.exit_code == 2 and "strategy 'dual'" in error_lines(synthetic)[0]
 
 
 @pytest.mark.slow

@@ -26,11 +26,19 @@ LAYERS: list[tuple[str, ...]] = [
     # the TinyGSM data, no models
     ("tinygsm.data", "tinygsm.wide", "tinygsm.rich", "tinygsm.stories", "tinygsm.scenes"),
     ("tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
-    ("models", "tinygsm.architectures"),
+    ("models", "tinygsm.architectures", "families"),
     ("decoding",),
     ("profiles",),
     ("runtime", "chat"),
-    ("batch", "distributed", "view", "bench", "bench_batching", "tinygsm.evaluate"),
+    (
+        "batch",
+        "distributed",
+        "view",
+        "bench",
+        "bench_batching",
+        "throughput",
+        "tinygsm.evaluate",
+    ),
     ("tinygsm.quickeval",),
     ("tinygsm.phases",),
     ("options", "commands", "cli", "__main__", "tinygsm.train"),  # entry points

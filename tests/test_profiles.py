@@ -55,13 +55,14 @@ def test_shipped_profile_parses_and_validates(path, monkeypatch, tmp_path):
         assert "$" not in p and (p.startswith("builtin:") or p.startswith(str(tmp_path)) or not p)
 
 
-def test_default_profile_is_tiny_gsm():
+def test_default_profile_is_the_guided_tiny_dream_model():
     profile, provenance = resolve(None, {})
-    assert profile.name == "tiny-gsm"
-    assert profile.model.path == "builtin:tiny-gsm"
+    assert profile.name == "tiny-gsm-dream"
+    assert profile.model.path == "builtin:tiny-gsm-dream"
     assert profile.guide is not None and profile.guide.path == "builtin:tiny-gsm-ar"
+    assert (profile.guide.accept, profile.guide.draft_window) == ("exact", 32)
     d = profile.decode
-    assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "dual", "threshold")
+    assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "freecache", "threshold")
     assert d.threshold == 0.9 and d.early_stop is True
     assert provenance["decode.cache"].startswith("profile ")
     assert provenance["decode.seed"] == "default"
@@ -268,7 +269,7 @@ def test_cli_guide_added_and_removed(tmp_path):
     profile, prov = resolve(str(path), {"guide": "ar-model"})
     assert profile.guide.path == str(tmp_path / "ar-model")  # CLI paths start at the cwd
     assert prov["guide.path"] == "cli" and prov["guide.accept"] == "default"
-    profile, prov = resolve("tiny-gsm", {"guide": "none"})
+    profile, prov = resolve("tiny-gsm-dream", {"guide": "none"})
     assert profile.guide is None and "guide.path" not in prov
 
 
@@ -293,7 +294,7 @@ def test_cli_guide_added_and_removed(tmp_path):
 )
 def test_bad_cli_overrides(overrides, error, message):
     with pytest.raises(error) as info:
-        resolve("tiny-gsm", overrides)
+        resolve("tiny-gsm-dream", overrides)  # a profile with a guide
     assert message in str(info.value)
 
 
@@ -372,3 +373,37 @@ def test_pyproject_ships_every_package_and_the_profiles():
     assert on_disk | {"dllm_cli.builtin_profiles"} == set(setup["packages"])
     assert setup["package-dir"]["dllm_cli.builtin_profiles"] == "profiles"
     assert "*.toml" in setup["package-data"]["dllm_cli.builtin_profiles"]
+
+
+def dream_profile(folder: Path, model: Path, decode: str = "") -> Path:
+    return write(folder, "d", f'[model]\npath = "{model}"\n[decode]\n{decode}\n')
+
+
+def test_dream_folder_gets_the_family_top_k(tmp_path):
+    """Dream's reference applies top_k 50 unasked; read from config.json, no weights loaded."""
+    model = tmp_path / "dream"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "Dream"}')  # no weights needed
+    path = dream_profile(tmp_path, model)
+    profile, provenance = resolve(str(path), {})
+    assert profile.decode.top_k == 50
+    assert provenance["decode.top_k"] == "family default (dream)"
+    profile, provenance = resolve(str(path), {"top_k": 0})  # the way to switch it off
+    assert profile.decode.top_k == 0 and provenance["decode.top_k"] == "cli"
+    profile, provenance = resolve(str(dream_profile(tmp_path, model, "top_k = 7")), {})
+    assert profile.decode.top_k == 7 and provenance["decode.top_k"].startswith("profile ")
+
+
+def test_family_default_needs_a_known_family(tmp_path, monkeypatch):
+    llada = tmp_path / "llada"
+    llada.mkdir()
+    (llada / "config.json").write_text('{"model_type": "llada"}')
+    profile, provenance = resolve(str(dream_profile(tmp_path, llada)), {})
+    assert profile.decode.top_k is None and provenance["decode.top_k"] == "default"
+    # No folder: the family is unknown, the value stays unset (the decoder fills it at load).
+    profile, provenance = resolve(str(dream_profile(tmp_path, tmp_path / "gone")), {})
+    assert profile.decode.top_k is None and provenance["decode.top_k"] == "default"
+    # The shipped Dream profiles name their architecture, so no folder is needed.
+    monkeypatch.setenv("DLLM_MODELS_DIR", str(tmp_path / "nowhere"))
+    profile, provenance = resolve("dream-7b-base", {})
+    assert profile.decode.top_k == 50 and provenance["decode.top_k"] == "family default (dream)"

@@ -221,20 +221,28 @@ def test_resume_continues_to_the_same_weights(tmp_path, monkeypatch):
 
 SHIPPED = Path(__file__).resolve().parent.parent / "dllm_cli" / "tinygsm" / "weights"
 needs_shipped = pytest.mark.skipif(
-    not (SHIPPED / "tiny-gsm" / "model.safetensors").is_file(),
+    not all((SHIPPED / n / "model.safetensors").is_file() for n in ("tiny-gsm", "tiny-gsm-dream")),
     reason="the shipped TinyGSM weights are not in this checkout",
 )
 
 
 @pytest.mark.slow
 @needs_shipped
-def test_shipped_model_loads_through_the_public_loader():
-    loaded = load_model("builtin:tiny-gsm", device="cpu")
-    assert loaded.architecture == "llada"
-    assert loaded.model.config.model_type == "llada"
-    names = set(loaded.model.state_dict())
-    assert "model.transformer.wte.weight" in names and "model.transformer.ff_out.weight" in names
+def test_shipped_models_load_through_the_public_loader():
+    """Each shipped diffusion model loads as its family's real checkpoints do, and the guide's
+    vocabulary extends each one's (append-only tokenizer: shared ids mean the same string)."""
     guide = AutoModelForCausalLM.from_pretrained(SHIPPED / "tiny-gsm-ar")
-    assert guide.config.vocab_size == loaded.model.config.embedding_size
+    guide_vocab = AutoTokenizer.from_pretrained(SHIPPED / "tiny-gsm-ar").get_vocab()
+    families = {"tiny-gsm": ("llada", "model.transformer.wte.weight")}
+    families["tiny-gsm-dream"] = ("Dream", "model.embed_tokens.weight")
+    for name, (family, embedding) in families.items():
+        loaded = load_model(f"builtin:{name}", device="cpu")
+        assert loaded.architecture == family
+        assert embedding in set(loaded.model.state_dict())
+        vocab = loaded.tokenizer.get_vocab()
+        assert all(guide_vocab.get(piece) == i for piece, i in vocab.items()), name
+        assert loaded.special.vocab <= guide.config.vocab_size
+    dream = load_model("builtin:tiny-gsm-dream", device="cpu")
+    assert dream.model.config.vocab_size == guide.config.vocab_size  # adapted from the guide
     total = sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file())
     assert total < 40 * 2**20

@@ -19,13 +19,14 @@ from dllm_cli.bench import (
     cells,
     markdown_table,
     plot,
+    progress_line,
     run_bench,
     settings_for,
 )
 from dllm_cli.bench_batching import compare_batching, mixed_shots, table
 from dllm_cli.commands.common import cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import InputError
-from dllm_cli.tinygsm.evaluate import held_out
+from dllm_cli.throughput import bench_inputs
 
 BENCH = "Benchmark"
 
@@ -110,6 +111,7 @@ def write(path: Path, text: str) -> None:
     "device",
     "dtype",
     "chat",
+    "compile",
     "accept",
     "on_reject",
     "verify_chunk",
@@ -141,6 +143,14 @@ def bench_command(
     block_length: Annotated[
         int, typer.Option(help="Block size for every strategy.", rich_help_panel=BENCH)
     ] = 32,
+    prompt_length: Annotated[
+        int | None,
+        typer.Option(
+            help="Throughput mode: --n synthetic prompts of this many tokens instead of "
+            "TinyGSM problems (any checkpoint; no accuracy).",
+            rich_help_panel=BENCH,
+        ),
+    ] = None,
     warmup: Annotated[
         bool, typer.Option(help="Untimed warm-up decode per strategy.", rich_help_panel=BENCH)
     ] = True,
@@ -178,6 +188,8 @@ def bench_command(
     with cli_errors():
         lengths = parse_lengths(gen_length)
         preflight(json_path, markdown_path, plot_path)
+        if plot_path is not None and prompt_length is not None:
+            raise InputError("--plot draws accuracy, which --prompt-length runs do not measure")
         rt = load_runtime(choices)
         if batching_compare is not None:
             strategy = STRATEGIES.get(batching_compare)
@@ -203,19 +215,13 @@ def bench_command(
             warmup=warmup,
             reference=reference,
         )
-        tasks = held_out(rt.encode, n, shots, start)
+        tasks, measure, what = bench_inputs(rt, n, shots, start, prompt_length)
 
         def report(r: dict) -> None:
-            stderr.print(
-                f"{r['strategy']:>30} gen {r['gen_length']:>5}: accuracy {r['accuracy']:.3f}, "
-                f"{r['tokens_per_second']:.1f} tok/s, {r['speedup']:.2f}x",
-                highlight=False,
-            )
+            stderr.print(progress_line(r), highlight=False)
 
-        records = run_bench(rt, tasks, plan, on_record=report)
-        title = (
-            f"{rt.profile.name}: {n} held-out TinyGSM problems, {shots}-shot, batch {batch_size}"
-        )
+        records = run_bench(rt, tasks, plan, on_record=report, measure=measure)
+        title = f"{what}, batch {batch_size}"
         out = Console() if Console().is_terminal else Console(width=200)  # no squeezed pipes
         out.print(rich_table(records, title))
         write_outputs(records, json_path, markdown_path, plot_path)

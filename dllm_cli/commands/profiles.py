@@ -16,7 +16,8 @@ from rich.text import Text
 from dllm_cli.commands.common import cli_errors
 from dllm_cli.decoding import gemma
 from dllm_cli.errors import ModelLoadError
-from dllm_cli.models.loading import BUILTIN_PREFIX, read_config_json, resolve_path
+from dllm_cli.families import model_family
+from dllm_cli.models.loading import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profiles import (
     DEFAULT_PROFILE,
     Profile,
@@ -62,7 +63,7 @@ def show_command(
     out.print(Text(profile.name, style="bold"), Text(f"- {profile.description}"))
     out.print(Text(f"file: {profile.source}", style="dim"))
     values = flatten(profile.to_dict())
-    family = profile_family(profile)
+    family = model_family(profile.model.architecture, profile.model.path)
     uses = gemma.uses(family)  # decode setting -> how this model family uses it
     if family:
         out.print(Text(f"model family: {family}", style="dim"))
@@ -76,7 +77,7 @@ def show_command(
             if uses and key.startswith("decode.")
             else []
         )
-        table.add_row(key, Text(shown), origin.split(" ", 1)[0], *use)
+        table.add_row(key, Text(shown), shown_origin(origin), *use)
     out.print(table)
     for var in unset:
         out.print(
@@ -88,17 +89,16 @@ def show_command(
         notes = gemma.notes(profile.decode, profile.decode.block_length)
     for line in notes:
         out.print(Text(f"note: {line}", style="dim"))
+    if family is None:
+        out.print(
+            Text("note: the model folder cannot be read, so its family is unknown here; family "
+                 "defaults (Dream: top_k 50) apply when the model loads", style="dim")
+        )  # fmt: skip
 
 
-def profile_family(profile: Profile) -> str | None:
-    """The model family: the profile's architecture, else config.json's model_type if readable."""
-    if profile.model.architecture:
-        return profile.model.architecture.lower()
-    try:
-        kind = read_config_json(resolve_path(profile.model.path)).get("model_type")
-    except (ModelLoadError, OSError):
-        return None
-    return {"llada": "llada", "Dream": "dream", gemma.FAMILY: gemma.FAMILY}.get(kind)
+def shown_origin(origin: str) -> str:
+    """The file of a "profile <file>" origin is printed above the table; others as they are."""
+    return "profile" if origin.startswith("profile ") else origin
 
 
 def describe(name: str) -> tuple[Profile, dict[str, str], list[str]]:

@@ -27,6 +27,7 @@ from dllm_cli.decoding.policies import POLICIES, Forward, StepPlace
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk, RowState, first_masks, same_place
 from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
+from dllm_cli.families import with_family_defaults
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
@@ -42,6 +43,8 @@ class Decoder:
         settings: DecodeSettings,
         committer: Committer | None = None,
     ):
+        # Unset values take the family's reference defaults (Dream: top_k 50; families.py).
+        settings = with_family_defaults(settings, getattr(model.config, "model_type", None))
         self.settings, self.model, self.special = settings, model, special
         family = family_of(model)
         vocab = special.real_vocab(model.vocab_size)

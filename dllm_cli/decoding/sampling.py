@@ -51,8 +51,8 @@ def top_p_filter(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
 
 
 def top_k_filter(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
-    """Keep the k most likely tokens (ties with the k-th kept too, as in Dream)."""
-    if top_k is None:
+    """Keep the k most likely tokens (ties with the k-th kept too, as in Dream); 0/None: all."""
+    if not top_k:
         return logits
     kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))

@@ -54,6 +54,15 @@ class DiffusionLM(PreTrainedModel):
         """(n_layers, n_kv_heads, head_dim) for sizing a KVCache."""
         raise NotImplementedError
 
+    def rope_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype queries and keys are rotated in, for activations of `dtype`."""
+        raise NotImplementedError
+
+    def fuse_projections(self) -> None:
+        """Fuse each block's projections (models/fused.py); done once after loading weights."""
+        for block in self.blocks():
+            block.fuse()
+
     @property
     def rope_theta(self) -> float:
         raise NotImplementedError
@@ -66,6 +75,20 @@ class DiffusionLM(PreTrainedModel):
     def vocab_size(self) -> int:
         """Real vocabulary size: logits past it are padding rows of the embedding."""
         return self.config.vocab_size
+
+    def rope_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos/sin (B, 1, T, D) at `positions`, rows of one table covering the whole context.
+
+        The table is computed once per model, device and dtype (as Fast-dLLM keeps one), with
+        the arithmetic of `rope_tables`, so a row equals the directly computed values.
+        """
+        table = getattr(self, "_rope_table", None)
+        if table is None or table[0].device != positions.device or table[0].dtype != dtype:
+            _, _, head_dim = self.kv_shape()
+            every = torch.arange(self.context_length, device=positions.device)[None]
+            table = tuple(t[0, 0].to(dtype) for t in rope_tables(every, head_dim, self.rope_theta))
+            self._rope_table = table  # (N, D) each
+        return tuple(t[positions][:, None] for t in table)
 
     # --- the one forward --------------------------------------------------------------
     def forward(
@@ -83,9 +106,8 @@ class DiffusionLM(PreTrainedModel):
             columns = slice(0, t)
         if positions is None:
             positions = default_positions(input_ids, columns)
-        _, _, head_dim = self.kv_shape()
-        rope = rope_tables(positions, head_dim, self.rope_theta)
         h = self.embed(input_ids)  # (B, T, d)
+        rope = self.rope_at(positions, self.rope_dtype(h.dtype))  # one for every layer
         for i, block in enumerate(self.blocks()):
             h = block(h, rope, cache=cache, layer=i, columns=columns, key_mask=key_mask)
         if isinstance(logits_slice, torch.Tensor):  # (B, T') per-row picks

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch.nn.functional as F
+import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from dllm_cli.models.base import DiffusionLM
-from dllm_cli.models.layers import RMSNorm, attend, split_heads
+from dllm_cli.models.fused import Fusion
+from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
 
 # Dream's generation code refuses prompt + output beyond this many tokens.
 DREAM_CONTEXT = 2048
@@ -90,9 +91,17 @@ class DreamMLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.fusion: Fusion | None = None  # after fuse()
+
+    def fuse(self) -> None:
+        self.fusion = Fusion(gate_up=(self.gate_proj, self.up_proj), down=(self.down_proj,))
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        f = self.fusion
+        if f is not None and f.intact():
+            gate, up = f.gate_up(x).chunk(2, dim=-1)
+            return f.down(swiglu(gate, up))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class DreamAttention(nn.Module):
@@ -104,23 +113,30 @@ class DreamAttention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=True)
         self.v_proj = nn.Linear(d, self.n_kv * hd, bias=True)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+        self.fusion: Fusion | None = None  # after fuse()
+
+    def fuse(self) -> None:
+        self.fusion = Fusion(qkv=(self.q_proj, self.k_proj, self.v_proj), out=(self.o_proj,))
 
     def forward(self, x, rope, *, cache, layer, columns, key_mask):
-        q = split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, D)
-        k = split_heads(self.k_proj(x), self.n_kv)  # (B, H_kv, T, D)
-        v = split_heads(self.v_proj(x), self.n_kv)
+        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
+        if f is not None:
+            qkv = f.qkv(x)  # (B, T, (H + 2 H_kv) D)
+        else:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        q, k, v = rotated_qkv(qkv, self.n_heads, self.n_kv, rope, full_precision=False)
         a = attend(
             q,
             k,
             v,
-            rope,
+            None,  # already rotated
             full_precision_rope=False,
             cache=cache,
             layer=layer,
             columns=columns,
             key_mask=key_mask,
         )
-        return self.o_proj(a)
+        return f.out(a) if f is not None else self.o_proj(a)
 
 
 class DreamLayer(nn.Module):
@@ -131,9 +147,13 @@ class DreamLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def fuse(self) -> None:
+        self.self_attn.fuse()
+        self.mlp.fuse()
+
     def forward(self, x, rope, **kw):
-        x = x + self.self_attn(self.input_layernorm(x), rope, **kw)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = residual(x, self.self_attn(self.input_layernorm(x), rope, **kw))
+        return residual(x, self.mlp(self.post_attention_layernorm(x)))
 
 
 class DreamBackbone(nn.Module):
@@ -174,6 +194,9 @@ class DreamModel(DiffusionLM):
     def kv_shape(self):
         c = self.config
         return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+
+    def rope_dtype(self, dtype):
+        return dtype  # Qwen2 rotates in the model dtype
 
     @property
     def rope_theta(self):

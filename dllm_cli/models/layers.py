@@ -18,6 +18,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if w is not None and x.dtype == w.dtype == torch.float32 and x.device.type == "cpu":
+            # The same arithmetic in one call (bit-identical on CPU float32: tests/test_fused.py).
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -48,8 +52,47 @@ def apply_rope(
     else:
         cos, sin = cos.to(dtype), sin.to(dtype)
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos + rotated * sin).to(dtype)
+    if torch.is_grad_enabled():
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x * cos + rotated * sin).to(dtype)
+    # Inference: the same products and sum per element, in two buffers instead of five.
+    rotated = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    rotated[..., :half].neg_()
+    out = x * cos
+    return out.add_(rotated.mul_(sin)).to(dtype)
+
+
+def rotated_qkv(
+    qkv: torch.Tensor,
+    n_heads: int,
+    n_kv: int,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    full_precision: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T, (H + 2 H_kv) D) projections -> q (B, H, T, D), k, v (B, H_kv, T, D); q, k rotated.
+
+    One RoPE pass covers the queries and keys together (the same arithmetic per element as
+    rotating them one at a time).
+    """
+    b, t, _ = qkv.shape
+    heads = qkv.view(b, t, n_heads + 2 * n_kv, -1)  # (B, T, H + 2 H_kv, D)
+    cos, sin = (table.transpose(1, 2) for table in rope)  # (B, T, 1, D)
+    qk = apply_rope(heads[:, :, : n_heads + n_kv], cos, sin, full_precision)
+    q = qk[:, :, :n_heads].transpose(1, 2)
+    k = qk[:, :, n_heads:].transpose(1, 2)
+    return q, k, heads[:, :, n_heads + n_kv :].transpose(1, 2)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up; in inference the product reuses silu's buffer (same arithmetic)."""
+    if torch.is_grad_enabled():
+        return F.silu(gate) * up
+    return F.silu(gate).mul_(up)
+
+
+def residual(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """x + branch; in inference added into the branch's fresh buffer (addition commutes exactly)."""
+    return x + branch if torch.is_grad_enabled() else branch.add_(x)
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -62,7 +105,7 @@ def attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor],
+    rope: tuple[torch.Tensor, torch.Tensor] | None,
     *,
     full_precision_rope: bool,
     cache: KVCache | CacheRows | None,
@@ -77,9 +120,10 @@ def attend(
     cached columns. key_mask: (B, S) bool, True where a key may be attended (padding and the
     cache's scratch column are False). Returns (B, T, H*D).
     """
-    cos, sin = rope
-    q = apply_rope(q, cos, sin, full_precision_rope)
-    k = apply_rope(k, cos, sin, full_precision_rope)
+    if rope is not None:  # None: the caller has rotated q and k already
+        cos, sin = rope
+        q = apply_rope(q, cos, sin, full_precision_rope)
+        k = apply_rope(k, cos, sin, full_precision_rope)
     if cache is not None:
         k, v = cache.update(layer, columns, k, v)  # (B, H_kv, S, D)
     mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)

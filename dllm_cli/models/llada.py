@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
 from dllm_cli.models.base import DiffusionLM
-from dllm_cli.models.layers import RMSNorm, attend, split_heads
+from dllm_cli.models.fused import Fusion
+from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
 
 
 class LLaDAConfig(PretrainedConfig):
@@ -133,26 +135,42 @@ class LLaDABlock(nn.Module):
         self.ff_proj = nn.Linear(d, cfg.ffn_size, bias=cfg.include_bias)
         self.up_proj = nn.Linear(d, cfg.ffn_size, bias=cfg.include_bias)
         self.ff_out = nn.Linear(cfg.ffn_size, d, bias=cfg.include_bias)
+        self.fusion: Fusion | None = None  # after fuse()
+
+    def fuse(self) -> None:
+        """One GEMM for q/k/v and one for ff_proj/up_proj, on views of the same weights."""
+        self.fusion = Fusion(
+            qkv=(self.q_proj, self.k_proj, self.v_proj),
+            gate_up=(self.ff_proj, self.up_proj),
+            out=(self.attn_out,),
+            down=(self.ff_out,),
+        )
 
     def forward(self, x, rope, *, cache, layer, columns, key_mask):
+        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
         n = self.attn_norm(x)
-        q = split_heads(self.q_proj(n), self.n_heads)  # (B, H, T, D)
-        k = split_heads(self.k_proj(n), self.n_kv)  # (B, H_kv, T, D)
-        v = split_heads(self.v_proj(n), self.n_kv)
+        if f is not None:
+            qkv = f.qkv(n)  # (B, T, (H + 2 H_kv) D)
+        else:
+            qkv = torch.cat([self.q_proj(n), self.k_proj(n), self.v_proj(n)], dim=-1)
+        q, k, v = rotated_qkv(qkv, self.n_heads, self.n_kv, rope, self.full_precision_rope)
         a = attend(
             q,
             k,
             v,
-            rope,
+            None,  # already rotated
             full_precision_rope=self.full_precision_rope,
             cache=cache,
             layer=layer,
             columns=columns,
             key_mask=key_mask,
         )
-        x = x + self.attn_out(a)
+        x = residual(x, f.out(a) if f is not None else self.attn_out(a))
         n = self.ff_norm(x)
-        return x + self.ff_out(F.silu(self.ff_proj(n)) * self.up_proj(n))
+        if f is not None:
+            gate, up = f.gate_up(n).chunk(2, dim=-1)
+            return residual(x, f.down(swiglu(gate, up)))
+        return residual(x, self.ff_out(swiglu(self.ff_proj(n), self.up_proj(n))))
 
 
 class LLaDATransformer(nn.Module):
@@ -208,6 +226,9 @@ class LLaDAModelLM(DiffusionLM):
     def kv_shape(self):
         c = self.config
         return c.n_layers, c.kv_heads, c.head_dim
+
+    def rope_dtype(self, dtype):
+        return torch.float32 if self.config.rope_full_precision else dtype
 
     @property
     def rope_theta(self):

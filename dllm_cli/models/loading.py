@@ -337,6 +337,7 @@ def load_model(
     except Exception as e:  # anything transformers raises past our checks
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
+    model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names and memory unchanged
     tokenizer = load_tokenizer(folder)
     rows = model.get_input_embeddings().num_embeddings
     special = special_ids(config, tokenizer, special_overrides, present=raw, table_size=rows)

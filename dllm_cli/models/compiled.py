@@ -1,0 +1,119 @@
+"""`--compile`: cached block steps replayed as CUDA graphs (the eager kernels, recorded once).
+
+Within a block, every cached step runs the same kernels on the same buffers: only the token ids
+change. On CUDA the first step of a block (per shape, columns and cache) runs eagerly (its result
+is used) and is recorded into a CUDA graph; the following steps copy their inputs into the
+recorded buffers and replay it, which removes the per-kernel launch cost that dominates small
+batches. A replay runs exactly the recorded kernels, so outputs are bit-identical to eager
+decoding. Full-canvas forwards (block-start refreshes, `--cache none`) stay eager.
+
+Elsewhere the model stays eager and `enable_compile` says why: CPUs and MPS have no CUDA
+graphs, and torch.compile was measured on CPU and not adopted (README, "Speed": slower block
+steps and minutes of compiling, and bit-identical only with the norms left uncompiled).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from dllm_cli.cache import KVCache
+
+# record(run) -> (this step's output, replay, the buffer each replay rewrites)
+Recorder = Callable[
+    [Callable[[], torch.Tensor]], tuple[torch.Tensor, Callable[[], None], torch.Tensor]
+]
+
+
+def record_cuda_graph(run: Callable[[], torch.Tensor]):
+    """Run once eagerly on a side stream (warm-up and this step's result), then record."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = run()
+    return out, graph.replay, static_out
+
+
+class StepGraphs:
+    """A model forward that replays recorded cached block steps and runs the rest eagerly."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor], record: Recorder):
+        self.forward, self.record = forward, record
+        self.key = self.replay = self.static = self.output = None
+        self.failed: str | None = None
+        self.recordings = self.replays = 0
+
+    def __call__(
+        self, input_ids, positions=None, cache=None, key_mask=None, columns=None, logits_slice=None
+    ):
+        args = (input_ids, positions, cache, key_mask, columns, logits_slice)
+        if self.failed or not graphable(*args):
+            return self.forward(*args)
+        key = recording_key(*args)
+        if key != self.key:
+            return self._record(key, *args)
+        for buffer, value in zip(self.static, (input_ids, positions, key_mask), strict=True):
+            if buffer is not None:
+                buffer.copy_(value)
+        self.replay()
+        self.replays += 1
+        return self.output.clone()  # the next replay rewrites the buffer
+
+    def _record(self, key, input_ids, positions, cache, key_mask, columns, logits_slice):
+        self.key = self.replay = self.output = None  # release the previous graph first
+        self.static = tuple(
+            None if t is None else t.clone() for t in (input_ids, positions, key_mask)
+        )
+        ids, pos, keys = self.static
+
+        def run() -> torch.Tensor:
+            return self.forward(ids, pos, cache, keys, columns, logits_slice)
+
+        try:
+            out, self.replay, self.output = self.record(run)
+        except Exception as e:  # recording is an optimisation: never let it break a decode
+            self.failed = f"--compile: CUDA graph recording failed ({e}); decoding eagerly"
+            warnings.warn(self.failed, RuntimeWarning, stacklevel=2)
+            return self.forward(input_ids, positions, cache, key_mask, columns, logits_slice)
+        self.key = key
+        self.recordings += 1
+        return out
+
+
+def graphable(input_ids, positions, cache, key_mask, columns, logits_slice) -> bool:
+    """A lockstep cached step over part of the canvas; full-canvas refreshes and per-row
+    steps ((B, T) columns, row subsets of the cache, per-row logit picks) run eagerly."""
+    if not isinstance(cache, KVCache) or not isinstance(columns, slice) or positions is None:
+        return False
+    if isinstance(logits_slice, torch.Tensor):
+        return False
+    return (columns.start or 0) > 0 or columns.stop < cache.width
+
+
+def recording_key(input_ids, positions, cache, key_mask, columns, logits_slice) -> tuple:
+    """Everything a recording bakes in: shapes, columns, the cache's buffers, the mask's shape."""
+    span = None if logits_slice is None else (logits_slice.start, logits_slice.stop)
+    buffers = (id(cache), cache.k[0].data_ptr(), cache.v[-1].data_ptr())
+    mask = None if key_mask is None else tuple(key_mask.shape)
+    return (tuple(input_ids.shape), columns.start, columns.stop, span, buffers, mask)
+
+
+def enable_compile(model, record: Recorder | None = None) -> str | None:
+    """Turn on CUDA-graph replay of cached block steps; None, or why the model stays eager."""
+    device = next(model.parameters()).device
+    if record is None:
+        if device.type != "cuda":
+            return (
+                f"--compile: CUDA graphs need a CUDA device; decoding eagerly on {device.type} "
+                "(torch.compile was slower on CPU, see the README)"
+            )
+        record = record_cuda_graph
+    if not isinstance(model.forward, StepGraphs):
+        model.forward = StepGraphs(model.forward, record)
+    return None

@@ -1,0 +1,68 @@
+"""Several linears on one input as one matmul (q/k/v, gate/up), without a second weight copy.
+
+After loading, a block's projections are fused once: their weights are concatenated into one
+matrix stored transposed, (in, sum of outs), and each nn.Linear's parameters become views into
+it. Checkpoint names, `state_dict()` and memory stay as they were; one GEMM replaces several,
+and the transposed layout is the one MKL multiplies fastest for a block step's few rows. Each
+output element is the same dot product as before, so results are bit-identical to the separate
+linears on CPU (tests/test_fused.py; cuBLAS may pick another kernel for the wider matrix).
+Models built for training are never fused, and a block whose parameters were replaced (e.g.
+moved with `.to()`) runs its separate linears again (`Fusion.intact`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class FusedLinear:
+    """One (in, sum out) weight for `linears`; `__call__` returns their outputs side by side."""
+
+    def __init__(self, *linears: nn.Linear):
+        self.linears = linears
+        has_bias = [lin.bias is not None for lin in linears]
+        if any(has_bias) and not all(has_bias):
+            raise ValueError("cannot fuse linears of which only some have a bias")
+        with torch.no_grad():
+            self.weight = torch.cat([lin.weight for lin in linears]).t().contiguous()  # (in, out)
+            self.bias = torch.cat([lin.bias for lin in linears]) if all(has_bias) else None
+        start = 0
+        for lin in linears:
+            part = slice(start, start + lin.out_features)
+            lin.weight = nn.Parameter(self.weight[:, part].t(), lin.weight.requires_grad)
+            if self.bias is not None:
+                lin.bias = nn.Parameter(self.bias[part], lin.bias.requires_grad)
+            start = part.stop
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in) -> (..., sum out) in one GEMM (the one F.linear runs for 2-D input)."""
+        flat = x.reshape(-1, x.shape[-1])
+        if self.bias is None:
+            out = torch.mm(flat, self.weight)
+        else:
+            out = torch.addmm(self.bias, flat, self.weight)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class Fusion:
+    """A block's fused groups by name (`fusion.qkv(x)`), and whether they are still current."""
+
+    def __init__(self, **groups: tuple[nn.Linear, ...]):
+        self.groups = {name: FusedLinear(*linears) for name, linears in groups.items()}
+        self.linears = [lin for linears in groups.values() for lin in linears]
+        self.pointers = self._pointers()
+
+    def __getattr__(self, name: str) -> FusedLinear:
+        try:
+            return self.__dict__["groups"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def intact(self) -> bool:
+        """Every linear still reads the fused storage (one cheap check per block forward)."""
+        return self._pointers() == self.pointers
+
+    def _pointers(self) -> list[int]:
+        params = [lin._parameters for lin in self.linears]  # (skips Module.__getattr__)
+        return [p[k].data_ptr() for p in params for k in ("weight", "bias") if p[k] is not None]

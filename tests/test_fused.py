@@ -1,0 +1,120 @@
+"""Fused projections and the other forward shortcuts give the very same numbers, in less work."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from decode_fixtures import SPECIAL, prompts, settings, tiny
+
+from dllm_cli.cache import KVCache
+from dllm_cli.decoding import Decoder, decode
+from dllm_cli.models.layers import RMSNorm, rope_tables
+
+
+def fused_copy(model):
+    twin = copy.deepcopy(model)
+    twin.fuse_projections()
+    return twin
+
+
+def forwards(model, ids):
+    """A full forward, then a cached window in the middle (what decoding runs)."""
+    s, e = 8, 14
+    cache = KVCache.for_model(model, ids.shape[0], ids.shape[1])
+    full = model(ids, cache=cache)
+    window = model(ids[:, s:e], cache=cache, columns=slice(s, e))
+    return full, window, cache
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_fused_forward_is_bit_identical(kind, dtype):
+    plain = copy.deepcopy(tiny(kind, seed=4).model).to(dtype)
+    fused = fused_copy(plain)
+    ids = torch.randint(4, 39, (2, 20), generator=torch.Generator().manual_seed(0))
+    want, got = forwards(plain, ids), forwards(fused, ids)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for k_got, k_want in zip(got[2].k, want[2].k, strict=True):
+        assert torch.equal(k_got, k_want)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_fusing_keeps_names_values_and_memory(kind):
+    plain = tiny(kind, seed=4).model
+    fused = fused_copy(plain)
+    want, got = plain.state_dict(), fused.state_dict()
+    assert list(got) == list(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    block = fused.blocks()[0]
+    qkv = (block.fusion if kind == "llada" else block.self_attn.fusion).qkv
+    storage = qkv.weight.untyped_storage().data_ptr()
+    for lin in qkv.linears:  # views into one matrix: no second copy of the weights
+        assert lin.weight.untyped_storage().data_ptr() == storage
+    size = sum(p.numel() for p in plain.parameters())
+    storages = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in fused.parameters()
+    }
+    assert sum(storages.values()) == size * 4  # float32 bytes, nothing duplicated
+
+
+@torch.inference_mode()
+def test_replaced_weights_fall_back_to_the_separate_linears():
+    """A fused layer whose parameters were swapped out (e.g. by .to()) must not use stale weights."""
+    plain = copy.deepcopy(tiny("llada", seed=4).model)
+    fused = fused_copy(plain)
+    new = torch.randn_like(plain.blocks()[0].k_proj.weight)
+    for model in (plain, fused):
+        model.blocks()[0].k_proj.weight = torch.nn.Parameter(new.clone())
+    assert not fused.blocks()[0].fusion.intact()
+    ids = torch.randint(4, 39, (1, 12), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(fused(ids), plain(ids))
+
+
+def test_training_still_works_on_unfused_models():
+    """Training builds models from scratch (never fused); gradients reach every projection."""
+    model = copy.deepcopy(tiny("llada", seed=4).model).train()
+    ids = torch.randint(4, 39, (2, 10))
+    loss = F.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+    loss.backward()
+    block = model.blocks()[0]
+    for lin in (block.q_proj, block.k_proj, block.ff_proj, block.up_proj, block.attn_out):
+        assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("length", [32, 511])
+def test_cpu_float32_rms_norm_shortcut_is_the_formula(length):
+    norm = RMSNorm(64, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(64))
+    x = torch.randn(2, length, 64)
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert torch.equal(norm(x), h * norm.weight)
+
+
+def test_rope_table_rows_equal_direct_tables():
+    model = tiny("llada", seed=4).model
+    positions = torch.tensor([[0, 1, 2, 300, 511], [7, 5, 3, 1, 0]])
+    direct = rope_tables(positions, model.config.head_dim, model.rope_theta)
+    table = model.rope_at(positions, torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(table, direct, strict=True))
+
+
+def test_fused_model_decodes_the_same_tokens():
+    plain = tiny("dream", seed=2).model
+    fused = fused_copy(plain)
+    ps = prompts([5, 9, 3], seed=4)
+    for cache in ("dual", "freecache"):
+        s = settings(cache=cache, unmask="threshold", threshold=0.5)
+        assert decode(fused, SPECIAL, ps, s).tokens == decode(plain, SPECIAL, ps, s).tokens
+        # rows apart: per-row (B, T) columns and logit picks through the fused forward
+        apart = Decoder(fused, SPECIAL, s).run(ps, lockstep=False).result().tokens
+        assert apart == Decoder(plain, SPECIAL, s).run(ps, lockstep=False).result().tokens
+
+
+def test_loaded_checkpoints_are_fused(llada, dream):
+    assert llada.model.blocks()[0].fusion is not None
+    assert dream.model.blocks()[0].self_attn.fusion is not None
