@@ -12,10 +12,12 @@ decoder stops it with every record before the failed batch already handed on.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from dllm_cli.decoding import DecodeResult, answer_length, decode
+from dllm_cli.decoding import Decoder, DecodeResult, answer_length, decode
+from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.prompt_text import decode_line, escape_bytes, strip_line_end
 from dllm_cli.runtime import Runtime
@@ -35,7 +37,7 @@ class Slot:
 
 @dataclass
 class Totals:
-    """What --stats reports, summed over every decoded batch (tokens: see decoding/answer.py)."""
+    """What --stats reports, summed over every decode (tokens: see decoding/answer.py)."""
 
     prompts: int = 0
     tokens: int = 0
@@ -43,14 +45,23 @@ class Totals:
     guide_forwards: int = 0
     steps: int = 0
     seconds: float = 0.0
+    rows_served: int = 0  # live rows summed over steps: / forwards = mean rows per forward
 
     def add(self, result: DecodeResult, stop: Iterable[int]) -> None:
-        self.prompts += len(result.tokens)
-        self.tokens += sum(answer_length(row, stop) for row in result.tokens)
-        self.forwards += result.forwards
-        self.guide_forwards += result.guide_forwards
-        self.steps += result.steps
-        self.seconds += result.seconds
+        for row in result.tokens:
+            self.add_answer(row, stop)
+        self.add_run(result.forwards, result.guide_forwards, result.steps, result.seconds)
+        self.rows_served += result.rows_served
+
+    def add_answer(self, tokens: list[int], stop: Iterable[int]) -> None:
+        self.prompts += 1
+        self.tokens += answer_length(tokens, stop)
+
+    def add_run(self, forwards: int, guide_forwards: int, steps: int, seconds: float) -> None:
+        self.forwards += forwards
+        self.guide_forwards += guide_forwards
+        self.steps += steps
+        self.seconds += seconds
 
     def merge(self, other: Totals) -> None:
         """Another rank's totals: counts add up; seconds is the longest, as ranks run at once."""
@@ -59,14 +70,23 @@ class Totals:
         self.forwards += other.forwards
         self.guide_forwards += other.guide_forwards
         self.steps += other.steps
+        self.rows_served += getattr(other, "rows_served", 0)
         self.seconds = max(self.seconds, other.seconds)
+
+    @property
+    def occupancy(self) -> float:
+        """Mean live rows per diffusion forward (slot occupancy)."""
+        return self.rows_served / self.forwards if self.forwards else 0.0
 
     def line(self) -> str:
         rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        prompts = self.prompts / self.seconds if self.seconds > 0 else 0.0
         guide = f"{self.guide_forwards} guide forwards, " if self.guide_forwards else ""
         return (
             f"{self.prompts} prompt(s), {self.tokens} tokens, {self.forwards} forwards, {guide}"
-            f"{self.steps} steps, {self.seconds:.2f} s, {rate:.1f} tok/s"
+            f"{self.steps} steps, {self.seconds:.2f} s, {rate:.1f} tok/s, "
+            f"{prompts:.2f} prompts/s"
+            + (f", {self.occupancy:.2f} rows/forward" if self.rows_served else "")
         )
 
 
@@ -79,6 +99,7 @@ class Pipeline:
     json_out: bool = False
     json_input: bool = False
     totals: Totals = field(default_factory=Totals)
+    finished: Callable[[Slot], None] = lambda slot: None  # a record is final (progress)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -88,6 +109,9 @@ class Pipeline:
         self, numbered: Iterable[tuple[int, bytes]], done: Callable[[list[Slot]], None]
     ) -> None:
         """Read (number, line) pairs, decode, hand finished slots to `done` in input order."""
+        if self.batching() == "continuous":
+            Stream(self, done).run(numbered)
+            return
         pending: list[Slot] = []  # read, not yet handed on (input order)
         batch: list[Slot] = []  # valid, not yet decoded
 
@@ -103,6 +127,8 @@ class Pipeline:
             pending.append(slot)
             if slot.error is None:
                 batch.append(slot)
+            else:
+                self.finished(slot)
             if len(batch) == self.batch_size:
                 self.decode_batch(batch)
                 batch = []
@@ -110,6 +136,16 @@ class Pipeline:
         if batch:
             self.decode_batch(batch)
         flush()
+
+    def batching(self) -> str:
+        """continuous, unless the settings ask for static or the decode cannot be served so."""
+        if self.runtime.settings.batching == "static" or self.static_reason() is not None:
+            return "static"
+        return "continuous"
+
+    def static_reason(self) -> str | None:
+        """Why continuous batching falls back to static batches here (None: it does not)."""
+        return static_reason(self.runtime.loaded.model, guided=self.runtime.guide is not None)
 
     def read(self, number: int, raw: bytes) -> Slot:
         """Decode, parse and encode one input line; any problem makes it an error record."""
@@ -152,16 +188,76 @@ class Pipeline:
         except InputError as e:
             for slot in batch:
                 self.fail(slot, str(e))
+                self.finished(slot)
             return
         self.totals.add(result, rt.loaded.special.stop)
         for row, slot in enumerate(batch):
-            text = rt.text(result.tokens[row])
-            if self.json_out:
-                slot.output = json.dumps(
-                    {"line": slot.line, **record(slot.prompt, text, result, row)}
-                )
+            self.finish(slot, result, row)
+
+    def finish(self, slot: Slot, result: DecodeResult, row: int) -> None:
+        """A decoded slot's record (text or --json)."""
+        text = self.runtime.text(result.tokens[row])
+        if self.json_out:
+            slot.output = json.dumps({"line": slot.line, **record(slot.prompt, text, result, row)})
+        else:
+            slot.output = one_line(text)
+        self.finished(slot)
+
+
+class Stream:
+    """Continuous batching of one pipeline run: `batch_size` slots, refilled as rows finish.
+
+    Lines are read only when a slot is free; a line's record is final the step its row is,
+    and records still leave in input order (decoding/continuous.py has the scheduler).
+    """
+
+    def __init__(self, pipeline: Pipeline, done: Callable[[list[Slot]], None]):
+        self.p, self.done = pipeline, done
+        self.pending: deque[Slot] = deque()  # read, not yet handed on (input order)
+
+    def run(self, numbered: Iterable[tuple[int, bytes]]) -> None:
+        rt = self.p.runtime
+        decoder = Decoder(rt.loaded.model, rt.loaded.special, rt.settings, rt.committer())
+        run = ContinuousRun(
+            decoder, self.prompts(numbered), self.p.batch_size, self.answered, self.refused
+        )
+        try:
+            run.finish()
+        finally:
+            self.p.totals.add_run(run.forwards, run.guide_forwards, run.steps, run.seconds)
+            self.p.totals.rows_served += run.served
+        self.flush()
+
+    def prompts(self, numbered: Iterable[tuple[int, bytes]]) -> Iterator[tuple[Slot, list[int]]]:
+        """Valid lines for the scheduler; bad ones become error records on the way."""
+        for number, raw in numbered:
+            slot = self.p.read(number, raw)
+            self.pending.append(slot)
+            if slot.error is None:
+                yield slot, slot.ids
             else:
-                slot.output = one_line(text)
+                self.p.finished(slot)
+                self.flush()
+
+    def answered(self, done: Finished) -> None:
+        slot = done.key
+        self.p.totals.add_answer(done.tokens, self.p.runtime.loaded.special.stop)
+        steps = done.steps
+        alone = DecodeResult([done.tokens], [], [len(slot.ids)], steps, steps, done.seconds)
+        self.p.finish(slot, alone, 0)
+        self.flush()
+
+    def refused(self, slot: Slot, reason: str) -> None:
+        self.p.fail(slot, reason)
+        self.p.finished(slot)
+        self.flush()
+
+    def flush(self) -> None:
+        finished = []
+        while self.pending and self.pending[0].output is not None:
+            finished.append(self.pending.popleft())
+        if finished:
+            self.done(finished)
 
 
 def prompt_from_json(text: str) -> str:

@@ -110,6 +110,16 @@ FLAGS: dict[str, Flag] = {
         "Stop a row once its answer has ended (same text, fewer forwards).",
         "--early-stop/--no-early-stop",
     ),
+    "batching": Flag(
+        _option(
+            str,
+            "Batch mode: continuous (a finished prompt's slot takes the next one) | static "
+            "(whole batches).",
+            INPUT,
+        ),
+        "batch",
+        "decode.batching",
+    ),
     "t_min": _gemma("t_min", float, "Temperature at the last denoising step."),
     "t_max": _gemma("t_max", float, "Temperature at the first denoising step."),
     "entropy_bound": _gemma(
@@ -213,7 +223,9 @@ def shared(*wanted: str) -> Callable[[C], C]:
 
 BatchSize = Annotated[
     int,
-    typer.Option(help="Prompts decoded together in one batch."),
+    typer.Option(
+        help="Prompts decoded together (continuous batching: slots refilled as prompts finish)."
+    ),
 ]
 Json = Annotated[
     bool,

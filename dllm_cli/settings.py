@@ -27,6 +27,7 @@ CACHES = ("none", "prefix", "dual", "freecache")
 UNMASKS = ("fixed", "threshold", "factor", "origin")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
+BATCHINGS = ("continuous", "static")  # batch mode: refill finished slots, or whole batches
 ON_REJECT = ("guide", "draft")  # guided decoding: whose token a rejection commits
 # Threshold and factor compare a confidence with a probability; negative entropy is not one.
 PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
@@ -63,6 +64,7 @@ class DecodeSettings:
     cfg_scale: float = 0.0
     seed: int = 0
     early_stop: bool = False
+    batching: str = "continuous"  # batch mode: continuous (refill slots) | static (whole batches)
     eps: float = 1e-3  # Dream's final timestep
     alg_temp: float = 0.0  # Dream: sample positions with softmax(conf / alg_temp) when > 0
     t_min: float | None = None  # DiffusionGemma: temperature at the last denoising step
@@ -152,6 +154,7 @@ class DecodeSettings:
             ("unmask", UNMASKS),
             ("confidence", CONFIDENCES),
             ("schedule", SCHEDULES),
+            ("batching", BATCHINGS),
         ):
             if getattr(self, name) not in choices:
                 got = getattr(self, name)

@@ -9,6 +9,7 @@ import pytest
 from cli_fixtures import cli_ckpt_fixture, invoke, isolated_fixture, profile_text  # noqa: F401
 from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
+from dllm_cli import bench_batching
 from dllm_cli.bench import REFERENCE, STRATEGIES, BenchPlan, plot, settings_for
 from dllm_cli.errors import InputError
 from dllm_cli.models import LLaDAModelLM
@@ -175,3 +176,38 @@ def test_plot_writes_a_figure(tmp_path):
     ]
     plot(records, tmp_path / "p.svg")
     assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_batching_compare_times_both_batchings_on_the_same_prompts(profile, tmp_path):
+    out = tmp_path / "compare.json"
+    args = ["bench", "-p", str(profile), "--n", "5", "--shots", "2", "--gen-length", "16"]
+    compare = ["--batching-compare", "dual+parallel+early-stop", "--batch-size", "2"]
+    result = invoke(*args, *compare, "--block-length", "8", "--rounds", "2", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    records = json.loads(out.read_text())
+    assert [(r["round"], r["batching"]) for r in records] == [
+        (0, "static"), (0, "continuous"), (1, "static"), (1, "continuous"),
+    ]  # fmt: skip
+    for r in records:
+        assert r["identical"] == r["prompts"] == 5  # greedy: the same tokens either way
+        assert 0 < r["occupancy"] <= 2 and r["forwards"] > 0 and r["seconds"] > 0
+    static, continuous = records[0], records[1]
+    assert static["answer_tokens"] == continuous["answer_tokens"]
+    assert continuous["speedup"] == pytest.approx(static["seconds"] / continuous["seconds"])
+    assert "| continuous |" in result.stdout
+
+
+def test_batching_compare_refuses_a_guided_strategy(profile):
+    args = ["bench", "-p", str(profile), "--batching-compare", "guided", "--n", "2"]
+    result = invoke(*args)
+    assert result.exit_code == InputError.exit_code
+    assert "unguided strategy" in result.stderr
+
+
+def test_mixed_shots_cycle_from_zero_to_the_most():
+    def encode(text: str) -> list[int]:
+        return [len(text)]
+
+    lengths = [p[0] for p in bench_batching.mixed_shots(encode, 6, 2)]
+    fixed = [evaluate.held_out(encode, 1, i % 3, i)[0].prompt[0] for i in range(6)]
+    assert lengths == fixed and lengths[0] < lengths[2]  # 0 shots shorter than 2 shots

@@ -14,6 +14,7 @@ from cli_fixtures import (  # noqa: F401
     isolated_fixture,
     profile_file_fixture,
 )
+from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
 from dllm_cli import batch
 from dllm_cli.decoding import decode as real_decode
@@ -110,7 +111,8 @@ def failing_decode(exc: BaseException, on_call: int):
 def test_a_later_batch_failing_keeps_finished_output(profile_file, monkeypatch, exc, code, message):
     monkeypatch.setattr(batch, "decode", failing_decode(exc, on_call=2))
     stdin = "\n".join(PROMPTS) + "\n"
-    result = invoke("generate", "-p", str(profile_file), "--json", "--batch-size", "2", input=stdin)
+    args = ("--json", "--batch-size", "2", "--batching", "static")
+    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
     assert result.exit_code == code
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["line"] for r in records] == [1, 2]
@@ -120,11 +122,76 @@ def test_a_later_batch_failing_keeps_finished_output(profile_file, monkeypatch, 
 def test_an_input_error_from_the_engine_fails_only_its_batch(profile_file, monkeypatch):
     monkeypatch.setattr(batch, "decode", failing_decode(InputError("engine says no"), on_call=1))
     stdin = "\n".join(PROMPTS) + "\n"
-    result = invoke("generate", "-p", str(profile_file), "--json", "--batch-size", "2", input=stdin)
+    args = ("--json", "--batch-size", "2", "--batching", "static")
+    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
     assert result.exit_code == InputError.exit_code
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r.get("error") for r in records] == ["engine says no", "engine says no", None]
 
 
+class FailingRun(batch.ContinuousRun):
+    """A continuous run that raises `exc` on the step after its first answer was handed on."""
+
+    exc: BaseException = RuntimeError()
+
+    def _step(self):
+        if getattr(self, "answers", 0):
+            raise self.exc
+        return super()._step()
+
+    def _loop(self):
+        for event in super()._loop():
+            self.answers = len(self.meta) < self.admitted
+            yield event
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "message"),
+    [
+        (RuntimeError("out of memory"), 70, "internal error"),
+        (KeyboardInterrupt(), 130, "interrupted"),
+    ],
+)
+def test_continuous_failure_keeps_every_finished_line(
+    profile_file, monkeypatch, exc, code, message
+):
+    monkeypatch.setattr(FailingRun, "exc", exc)
+    monkeypatch.setattr(batch, "ContinuousRun", FailingRun)
+    stdin = "\n".join(PROMPTS) + "\n"
+    args = ("--json", "--batch-size", "1", "--batching", "continuous")
+    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
+    assert result.exit_code == code
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert records, "the first finished answer must have been written"
+    assert [r["line"] for r in records] == list(range(1, len(records) + 1))
+    assert len(records) < len(PROMPTS)
+    assert message in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_both_batchings_give_the_single_run_answers(profile_file, batching):
+    stdin = "\n".join(PROMPTS) + "\n"
+    args = ("--json", "--batch-size", "2", "--batching", batching, "--stats")
+    result = invoke("generate", "-", "-p", str(profile_file), *args, input=stdin)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["token_ids"] for r in records] == [s["token_ids"] for s in singles(profile_file)]
+    assert "prompts/s" in result.stderr and "rows/forward" in result.stderr
+
+
 def test_one_line_escapes_newlines_reversibly():
     assert batch.one_line("a\nb\\n\r") == "a\\nb\\\\n\\r"
+
+
+def test_guided_batches_fall_back_to_static_with_a_note(tmp_path_factory, tmp_path):
+    model, guide = shared_tinygsm_pair(tmp_path_factory)
+    profile = tinygsm_profile(tmp_path / "p" / "guided.toml", model, guide)
+    stdin = "1 + 1\n2 + 2\n3 + 3\n"
+    asked = invoke("generate", "-p", str(profile), "--batching", "continuous", input=stdin)
+    static = invoke("generate", "-p", str(profile), "--batching", "static", input=stdin)
+    default = invoke("generate", "-p", str(profile), input=stdin)
+    assert asked.exit_code == static.exit_code == default.exit_code == 0, asked.output
+    assert asked.stdout == static.stdout == default.stdout
+    note = "dllm: note: continuous batching falls back to static batches: guided decoding"
+    assert note in asked.stderr
+    assert "falls back" not in static.stderr + default.stderr  # not asked for: no note

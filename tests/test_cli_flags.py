@@ -25,7 +25,7 @@ DECODE = (
 )  # fmt: skip
 GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
 TAKES = {
-    "generate": (*MODEL, *DECODE, *GUIDE),
+    "generate": (*MODEL, *DECODE, *GUIDE, "batching"),
     "visualize": (*MODEL, *DECODE, *GUIDE),
     "eval": (*MODEL, *DECODE, *GUIDE),
     "bench": (*MODEL, *GUIDE[1:], "temperature", "seed"),
@@ -59,6 +59,7 @@ CASES = {
     "cfg_scale": (["--cfg-scale", "0.5"], "decode.cfg_scale", 0.5),
     "seed": (["--seed", "7"], "decode.seed", 7),
     "early_stop": (["--no-early-stop"], "decode.early_stop", False),
+    "batching": (["--batching", "static"], "decode.batching", "static"),
     "t_min": (["--t-min", "0.3"], "decode.t_min", 0.3),
     "t_max": (["--t-max", "0.9"], "decode.t_max", 0.9),
     "entropy_bound": (["--entropy-bound", "0.2"], "decode.entropy_bound", 0.2),

@@ -152,7 +152,8 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 def test_a_failed_and_a_silent_rank_cost_only_their_lines(model_args):
     lines = [*PROMPTS, "ann has 5 cats", "", "sam buys 4 books", "tom has 2 dogs", "hi", "yes"]
-    args = ["generate", "-", *model_args, "--json", "--batch-size", "1"]
+    # static batches: FAILING_RANK fails its second decode() call, i.e. its second line
+    args = ["generate", "-", *model_args, "--json", "--batch-size", "1", "--batching", "static"]
     commands = [["-m", "dllm_cli"], ["-c", FAILING_RANK], ["-c", SILENT_RANK]]
     procs = launch(commands, args, DLLM_DIST_TIMEOUT="3")
     try:
@@ -181,7 +182,7 @@ def test_sigterm_on_rank_0_still_writes_the_answers_it_holds(model_args):
     """torchrun stops every rank with SIGTERM after Ctrl-C or a dead rank: rank 0 first writes
     the answers it holds behind an unfinished line, the gaps as error records."""
     lines = [*PROMPTS, "ann has 5 cats", "sam buys 4 books"]  # rank 0: lines 1, 3, 5
-    args = ["generate", "-", *model_args, "--json", "--batch-size", "8"]
+    args = ["generate", "-", *model_args, "--json", "--batch-size", "8", "--batching", "static"]
     procs = launch([["-m", "dllm_cli"], ["-c", SILENT_RANK]], args)
     try:
         procs[0].stdin.write("".join(f"{x}\n" for x in lines))

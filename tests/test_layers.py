@@ -35,10 +35,11 @@ LAYERS: list[tuple[str, ...]] = [
         "distributed",
         "view",
         "bench",
+        "bench_batching",
         "throughput",
         "tinygsm.evaluate",
-        "tinygsm.quickeval",
     ),
+    ("tinygsm.quickeval",),
     ("tinygsm.phases",),
     ("options", "commands", "cli", "__main__", "tinygsm.train"),  # entry points
 ]

@@ -21,7 +21,9 @@ from dllm_cli.bench import (
     plot,
     progress_line,
     run_bench,
+    settings_for,
 )
+from dllm_cli.bench_batching import compare_batching, mixed_shots, table
 from dllm_cli.commands.common import cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import InputError
 from dllm_cli.throughput import bench_inputs
@@ -54,6 +56,14 @@ def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> li
     if not has_guide:
         note("no guide model loaded: skipping the guided strategies")
     return names
+
+
+def report_pass(r: dict) -> None:
+    stderr.print(
+        f"{r['batching']:>10} round {r['round']}: {r['prompts_per_second']:.3f} prompts/s, "
+        f"{r['occupancy']:.2f} rows/forward, {r['identical']}/{r['prompts']} identical",
+        highlight=False,
+    )
 
 
 def rich_table(records: list[dict], title: str) -> Table:
@@ -160,6 +170,17 @@ def bench_command(
             "--plot", help="Throughput vs accuracy figure (.png/.svg).", rich_help_panel=BENCH
         ),
     ] = None,
+    batching_compare: Annotated[
+        str | None,
+        typer.Option(
+            help="Instead: static vs continuous batching of --n prompts (problem i with i mod "
+            "(--shots + 1) shots) with this strategy, --batch-size slots, the first --gen-length.",
+            rich_help_panel=BENCH,
+        ),
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option(help="--batching-compare: alternating passes of each.", min=1)
+    ] = 1,
     *,
     choices: opt.Choices,
 ) -> None:
@@ -170,6 +191,20 @@ def bench_command(
         if plot_path is not None and prompt_length is not None:
             raise InputError("--plot draws accuracy, which --prompt-length runs do not measure")
         rt = load_runtime(choices)
+        if batching_compare is not None:
+            strategy = STRATEGIES.get(batching_compare)
+            if strategy is None or strategy.guided:
+                unguided = ", ".join(k for k, v in STRATEGIES.items() if not v.guided)
+                raise InputError(f"--batching-compare takes an unguided strategy: {unguided}")
+            settings = settings_for(rt.settings, batching_compare, lengths[0], block_length)
+            prompts = mixed_shots(rt.encode, n, shots, start)
+            records = compare_batching(rt, prompts, settings, batch_size, rounds, report_pass)
+            for r in records:
+                del r["tokens"]
+            print(table(records), end="")
+            if json_path is not None:
+                write(json_path, json.dumps(records, indent=2) + "\n")
+            return
         names = choose_strategies(strategies, rt.guide is not None, rt.loaded.architecture)
         plan = BenchPlan.make(
             names,

@@ -61,7 +61,7 @@ Prompt = Annotated[
 _SHOWN_LINES = 10  # line numbers listed in a failed rank's summary
 
 
-@o.shared("model", "decode", "guide")
+@o.shared("model", "decode", "guide", "batch")
 def generate_command(
     prompt: Prompt = None,
     *,
@@ -93,6 +93,8 @@ def generate_command(
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
         runtime = load_runtime(choices) if job is None else load_on_rank(job, choices)
         pipeline = Pipeline(runtime, batch_size, json_out, json_input)
+        if batch and leader:
+            note_static(pipeline)
         shown = runtime if verbose_prompt else None
         if job is not None:
             failed = run_sharded(job, pipeline, shown)
@@ -108,6 +110,15 @@ def generate_command(
                 f"{failed} of {pipeline.totals.prompts + failed} prompts failed",
                 InputError.exit_code,
             )
+
+
+def note_static(pipeline: Pipeline) -> None:
+    """One line on stderr when continuous batching, asked for, falls back to static batches."""
+    rt = pipeline.runtime
+    asked = rt.provenance.get("decode.batching", "default") != "default"
+    reason = pipeline.static_reason()
+    if asked and rt.settings.batching == "continuous" and reason is not None:
+        note(f"continuous batching falls back to static batches: {reason}")
 
 
 def run_single(
@@ -165,10 +176,10 @@ def run_batch(pipeline: Pipeline, shown: Runtime | None = None) -> int:
         for slot in slots:
             failed += slot.error is not None
             emit(slot, pipeline.json_out, shown)
-            progress.advance(task)
 
     with decoding_progress() as progress:
         task = progress.add_task("decoding", total=None)
+        pipeline.finished = lambda slot: progress.advance(task)  # as each prompt finishes
         pipeline.run(numbered(), write_out)
     return failed
 

@@ -15,6 +15,9 @@ Choices worth knowing (details in each module):
 - [MASK] is never a draft and logits past the real vocabulary are ignored (sampling.py).
 - Every row keeps its own place (rows.py) and a step serves all rows with at most two forwards
   (forwards.py); unguided static batches move through the blocks in lockstep.
+- Continuous batching (continuous.py): `ContinuousRun(decoder, prompts, slots, on_done,
+  on_error)` keeps `slots` rows decoding, each new prompt taking a finished row's slot and KV
+  cache row on the next step; answers equal single-prompt decodes under greedy decoding.
 - Guided diffusion (FlashDLM) is a frontier-walking committer: `GuidedCommitter(guide, vocab,
   special, GuideRules(...))` passed as `committer=`; each row is written left to right from its
   first mask, an AR guide verifying the drafts in chunks (guided.py says exactly how).

@@ -91,7 +91,7 @@ class DecodeRun:
         self.tokens = torch.full((batch, s.gen_length), special.eos, device=self.device)
         self.commit_steps = torch.full_like(self.tokens, -1)
         self.finished_at = [-1] * batch
-        self.forwards = self.steps = self.guide_forwards = 0
+        self.forwards = self.steps = self.guide_forwards = self.served = 0
         self.guide_seconds = 0.0
         start = getattr(decoder.committer, "start", None)
         if start is not None:
@@ -116,6 +116,7 @@ class DecodeRun:
             finished_at=self.finished_at,
             guide_forwards=self.guide_forwards,
             guide_seconds=self.guide_seconds,
+            rows_served=self.served,
         )
 
     # --- the loop ---------------------------------------------------------------------
@@ -132,6 +133,7 @@ class DecodeRun:
         """At most two forwards, one commit decision, rows move on, finished rows retire."""
         c, s, model = self.canvas, self.d.settings, self.d.model
         self.walk.begin(self.rows, c, self.blocks)
+        self.served += c.batch  # every live row is served by exactly one forward
         shift, every = model.logit_shift, s.refresh_interval
         firsts = first_masks(c).tolist() if self.d.frontier else [None] * c.batch
         places = [

@@ -100,6 +100,7 @@ class DecodeResult:
     finished_at: list[int] = field(default_factory=list)  # per row: step its answer was final
     guide_forwards: int = 0  # the AR guide's forwards (guided decoding)
     guide_seconds: float = 0.0  # part of `seconds` spent in the guide
+    rows_served: int = 0  # live rows summed over steps (/ forwards: mean rows per forward)
 
     @property
     def tokens_per_forward(self) -> float:

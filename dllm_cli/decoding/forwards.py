@@ -9,6 +9,9 @@ at most two forwards per step, and usually one:
 - every other row shares one windowed forward. When all their windows are equal (rows in
   lockstep, the common static batch) the window is one slice; otherwise each row feeds its own
   columns, padded to the longest window with queries aimed at the KV cache's scratch column.
+  When both kinds are present, the windowed forward runs over every row (the full rows with
+  their span as a stand-in window, rewritten by their full forward right after), so it uses
+  the cache in place; only the full forward's few rows gather their K/V.
 
 Two, not one per distinct window: a full forward and a windowed one differ in length by the
 whole prompt, so padding them into one would cost the windowed rows a full forward each,
@@ -63,22 +66,27 @@ class Forwards:
         slots = torch.arange(int(lengths.max()), device=device)  # (L,)
         valid = slots[None] < lengths[:, None]  # (B, L)
         columns = torch.where(valid, starts[:, None] + slots, starts[:, None])
-        groups = [g for g in split(plans) if g]
-        if len(groups) == 1:  # one forward serves every row (the lockstep fast path)
+        full, _ = split(plans)
+        if not full or len(full) == len(plans):  # one forward serves every row
             drafts, confidence = self._group(canvas, cache, plans, spans, None, generator)
-        else:
-            drafts = torch.full(valid.shape, canvas.mask_id, dtype=torch.long, device=device)
-            confidence = None
-            for group in groups:
-                rows = torch.tensor(group, device=device)
-                sub = ([plans[r] for r in group], [spans[r] for r in group])
-                d, conf = self._group(canvas, cache, *sub, rows, generator)
-                if confidence is None:
-                    confidence = torch.full(valid.shape, float("-inf"), dtype=conf.dtype)
-                    confidence = confidence.to(device)
-                drafts[rows, : d.shape[1]] = d
-                confidence[rows, : d.shape[1]] = conf
-        return Prediction(drafts, confidence, columns, valid, forwards=len(groups))
+            return Prediction(drafts, confidence, columns, valid, forwards=1)
+        # The windowed forward serves every row, so it reads and writes the cache in place (a
+        # forward for some rows gathers their K/V: a copy of the whole canvas per layer). Rows
+        # due a full forward take their span as a stand-in window there; the full forward that
+        # follows rewrites all their columns and gives their drafts.
+        shift = self.model.logit_shift
+        stand = [
+            Forward(a - shift, e, False) if p.refresh else p
+            for p, (a, e) in zip(plans, spans, strict=True)
+        ]
+        drafts, confidence = self._group(canvas, cache, stand, spans, None, generator)
+        rows = torch.tensor(full, device=device)
+        sub = ([plans[r] for r in full], [spans[r] for r in full])
+        d, conf = self._group(canvas, cache, *sub, rows, generator)
+        drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
+        drafts[rows, : d.shape[1]] = d
+        confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)
+        return Prediction(drafts, confidence, columns, valid, forwards=2)
 
     def _group(self, canvas, cache, plans, spans, rows, generator):
         logits = self._logits(canvas, cache, plans, spans, rows)  # (R, L, V)

@@ -57,6 +57,7 @@ USED: dict[str, str] = {
     "steps": "max_denoising_steps (per canvas)",
     "seed": "seeds one generator per row",
     "early_stop": "eos_token_id (stop tokens end a row)",
+    "batching": "batch mode: always static batches (transformers' sampler decodes a batch)",
     "t_min": "t_min",
     "t_max": "t_max",
     "entropy_bound": "sampler_config.entropy_bound",

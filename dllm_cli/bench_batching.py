@@ -1,0 +1,125 @@
+"""Batch throughput: the same prompts through static and continuous batching, in one process.
+
+Static batching decodes `batch_size` prompts at a time in lockstep (a batch ends when its
+slowest row does); continuous batching refills a slot the step after its row finishes
+(decoding/continuous.py). Both passes decode the same prompts with the same settings and are
+timed by the wall clock around the whole pass; `rounds` > 1 alternates them (static,
+continuous, static, ...) so a noisy machine slows both alike. Each record also says how many
+prompts got exactly the same tokens from both (greedy decoding: all of them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from dllm_cli.decoding import Decoder, answer_length, decode
+from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
+from dllm_cli.errors import InputError
+from dllm_cli.runtime import Runtime
+from dllm_cli.settings import DecodeSettings
+from dllm_cli.tinygsm.evaluate import held_out
+
+
+def mixed_shots(encode: Callable[[str], list[int]], n: int, most: int, start: int = 0) -> list:
+    """Held-out problems start.. start+n-1, problem i with i mod (most + 1) shots (mixed
+    prompt lengths, as a real request stream has)."""
+    return [held_out(encode, 1, i % (most + 1), start + i)[0].prompt for i in range(n)]
+
+
+def run_static(runtime: Runtime, prompts: Sequence[list[int]], settings, size: int) -> dict:
+    """Whole batches of `size`, one after another."""
+    model, special = runtime.loaded.model, runtime.loaded.special
+    tokens, forwards, served = [], 0, 0
+    began = time.perf_counter()
+    for first in range(0, len(prompts), size):
+        result = decode(model, special, list(prompts[first : first + size]), settings)
+        tokens += result.tokens
+        forwards, served = forwards + result.forwards, served + result.rows_served
+    return summary("static", tokens, forwards, served, time.perf_counter() - began, runtime)
+
+
+def run_continuous(runtime: Runtime, prompts: Sequence[list[int]], settings, size: int) -> dict:
+    """`size` slots, each refilled from the prompt list as its row finishes."""
+    model, special = runtime.loaded.model, runtime.loaded.special
+    out: dict[int, list[int]] = {}
+
+    def done(f: Finished) -> None:
+        out[f.key] = f.tokens
+
+    def refused(key: int, reason: str) -> None:
+        raise InputError(f"prompt {key}: {reason}")
+
+    began = time.perf_counter()
+    decoder = Decoder(model, special, settings)
+    run = ContinuousRun(decoder, enumerate(prompts), size, done, refused).finish()
+    seconds = time.perf_counter() - began
+    tokens = [out[i] for i in range(len(prompts))]
+    return summary("continuous", tokens, run.forwards, run.served, seconds, runtime)
+
+
+PASSES: dict[str, Callable[..., dict]] = {"static": run_static, "continuous": run_continuous}
+
+
+def summary(name: str, tokens, forwards: int, served: int, seconds: float, rt: Runtime) -> dict:
+    stop = rt.loaded.special.stop
+    return {
+        "batching": name,
+        "prompts": len(tokens),
+        "answer_tokens": sum(answer_length(t, stop) for t in tokens),
+        "forwards": forwards,
+        "occupancy": served / forwards if forwards else 0.0,
+        "seconds": seconds,
+        "prompts_per_second": len(tokens) / seconds if seconds > 0 else 0.0,
+        "tokens": tokens,
+    }
+
+
+def compare_batching(
+    runtime: Runtime,
+    prompts: Sequence[list[int]],
+    settings: DecodeSettings,
+    batch_size: int,
+    rounds: int = 1,
+    on_record: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Static then continuous, `rounds` times; records carry the continuous/static ratio."""
+    reason = static_reason(runtime.loaded.model, guided=False)
+    if reason is not None:
+        raise InputError(f"--batching-compare: {reason}")
+    if batch_size < 1 or rounds < 1:
+        raise InputError("--batching-compare needs --batch-size >= 1 and --rounds >= 1")
+    short = replace(settings, gen_length=min(settings.block_length, settings.gen_length))
+    for run in PASSES.values():  # warm-up: one-off setup costs nobody
+        run(runtime, prompts[:batch_size], short, batch_size)
+    records = []
+    for r in range(rounds):
+        static = run_static(runtime, prompts, settings, batch_size)
+        continuous = run_continuous(runtime, prompts, settings, batch_size)
+        same = sum(a == b for a, b in zip(static["tokens"], continuous["tokens"], strict=True))
+        for rec in (static, continuous):
+            rec.update(
+                round=r,
+                batch_size=batch_size,
+                gen_length=settings.gen_length,
+                identical=same,
+                speedup=static["seconds"] / rec["seconds"] if rec["seconds"] > 0 else 0.0,
+            )
+            records.append(rec)
+            if on_record is not None:
+                on_record(rec)
+    return records
+
+
+def table(records: Sequence[dict]) -> str:
+    """Markdown: one row per pass."""
+    head = "| round | batching | prompts/s | seconds | forwards | rows/forward | identical |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(
+            f"| {r['round']} | {r['batching']} | {r['prompts_per_second']:.3f} | "
+            f"{r['seconds']:.1f} | {r['forwards']} | {r['occupancy']:.2f} | "
+            f"{r['identical']}/{r['prompts']} |"
+        )
+    return "\n".join(lines) + "\n"
