@@ -23,17 +23,24 @@ def padded_vocab(n: int) -> int:
     return -(-n // 8) * 8
 
 
+def llama_shape(cfg, tok) -> dict:
+    """The Llama/Qwen2 config fields the guide and the Dream model share (so weights map 1:1)."""
+    return {
+        "vocab_size": padded_vocab(len(tok)),
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.mlp_hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_heads,
+        "max_position_embeddings": cfg.max_len,
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": 1e-5,
+    }
+
+
 def build_ar(cfg, tok) -> LlamaForCausalLM:
     conf = LlamaConfig(
-        vocab_size=padded_vocab(len(tok)),
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.mlp_hidden,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads,
-        max_position_embeddings=cfg.max_len,
-        rope_theta=cfg.rope_theta,
-        rms_norm_eps=1e-5,
+        **llama_shape(cfg, tok),
         tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id,
         eos_token_id=[tok.eos_token_id, tok.convert_tokens_to_ids("<|eot_id|>")],
@@ -66,15 +73,7 @@ def build_llada(cfg, tok) -> LLaDAModelLM:
 def build_dream(cfg, tok) -> DreamModel:
     """Dream's config has one vocab_size: the padded table (ids past the tokenizer are padding)."""
     conf = DreamConfig(
-        vocab_size=padded_vocab(len(tok)),
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.mlp_hidden,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_heads,
-        max_position_embeddings=cfg.max_len,
-        rms_norm_eps=1e-5,  # the guide's: with a causal view Dream then reproduces its logits
-        rope_theta=cfg.rope_theta,
+        **llama_shape(cfg, tok),  # the guide's: with a causal view Dream reproduces its logits
         mask_token_id=tok.mask_token_id,
         pad_token_id=tok.eos_token_id,
         eos_token_id=tok.eos_token_id,
