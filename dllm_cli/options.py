@@ -257,4 +257,7 @@ N = Annotated[
     int, typer.Option("--n", "-n", help="Held-out problems to solve.", rich_help_panel=EVAL)
 ]
 Shots = Annotated[int, typer.Option(help="Solved examples in each prompt.", rich_help_panel=EVAL)]
-Start = Annotated[int, typer.Option(help="First held-out problem (0..999).", rich_help_panel=EVAL)]
+Start = Annotated[
+    int,
+    typer.Option(help="First held-out problem (0..999; hand sets 0..99).", rich_help_panel=EVAL),
+]

@@ -92,7 +92,7 @@ def eval_command(
     split: Annotated[
         str,
         typer.Option(
-            help="Held-out set: narrow | wide | rich | hand | hand2 (README: TinyGSM).",
+            help="Held-out set: narrow | wide | rich | hand | hand2 (README: The shipped models).",
             rich_help_panel=opt.EVAL,
         ),
     ] = "narrow",
