@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_cli.decoding import answer_length, decode
+from dllm_cli.decoding import decode
 from dllm_cli.errors import InputError
 from dllm_cli.models.loading import LoadedModel
-from dllm_cli.tinygsm.evaluate import held_out
+from dllm_cli.tinygsm.evaluate import Cost, held_out
 
 
 @dataclass(frozen=True)
@@ -30,40 +30,17 @@ class SyntheticTask:
 
 
 @dataclass
-class Throughput:
+class Throughput(Cost):
     """Cost of one pass over synthetic prompts with one set of settings."""
 
-    gen_length: int
-    prompt_length: int
+    prompt_length: int = 0
     n: int = 0
     tokens: int = 0
-    forwards: int = 0
-    guide_forwards: int = 0
-    guide_seconds: float = 0.0
-    steps: int = 0
-    seconds: float = 0.0
-    mask_violations: int = 0
 
     def summary(self) -> dict:
-        """The keys of `evaluate.Score.summary()`, accuracy None (JSON null)."""
-        rate = self.seconds if self.seconds > 0 else float("inf")
-        return {
-            "accuracy": None,
-            "n": self.n,
-            "correct": None,
-            "tokens": self.tokens,
-            "tokens_per_second": self.tokens / rate,
-            "gen_tokens_per_second": self.n * self.gen_length / rate,
-            "forwards": self.forwards,
-            "guide_forwards": self.guide_forwards,
-            "tokens_per_forward": self.tokens / self.forwards if self.forwards else 0.0,
-            "guide_seconds": self.guide_seconds,
-            "guide_share": self.guide_seconds / self.seconds if self.seconds > 0 else 0.0,
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "mask_violations": self.mask_violations,
-            "prompt_length": self.prompt_length,
-        }
+        """The keys of `evaluate.Score.summary()` (accuracy, correct, restated None: JSON null)."""
+        head = {"accuracy": None, "n": self.n, "correct": None, "restated": None}
+        return {**head, **self.costs(), "prompt_length": self.prompt_length}
 
 
 def ordinary_ids(loaded: LoadedModel) -> list[int]:
@@ -99,22 +76,15 @@ def measure(runtime, tasks: Sequence[SyntheticTask], settings, committer, batch_
         raise InputError(f"--batch-size must be at least 1 (got {batch_size})")
     length = len(tasks[0].prompt) if tasks else 0
     out = Throughput(gen_length=settings.gen_length, prompt_length=length)
-    stop, mask = runtime.loaded.special.stop, runtime.loaded.special.mask
+    loaded = runtime.loaded
     for first in range(0, len(tasks), batch_size):
         batch = [t.prompt for t in tasks[first : first + batch_size]]
         began = time.perf_counter()
-        loaded = runtime.loaded
         result = decode(loaded.model, loaded.special, batch, settings, committer=committer)
-        out.seconds += time.perf_counter() - began
-        out.forwards += result.forwards
-        out.guide_forwards += result.guide_forwards
-        out.guide_seconds += result.guide_seconds
-        out.steps += result.steps
+        out.add_run(result, time.perf_counter() - began)
         for tokens in result.tokens:
-            used = answer_length(tokens, stop)
             out.n += 1
-            out.tokens += used
-            out.mask_violations += mask in tokens[:used]
+            out.tokens += out.answer_tokens(tokens, loaded.special)
     return out
 
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from dllm_cli.decoding import Committer, answer_length, decode
+from dllm_cli.decoding import Committer, DecodeResult, answer_length, decode
 from dllm_cli.errors import InputError
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
@@ -61,17 +61,66 @@ class ProblemResult:
 
 
 @dataclass
-class Score:
-    """Accuracy and cost of one pass over a problem set with one set of settings."""
+class Cost:
+    """What decoding a set of prompts cost, and the throughput figures defined above (shared
+    by `Score` and bench's throughput mode); subclasses say what `n` and `tokens` are."""
 
     gen_length: int
-    results: list[ProblemResult] = field(default_factory=list)
     forwards: int = 0
     guide_forwards: int = 0
     steps: int = 0
     seconds: float = 0.0
     guide_seconds: float = 0.0
     mask_violations: int = 0  # answers whose text still held a mask token (must stay 0)
+
+    def add_run(self, result: DecodeResult, seconds: float) -> None:
+        """One timed decode call's counts."""
+        self.seconds += seconds
+        self.forwards += result.forwards
+        self.guide_forwards += result.guide_forwards
+        self.guide_seconds += result.guide_seconds
+        self.steps += result.steps
+
+    def answer_tokens(self, tokens: list[int], special: SpecialIds) -> int:
+        """An answer's token count (decoding.answer_length); a mask inside it is a violation."""
+        length = answer_length(tokens, special.stop)
+        self.mask_violations += special.mask in tokens[:length]
+        return length
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def gen_tokens_per_second(self) -> float:
+        return self.n * self.gen_length / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    def costs(self) -> dict:
+        """The cost keys of every report (JSON-ready)."""
+        return {
+            "tokens": self.tokens,
+            "tokens_per_second": self.tokens_per_second,
+            "gen_tokens_per_second": self.gen_tokens_per_second,
+            "forwards": self.forwards,
+            "guide_forwards": self.guide_forwards,
+            "tokens_per_forward": self.tokens_per_forward,
+            "guide_seconds": self.guide_seconds,
+            "guide_share": self.guide_seconds / self.seconds if self.seconds > 0 else 0.0,
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "mask_violations": self.mask_violations,
+        }
+
+
+@dataclass
+class Score(Cost):
+    """Accuracy and cost of one pass over a problem set with one set of settings."""
+
+    results: list[ProblemResult] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -95,18 +144,6 @@ class Score:
     def tokens(self) -> int:
         return sum(r.tokens for r in self.results)
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def gen_tokens_per_second(self) -> float:
-        return self.n * self.gen_length / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return self.tokens / self.forwards if self.forwards else 0.0
-
     def summary(self) -> dict:
         """The numbers every report shares (JSON-ready)."""
         return {
@@ -114,17 +151,7 @@ class Score:
             "n": self.n,
             "correct": self.correct,
             "restated": self.restated,
-            "tokens": self.tokens,
-            "tokens_per_second": self.tokens_per_second,
-            "gen_tokens_per_second": self.gen_tokens_per_second,
-            "forwards": self.forwards,
-            "guide_forwards": self.guide_forwards,
-            "tokens_per_forward": self.tokens_per_forward,
-            "guide_seconds": self.guide_seconds,
-            "guide_share": self.guide_seconds / self.seconds if self.seconds > 0 else 0.0,
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "mask_violations": self.mask_violations,
+            **self.costs(),
         }
 
 
@@ -171,20 +198,14 @@ def score(
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1 (got {batch_size})")
     out = Score(gen_length=settings.gen_length)
-    stop, mask = special.stop, special.mask
     for first in range(0, len(tasks), batch_size):
         batch = tasks[first : first + batch_size]
         began = time.perf_counter()
         prompts = [t.prompt for t in batch]
         result = decode(model, special, prompts, settings, committer=committer)
-        out.seconds += time.perf_counter() - began
-        out.forwards += result.forwards
-        out.guide_forwards += result.guide_forwards
-        out.guide_seconds += result.guide_seconds
-        out.steps += result.steps
+        out.add_run(result, time.perf_counter() - began)
         for task, tokens in zip(batch, result.tokens, strict=True):
-            length = answer_length(tokens, stop)
-            out.mask_violations += mask in tokens[:length]
+            length = out.answer_tokens(tokens, special)
             answer_text = text(tokens)
             predicted = extract_answer(answer_text)
             correct = is_correct(answer_text, task.answer)
