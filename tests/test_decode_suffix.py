@@ -80,7 +80,7 @@ def cut_canvas_reference(model, prompt, gen, block, steps_per_block, window, shi
     x = torch.full((1, p + gen), MASK, dtype=torch.long)
     x[0, :p] = torch.tensor(prompt)
     for b in range(gen // block):
-        start, end = p + b * block, p + (b + 1) * block
+        end = p + (b + 1) * block
         cut = min(p + gen, end + window)
         base, rem = divmod(block, steps_per_block)
         for i in range(steps_per_block):
