@@ -179,7 +179,8 @@ class OutOfOrderRun:
         self.source, self.on_done = iter(source), on_done
 
     def finish(self):
-        first, second = next(self.source), next(self.source)
+        next(self.source)  # line 1: admitted, still decoding
+        second = next(self.source)
         self.on_done(batch.Finished(second[0], [5, 6], 1, 0.1))  # line 2, line 1 not yet
         raise self.exc
 
