@@ -223,9 +223,25 @@ class Stream:
         )
         try:
             run.finish()
+        except KeyboardInterrupt:
+            self.rescue("not decoded: interrupted")
+            raise
+        except DllmError as e:
+            self.rescue(f"not decoded: {e}")
+            raise
         finally:
             self.p.totals.add_run(run.forwards, run.guide_forwards, run.steps, run.seconds)
             self.p.totals.rows_served += run.served
+        self.flush()
+
+    def rescue(self, reason: str) -> None:
+        """The run stopped: answers that finished behind a line still decoding go out anyway,
+        that line as an error record (output line N stays input line N's)."""
+        finished = [i for i, slot in enumerate(self.pending) if slot.output is not None]
+        for slot in list(self.pending)[: finished[-1] if finished else 0]:
+            if slot.output is None:
+                self.p.fail(slot, reason)
+                self.p.finished(slot)
         self.flush()
 
     def prompts(self, numbered: Iterable[tuple[int, bytes]]) -> Iterator[tuple[Slot, list[int]]]:

@@ -13,6 +13,9 @@ gen_length in the same run (a latency ratio; the reference, `baseline` unless ch
 runs, first). Timing starts after a warm-up decode of one problem and one block with each
 strategy, so one-off setup costs nobody.
 
+Strategies whose name ends in `prune` add suffix pruning (DPad, Streaming-dLLM): every forward stops
+`suffix_window` columns past the current block (the plan's window, 64 unless chosen).
+
 Guided decoding ends a row at its first committed stop token whatever `early_stop` says
 (FlashDLM), so `freecache+guided` and `freecache+guided+early-stop` decode alike.
 """
@@ -33,6 +36,7 @@ REFERENCE: dict[str, object] = {
     "steps": None,
     "cache": "none",
     "refresh_interval": 0,
+    "suffix_window": 0,
     "unmask": "fixed",
     "confidence": "low_confidence",
     "threshold": 0.9,
@@ -42,14 +46,17 @@ REFERENCE: dict[str, object] = {
 PARALLEL = {"unmask": "threshold", "threshold": 0.9}
 FACTOR = {"unmask": "factor", "factor": 1.0}
 STOP = {"early_stop": True}
+SUFFIX_WINDOW = 64  # W of the +prune strategies unless the plan says otherwise
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """Settings changed from REFERENCE, and whether the AR guide verifies the drafts."""
+    """Settings changed from REFERENCE, whether the AR guide verifies the drafts, and whether
+    the suffix is pruned (to the plan's window)."""
 
     settings: dict
     guided: bool = False
+    pruned: bool = False
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -68,6 +75,15 @@ STRATEGIES: dict[str, Strategy] = {
     "freecache+parallel+early-stop": Strategy({"cache": "freecache", **PARALLEL, **STOP}),
     "freecache+guided+early-stop": Strategy({"cache": "freecache", **STOP}, guided=True),
     "dual+guided+early-stop": Strategy({"cache": "dual", **STOP}, guided=True),
+    "prefix+parallel+early-stop": Strategy({"cache": "prefix", **PARALLEL, **STOP}),
+    "prune": Strategy({}, pruned=True),
+    "prefix+parallel+early-stop+prune": Strategy(
+        {"cache": "prefix", **PARALLEL, **STOP}, pruned=True
+    ),
+    "dual+parallel+early-stop+prune": Strategy({"cache": "dual", **PARALLEL, **STOP}, pruned=True),
+    "freecache+guided+early-stop+prune": Strategy(
+        {"cache": "freecache", **STOP}, guided=True, pruned=True
+    ),
 }
 BASELINE = "baseline"
 
@@ -83,6 +99,7 @@ class BenchPlan:
     batch_size: int = 1
     warmup: bool = True
     reference: str = BASELINE  # speedups are its seconds over each strategy's
+    suffix_window: int = SUFFIX_WINDOW  # W of the +prune strategies
 
     @classmethod
     def make(cls, strategies: Sequence[str], lengths: Sequence[int], **kw) -> BenchPlan:
@@ -95,15 +112,22 @@ class BenchPlan:
             )
         if not lengths or any(n < 1 for n in lengths):
             raise InputError("--gen-length needs positive lengths, e.g. 256,512")
+        if kw.get("suffix_window", SUFFIX_WINDOW) < 1:
+            raise InputError(f"--suffix-window must be at least 1 (got {kw['suffix_window']})")
         names = dict.fromkeys([reference, *strategies])
         return cls(tuple(names), tuple(dict.fromkeys(lengths)), **kw)
 
 
-def settings_for(base: DecodeSettings, name: str, gen_length: int, block: int) -> DecodeSettings:
+def settings_for(
+    base: DecodeSettings, name: str, gen_length: int, block: int, window: int = SUFFIX_WINDOW
+) -> DecodeSettings:
     """The profile's settings with REFERENCE, then the strategy's changes, applied (and so
     validated: a DecodeSettings checks itself when it is built)."""
+    strategy = STRATEGIES[name]
     changes = {**REFERENCE, "gen_length": gen_length, "block_length": block}
-    changes.update(STRATEGIES[name].settings)
+    changes.update(strategy.settings)
+    if strategy.pruned:
+        changes["suffix_window"] = window
     return replace(base, **changes)
 
 
@@ -128,7 +152,9 @@ def run_bench(
     for length in plan.lengths:
         baseline = None
         for name in plan.strategies:
-            settings = settings_for(runtime.settings, name, length, plan.block_length)
+            settings = settings_for(
+                runtime.settings, name, length, plan.block_length, plan.suffix_window
+            )
             committer = runtime.committer() if STRATEGIES[name].guided else None
             if plan.warmup and name not in warmed:
                 warm_up(runtime.loaded.model, runtime.loaded.special, tasks[0], settings, committer)

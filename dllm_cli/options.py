@@ -88,6 +88,11 @@ FLAGS: dict[str, Flag] = {
     "block_length": _decode("block_length", int, "Semi-autoregressive block size."),
     "steps": _decode("steps", int, "Denoising steps in all (fixed/origin); default one per token."),
     "cache": _decode("cache", str, "KV cache: none | prefix | dual | freecache."),
+    "suffix_window": _decode(
+        "suffix_window",
+        int,
+        "Suffix pruning: compute and attend only W columns past the current block (0: off).",
+    ),
     "unmask": _decode("unmask", str, "Commit rule: fixed | threshold | factor | origin."),
     "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
     "schedule": _decode(

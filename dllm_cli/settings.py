@@ -38,7 +38,7 @@ PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
 TEMPERATURE_RANGE = (1e-6, 1e6)
 MAX_CFG_SCALE = 100.0
 
-INT_FIELDS = ("gen_length", "block_length", "refresh_interval", "seed")
+INT_FIELDS = ("gen_length", "block_length", "refresh_interval", "suffix_window", "seed")
 FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp")
 # DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
 GEMMA_FIELDS = ("t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold")
@@ -53,6 +53,7 @@ class DecodeSettings:
     steps: int | None = None  # None: one token per step (steps = gen_length)
     cache: str = "none"  # none | prefix | dual | freecache
     refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
+    suffix_window: int = 0  # keep only W canvas columns past the current block (0: off; DPad)
     unmask: str = "fixed"  # fixed | threshold | factor | origin
     schedule: str = "family"  # fixed rule's tokens per step: family | linear (LLaDA) | dream
     confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
@@ -184,6 +185,8 @@ class DecodeSettings:
             _bad(f"cfg_scale must be in [0, {MAX_CFG_SCALE:g}] (got {self.cfg_scale})")
         if self.refresh_interval < 0:
             _bad(f"refresh_interval must be >= 0 (0 turns it off; got {self.refresh_interval})")
+        if self.suffix_window < 0:
+            _bad(f"suffix_window must be >= 0 (0 turns it off; got {self.suffix_window})")
         if not 0.0 < self.eps < 1.0:
             _bad(f"eps must be in (0, 1) (got {self.eps})")
         if self.alg_temp < 0:

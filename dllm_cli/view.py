@@ -186,7 +186,16 @@ class CanvasView:
             return "❄", "cyan"
         if filled:
             return "✓", "green"
+        if self._pruned(start):
+            return "✂", "dim"
         return "·", "dim"
+
+    def _pruned(self, start: int) -> bool:
+        """Past the suffix window this step: neither computed nor attended (suffix pruning)."""
+        w, e = self.s.suffix_window, self.event
+        if not w or e is None or self.done:
+            return False
+        return start >= self.blocks[e.block][1] + w
 
     def _cached(self, start: int, end: int) -> bool:
         if self.s.cache == "freecache" or self.frozen:
@@ -238,7 +247,8 @@ class CanvasView:
         legend = Text(
             f"{MASK_GLYPH} {blank} · colour: commit step, bright = confident · "
             f"▶ current ✓ done ❄ cached K/V {END_GLYPH} end"
-            + (" · inverse: the guide's token" if self.corrected is not None else ""),
+            + (" · inverse: the guide's token" if self.corrected is not None else "")
+            + (" · ✂ pruned suffix" if self.s.suffix_window else ""),
             style="dim",
         )
         if self.uniform:

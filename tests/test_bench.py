@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 from cli_fixtures import cli_ckpt_fixture, invoke, isolated_fixture, profile_text  # noqa: F401
@@ -126,13 +127,18 @@ def test_guided_strategies_need_a_guide(tmp_path, tinygsm_pair):
 
 def test_strategy_table_changes_only_what_the_name_says():
     base = DecodeSettings(temperature=0.5, seed=3, cache="dual", unmask="threshold")
+    base = replace(base, suffix_window=9)  # a profile's window: not a strategy's choice
     reference = settings_for(base, "baseline", 64, 32)
     assert reference.cache == "none" and reference.unmask == "fixed" and reference.steps is None
     assert not reference.early_stop and (reference.temperature, reference.seed) == (0.5, 3)
+    assert reference.suffix_window == 0
     for name, strategy in STRATEGIES.items():
-        s = settings_for(base, name, 64, 32)
+        s = settings_for(base, name, 64, 32, window=24)
         changed = {k for k in REFERENCE if getattr(s, k) != getattr(reference, k)}
-        assert changed == {k for k, v in strategy.settings.items() if REFERENCE[k] != v}, name
+        named = {k for k, v in strategy.settings.items() if REFERENCE[k] != v}
+        assert changed == named | ({"suffix_window"} if strategy.pruned else set()), name
+        assert s.suffix_window == (24 if strategy.pruned else 0)
+        assert strategy.pruned == name.endswith("prune")
     for name in ("baseline", "dual+parallel", "freecache+guided", "dual+parallel+early-stop"):
         assert name in STRATEGIES
     plan = BenchPlan.make(["dual", "dual"], [64, 64], shots=0)
@@ -141,6 +147,8 @@ def test_strategy_table_changes_only_what_the_name_says():
     assert other.strategies == ("dual+parallel", "dual")
     with pytest.raises(InputError, match="turbo"):
         BenchPlan.make(["dual"], [64], shots=0, reference="turbo")
+    with pytest.raises(InputError, match="suffix-window"):
+        BenchPlan.make(["prune"], [64], shots=0, suffix_window=0)
 
 
 def test_speedups_against_another_reference(profile, tmp_path):

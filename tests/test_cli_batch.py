@@ -168,6 +168,46 @@ def test_continuous_failure_keeps_every_finished_line(
     assert message in result.stderr and "Traceback" not in result.output
 
 
+class OutOfOrderRun:
+    """A continuous run whose second prompt finishes first, then `exc` stops it."""
+
+    exc: BaseException = KeyboardInterrupt()
+    forwards = guide_forwards = steps = served = 0
+    seconds = 0.0
+
+    def __init__(self, decoder, source, slots, on_done, on_error):
+        self.source, self.on_done = iter(source), on_done
+
+    def finish(self):
+        next(self.source)  # line 1: admitted, still decoding
+        second = next(self.source)
+        self.on_done(batch.Finished(second[0], [5, 6], 1, 0.1))  # line 2, line 1 not yet
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "reason"),
+    [(KeyboardInterrupt(), 130, "not decoded: interrupted"), (InputError("no"), 4, "no")],
+)
+def test_a_stopped_continuous_run_keeps_answers_finished_out_of_order(
+    profile_file, monkeypatch, exc, code, reason
+):
+    """Line 2 finished while line 1 was decoding: line 2's answer still goes out, behind an
+    error record for line 1; line 3 (never finished) gets none."""
+    monkeypatch.setattr(OutOfOrderRun, "exc", exc)
+    monkeypatch.setattr(batch, "ContinuousRun", OutOfOrderRun)
+    stdin = "\n".join(PROMPTS) + "\n"
+    args = ("--json", "--batch-size", "2", "--batching", "continuous")
+    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
+    assert result.exit_code == code
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["line"] for r in records] == [1, 2]
+    assert reason in records[0]["error"] and "error" not in records[1]
+    assert records[1]["token_ids"] == [5, 6]
+    text = invoke("generate", "-p", str(profile_file), *args[1:], input=stdin)
+    assert text.stdout.split("\n")[0] == "" and f"line 1: {reason}" in text.stderr
+
+
 @pytest.mark.parametrize("batching", ["static", "continuous"])
 def test_both_batchings_give_the_single_run_answers(profile_file, batching):
     stdin = "\n".join(PROMPTS) + "\n"

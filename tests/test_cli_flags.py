@@ -20,7 +20,7 @@ from dllm_cli.options import FLAGS
 MODEL = ("profile", "model", "device", "dtype", "chat", "compile")
 DECODE = (
     "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "schedule", "threshold",
-    "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop",
+    "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop", "suffix_window",
     "t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold",
 )  # fmt: skip
 GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
@@ -59,6 +59,7 @@ CASES = {
     "cfg_scale": (["--cfg-scale", "0.5"], "decode.cfg_scale", 0.5),
     "seed": (["--seed", "7"], "decode.seed", 7),
     "early_stop": (["--no-early-stop"], "decode.early_stop", False),
+    "suffix_window": (["--suffix-window", "24"], "decode.suffix_window", 24),
     "batching": (["--batching", "static"], "decode.batching", "static"),
     "t_min": (["--t-min", "0.3"], "decode.t_min", 0.3),
     "t_max": (["--t-max", "0.9"], "decode.t_max", 0.9),

@@ -59,6 +59,16 @@ def test_finished_blocks_are_marked_cached_or_done():
     assert "(done)" in text and "✓ B1" in text and "∎" in text and "░" not in text.split("\n", 2)[1]
 
 
+def test_pruned_suffix_blocks_are_marked_and_move_on_with_the_block():
+    view = CanvasView(settings(gen_length=16, suffix_window=4), lambda t: WORDS[t])
+    view.update(step(0, 0, {0: 1}, window=(0, 8)), seconds=0.1)
+    text = draw(view)
+    assert "· B1" in text and "✂ B2" in text and "✂ B3" in text and "pruned" in text
+    view.update(step(1, 1, {4: 1}, window=(0, 12)), seconds=0.2)
+    assert "· B2" in draw(view) and "✂ B3" in draw(view)
+    assert "✂" not in draw(CanvasView(settings(gen_length=16), lambda t: WORDS[t]))
+
+
 def test_freecache_marks_frozen_blocks_from_events():
     view = CanvasView(settings(cache="freecache"), lambda t: WORDS[t])
     view.update(step(0, 0, {0: 1, 1: 2, 2: 3, 3: 1}, window=(0, 8)), seconds=0.1)

@@ -77,3 +77,22 @@ def test_rows_apart_replay_or_run_eagerly_the_same(cache):
     s = settings(cache=cache, unmask="threshold", threshold=0.5, gen_length=16, block_length=4)
     want = Decoder(plain.model, SPECIAL, s).run(ps, lockstep=False).result().tokens
     assert Decoder(model, SPECIAL, s).run(ps, lockstep=False).result().tokens == want
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["dual", "prefix", "freecache"])
+def test_pruned_refreshes_run_eagerly_and_cached_steps_replay(kind, cache):
+    """Under suffix pruning a refresh computes the whole kept canvas: it is not recorded."""
+    plain = tiny(kind, seed=5)
+    model = copy.deepcopy(plain.model)
+    enable_compile(model, replaying_recorder)
+    ps = prompts([5, 9, 3], seed=8)
+    s = settings(cache=cache, gen_length=32, block_length=8, suffix_window=4)
+    eager = Decoder(plain.model, SPECIAL, s).run(ps)
+    want = eager.result()
+    assert decode(model, SPECIAL, ps, s).tokens == want.tokens
+    steps: StepGraphs = model.forward
+    refreshes = {"dual": 4, "prefix": 4, "freecache": 1}[cache]  # full forwards: never recorded
+    cached_kinds = 4 if cache != "freecache" else 2 * 4  # a block's window (FreeCache: 2 a block)
+    assert steps.recordings <= cached_kinds and steps.replays > 0
+    assert steps.recordings + steps.replays == want.forwards - refreshes

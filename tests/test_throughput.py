@@ -63,3 +63,16 @@ def test_throughput_bad_input(profile_file, tmp_path):
     assert long.exit_code != 0 and "exceeds the model's context" in long.stderr
     plot = invoke(*base, "--prompt-length", "8", "--plot", str(tmp_path / "p.svg"))
     assert plot.exit_code != 0 and "--plot" in plot.stderr
+
+
+def test_pruned_strategies_take_the_bench_window(profile_file, tmp_path):
+    out = tmp_path / "p.json"
+    args = ["bench", "-p", str(profile_file), "--prompt-length", "8", "--n", "1"]
+    args += ["--gen-length", "32", "--block-length", "8", "--suffix-window", "4"]
+    args += ["--strategies", "prefix+parallel+early-stop,prefix+parallel+early-stop+prune"]
+    result = invoke(*args, "--reference", "prefix+parallel+early-stop", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    plain, pruned = json.loads(out.read_text())
+    assert plain["settings"]["suffix_window"] == 0 and pruned["settings"]["suffix_window"] == 4
+    zero = invoke(*args[:-2], "--suffix-window", "0")
+    assert zero.exit_code == 2 and "suffix-window" in zero.stderr

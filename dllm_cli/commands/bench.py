@@ -15,6 +15,7 @@ from dllm_cli.bench import (
     BASELINE,
     MARKDOWN_COLUMNS,
     STRATEGIES,
+    SUFFIX_WINDOW,
     BenchPlan,
     cells,
     markdown_table,
@@ -143,6 +144,14 @@ def bench_command(
     block_length: Annotated[
         int, typer.Option(help="Block size for every strategy.", rich_help_panel=BENCH)
     ] = 32,
+    suffix_window: Annotated[
+        int,
+        typer.Option(
+            help="W of the +prune strategies: columns kept past the current block.",
+            rich_help_panel=BENCH,
+            min=1,
+        ),
+    ] = SUFFIX_WINDOW,
     prompt_length: Annotated[
         int | None,
         typer.Option(
@@ -196,7 +205,9 @@ def bench_command(
             if strategy is None or strategy.guided:
                 unguided = ", ".join(k for k, v in STRATEGIES.items() if not v.guided)
                 raise InputError(f"--batching-compare takes an unguided strategy: {unguided}")
-            settings = settings_for(rt.settings, batching_compare, lengths[0], block_length)
+            settings = settings_for(
+                rt.settings, batching_compare, lengths[0], block_length, suffix_window
+            )
             prompts = mixed_shots(rt.encode, n, shots, start)
             records = compare_batching(rt, prompts, settings, batch_size, rounds, report_pass)
             for r in records:
@@ -214,6 +225,7 @@ def bench_command(
             batch_size=batch_size,
             warmup=warmup,
             reference=reference,
+            suffix_window=suffix_window,
         )
         tasks, measure, what = bench_inputs(rt, n, shots, start, prompt_length)
 

@@ -253,7 +253,7 @@ class ContinuousRun(DecodeRun):
         self.canvas = pad_left(c, extra, self.d.special.pad)
         self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
         for row in self.rows:
-            row.frozen_until += extra
+            row.shift(extra)
         if self.cache is not None:
             self.cache.widen(extra)
 

@@ -134,10 +134,10 @@ class DecodeRun:
         c, s, model = self.canvas, self.d.settings, self.d.model
         self.walk.begin(self.rows, c, self.blocks)
         self.served += c.batch  # every live row is served by exactly one forward
-        shift, every = model.logit_shift, s.refresh_interval
+        shift, every, suffix = model.logit_shift, s.refresh_interval, s.suffix_window
         firsts = first_masks(c).tolist() if self.d.frontier else [None] * c.batch
         places = [
-            r.place(self.blocks, c.width, shift, every, self._reach(f))
+            r.place(self.blocks, c.width, shift, every, self._reach(f), suffix)
             for r, f in zip(self.rows, firsts, strict=True)
         ]
         plans = [self.d.policy.plan(p) for p in places]

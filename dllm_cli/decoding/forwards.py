@@ -22,7 +22,7 @@ sampler runs on each group's logits, so memory stays at one group's (R, L, V).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -76,7 +76,7 @@ class Forwards:
         # follows rewrites all their columns and gives their drafts.
         shift = self.model.logit_shift
         stand = [
-            Forward(a - shift, e, False) if p.refresh else p
+            replace(p, start=a - shift, end=e, refresh=False) if p.refresh else p
             for p, (a, e) in zip(plans, spans, strict=True)
         ]
         drafts, confidence = self._group(canvas, cache, stand, spans, None, generator)
@@ -101,6 +101,8 @@ class Forwards:
         ids_all, pos_all = pick(c.ids), pick(c.positions())
         starts = [p.start for p in plans]
         ends = [p.end for p in plans]
+        if cache is None:  # no cache: every plan is the canvas from column 0 (pruned per row)
+            ends = [max(ends)] * len(ends)
         if len(set(starts)) == 1 and len(set(ends)) == 1:
             cols = slice(starts[0], ends[0])
             ids, pos = ids_all[:, cols], pos_all[:, cols]
@@ -109,7 +111,7 @@ class Forwards:
             cols = row_columns(starts, ends, width, c.ids.device)  # (R, T)
             ids = take(ids_all, cols, c.mask_id)
             pos, prompt = take(pos_all, cols, 0), take(pick(c.prompt_mask()), cols, False)
-        keys = self._keys(c, cache, rows, cols)
+        keys = self._keys(c, cache, rows, cols, [p.keys for p in plans])
         picks = span_picks(starts, spans, shift, c.ids.device)
         branch_cache = cache
         if cache is not None and rows is not None:
@@ -129,9 +131,20 @@ class Forwards:
             logits = un + (self.cfg + 1) * (cond - un)
         return logits
 
-    def _keys(self, c: Canvas, cache: KVCache | None, rows, cols) -> torch.Tensor | None:
-        """(R, S) key mask: padding off; with a scratch column, (R, S + 1) with it off."""
+    def _keys(self, c: Canvas, cache: KVCache | None, rows, cols, limits) -> torch.Tensor | None:
+        """(R, S) key mask: padding off; with a scratch column, (R, S + 1) with it off.
+
+        Under suffix pruning (a row's plan has `keys`) the mask is (R, K), K the furthest
+        row's limit: attention reads no column from K on (models/layers.attend), and each row's
+        columns past its own limit are off.
+        """
         keys = c.key_mask()  # (B, S) or None
+        if any(limit is not None for limit in limits):
+            ends = torch.tensor([c.width if n is None else n for n in limits], device=c.ids.device)
+            inside = c.columns()[None] < ends[:, None]  # (R, S)
+            if keys is not None:
+                inside &= keys if rows is None else keys[rows]
+            return inside[:, : int(ends.max())]
         if cache is None:  # no cache: keys are the forward's own columns
             return None if keys is None else keys[:, cols]
         if cache.scratch:

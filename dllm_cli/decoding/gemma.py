@@ -39,6 +39,7 @@ _TEMPERATURE = "its temperature follows a schedule from t_max down to t_min (see
 NOT_USED: dict[str, str] = {
     "cache": _CACHE,
     "refresh_interval": _CACHE,
+    "suffix_window": "it decodes one canvas at a time and attends to no masked suffix past it",
     "unmask": _ACCEPT,
     "schedule": _ACCEPT,
     "confidence": _ACCEPT,

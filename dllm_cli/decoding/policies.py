@@ -24,6 +24,14 @@ blocks (FreeCache then freezes everything between the frozen part and the new bl
 row with a draft window needs no prediction past the window's end, so Prefix and FreeCache
 windows stop there (`reach`); the masked columns beyond keep the K/V they last got, as
 DualCache's suffix does.
+
+Suffix pruning (`suffix_window` W > 0; DPad: Crys-Chen/DPad; Streaming-dLLM) cuts the canvas
+a row sees at `limit`, W columns past its current block: every window, refresh and attended key
+stops there, so the masked columns beyond are neither computed nor attended until their block
+comes closer (they keep their true RoPE positions: the canvas is cut, not renumbered). The
+limit moves on with the block; columns that come into reach for the first time (past `seen`)
+are computed by that step's forward, whatever `reach` says. With W = 0, or W at least the
+answer's length, the limit is the canvas end and nothing changes.
 """
 
 from __future__ import annotations
@@ -39,8 +47,9 @@ class Forward:
 
     start: int
     end: int
-    refresh: bool  # a full forward over the whole canvas
+    refresh: bool  # a full forward over the whole (pruned) canvas
     frozen: tuple[int, int] | None = None  # canvas columns whose K/V are final from now on
+    keys: int | None = None  # attend only keys before this column (suffix pruning; None: all)
 
 
 @dataclass(frozen=True)
@@ -55,11 +64,27 @@ class StepPlace:
     fresh: bool = False  # no forward has served the row yet (its decode's first step)
     frozen_until: int = 0  # canvas column before which the row's K/V are final (FreeCache)
     reach: int | None = None  # guided draft window: no prediction needed from this column on
+    limit: int | None = None  # suffix pruning: the row's canvas ends here (None: at width)
+    seen: int = 0  # columns before this one hold K/V computed at least once
+
+    @property
+    def last(self) -> int:
+        """The end of the canvas the row sees (its pruned limit, or the canvas width)."""
+        return self.width if self.limit is None else min(self.width, self.limit)
 
     @property
     def end(self) -> int:
-        """Where a window running to the canvas end may stop (the draft window's end)."""
-        return self.width if self.reach is None else min(self.width, self.reach)
+        """Where a window running to the canvas end may stop (the draft window's end), but
+        never short of columns that have never been computed (a limit that moved on)."""
+        last = self.last
+        if self.reach is None or self.seen < last:
+            return last
+        return min(last, self.reach)
+
+    @property
+    def keys(self) -> int | None:
+        """Attended keys stop at the limit (None: the whole canvas)."""
+        return None if self.limit is None or self.limit >= self.width else self.limit
 
     @property
     def periodic_refresh(self) -> bool:
@@ -67,7 +92,11 @@ class StepPlace:
         return self.interval > 0 and self.step % self.interval == 0
 
     def full(self, frozen: tuple[int, int] | None = None) -> Forward:
-        return Forward(0, self.width, refresh=True, frozen=frozen)
+        return Forward(0, self.last, refresh=True, frozen=frozen, keys=self.keys)
+
+    def window(self, start: int, end: int, frozen: tuple[int, int] | None = None) -> Forward:
+        """A cached step recomputing [start, end), attending up to the limit."""
+        return Forward(start, end, refresh=False, frozen=frozen, keys=self.keys)
 
 
 class NoCache:
@@ -87,7 +116,7 @@ class PrefixCache:
     def plan(self, at: StepPlace) -> Forward:
         if at.step == 0 or at.periodic_refresh:
             return at.full()
-        return Forward(at.block.start - at.shift, at.end, refresh=False)
+        return at.window(at.block.start - at.shift, at.end)
 
 
 class DualCache:
@@ -98,7 +127,7 @@ class DualCache:
     def plan(self, at: StepPlace) -> Forward:
         if at.step == 0 or at.periodic_refresh:
             return at.full()
-        return Forward(at.block.start - at.shift, at.block.end, refresh=False)
+        return at.window(at.block.start - at.shift, at.block.end)
 
 
 class FreeCache:
@@ -119,8 +148,8 @@ class FreeCache:
             return at.full()
         done = at.frozen_until
         if at.step == 0 and done < at.block.start:
-            return Forward(done - at.shift, at.end, False, frozen=(done, at.block.start))
-        return Forward(at.block.start - at.shift, at.end, refresh=False)
+            return at.window(done - at.shift, at.end, frozen=(done, at.block.start))
+        return at.window(at.block.start - at.shift, at.end)
 
 
 POLICIES: dict[str, type] = {

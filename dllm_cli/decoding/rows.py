@@ -33,19 +33,37 @@ class RowState:
     masks_at_start: int = 0  # masks the block held at the row's first step in it
     frozen_until: int = 0  # canvas column before which its K/V are final (FreeCache)
     fresh: bool = True  # no forward has served the row yet
+    seen: int = 0  # canvas column before which its K/V were computed at least once
 
     def place(
-        self, blocks: list[Block], width: int, shift: int, interval: int, reach: int | None = None
+        self,
+        blocks: list[Block],
+        width: int,
+        shift: int,
+        interval: int,
+        reach: int | None = None,
+        suffix: int = 0,
     ) -> StepPlace:
+        """Where the row is; `suffix` W > 0 prunes its canvas W columns past its block."""
         block = blocks[self.block]
-        frozen = self.frozen_until
-        return StepPlace(block, self.step, width, shift, interval, self.fresh, frozen, reach)
+        limit = block.end + suffix if suffix > 0 else None
+        return StepPlace(
+            block, self.step, width, shift, interval, self.fresh, self.frozen_until, reach,
+            limit, self.seen,
+        )  # fmt: skip
 
     def served(self, plan: Forward) -> None:
         """After a forward: the row is no longer fresh; frozen columns stay frozen."""
         self.fresh = False
         if plan.frozen is not None:
             self.frozen_until = max(self.frozen_until, plan.frozen[1])
+        if plan.start <= self.seen or plan.refresh:  # a window joined to what was computed
+            self.seen = max(self.seen, plan.end)
+
+    def shift(self, extra: int) -> None:
+        """The canvas grew `extra` columns on the left (continuous batching)."""
+        self.frozen_until += extra
+        self.seen += extra
 
     def enter(self, block: int) -> None:
         """Move to another block (step 0 there)."""

@@ -87,13 +87,15 @@ class StepGraphs:
 
 
 def graphable(input_ids, positions, cache, key_mask, columns, logits_slice) -> bool:
-    """A lockstep cached step over part of the canvas; full-canvas refreshes and per-row
-    steps ((B, T) columns, row subsets of the cache, per-row logit picks) run eagerly."""
+    """A lockstep cached step over part of the canvas; full-canvas refreshes (of the whole
+    canvas, or of the part a suffix window keeps: every column attended is computed) and
+    per-row steps ((B, T) columns, row subsets of the cache, per-row logit picks) run eagerly."""
     if not isinstance(cache, KVCache) or not isinstance(columns, slice) or positions is None:
         return False
     if isinstance(logits_slice, torch.Tensor):
         return False
-    return (columns.start or 0) > 0 or columns.stop < cache.width
+    attended = cache.width if key_mask is None else min(cache.width, key_mask.shape[1])
+    return (columns.start or 0) > 0 or columns.stop < attended
 
 
 def recording_key(input_ids, positions, cache, key_mask, columns, logits_slice) -> tuple:

@@ -118,7 +118,8 @@ def attend(
     q: (B, H, T, D); k, v: (B, H_kv, T, D) for the active columns. With a cache the fresh K/V
     are written at `columns` (a slice, or (B, T) per row) and the queries attend over all
     cached columns. key_mask: (B, S) bool, True where a key may be attended (padding and the
-    cache's scratch column are False). Returns (B, T, H*D).
+    cache's scratch column are False); a narrower mask (B, K), K < S, also cuts the keys at K
+    (suffix pruning: the canvas past K is neither attended nor read). Returns (B, T, H*D).
     """
     if rope is not None:  # None: the caller has rotated q and k already
         cos, sin = rope
@@ -126,6 +127,8 @@ def attend(
         k = apply_rope(k, cos, sin, full_precision_rope)
     if cache is not None:
         k, v = cache.update(layer, columns, k, v)  # (B, H_kv, S, D)
+        if key_mask is not None and key_mask.shape[1] < k.shape[2]:
+            k, v = k[:, :, : key_mask.shape[1]], v[:, :, : key_mask.shape[1]]  # (B, H_kv, K, D)
     mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
     gqa = q.shape[1] != k.shape[1]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # (B,H,T,D)
