@@ -13,8 +13,8 @@ gen_length in the same run (a latency ratio; the reference, `baseline` unless ch
 runs, first). Timing starts after a warm-up decode of one problem and one block with each
 strategy, so one-off setup costs nobody.
 
-Strategies whose name ends in `prune` add suffix pruning (DPad, Streaming-dLLM): every forward stops
-`suffix_window` columns past the current block (the plan's window, 64 unless chosen).
+Strategies whose name ends in `prune` add suffix pruning (DPad, Streaming-dLLM): every forward
+stops `suffix_window` columns past the current block (the plan's window, 64 unless chosen).
 
 Guided decoding ends a row at its first committed stop token whatever `early_stop` says
 (FlashDLM), so `freecache+guided` and `freecache+guided+early-stop` decode alike.
