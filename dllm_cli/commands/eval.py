@@ -77,7 +77,9 @@ def print_summary(report: dict) -> None:
     )
     out.print(
         f"settings  cache={s['cache']} unmask={s['unmask']} block={s['block_length']} "
-        f"steps={s['steps'] or s['gen_length']} early_stop={s['early_stop']} {guide}"
+        f"steps={s['steps'] or s['gen_length']} early_stop={s['early_stop']}"
+        + (f" suffix_window={s['suffix_window']}" if s.get("suffix_window") else "")
+        + f" {guide}"
     )
     if report["mask_violations"]:
         out.print(f"{report['mask_violations']} answers still held a mask token", style="bold red")
