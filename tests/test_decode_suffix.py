@@ -175,6 +175,20 @@ def test_pruned_rows_apart_and_batched_equal_rows_alone(kind, cache):
     assert decode(model, SPECIAL, ps, s).tokens == alone
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cache", ["none", "dual", "freecache"])
+def test_pruned_classifier_free_guidance_rows_apart_equal_rows_alone(kind, cache):
+    """LLaDA's CFG doubles the batch (a prompt-masked branch): both branches are cut alike."""
+    model, ps = ending(kind), prompts([3, 9, 5], seed=4)
+    s = settings(cache=cache, gen_length=24, block_length=8, suffix_window=5, cfg_scale=1.5)
+    s = settings(**{**s.to_dict(), **RULES[0]})
+    alone = [decode(model, SPECIAL, [p], s).tokens[0] for p in ps]
+    assert trace(model, ps, s, lockstep=False)[2].tokens == alone
+    wide = settings(**{**s.to_dict(), "suffix_window": 24})
+    plain = settings(**{**s.to_dict(), "suffix_window": 0})
+    assert trace(model, ps, wide)[1] == trace(model, ps, plain)[1]
+
+
 @pytest.mark.parametrize("cache", CACHES)
 def test_pruned_continuous_batching_equals_rows_alone(cache):
     model = ending("dream")
