@@ -118,3 +118,16 @@ def test_fused_model_decodes_the_same_tokens():
 def test_loaded_checkpoints_are_fused(llada, dream):
     assert llada.model.blocks()[0].fusion is not None
     assert dream.model.blocks()[0].self_attn.fusion is not None
+
+
+def test_wide_models_stay_unfused_on_cpu():
+    """Fusing was measured to cost on CPU past d_model 512 (models/fused.py); CUDA fuses."""
+    from dllm_cli.models.fused import CPU_FUSE_MAX_WIDTH, worth_fusing
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert worth_fusing(CPU_FUSE_MAX_WIDTH, cpu) and not worth_fusing(CPU_FUSE_MAX_WIDTH + 1, cpu)
+    assert worth_fusing(4096, cuda)
+    wide = copy.deepcopy(tiny("llada").model)
+    wide.get_input_embeddings = lambda: torch.nn.Embedding(1, CPU_FUSE_MAX_WIDTH + 1)
+    wide.fuse_projections()
+    assert wide.blocks()[0].fusion is None

@@ -9,6 +9,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from dllm_cli.cache import CacheRows, Columns, KVCache
+from dllm_cli.models.fused import worth_fusing
 from dllm_cli.models.layers import RMSNorm, default_positions, rope_tables
 
 
@@ -59,9 +60,11 @@ class DiffusionLM(PreTrainedModel):
         raise NotImplementedError
 
     def fuse_projections(self) -> None:
-        """Fuse each block's projections (models/fused.py); done once after loading weights."""
-        for block in self.blocks():
-            block.fuse()
+        """Fuse each block's projections (models/fused.py) once after loading, where it pays."""
+        width = self.get_input_embeddings().embedding_dim
+        if worth_fusing(width, next(self.parameters()).device):
+            for block in self.blocks():
+                block.fuse()
 
     @property
     def rope_theta(self) -> float:
