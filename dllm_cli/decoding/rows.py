@@ -57,7 +57,7 @@ class RowState:
         self.fresh = False
         if plan.frozen is not None:
             self.frozen_until = max(self.frozen_until, plan.frozen[1])
-        if plan.start <= self.seen or plan.refresh:  # a window joined to what was computed
+        if plan.start <= self.seen:  # joined to what was computed (a refresh starts at 0)
             self.seen = max(self.seen, plan.end)
 
     def shift(self, extra: int) -> None:
