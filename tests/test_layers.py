@@ -22,13 +22,15 @@ LAYERS: list[tuple[str, ...]] = [
         "cache",
         "strict_toml",
         "prompt_text",
+        "folders",
+        "families",
     ),  # "dllm_cli": __version__
     # the TinyGSM data, no models
     ("tinygsm.data", "tinygsm.wide", "tinygsm.rich", "tinygsm.stories", "tinygsm.scenes"),
     ("tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
-    ("models", "tinygsm.architectures", "families"),
+    ("models", "tinygsm.architectures"),
     ("decoding",),
-    ("profiles",),
+    ("profiles", "profile_sections"),
     ("runtime", "chat"),
     (
         "batch",
