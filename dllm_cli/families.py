@@ -146,6 +146,33 @@ FAMILIES: dict[str, Family] = {
         ),
         whole_answer=True,
     ),
+    "llada_moe": Family(
+        name="llada_moe",
+        title="LLaDA-MoE",
+        model_types=("llada", "lladamoe"),  # "lladamoe": the rename some training code uses
+        architectures=("LLaDAMoEModelLM",),
+        config_class="dllm_cli.models.llada_moe:LLaDAMoEConfig",
+        model_class="dllm_cli.models.llada_moe:LLaDAMoEModelLM",
+        logit_shift=0,
+        sampler="llada",
+        reference={
+            "gen_length": 128,
+            "steps": None,  # one token per step: the reference's 128 steps for 128 tokens
+            "block_length": 32,
+            "cache": "none",
+            "unmask": "fixed",
+            "schedule": "linear",
+            "confidence": "low_confidence",
+            "temperature": 0.0,
+            "cfg_scale": 0.0,
+            "early_stop": False,
+        },
+        source=(
+            "the LLaDA-MoE-7B-A1B model card runs LLaDA's generate with steps 128, gen_length "
+            "128, block_length 32, temperature 0, cfg_scale 0, remasking low_confidence"
+        ),
+        mask_id=156895,  # <|mask|>: not in config.json; the card passes generate(mask_id=156895)
+    ),
     "diffusion_gemma": Family(
         name="diffusion_gemma",
         title="DiffusionGemma",

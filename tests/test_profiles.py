@@ -146,7 +146,7 @@ BAD = {
     "bad-dtype": ("[model]\ndtype = 'fp8'\n", "dtype in [model] must be one of auto, float32"),
     "bad-architecture": (
         "[model]\narchitecture = 'gpt9'\n",
-        "architecture in [model] must be one of llada, dream, diffusion_gemma (got 'gpt9')",
+        "architecture in [model] must be one of llada, dream, llada_moe, diffusion_gemma (got 'gpt9')",
     ),
     "negative-id": ("[model.special]\nmask = -1\n", "mask in [model.special] must be >= 0"),
     "guide-no-path": ("[guide]\naccept = 'exact'\n", "[guide] needs a path"),

@@ -29,7 +29,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # Token strings that name the special roles in the folders we know.
 MASK_NAMES = ("<|mdm_mask|>", "<|mask|>", "[MASK]", "<mask>")
-EOT_NAMES = ("<|eot_id|>", "<|im_end|>")
+EOT_NAMES = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaDA, Qwen/Dream, LLaDA-MoE
 
 
 @dataclass(frozen=True)
@@ -187,15 +187,19 @@ def check_weights(folder: Path, model: DiffusionLM) -> None:
             )
 
 
-def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
-    """AutoTokenizer without remote code; Dream's remote class falls back to Qwen2's BPE."""
+def load_tokenizer(folder: Path, config=None) -> PreTrainedTokenizerBase:
+    """AutoTokenizer without remote code; Dream's remote class falls back to Qwen2's BPE.
+
+    `config`: the model's own config, so AutoTokenizer does not build one from config.json by
+    model_type (for LLaDA-MoE that would be the dense LLaDA config)."""
     bpe = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
     if not bpe and not (folder / "tokenizer.json").is_file():
         raise ModelLoadError(
             f"no tokenizer in {folder} (expected tokenizer.json, or vocab.json + merges.txt)"
         )
     try:
-        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+        extra = {"config": config} if config is not None else {}
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, **extra)
     except Exception as first:  # transformers raises ValueError/OSError/KeyError here
         if bpe:
             from transformers import Qwen2Tokenizer
@@ -313,7 +317,7 @@ def load_model(
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
     model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names and memory unchanged
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder, config)
     rows = model.get_input_embeddings().num_embeddings
     special = special_ids(
         config, tokenizer, special_overrides, present=raw, table_size=rows, family=family
