@@ -112,6 +112,8 @@ def _check_values(profile: Profile, where: str) -> None:
         raise ProfileError(
             f"{where}: dtype in [model] must be one of {', '.join(dtypes)} (got {m.dtype!r})"
         )
+    if not all(isinstance(t, str) and t for t in m.stop_tokens):
+        raise ProfileError(f"{where}: stop_tokens in [model] must be a list of token strings")
     for role, value in dataclasses.asdict(m.special).items():
         if value is not None and value < 0:
             raise ProfileError(f"{where}: {role} in [model.special] must be >= 0 (got {value})")

@@ -16,7 +16,7 @@ from dllm_cli.errors import InputError, ModelLoadError, SettingsError
 from dllm_cli.families import FAMILIES
 from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.guide import GuideModel, load_guide
-from dllm_cli.models.loading import LoadedModel, load_model
+from dllm_cli.models.loading import LoadedModel, add_stop_tokens, load_model
 from dllm_cli.profiles import Profile, resolve
 from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
@@ -140,6 +140,7 @@ def open_runtime(
         device=device,
         special_overrides=prof.special_overrides(),
     )
+    loaded = add_stop_tokens(loaded, prof.model.stop_tokens)
     wanted, family = prof.model.architecture, FAMILIES[loaded.family]
     if wanted and wanted.lower() != family.name:
         raise ModelLoadError(

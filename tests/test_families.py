@@ -231,3 +231,55 @@ def test_profile_list_at_80_columns_keeps_descriptions_and_whole_names(monkeypat
     assert any("tiny-gsm-dream (default)" in line for line in lines)
     description = cells(result.stdout)[long_name][0]
     assert description.startswith("mine, for") and "(invalid" not in description  # wrapped
+
+
+# --- the code models' and LLaDA-MoE's profiles ----------------------------------------------
+
+CARDS = {
+    "llada-moe-7b-a1b-instruct": (
+        "llada_moe",
+        {"gen_length": 128, "steps": 128, "block_length": 32, "cache": "none", "top_k": None},
+    ),
+    "diffucoder-7b-instruct": (
+        "dream",
+        {"gen_length": 256, "steps": 256, "confidence": "entropy", "temperature": 0.4,
+         "top_p": 0.95, "top_k": 50, "block_length": 256},
+    ),
+    "dream-coder-7b-instruct": (
+        "dream",
+        {"gen_length": 768, "steps": 768, "confidence": "entropy", "temperature": 0.1,
+         "top_p": 0.95, "top_k": 50, "block_length": 768},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CARDS))
+def test_model_card_profiles(name, monkeypatch, tmp_path):
+    monkeypatch.setenv("DLLM_MODELS_DIR", str(tmp_path))
+    profile, provenance = resolve(name, {})
+    family, want = CARDS[name]
+    assert profile.model.architecture == family and profile.model.path.startswith(str(tmp_path))
+    assert {k: getattr(profile.decode, k) for k in want} == want
+    if family == "dream":  # top_k is the family's hidden 50, not written in the file
+        assert provenance["decode.top_k"] == "family default (dream)"
+    assert profile.guide is None
+
+
+def test_stop_tokens_end_the_answer(dream_folder, tmp_path):
+    """A profile's stop_tokens (DiffuCoder: <|dlm_pad|>) cut the answer like EOS does."""
+    path = tmp_path / "stops.toml"
+    path.write_text(
+        f'[model]\npath = "{dream_folder.folder}"\ndevice = "cpu"\n'
+        'stop_tokens = ["<|beginoftext|>"]\n[decode]\ngen_length = 8\n'
+    )
+    runtime = open_runtime(str(path), {})
+    stop = dream_folder.ids["bos"]  # <|beginoftext|>
+    assert stop in runtime.loaded.special.stop
+    words = runtime.loaded.tokenizer.encode("apples", add_special_tokens=False)
+    assert runtime.text([*words, stop, *words]) == "apples"
+    path.write_text(path.read_text().replace("<|beginoftext|>", "<|dlm_pad|>"))
+    result = invoke("generate", "-p", str(path), "hi")
+    assert result.exit_code == 3
+    assert "stop token '<|dlm_pad|>' (stop_tokens in [model]) is not in the tokenizer" in (
+        result.stderr
+    )

@@ -333,7 +333,7 @@ def test_unknown_profile_lists_available():
         load_profile("tiny-gms")
     message = str(info.value)
     assert message.startswith("unknown profile 'tiny-gms' (did you mean 'tiny-gsm'? available: ")
-    assert "dream-7b-base, dream-7b-instruct, llada-1.5" in message
+    assert "dream-7b-base, dream-7b-instruct, dream-coder-7b-instruct, llada-1.5" in message
     with pytest.raises(ProfileError, match="profile file not found: "):
         load_profile("missing.toml")
 

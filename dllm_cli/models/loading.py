@@ -335,6 +335,23 @@ def load_model(
     )
 
 
+def add_stop_tokens(loaded: LoadedModel, names: list[str]) -> LoadedModel:
+    """The loaded model with more tokens that end an answer, named by their strings (a
+    profile's `stop_tokens`: DiffuCoder fills its answer's tail with <|dlm_pad|>)."""
+    vocab = loaded.tokenizer.get_vocab() if names else {}
+    missing = [name for name in names if name not in vocab]
+    if missing:
+        raise ModelLoadError(
+            f"stop token {missing[0]!r} (stop_tokens in [model]) is not in the tokenizer of "
+            f"{loaded.path}"
+        )
+    extra = tuple(vocab[name] for name in names if vocab[name] not in loaded.special.stop)
+    if not extra:
+        return loaded
+    special = replace(loaded.special, extra_stop=(*loaded.special.extra_stop, *extra))
+    return replace(loaded, special=special)
+
+
 def load_diffusion_gemma(
     folder: Path, raw: dict, dev: torch.device, dtype: torch.dtype, overrides: dict | None
 ) -> LoadedModel:
