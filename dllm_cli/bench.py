@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dllm_cli.decoding import gemma
 from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.families import FAMILIES
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.tinygsm.evaluate import Score, Task, score, warm_up
@@ -179,7 +180,7 @@ def run_bench(
 
 def check_family(runtime: Runtime, plan: BenchPlan) -> None:
     """DiffusionGemma runs transformers' sampler: refuse other strategies before any decode."""
-    if runtime.loaded.architecture != gemma.FAMILY:
+    if not FAMILIES[runtime.loaded.family].own_sampler:
         return
     canvas = runtime.loaded.model.canvas_length
     for name in plan.strategies:
