@@ -78,7 +78,7 @@ def show_command(
     uses = gemma.uses(family)  # decode setting -> how this model family uses it
     if family:
         out.print(Text(f"model family: {family.name}", style="dim"))
-    static = batching_reason(family, profile.guide is not None)
+    static = batching_reason(family, guided=False)  # guided decoding batches continuously
     own = family is not None and family.own_sampler  # every setting's use, in its own column
     table = Table(title=None)
     table.add_column("Setting", no_wrap=True)
