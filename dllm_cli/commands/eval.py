@@ -25,6 +25,8 @@ def progress() -> Progress:
         console=stderr,
         transient=True,
         disable=not stderr.is_terminal,
+        redirect_stdout=False,  # stdout is for the report, never drawn on the terminal
+        redirect_stderr=False,
     )
 
 

@@ -195,10 +195,16 @@ def emit(slot: Slot, json_out: bool, shown: Runtime | None = None) -> None:
 
 
 def decoding_progress(visible: bool = True) -> Progress:
-    """The batch progress bar on stderr (a terminal only; gone when done)."""
+    """The batch progress bar on stderr (a terminal only; gone when done).
+
+    It must not redirect stdout: Rich's default sends whatever is written to stdout while
+    the bar is up to the bar's console, so records meant for a file or a pipe were drawn on
+    the terminal instead (and the file stayed empty).
+    """
     return Progress(
         TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=stderr, disable=not (visible and stderr_is_terminal()), transient=True,
+        redirect_stdout=False, redirect_stderr=False,
     )  # fmt: skip
 
 
