@@ -24,7 +24,6 @@ from dllm_cli.families import (
     reference_settings,
 )
 from dllm_cli.folders import BUILTIN_PREFIX
-from dllm_cli.models.loading import DTYPES
 from dllm_cli.profile_sections import (
     GuideSection,
     ModelSection,
@@ -33,6 +32,9 @@ from dllm_cli.profile_sections import (
     SpecialOverrides,
 )
 from dllm_cli.settings import DecodeSettings
+
+# `dllm profiles` lists the files without torch: models.loading (DTYPES) is imported inside
+# the function that checks a profile.
 from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, show
 
 DEFAULT_PROFILE = "tiny-gsm-dream"
@@ -96,6 +98,8 @@ def _parse(path: Path) -> tuple[Profile, dict]:
 
 def _check_values(profile: Profile, where: str) -> None:
     """Allowed values beyond types; the decode checks are DecodeSettings' own (when built)."""
+    from dllm_cli.models.loading import DTYPES
+
     m = profile.model
     if not m.path:
         raise ProfileError(f"{where}: path in [model] must not be empty")
@@ -295,6 +299,7 @@ def resolve(
         decode.setdefault("block_length", decode.get("gen_length", profile.decode.gen_length))
     if decode:  # the run's settings are built (and so validated) here, once
         profile.decode = dataclasses.replace(profile.decode, **decode)
+
     apply_family_defaults(profile, provenance)
     return profile, provenance
 

@@ -14,7 +14,6 @@ from rich.table import Table
 from rich.text import Text
 
 from dllm_cli.commands.common import cli_errors
-from dllm_cli.decoding import gemma
 from dllm_cli.errors import ModelLoadError
 from dllm_cli.families import batching_reason, model_family
 from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
@@ -67,6 +66,8 @@ def show_command(
     ] = None,
 ) -> None:
     """Every setting of one profile, and where it comes from (file, flag, family, default)."""
+    from dllm_cli.decoding import gemma
+
     with cli_errors():
         profile, provenance, unset = describe(name, model)
     out = Console(highlight=False)
