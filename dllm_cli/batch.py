@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from dllm_cli.decoding import Decoder, DecodeResult, answer_length, decode
 from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
-from dllm_cli.errors import DllmError, InputError
+from dllm_cli.errors import DllmError, InputError, SettingsError
 from dllm_cli.prompt_text import decode_line, escape_bytes, strip_line_end
 from dllm_cli.runtime import Runtime
 
@@ -103,7 +103,7 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise InputError(f"--batch-size must be at least 1 (got {self.batch_size})")
+            raise SettingsError(f"--batch-size must be at least 1 (got {self.batch_size})")
 
     def run(
         self, numbered: Iterable[tuple[int, bytes]], done: Callable[[list[Slot]], None]

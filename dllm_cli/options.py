@@ -229,7 +229,8 @@ def shared(*wanted: str) -> Callable[[C], C]:
 BatchSize = Annotated[
     int,
     typer.Option(
-        help="Prompts decoded together (continuous batching: slots refilled as prompts finish)."
+        help="Prompts decoded together (continuous batching: slots refilled as prompts finish).",
+        min=1,
     ),
 ]
 Json = Annotated[

@@ -193,10 +193,10 @@ def test_guide_rule_flags_reach_the_committer(command, guided_profile, opened):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--on-reject", "both"], "on_reject must be one of guide, draft (got 'both')"),
-        (["--verify-chunk", "0"], "verify_chunk must be >= 1 (got 0)"),
-        (["--draft-window", "-2"], "draft_window must be >= 0"),
-        (["--accept", "top:2"], "guide accept must be"),
+        (["--on-reject", "both"], "error: --on-reject must be one of guide, draft (got 'both')"),
+        (["--verify-chunk", "0"], "error: --verify-chunk must be >= 1 (got 0)"),
+        (["--draft-window", "-2"], "error: --draft-window must be >= 0"),
+        (["--accept", "top:2"], "error: --accept must be 'exact', 'topk:K'"),
     ],
 )
 def test_bad_guide_flags_are_one_line_errors(args, message, guided_profile):

@@ -74,7 +74,7 @@ def test_eval_refuses_bad_counts(guided_profile):
     for extra in bad:
         args = ["eval", "-p", str(guided_profile), "--n", "2", "--no-guide", *extra]
         result = invoke(*args)
-        assert result.exit_code == 4, (extra, result.output)
+        assert result.exit_code == 2, (extra, result.output)
 
 
 def test_held_out_prompts_use_fixed_shots():
