@@ -84,6 +84,16 @@ FLAGS: dict[str, Flag] = {
         "model",
         "model.compile",
     ),
+    "threads": Flag(
+        _option(
+            int,
+            "CPU threads for torch, set before the first forward (0, the default: torch's "
+            "own, one per core or OMP_NUM_THREADS; a busy machine often runs faster on 1).",
+            MODEL,
+        ),
+        "model",
+        "model.threads",
+    ),
     "gen_length": _decode("gen_length", int, "Tokens to generate."),
     "block_length": _decode("block_length", int, "Semi-autoregressive block size."),
     "steps": _decode("steps", int, "Denoising steps in all (fixed/origin); default one per token."),

@@ -48,6 +48,7 @@ class ModelSection:
     device: str = "auto"
     chat_template: bool = True
     compile: bool = False  # CUDA-graph replay of cached block steps (models/compiled.py)
+    threads: int = 0  # torch's CPU threads, set before the first forward (0: torch's default)
     special: SpecialOverrides = field(default_factory=SpecialOverrides)
 
 
@@ -173,6 +174,8 @@ def _check_values(profile: Profile, where: str | None) -> None:
     dtypes = ("auto", *DTYPES)
     if m.dtype not in dtypes:
         raise bad("model", f"dtype must be one of {', '.join(dtypes)} (got {m.dtype!r})")
+    if m.threads < 0:
+        raise bad("model", f"threads must be >= 0 (0: torch's default; got {m.threads})")
     for role, value in dataclasses.asdict(m.special).items():
         if value is not None and value < 0:
             raise bad("model.special", f"{role} must be >= 0 (got {value})")

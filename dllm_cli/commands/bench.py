@@ -116,6 +116,7 @@ def write(path: Path, text: str) -> None:
     "dtype",
     "chat",
     "compile",
+    "threads",
     "accept",
     "on_reject",
     "verify_chunk",
