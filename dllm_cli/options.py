@@ -247,8 +247,9 @@ Json = Annotated[
     bool,
     typer.Option(
         "--json",
-        help="One JSON object per prompt on stdout: prompt, text, token_ids, forwards, "
-        "guide_forwards, steps, seconds (a failed prompt: prompt, error).",
+        help="One JSON object per prompt on stdout: prompt, text, token_ids (the answer's), "
+        "forwards, guide_forwards, steps, seconds (static batches: the prompt's own steps and "
+        "its share of the batch's seconds); a failed prompt: prompt, error.",
         rich_help_panel=OUTPUT,
     ),
 ]
