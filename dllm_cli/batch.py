@@ -18,9 +18,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dllm_cli.decoding import DecodeResult, Finished, answer_length
+from dllm_cli.decoding import DecodeResult, Finished, answer_length, answer_tokens
 from dllm_cli.decoding.run import open_engine
-from dllm_cli.errors import DllmError, InputError
+from dllm_cli.errors import DllmError, InputError, SettingsError
 from dllm_cli.prompt_text import decode_line, escape_bytes, strip_line_end
 from dllm_cli.runtime import Runtime
 
@@ -100,12 +100,13 @@ class Pipeline:
     batch_size: int = 8
     json_out: bool = False
     json_input: bool = False
+    canvas: bool = False  # --json-canvas: records carry every generated position too
     totals: Totals = field(default_factory=Totals)
     finished: Callable[[Slot], None] = lambda slot: None  # a record is final (progress)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise InputError(f"--batch-size must be at least 1 (got {self.batch_size})")
+            raise SettingsError(f"--batch-size must be at least 1 (got {self.batch_size})")
 
     def run(
         self, numbered: Iterable[tuple[int, bytes]], done: Callable[[list[Slot]], None]
@@ -218,7 +219,9 @@ class Pipeline:
         """A decoded slot's record (text or --json)."""
         text = self.runtime.text(done.tokens)
         if self.json_out:
-            slot.output = json.dumps({"line": slot.line, **record(slot.prompt, text, done)})
+            stop = self.runtime.loaded.special.stop
+            shown = record(slot.prompt, text, done, stop, self.canvas)
+            slot.output = json.dumps({"line": slot.line, **shown})
         else:
             slot.output = one_line(text)
         self.finished(slot)
@@ -264,18 +267,22 @@ def prompt_from_json(text: str) -> str:
     return data["prompt"]
 
 
-def record(prompt: str, text: str, done: Finished) -> dict:
+def record(prompt: str, text: str, done: Finished, stop: Iterable[int], canvas: bool) -> dict:
     """The --json object for one answer (forwards/steps/seconds are the prompt's own: those
-    of the steps it spent in a slot, whatever shared them)."""
-    return {
+    of the steps it spent in a slot, whatever shared them).
+
+    token_ids: the answer's ids (what `text` decodes); `canvas`: every generated position too.
+    """
+    shown = {
         "prompt": prompt,
         "text": text,
-        "token_ids": done.tokens,
+        "token_ids": answer_tokens(done.tokens, stop),
         "forwards": done.forwards,
         "guide_forwards": done.guide_forwards,
         "steps": done.steps,
         "seconds": round(done.seconds, 4),
     }
+    return shown | ({"canvas_ids": done.tokens} if canvas else {})
 
 
 def solo(result: DecodeResult) -> Finished:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from cli_fixtures import (  # noqa: F401
     CONTEXT,
+    GEN,
     PROMPTS,
     cli_ckpt_fixture,
     error_lines,
@@ -19,6 +21,7 @@ from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 from dllm_cli import batch
 from dllm_cli.decoding import Finished, StepOutput
 from dllm_cli.errors import DeviceError, InputError
+from dllm_cli.runtime import open_runtime
 
 TOO_LONG = " ".join(["apples"] * CONTEXT)
 
@@ -239,3 +242,56 @@ def test_guided_batches_decode_continuously_with_the_static_text(tmp_path_factor
     texts = [[json.loads(line)["text"] for line in r.stdout.splitlines()] for r in (asked, static)]
     assert texts[0] == texts[1] and len(texts[0]) == 3
     assert "falls back" not in asked.stderr + static.stderr
+
+
+def test_json_token_ids_are_the_answer_and_the_canvas_on_request(profile_file):
+    """token_ids: what `text` decodes (cut before the first stop token); --json-canvas adds
+    canvas_ids, every generated position."""
+    # token 47, frequent in this model's answers, made EOS: answers end early (test_eval.py)
+    profile_file.write_text(profile_file.read_text() + "\n[model.special]\neos = 47\n")
+    stdin = "\n".join(PROMPTS) + "\n"
+    result = invoke("generate", "-p", str(profile_file), "--json-canvas", input=stdin)
+    assert result.exit_code == 0, result.output
+    runtime = open_runtime(str(profile_file))
+    stop = runtime.loaded.special.stop
+    for line in result.stdout.splitlines():
+        r = json.loads(line)
+        ids, canvas = r["token_ids"], r["canvas_ids"]
+        assert len(canvas) == GEN and canvas[: len(ids)] == ids
+        assert not set(ids) & set(stop) and runtime.text(ids) == r["text"]
+        assert len(ids) == GEN or canvas[len(ids)] in stop
+    plain = invoke("generate", "-p", str(profile_file), "--json", input=stdin)
+    for line, canvas_line in zip(
+        plain.stdout.splitlines(), result.stdout.splitlines(), strict=True
+    ):
+        r, c = json.loads(line), json.loads(canvas_line)
+        assert "canvas_ids" not in r and r["token_ids"] == c["token_ids"]
+    assert any(len(json.loads(x)["token_ids"]) < GEN for x in plain.stdout.splitlines())
+
+
+def test_static_batch_records_carry_per_prompt_figures(profile_file):
+    """One static batch of three: each record's steps and seconds are its own (the longest
+    answer's steps are the batch's), not the batch's totals on every row."""
+    stdin = "\n".join(PROMPTS) + "\n"
+    args = ("--json", "--batch-size", "3", "--batching", "static", "--stats")
+    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    stats = re.search(r"(\d+) steps, ([\d.]+) s,", result.stderr)
+    steps, seconds = int(stats[1]), float(stats[2])
+    assert max(r["steps"] for r in records) == steps
+    assert all(1 <= r["steps"] <= steps for r in records)
+    assert all(0 < r["seconds"] <= seconds + 0.01 for r in records)
+
+
+def test_ctrl_c_says_how_many_lines_were_written(profile_file, monkeypatch):
+    failing_engines(monkeypatch, KeyboardInterrupt(), first=2)  # the second batch
+    stdin = "\n".join(PROMPTS) + "\n"
+    args = ("--batch-size", "2", "--batching", "static")
+    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
+    assert result.exit_code == 130
+    assert len(result.stdout.splitlines()) == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "dllm: interrupted: 2 lines written; line 3 read but not written; "
+        "stdin past line 3 not read"
+    )

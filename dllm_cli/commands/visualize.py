@@ -14,6 +14,7 @@ from rich.live import Live
 
 from dllm_cli import options as o
 from dllm_cli.commands.common import (
+    check_output,
     cli_errors,
     load_runtime,
     show_prompt,
@@ -72,6 +73,7 @@ def visualize_command(
             raise SettingsError(f"--delay must be >= 0 (got {delay})")
         if save is not None:
             check_save_path(save)
+            check_output(save, "--save")
         runtime = load_runtime(choices)
         ids = runtime.prepare(from_argv(prompt))
         if verbose_prompt:

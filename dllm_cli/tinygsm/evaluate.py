@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from dllm_cli.decoding import Committer, DecodeResult, answer_length, decode
-from dllm_cli.errors import InputError
+from dllm_cli.errors import UsageError
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.runtime import Runtime
@@ -160,15 +160,15 @@ def held_out(
 ) -> list[Task]:
     """Problems start .. start+n-1 of a held-out split with K fixed shots each, encoded."""
     if split not in SPLITS:
-        raise InputError(f"unknown split {split!r} (choose from {', '.join(SPLITS)})")
+        raise UsageError(f"unknown split {split!r} (choose from {', '.join(SPLITS)})")
     if n < 1:
-        raise InputError(f"--n must be at least 1 (got {n})")
+        raise UsageError(f"--n must be at least 1 (got {n})")
     if shots < 0:
-        raise InputError(f"--shots must be >= 0 (got {shots})")
+        raise UsageError(f"--shots must be >= 0 (got {shots})")
     chosen = SPLITS[split]
     problems = chosen.problems()
     if start < 0 or start + n > len(problems):
-        raise InputError(
+        raise UsageError(
             f"problems {start}..{start + n - 1} are outside the {split} split's "
             f"0..{len(problems) - 1}"
         )
@@ -196,7 +196,7 @@ def score(
 ) -> Score:
     """Decode `tasks` in batches of `batch_size` and check each answer; `text` decodes ids."""
     if batch_size < 1:
-        raise InputError(f"--batch-size must be at least 1 (got {batch_size})")
+        raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
     out = Score(gen_length=settings.gen_length)
     for first in range(0, len(tasks), batch_size):
         batch = tasks[first : first + batch_size]
