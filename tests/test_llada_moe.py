@@ -203,7 +203,7 @@ def test_windows_follow_the_policy_table():
 
 
 @pytest.mark.parametrize("cache", suffix_tests.CACHES)
-@pytest.mark.parametrize("rule", suffix_tests.RULES[:2])
+@pytest.mark.parametrize("rule", suffix_tests.RULES)  # threshold, fixed, factor
 def test_a_window_past_the_answer_is_no_pruning(cache, rule):
     suffix_tests.test_a_window_past_the_answer_is_no_pruning_bit_for_bit(KIND, cache, rule, True)
 
