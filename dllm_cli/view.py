@@ -163,10 +163,11 @@ class CanvasView:
         return bisect_right(self.starts, pos) - 1
 
     def header(self) -> Text:
+        """Two lines: where the decode is, and how it decodes."""
         e, s = self.event, self.s
         rate = self.committed / self.seconds if self.seconds > 0 else 0.0
         rule = {"threshold": f" {s.threshold:g}", "factor": f" {s.factor:g}"}.get(s.unmask, "")
-        parts = [
+        progress = [
             f"step {e.step + 1 if e else 0}" + (" (done)" if self.done else ""),
             f"block {self.block + 1}/{len(self.blocks)}",
             f"+{e.committed if e else 0} tokens",
@@ -174,22 +175,20 @@ class CanvasView:
             f"forwards {e.forwards if e else 0}" + guide_forwards(e),
             f"{rate:.1f} tok/s",
         ]
+        method = [] if self.uniform else [f"cache {s.cache}"]
         if self.uniform:
-            parts.insert(3, f"~{e.replaced if e else 0} replaced")
+            progress.insert(3, f"~{e.replaced if e else 0} replaced")
             if self.settled is not None:
-                parts.append(f"settled at step {self.settled + 1} (stable and confident)")
+                method.append(f"settled at step {self.settled + 1} (stable and confident)")
         elif self.guided:  # the guide, not the unmask rule, picks what is committed
-            parts += [
-                f"cache {s.cache}",
-                "guided: left to right (--no-guide: diffusion order)",
-            ]
+            method.append("guided: left to right (--no-guide: diffusion order)")
         else:
-            parts += [f"cache {s.cache}", f"unmask {s.unmask}{rule}"]
+            method.append(f"unmask {s.unmask}{rule}")
         if self.accepted is not None:
-            parts.append(f"accepted {self.accepted}")
+            method.append(f"accepted {self.accepted}")
         if self.corrected is not None:
-            parts.append(f"corrected {self.corrected}")
-        return Text("  ".join(parts), style="bold")
+            method.append(f"corrected {self.corrected}")
+        return Text("\n".join("  ".join(line) for line in (progress, method) if line), "bold")
 
     def block_state(self, index: int) -> tuple[str, str]:
         """(marker, style) of a block: current, finished, cached K/V or waiting."""
@@ -252,11 +251,12 @@ class CanvasView:
         if end - start == 1:
             return self.token_cell(start)
         pieces = self.speller.pieces(tuple(self.tokens[start:end]))  # type: ignore[arg-type]
-        pieces[0], pieces[-1] = pieces[0].lstrip(), pieces[-1].rstrip()
         cell = Text()
         for pos, piece in zip(range(start, end), pieces, strict=True):
             cell.append(escape(piece), style=self.token_style(pos))
-        return cell
+        cell.rstrip()
+        lead = len(cell.plain) - len(cell.plain.lstrip())  # a blank token joined its word
+        return cell[lead:] if lead < len(cell) else Text("␣", style=self.token_style(start))
 
     def draft_cell(self, pos: int) -> Text:
         """A token the denoiser may still replace: italic; underlined when it just changed."""

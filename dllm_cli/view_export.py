@@ -286,7 +286,10 @@ SCRIPT = """\
     timer = null;
     play.innerHTML = "&#9654; Play";
   }
-  function tick() { if (at >= last) stop(); else show(at + 1); }
+  function tick() {
+    show(at + 1);
+    if (at >= last) stop();
+  }
   function start() {
     if (at >= last) show(0);
     clearInterval(timer);

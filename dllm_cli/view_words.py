@@ -1,9 +1,10 @@
 """Canvas cells spelled as the tokenizer detokenises them: sub-word pieces joined into words.
 
 A tokenizer marks where a word starts in its own way (WordPiece `##`, SentencePiece `▁`,
-byte-level BPE `Ġ`, UTF-8 split over several byte tokens), so the view never reads token
+byte-level BPE `Ġ`, a character split over several byte tokens), so the view never reads token
 strings: it decodes runs of ids and looks at the text. A committed token continues the word
-before it when decoding the word with it adds text that does not start with a blank.
+before it when decoding the word with it adds text that does not start with a blank; a lone
+blank token joins the word after it (the cell is the word, its blank is the gap before it).
 """
 
 from __future__ import annotations
@@ -27,13 +28,18 @@ class Speller:
         return self.texts[ids]
 
     def continues(self, word: tuple[int, ...], token: int) -> bool:
-        """Whether `token` is the next piece of `word` (no blank between them)."""
+        """Whether `token` is the next piece of `word`: no blank between them, or `word` is
+        only a blank (byte-level BPE writes the space before a digit as a token of its own)."""
         before = self.text(word)
-        if not before or before[-1].isspace() or len(word) >= MAX_WORD:
+        if not before or len(word) >= MAX_WORD:
             return False
         after = self.text((*word, token))
         added = after[shared(before, after) :]
-        return bool(added) and not added[0].isspace()
+        if not added:  # nothing new to show: a byte inside an unfinished character, or not
+            return before.endswith("\ufffd")
+        if added[0].isspace():
+            return False
+        return not before[-1].isspace() or not before.strip(" ")
 
     def words(self, tokens: Sequence[int | None]) -> list[tuple[int, int]]:
         """[start, end) of each cell over the canvas: a word of committed pieces, or one

@@ -7,6 +7,7 @@ ended by a NUL byte. One page target, attached in flat mode (commands carry its 
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -57,7 +58,12 @@ class Browser:
             os.dup2(high[0], 3)
             os.dup2(high[1], 4)
 
-        args = [executable, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}"]
+        args = [
+            executable,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            f"--window-size={size[0]},{size[1]}",
+        ]
         self.proc = subprocess.Popen(
             [*args, "about:blank"],
             preexec_fn=wire,
@@ -157,10 +163,8 @@ class Browser:
         return path
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
             self.call("Browser.close", page=False, timeout=5)
-        except (RuntimeError, TimeoutError, OSError):
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

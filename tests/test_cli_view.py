@@ -17,7 +17,12 @@ from dllm_cli.decoding import DecodeResult, RowCommit, StepEvent
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.view import CanvasView, spell
 
-WORDS = {1: "one", 2: "two", 3: "three", 9: "<eos>"}
+WORDS = {1: " one", 2: " two", 3: " three", 9: "<eos>"}
+
+
+def words(ids: list[int]) -> str:
+    """A word-level tokenizer's decode: every token starts a word."""
+    return "".join(WORDS[t] for t in ids)
 
 
 def settings(**kw) -> DecodeSettings:
@@ -36,7 +41,7 @@ def draw(view: CanvasView, width: int = 100) -> str:
 
 
 def test_view_shows_masks_block_markers_and_stats():
-    view = CanvasView(settings(unmask="threshold"), lambda t: WORDS[t], stop_ids=(9,))
+    view = CanvasView(settings(unmask="threshold"), words, stop_ids=(9,))
     view.update(step(0, 0, {0: 1, 2: 3}), seconds=0.5)
     text = draw(view)
     assert "step 1" in text and "block 1/2" in text and "+2 tokens" in text
@@ -48,7 +53,7 @@ def test_view_shows_masks_block_markers_and_stats():
 
 
 def test_finished_blocks_are_marked_cached_or_done():
-    view = CanvasView(settings(), lambda t: WORDS[t], stop_ids=(9,))
+    view = CanvasView(settings(), words, stop_ids=(9,))
     view.update(step(0, 0, {0: 1, 1: 2, 2: 3, 3: 1}), seconds=0.1)
     view.update(step(1, 1, {4: 2}, window=(4, 8), accepted=3), seconds=0.2)
     text = draw(view)
@@ -60,17 +65,17 @@ def test_finished_blocks_are_marked_cached_or_done():
 
 
 def test_pruned_suffix_blocks_are_marked_and_move_on_with_the_block():
-    view = CanvasView(settings(gen_length=16, suffix_window=4), lambda t: WORDS[t])
+    view = CanvasView(settings(gen_length=16, suffix_window=4), words)
     view.update(step(0, 0, {0: 1}, window=(0, 8)), seconds=0.1)
     text = draw(view)
     assert "· B1" in text and "✂ B2" in text and "✂ B3" in text and "pruned" in text
     view.update(step(1, 1, {4: 1}, window=(0, 12)), seconds=0.2)
     assert "· B2" in draw(view) and "✂ B3" in draw(view)
-    assert "✂" not in draw(CanvasView(settings(gen_length=16), lambda t: WORDS[t]))
+    assert "✂" not in draw(CanvasView(settings(gen_length=16), words))
 
 
 def test_freecache_marks_frozen_blocks_from_events():
-    view = CanvasView(settings(cache="freecache"), lambda t: WORDS[t])
+    view = CanvasView(settings(cache="freecache"), words)
     view.update(step(0, 0, {0: 1, 1: 2, 2: 3, 3: 1}, window=(0, 8)), seconds=0.1)
     view.update(step(1, 1, {4: 1}, window=(0, 8)), seconds=0.2)
     assert "✓ B0" in draw(view)  # finished, but its K/V is not frozen yet
@@ -115,7 +120,7 @@ def test_tokens_are_spelled_as_one_safe_cell():
 
 
 def test_view_shows_guided_counts_and_marks_the_guides_tokens():
-    view = CanvasView(settings(), lambda t: WORDS[t], stop_ids=(9,))
+    view = CanvasView(settings(), words, stop_ids=(9,))
     row = RowCommit(0, (0, 1, 2), (1, 2, 3), (0.9, 0.8, 0.1), corrected=(False, False, True))
     event = StepEvent(0, 0, 0, (0, 8), True, None, 1, (row,), accepted=2, guide_forwards=3,
                       corrected=1)  # fmt: skip
