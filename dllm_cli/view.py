@@ -307,7 +307,7 @@ class CanvasView:
             tail += "" if self.settled is None else f", settled at step {self.settled + 1}"
         replaced = f"~{e.replaced} replaced, " if self.uniform else ""
         return (
-            f"step {e.step + 1} block {e.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
+            f"step {e.step + 1} block {self.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
             f"{replaced}"
             f"{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}"
             f"{guide_forwards(e)}{tail}"

@@ -110,6 +110,20 @@ def test_save_svg_and_html(profile_file, tmp_path):
     assert "<html" in page.lower() and "step 1" in page and "final" in page
 
 
+def test_save_html_is_a_player_with_the_prompt_escaped_and_says_where(profile_file, tmp_path):
+    page = tmp_path / "run.html"
+    prompt = "<script>alert(1)</script> & how many apples"
+    result = invoke("visualize", prompt, "-p", str(profile_file), "--save", str(page))
+    assert result.exit_code == 0, result.output
+    html = page.read_text()
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt; &amp;" in html
+    frames = html.count('<pre class="frame"')
+    assert frames >= 2 and html.count(" hidden>") == frames - 1  # no script: the final frame
+    assert 'id="play"' in html and 'id="slider"' in html and "ArrowRight" in html
+    assert "test-llada" in html and "threshold" in html  # the settings
+    assert f"dllm: note: wrote {page}: a player of {frames - 1} steps" in result.stderr
+
+
 def test_save_refuses_other_formats_before_loading(tmp_path):
     result = invoke("visualize", "hi", "-p", "nope", "--save", str(tmp_path / "x.png"))
     assert result.exit_code == 2 and ".svg" in result.stderr and not (tmp_path / "x.png").exists()

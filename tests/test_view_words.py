@@ -139,7 +139,7 @@ def test_current_block_is_where_a_guided_step_left_off(shipped):
     lines = draw(view)
     markers = {line[2:4]: line[0] for line in lines if line[2:4] in ("B0", "B1", "B2")}
     assert markers == {"B0": "✓", "B1": "▶", "B2": "·"}
-    assert "block 2/4" in lines[0]
+    assert "block 2/4" in lines[0] and view.summary().startswith("step 2 block 2/4:")
 
 
 def test_header_says_when_guided_decoding_writes_left_to_right(shipped):
