@@ -28,6 +28,7 @@ FLAGS = (
     "--disable-component-update",
     "--disable-sync",
     "--disable-extensions",
+    "--disable-dev-shm-usage",  # containers often give /dev/shm only 64 MiB
     "--remote-debugging-pipe",
 )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import select
 import struct
 import subprocess
 import sys
@@ -37,8 +38,10 @@ def on_a_terminal(args: list[str], stdout: Path, columns: int = 120) -> str:
             [sys.executable, "-m", "dllm_cli", *args], stdout=out, stderr=slave, env=env
         )
     os.close(slave)
-    shown = b""
-    while True:
+    shown, deadline = b"", time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if not select.select([master], [], [], 1.0)[0]:
+            continue
         try:
             chunk = os.read(master, 1 << 16)
         except OSError:  # EIO: the child closed its end
@@ -46,6 +49,8 @@ def on_a_terminal(args: list[str], stdout: Path, columns: int = 120) -> str:
         if not chunk:
             break
         shown += chunk
+    else:
+        proc.kill()
     os.close(master)
     assert proc.wait(timeout=120) == 0, shown.decode(errors="replace")[-2000:]
     return ANSI.sub("", shown.decode("utf-8", errors="replace"))
