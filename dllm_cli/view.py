@@ -275,15 +275,34 @@ class CanvasView:
             cells[self.block_of(start)].append(self.word_cell(start, end))
         return [Text(" ").join(row) for row in cells]
 
+    def ended_from(self) -> int:
+        """The first of the trailing blocks that hold only the answer's end (stop token or
+        early-stop fill), all drawn the same way; len(blocks) when there are none."""
+        first = len(self.blocks)
+        while first > 0:
+            start, end = self.blocks[first - 1]
+            if start < self.end or any(t is None for t in self.tokens[start:end]):
+                break
+            if self.block_state(first - 1)[0] != self.block_state(len(self.blocks) - 1)[0]:
+                break
+            first -= 1
+        return first
+
     def render(self) -> RenderableType:
         """Header, one table row per block, legend."""
         table = Table.grid(padding=(0, 1))
         table.add_column(no_wrap=True)
         table.add_column(ratio=1)
-        for b, cells in enumerate(self.rows()):
+        rows, tail = self.rows(), self.ended_from()
+        for b, cells in enumerate(rows[:tail]):
             marker, style = self.block_state(b)
             row_style = "on grey11" if marker == "▶" else None
             table.add_row(Text(f"{marker} B{b}", style=style), cells, style=row_style)
+        if tail < len(rows):  # blocks past the answer's end: one row, not a screen of ∎
+            marker, style = self.block_state(tail)
+            last, n = len(rows) - 1, self.s.gen_length - self.blocks[tail][0]
+            label = f"{marker} B{tail}" + (f"-B{last}" if last > tail else "")
+            table.add_row(Text(label, style=style), Text(f"{END_GLYPH} × {n}", style="dim"))
         blank = "random noise, not drafted yet" if self.uniform else "mask"
         legend = Text(
             f"{MASK_GLYPH} {blank} · colour: commit step, bright = confident · "

@@ -145,3 +145,13 @@ def test_view_shows_guided_counts_and_marks_the_guides_tokens():
     cells = [view.token_cell(p) for p in range(3)]
     assert [c.style.reverse for c in cells] == [None, None, True]
     assert view.summary().endswith("forwards 1 (+3 guide), accepted 2, corrected 1")
+
+
+def test_blocks_past_the_answers_end_share_one_row():
+    view = CanvasView(settings(gen_length=32, block_length=4), words, stop_ids=(9,))
+    view.update(step(0, 0, {0: 1, 1: 2, 2: 3, 3: 1, 4: 2, 5: 9}), seconds=0.1)
+    assert "· B7" in draw(view)  # not filled yet: every block its own row
+    view.finish(DecodeResult([[1, 2, 3, 1, 2, 9] + [9] * 26], [[0] * 32], [3], 1, 1, 0.1))
+    rows = [line for line in draw(view).splitlines() if " B" in line]
+    assert [r.split()[1] for r in rows] == ["B0", "B1", "B2-B7"]
+    assert rows[1].split()[2:] == ["two", "∎", "∎", "∎"] and rows[2].split()[2:] == ["∎", "×", "24"]

@@ -91,6 +91,7 @@ def canvas_words(frame: str) -> str:
     first = next(i for i, line in enumerate(lines) if re.match(r"[❄✓▶·✂] B\d+ ", line))
     body = lines[first:]
     body = body[: next(i for i, line in enumerate(body) if line.startswith("░ mask"))]
+    body = [line for line in body if not re.match(r"\S B\d+(-B\d+)? ∎ × \d+\s*$", line)]
     drop = {"❄", "✓", "▶", "·", "✂", "░", "∎"}
     words = " ".join(body).split()
     return " ".join(w for w in words if w not in drop and not re.fullmatch(r"B\d+", w))
