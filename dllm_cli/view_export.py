@@ -11,14 +11,17 @@ import dataclasses
 import html
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console, RenderableType
 from rich.segment import Segment
 from rich.terminal_theme import MONOKAI, TerminalTheme
 
 from dllm_cli.errors import DllmError
-from dllm_cli.runtime import Runtime
 from dllm_cli.view import CanvasView, check_save_path
+
+if TYPE_CHECKING:
+    from dllm_cli.runtime import Runtime
 
 THEME: TerminalTheme = MONOKAI
 MONO = "'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', 'Courier New', monospace"
