@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -22,11 +22,13 @@ from dllm_cli.commands.common import (
     stderr_is_terminal,
     write,
 )
-from dllm_cli.decoding import DecodeRun, StepEvent, decode_steps
 from dllm_cli.errors import SettingsError
 from dllm_cli.prompt_text import from_argv
-from dllm_cli.view import CanvasView, check_save_path
-from dllm_cli.view_export import Recorder, run_headline, run_settings
+
+if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
+    from dllm_cli.decoding import DecodeRun, StepEvent
+    from dllm_cli.view import CanvasView
+    from dllm_cli.view_export import Recorder
 
 VIEW = "View"
 Delay = Annotated[
@@ -65,6 +67,10 @@ def visualize_command(
 ) -> None:
     """Decode PROMPT showing every step: masks, commits by step and confidence, blocks, caches."""
     with cli_errors():
+        from dllm_cli.decoding import decode_steps
+        from dllm_cli.view import CanvasView, check_save_path
+        from dllm_cli.view_export import Recorder, run_headline, run_settings
+
         if delay < 0:
             raise SettingsError(f"--delay must be >= 0 (got {delay})")
         if save is not None:
