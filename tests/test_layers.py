@@ -27,6 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
         "batch",
         "distributed",
         "view",
+        "view_words",
+        "view_export",
         "bench",
         "bench_batching",
         "throughput",
@@ -39,7 +41,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("dllm_cli", "options", "commands", "cli", "__main__", "tinygsm.train"),
 ]
 TYPER_ALLOWED = ("options", "commands", "cli", "tinygsm.train")  # the command-line layer
-PURE = {"distributed": ("distributed", "errors")}  # knows nothing of models or decoding
+PURE = {  # know nothing of models or decoding
+    "distributed": ("distributed", "errors"),
+    "view_words": (),  # words from a decode function, whatever the tokenizer
+}
 
 
 def module_name(path: Path) -> str:
