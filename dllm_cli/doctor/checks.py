@@ -95,20 +95,21 @@ def attempt(
     name: str,
     run: Callable[[], Outcome],
     deadline: Deadline,
-    after: Callable[[BaseException], None] | None = None,
+    after: Callable[[type], None] | None = None,
 ) -> Check:
     """Run one check: a skip once the budget is spent, an error row (never a crash) if it
-    raises; `after(e)` tidies up after an exception (e.g. frees GPU memory)."""
+    raises; `after(error type)` tidies up after one (e.g. frees GPU memory)."""
     if deadline.passed:
         return Check(section, name, "skip", "the time budget was spent before this check")
-    began = time.perf_counter()
+    began, failed = time.perf_counter(), None
     try:
         out = run()
     except KeyboardInterrupt:
         raise
     except Exception as e:  # any failure is a finding; the run goes on
-        if after is not None:
-            after(e)
         tb = traceback.format_exception(type(e), e, e.__traceback__)
         out = Outcome("error", one_line(e), {"traceback": "".join(tb[-6:])})
+        failed = type(e)
+    if failed is not None and after is not None:
+        after(failed)  # outside the except: the failed frames (and their tensors) are gone
     return Check(section, name, out.status, out.detail, out.data, time.perf_counter() - began)

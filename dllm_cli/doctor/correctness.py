@@ -20,6 +20,7 @@ from itertools import product
 
 import torch
 
+from dllm_cli.decoding import Decoder
 from dllm_cli.decoding.continuous import ContinuousRun, Finished
 from dllm_cli.doctor.checks import Outcome, verdict
 from dllm_cli.doctor.fixtures import (
@@ -36,8 +37,15 @@ from dllm_cli.settings import CACHES, UNMASKS
 RANDOM_RULES = ("origin",)  # draw from the device's generator
 MATRIX = list(product(CACHES, UNMASKS, (False, True)))
 GUIDED = list(product(CACHES, ("exact", "topk:3")))
-DETERMINISTIC = [(c, u, True) for c in CACHES for u in UNMASKS if u not in RANDOM_RULES]
-DETERMINISTIC += [("dual", "fixed", False), ("none", "threshold", False)]
+# Each policy with early stop (rows retire at different steps) and a rule; two without.
+DETERMINISTIC = [
+    ("none", "fixed", True),
+    ("prefix", "threshold", True),
+    ("dual", "factor", True),
+    ("freecache", "threshold", True),
+    ("dual", "threshold", False),
+    ("freecache", "fixed", False),
+]
 COMPILED = [
     ("dual", "threshold", False, {}),
     ("prefix", "fixed", False, {}),
@@ -173,11 +181,13 @@ def continuous(loaded, s, prompts, slots: int) -> list[list[int]]:
     def refused(key, reason: str) -> None:
         raise RuntimeError(f"prompt {key} refused: {reason}")
 
-    from dllm_cli.decoding import Decoder
-
     decoder = Decoder(loaded.model, loaded.special, s)
     ContinuousRun(decoder, enumerate(prompts), slots, done, refused).finish()
     return [out[i] for i in range(len(prompts))]
+
+
+def two_slots(loaded, s, prompts) -> list[list[int]]:
+    return continuous(loaded, s, prompts, 2)
 
 
 def check_batching(fx: Fixture, target: str) -> Outcome:
@@ -204,7 +214,9 @@ def check_bfloat16(fx: Fixture, target: str) -> Outcome:
     for cache, unmask, stop in (("dual", "threshold", True), ("none", "fixed", False)):
         s, name = settings(cache, unmask, stop), label(cache, unmask, stop)
         want, got = decode(full, s, fx.batch), decode(half, s, fx.batch)
-        same = sum(a == b for x, y in zip(want, got, strict=True) for a, b in zip(x, y))
+        same = sum(
+            a == b for x, y in zip(want, got, strict=True) for a, b in zip(x, y, strict=True)
+        )
         total = sum(len(x) for x in want)
         left = masks_left(half, got)
         rows.append({"cell": name, "agreement": same / total, "masks_left": left})

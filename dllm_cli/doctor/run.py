@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from dllm_cli.doctor.fixtures import make_fixtures
 from dllm_cli.doctor.report import Report
 from dllm_cli.errors import InputError
 
-GRACE = 90.0  # seconds past the budget before the watchdog ends the process
+GRACE = 30.0  # seconds past the budget before the watchdog ends the process
 WATCHDOG_EXIT = 124  # as timeout(1) exits
 CPU_SHAPE = "small"
 
@@ -64,12 +65,10 @@ class Doctor:
         self.on_check(check)
         return check
 
-    def tidy(self, error: BaseException) -> None:
+    def tidy(self, error: type) -> None:
         """After a check raised: free what the GPU still caches (an out-of-memory error)."""
-        try:
+        with suppress(Exception):  # a broken CUDA context: the next check reports it
             speed.release(self.device)
-        except Exception:  # a broken CUDA context: the next check reports it
-            pass
 
     def skip(self, section: str, name: str, why: str) -> None:
         self.add(section, name, lambda: Outcome("skip", why))
@@ -103,6 +102,7 @@ class Doctor:
             self.time_shape(shape)
 
     def time_shape(self, shape: speed.Shape) -> None:
+        """Build the shape's model, time every variant, then free it for the next shape."""
         held: dict = {}
 
         def make() -> Outcome:
@@ -111,22 +111,25 @@ class Doctor:
             return Outcome("info", f"random {shape.dtype} weights on {self.target}: {gib:.2f} GiB")
 
         self.add("speed", f"{shape.name}: build", make)
-        if "model" not in held:
-            return
-        model, d = held["model"], self.deadline
-        for gen, v in speed.plan(shape):
-            run = partial(speed.time_variant, model, shape, v, gen, self.device, d)
-            self.add("speed", f"{shape.name}: gen {gen} {v.name}", run)
-        run = partial(speed.time_batching, model, shape, self.device, d)
-        self.add("speed", f"{shape.name}: {shape.slots} slots static vs continuous", run)
-        self.add(
-            "speed",
-            f"{shape.name}: kernel share",
-            partial(speed.profile_steps, model, shape, self.device),
-        )
+        if "model" in held:
+            for name, run in timings(shape, held["model"], self.device, self.deadline):
+                self.add("speed", f"{shape.name}: {name}", run)
         held.clear()
-        del model
         speed.release(self.device)
+
+
+def timings(shape: speed.Shape, model, device, deadline):
+    """(name, check) of every speed measurement of one built model, in run order."""
+    for gen, v in speed.plan(shape):
+        yield (
+            f"gen {gen} {v.name}",
+            partial(speed.time_variant, model, shape, v, gen, device, deadline),
+        )
+    yield (
+        f"{shape.slots} slots static vs continuous",
+        partial(speed.time_batching, model, shape, device, deadline),
+    )
+    yield "kernel share", partial(speed.profile_steps, model, shape, device)
 
 
 def run_doctor(

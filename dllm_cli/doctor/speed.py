@@ -26,7 +26,7 @@ from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
 
 SEED = 0
-PROFILED_BLOCKS = 2  # blocks of dual + threshold steps under torch.profiler
+PROFILED_BLOCKS = 1  # blocks of dual + threshold steps under torch.profiler
 
 
 @dataclass(frozen=True)
@@ -164,13 +164,14 @@ def time_variant(model, shape: Shape, v: Variant, gen: int, device, deadline) ->
         warm_up(model, shape, s, batch)
         with PeakMemory(device) as mem:
             times = timed(Decoder(model, shape.special, s).run(batch), model, device, deadline)
+        replays = getattr(model.forward, "replays", None)  # counted by StepGraphs
     data = times.summary()
     columns = shape.prompt + gen + 1
     data |= {"gen_length": gen, "prompt_length": shape.prompt, "batch": 1}
     data["memory"] = memory(model, 1, columns, s.cache != "none", mem.peak)
     data["tok_per_s"] = times.tokens / data["seconds"] if data["seconds"] else None
     if v.compile:
-        data["graph_replays"] = getattr(model.forward, "replays", None)
+        data["graph_replays"] = replays
     detail = line(data)
     return Outcome("info", detail, data)
 
@@ -210,7 +211,8 @@ def time_batching(model, shape: Shape, device, deadline) -> Outcome:
     same = sum(a == b and a is not None for a, b in zip(*answers.values(), strict=True))
     data = {"slots": shape.slots, "prompts": len(batch), "gen_length": s.gen_length, **runs}
     data["identical"] = same
-    ratio = runs["static"]["seconds"] / runs["continuous"]["seconds"]
+    times = runs["static"]["seconds"], runs["continuous"]["seconds"]
+    ratio = times[0] / times[1] if times[1] else float("nan")
     detail = (
         f"static {fmt(runs['static']['prompts_per_s'])} prompts/s, continuous "
         f"{fmt(runs['continuous']['prompts_per_s'])} prompts/s ({ratio:.2f}x); "
@@ -269,6 +271,8 @@ def profile_steps(model, shape: Shape, device) -> Outcome:
     warm_up(model, shape, s, batch)
     events = iter(Decoder(model, shape.special, s).run(batch))
     data = kernel_share(lambda: next(events), device, PROFILED_BLOCKS * shape.block)
+    if not data["kernel_s"]:
+        return Outcome("error", "torch.profiler recorded no CUDA kernels (is CUPTI missing?)", data)
     detail = f"GPU busy in kernels for {share(data['kernel_share'])} of {data['profiled_steps']}"
     return Outcome("info", detail + " dual + threshold steps (torch.profiler)", data)
 
