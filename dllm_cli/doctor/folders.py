@@ -25,9 +25,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from dllm_cli.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 
 WORDS = tuple(f"w{i}" for i in range(80))
-HEAD_SCALE = 4.0
+HEAD_SCALE = 8.0
 EOS_BOOST = 1.05
-EOS_RANK = 2
+EOS_RANK = 1
 
 
 @dataclass(frozen=True)
