@@ -136,3 +136,77 @@ def test_importing_the_command_does_not_import_torch():
     code = "import sys, dllm_cli.commands.doctor; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+# --- the CUDA paths' logic, run with the "CUDA" half on the CPU ------------------------------
+
+
+def replaying(run):
+    """CPU stand-in for a CUDA graph recorder: a replay reruns the call into the same buffer."""
+    out, static = run(), run()
+    return out, lambda: static.copy_(run()), static
+
+
+@pytest.fixture(name="cuda_on_cpu")
+def cuda_on_cpu_fixture(monkeypatch):
+    """Every "cuda" load lands on the CPU and --compile replays on the CPU: the comparison code
+    of each CUDA check runs end to end (it proves the checks, not CUDA)."""
+    real_load, real_enable = fixtures.Fixture.load, correctness.enable_compile
+
+    def load(self, device, dtype="float32"):
+        return real_load(self, "cpu", dtype)
+
+    monkeypatch.setattr(fixtures.Fixture, "load", load)
+    for module in (correctness, speed):
+        monkeypatch.setattr(module, "enable_compile", lambda m: real_enable(m, replaying))
+
+
+def test_device_comparisons_pass_when_the_devices_agree(tiny, cuda_on_cpu):
+    matrix = correctness.check_matrix(tiny["dream"], "cuda")
+    assert matrix.status == "pass", matrix.detail
+    results = {c["result"] for c in matrix.data["cells"]}
+    assert results == {"equal", "deterministic on device"}
+    guided = correctness.check_guided(tiny["llada"], "cuda")
+    assert guided.status == "pass", guided.detail
+    compiled = correctness.check_compile(tiny["dream"], "cuda")
+    assert compiled.status == "pass", compiled.detail
+    assert compiled.data["replays"] > 0
+
+
+def test_a_device_that_decodes_differently_fails_and_is_not_called_a_tie(tiny, monkeypatch):
+    real_load = fixtures.Fixture.load
+
+    def load(self, device, dtype="float32"):
+        loaded = real_load(self, "cpu", dtype)
+        if device != "cpu":  # a "device" whose LM head is off
+            with torch.no_grad():
+                loaded.model.lm_head.weight.mul_(-1)
+        return loaded
+
+    monkeypatch.setattr(fixtures.Fixture, "load", load)
+    out = correctness.check_matrix(tiny["dream"], "cuda")
+    assert out.status == "fail"
+    assert "not a rounding tie" in out.detail and "answer position" in out.detail
+
+
+def test_compile_that_replays_wrong_outputs_fails(tiny, monkeypatch):
+    real_enable = correctness.enable_compile
+
+    def zeros(run):
+        out, static = run(), run()
+        return out, lambda: static.zero_(), static
+
+    real_load = fixtures.Fixture.load
+    monkeypatch.setattr(fixtures.Fixture, "load", lambda s, d, t="float32": real_load(s, "cpu", t))
+    monkeypatch.setattr(correctness, "enable_compile", lambda m: real_enable(m, zeros))
+    out = correctness.check_compile(tiny["llada"], "cuda")
+    assert out.status == "fail" and "answer position" in out.detail
+
+
+def test_timed_compile_counts_replays_and_leaves_the_model_eager(cuda_on_cpu):
+    shape = speed.SHAPES["small"]
+    model = speed.build(shape, torch.device("cpu"))
+    variant = next(v for v in speed.VARIANTS if v.compile)
+    out = speed.time_variant(model, shape, variant, 32, torch.device("cpu"), Deadline(60))
+    assert out.status == "info" and out.data["graph_replays"] > 0
+    assert "forward" not in model.__dict__  # the class's eager forward again

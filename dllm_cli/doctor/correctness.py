@@ -35,6 +35,7 @@ from dllm_cli.models.compiled import enable_compile
 from dllm_cli.settings import CACHES, UNMASKS
 
 RANDOM_RULES = ("origin",)  # draw from the device's generator
+MAX_RERUNS = 3  # differing cells decoded again in float64 (the first ones)
 MATRIX = list(product(CACHES, UNMASKS, (False, True)))
 GUIDED = list(product(CACHES, ("exact", "topk:3")))
 # Each policy with early stop (rows retire at different steps) and a rule; two without.
@@ -110,8 +111,10 @@ def compare_devices(
                 where = first_difference(reference, run(dev, target))
                 row["result"] = "equal" if where is None else f"differs: {where}"
                 if where is not None:
-                    row["float64"] = float64_verdict(fx, target, s, accept)
-                    failures.append(f"{name}: {where} ({row['float64']})")
+                    reruns = sum("float64" in r for r in rows)
+                    if reruns < MAX_RERUNS:
+                        row["float64"] = float64_verdict(fx, target, s, accept)
+                    failures.append(f"{name}: {where} ({row.get('float64', 'not rerun')})")
         except Exception as e:  # one cell's failure is one row of the table
             row["result"] = f"error: {type(e).__name__}: {e}"
             failures.append(f"{name}: {row['result']}")

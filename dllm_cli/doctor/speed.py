@@ -170,9 +170,12 @@ def time_variant(model, shape: Shape, v: Variant, gen: int, device, deadline) ->
     data |= {"gen_length": gen, "prompt_length": shape.prompt, "batch": 1}
     data["memory"] = memory(model, 1, columns, s.cache != "none", mem.peak)
     data["tok_per_s"] = times.tokens / data["seconds"] if data["seconds"] else None
+    detail = line(data)
     if v.compile:
         data["graph_replays"] = replays
-    detail = line(data)
+        if not replays:  # StepGraphs fell back to eager (its warning says why)
+            return Outcome("fail", f"no step was replayed from a CUDA graph; {detail}", data)
+        detail += f", {replays} graph replays"
     return Outcome("info", detail, data)
 
 
