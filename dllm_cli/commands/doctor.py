@@ -59,7 +59,11 @@ def doctor_command(
             )
 
         names = [s.strip() for s in shapes.split(",") if s.strip()]
-        report = run_doctor(out, gpu=gpu, budget=budget, shapes=names, on_check=progress)
+        flag = " --gpu" if gpu else ""
+        command = f"dllm doctor{flag} --out {out} --budget {budget:g} --shapes {','.join(names)}"
+        report = run_doctor(
+            out, gpu=gpu, budget=budget, shapes=names, on_check=progress, command=command
+        )
         counts = report.counts()
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         print(f"{summary}; report: {out / MARKDOWN_NAME}, {out / JSON_NAME}")

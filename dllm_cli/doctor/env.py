@@ -27,11 +27,12 @@ def environment() -> dict:
         "transformers": package_version("transformers"),
         "cuda_available": torch.cuda.is_available(),
     }
-    if torch.cuda.is_available():
-        info |= gpu_facts()
-    else:
-        info["gpu"] = "none"
-    return info
+    if not torch.cuda.is_available():
+        return info | {"gpu": "none"}
+    try:
+        return info | gpu_facts()
+    except Exception as e:  # a broken driver or context: the checks will say more
+        return info | {"gpu": f"unknown ({type(e).__name__}: {e})"}
 
 
 def gpu_facts() -> dict:

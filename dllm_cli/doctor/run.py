@@ -139,6 +139,7 @@ def run_doctor(
     budget: float,
     shapes: list[str],
     on_check: Callable[[Check], None] = lambda c: None,
+    command: str = "",
 ) -> Report:
     """Every check into `out`/doctor.md and doctor.json; returns the report."""
     wanted = check_shapes(shapes)
@@ -148,6 +149,8 @@ def run_doctor(
         raise InputError(f"cannot create the report folder {out}: {e.strerror or e}") from None
     doc = Doctor(out, gpu, budget, on_check)
     doc.report.environment = environment() | {"device_under_test": doc.target}
+    if command:
+        doc.report.environment["command"] = command
     if doc.cpu_reason:
         doc.report.environment["why_cpu"] = doc.cpu_reason
     doc.report.write()

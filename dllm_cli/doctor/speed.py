@@ -215,10 +215,10 @@ def time_batching(model, shape: Shape, device, deadline) -> Outcome:
     data = {"slots": shape.slots, "prompts": len(batch), "gen_length": s.gen_length, **runs}
     data["identical"] = same
     times = runs["static"]["seconds"], runs["continuous"]["seconds"]
-    ratio = times[0] / times[1] if times[1] else float("nan")
+    ratio = f"{times[0] / times[1]:.2f}x" if times[1] else "-"
     detail = (
         f"static {fmt(runs['static']['prompts_per_s'])} prompts/s, continuous "
-        f"{fmt(runs['continuous']['prompts_per_s'])} prompts/s ({ratio:.2f}x); "
+        f"{fmt(runs['continuous']['prompts_per_s'])} prompts/s ({ratio}); "
         f"{same}/{len(batch)} identical answers"
     )
     return Outcome("info", detail, data)
