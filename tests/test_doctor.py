@@ -57,7 +57,7 @@ def test_gpu_check_without_a_gpu_runs_the_cpu_parts_and_names_every_skip(tmp_pat
     batching = checks["small: 4 slots static vs continuous"]["data"]
     assert batching["identical"] == batching["prompts"] == 8
     md = (out / MARKDOWN_NAME).read_text()
-    assert "## Skipped here" in md and "compile == eager (dream): no CUDA device" in md
+    assert "## Skipped here" in md and "compile == eager (dream): CPU run" in md
     assert "Random weights measure cost, not accuracy" in md
     assert "| small | 64 | dual+threshold | 64 |" in md
 

@@ -22,7 +22,7 @@ import torch
 
 from dllm_cli.decoding import Decoder
 from dllm_cli.decoding.continuous import ContinuousRun, Finished
-from dllm_cli.doctor.checks import Outcome, verdict
+from dllm_cli.doctor.checks import Outcome, one_line, verdict
 from dllm_cli.doctor.fixtures import (
     Fixture,
     committer,
@@ -116,7 +116,7 @@ def compare_devices(
                         row["float64"] = float64_verdict(fx, target, s, accept)
                     failures.append(f"{name}: {where} ({row.get('float64', 'not rerun')})")
         except Exception as e:  # one cell's failure is one row of the table
-            row["result"] = f"error: {type(e).__name__}: {e}"
+            row["result"] = f"error: {one_line(e)}"
             failures.append(f"{name}: {row['result']}")
         rows.append(row)
     data = {"cells": rows}
@@ -124,7 +124,11 @@ def compare_devices(
         errors = [f for f in failures if "error" in f]
         if errors:
             return Outcome("fail", "; ".join(errors[:3]), data)
-        return Outcome("skip", f"no CUDA device: decoded the {len(rows)} CPU references only", data)
+        return Outcome(
+            "skip",
+            f"CPU run: decoded the {len(rows)} CPU references only, no CUDA to compare",
+            data,
+        )
     return verdict(failures, f"{len(rows)} cells token-identical on {target} and cpu", data)
 
 
@@ -146,7 +150,7 @@ def check_guided(fx: Fixture, target: str) -> Outcome:
 def check_compile(fx: Fixture, target: str) -> Outcome:
     """`--compile` (CUDA-graph replay of cached block steps) gives eager's tokens."""
     if target == "cpu":
-        return Outcome("skip", "no CUDA device: --compile records CUDA graphs only on CUDA")
+        return Outcome("skip", "CPU run: --compile records CUDA graphs on CUDA only")
     eager, graphs = fx.load(target), fx.load(target)
     why = enable_compile(graphs.model)
     if why:

@@ -268,7 +268,7 @@ def merge(a, b):
 def profile_steps(model, shape: Shape, device) -> Outcome:
     """The share of dual + threshold steps the GPU spends in kernels (torch.profiler)."""
     if device.type != "cuda":
-        return Outcome("skip", "no CUDA device: the kernel share is measured on CUDA only")
+        return Outcome("skip", "CPU run: the kernel share is measured on CUDA only")
     s = settings(shape, shape.gens[0], DUAL)
     batch = prompts(shape, 1)
     warm_up(model, shape, s, batch)
