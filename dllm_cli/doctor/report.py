@@ -67,7 +67,8 @@ def save(path: Path, text: str) -> None:
 
 
 def markdown(r: Report) -> str:
-    where = "CUDA" if r.mode == "cuda" else "CPU only (no CUDA device: CPU-sized parts)"
+    why = r.environment.get("why_cpu", "no CUDA device")
+    where = "CUDA" if r.mode == "cuda" else f"CPU only ({why}: the CPU-sized parts)"
     counts = ", ".join(f"{n} {s}" for s, n in r.counts().items() if n)
     out = [
         "# dllm doctor",
