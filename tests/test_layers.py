@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
         "bench",
         "bench_batching",
         "throughput",
+        "doctor",
         "tinygsm.evaluate",
     ),
     ("tinygsm.quickeval",),
