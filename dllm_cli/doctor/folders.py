@@ -5,10 +5,12 @@ The doctor loads them through `load_model` / `load_guide` exactly as a user's fo
 loading path. The tokenizer is a word-level `tokenizer.json` with the family's special tokens;
 no folder is ever downloaded.
 
-Weights are N(0, 1/fan_in) (embeddings N(0, 1)), so context matters, with the LM head scaled
-up (`HEAD_SCALE`) so predictions are confident enough for the threshold and factor rules to
-commit several tokens per step, and the EOS row raised (`EOS_BOOST`) so early stop has answer
-ends to find.
+Weights are N(0, 1/fan_in) (embeddings N(0, 1)), so context matters. The LM head's rows are
+scaled to one length (`HEAD_SCALE`: no row dominates, and predictions are confident enough for
+the threshold and factor rules to commit several tokens in some steps), and the EOS row is a
+copy of the row of the word the model drafts second most often (`EOS_RANK`), a little longer
+(`EOS_BOOST`), so EOS wins where that word would: some answers end early, others do not, and
+early stop has work to do.
 """
 
 from __future__ import annotations
