@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "bench",
         "bench_batching",
         "throughput",
+        "doctor",
         "tinygsm.evaluate",
         "api",
     ),
