@@ -4,13 +4,13 @@
 the package (or starting the CLI) does not import torch.
 """
 
-__version__ = "0.1.0"
+from dllm_cli.version import __version__
 
-__all__ = ["LLM", "Completion"]
+__all__ = ["LLM", "Completion", "__version__"]
 
 
 def __getattr__(name: str):
-    if name in __all__:
+    if name in ("LLM", "Completion"):
         from dllm_cli import api
 
         return getattr(api, name)

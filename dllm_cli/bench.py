@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dllm_cli.errors import DllmError, InputError, SettingsError, UsageError
+from dllm_cli.errors import DllmError, SettingsError, UsageError
 from dllm_cli.families import FAMILIES
 from dllm_cli.settings import DecodeSettings
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 from dllm_cli.decoding import answer_length
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.decoding.slots import static_reason
-from dllm_cli.errors import InputError, UsageError
+from dllm_cli.errors import UsageError
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.tinygsm.evaluate import held_out

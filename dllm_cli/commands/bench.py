@@ -25,7 +25,7 @@ from dllm_cli.bench import (
     settings_for,
 )
 from dllm_cli.commands.common import check_output, cli_errors, fail, load_runtime, note, stderr
-from dllm_cli.errors import DllmError, InputError, UsageError
+from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.families import FAMILIES
 
 BENCH = "Benchmark"

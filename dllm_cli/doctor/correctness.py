@@ -21,7 +21,6 @@ from itertools import product
 import torch
 
 from dllm_cli.decoding import Decoder
-from dllm_cli.decoding.continuous import ContinuousRun, Finished
 from dllm_cli.doctor.checks import Outcome, one_line, verdict
 from dllm_cli.doctor.fixtures import (
     Fixture,
@@ -31,6 +30,7 @@ from dllm_cli.doctor.fixtures import (
     masks_left,
     settings,
 )
+from dllm_cli.doctor.timing import engine_events
 from dllm_cli.models.compiled import enable_compile
 from dllm_cli.settings import CACHES, UNMASKS
 
@@ -180,17 +180,10 @@ def singles(loaded, s, prompts) -> list[list[int]]:
 
 def continuous(loaded, s, prompts, slots: int) -> list[list[int]]:
     """Answers of a continuous run with `slots` slots, in prompt order."""
-    out: dict[int, list[int]] = {}
-
-    def done(f: Finished) -> None:
-        out[f.key] = f.tokens
-
-    def refused(key, reason: str) -> None:
-        raise RuntimeError(f"prompt {key} refused: {reason}")
-
-    decoder = Decoder(loaded.model, loaded.special, s)
-    ContinuousRun(decoder, enumerate(prompts), slots, done, refused).finish()
-    return [out[i] for i in range(len(prompts))]
+    out: list = [None] * len(prompts)
+    for _ in engine_events(Decoder(loaded.model, loaded.special, s), prompts, slots, out):
+        pass
+    return out
 
 
 def two_slots(loaded, s, prompts) -> list[list[int]]:

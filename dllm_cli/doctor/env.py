@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from dllm_cli import __version__
+from dllm_cli.version import __version__
 
 REPO = Path(__file__).resolve().parent.parent.parent
 

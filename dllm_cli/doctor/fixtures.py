@@ -1,7 +1,7 @@
 """The tiny folders and prompts every correctness check decodes, and one way to decode them.
 
 Decoding goes through the public entry points only (`Decoder(...).run(prompts).result()`,
-`ContinuousRun`, `GuidedCommitter`), as `dllm generate` does, so the checks keep meaning the
+the engine, `GuidedCommitter`), as `dllm generate` does, so the checks keep meaning the
 same thing whatever happens inside the engine.
 """
 

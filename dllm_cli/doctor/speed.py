@@ -17,10 +17,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from dllm_cli.decoding import Decoder
-from dllm_cli.decoding.continuous import ContinuousRun, Finished
 from dllm_cli.doctor.checks import Outcome
-from dllm_cli.doctor.timing import PeakMemory, kernel_share, sync, timed
-from dllm_cli.models import ARCHITECTURES
+from dllm_cli.doctor.timing import PeakMemory, engine_events, kernel_share, sync, timed
+from dllm_cli.families import FAMILIES
 from dllm_cli.models.compiled import StepGraphs, enable_compile
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
@@ -34,7 +33,7 @@ class Shape:
     """A model shape to time, its special ids and the lengths to time it at."""
 
     name: str
-    model_type: str  # a key of models.ARCHITECTURES
+    model_type: str  # a key of families.FAMILIES
     config: dict
     special: SpecialIds
     words: int  # prompt ids are drawn from [0, words): below every special id
@@ -95,7 +94,7 @@ VARIANTS = (
 
 def build(shape: Shape, device: torch.device) -> torch.nn.Module:
     """The shape's model in its dtype, initialised on `device` from SEED, fused for inference."""
-    config_cls, model_cls = ARCHITECTURES[shape.model_type]
+    config_cls, model_cls = FAMILIES[shape.model_type].classes()
     config = config_cls(**shape.config)
     before = torch.get_default_dtype()
     torch.manual_seed(SEED)
@@ -244,14 +243,7 @@ def run_batching(model, shape, s, batch, mode: str, device, deadline):
                 break
         return out, merged
 
-    def done(f: Finished) -> None:
-        out[f.key] = f.tokens
-
-    def refused(key, reason: str) -> None:
-        raise RuntimeError(f"prompt {key} refused: {reason}")
-
-    decoder = Decoder(model, shape.special, s)
-    run = ContinuousRun(decoder, enumerate(batch), shape.slots, done, refused)
+    run = engine_events(Decoder(model, shape.special, s), batch, shape.slots, out)
     return out, timed(run, model, device, deadline)
 
 

@@ -106,8 +106,22 @@ class StepTimes:
         return out
 
 
+def engine_events(decoder, prompts: list[list[int]], slots: int, out: list) -> Iterator:
+    """Every prompt into a continuous engine of `slots` slots; its step events, each answer
+    into `out` at the prompt's index as it finishes."""
+    engine = decoder.engine(slots, "continuous")
+    for i, prompt in enumerate(prompts):
+        engine.add(prompt, key=i)
+    while engine.has_work:
+        step = engine.step()
+        for f in step.finished:
+            out[f.key] = f.tokens
+        if step.event is not None:
+            yield step.event
+
+
 def timed(run, model: torch.nn.Module, device: torch.device, deadline=None) -> StepTimes:
-    """Iterate a decode run (a DecodeRun or ContinuousRun) step by step, timing each step.
+    """Iterate a decode run (a DecodeRun or engine_events) step by step, timing each step.
 
     Stops early (`cut_short`) when `deadline` has passed; the steps measured so far stand.
     """
