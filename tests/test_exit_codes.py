@@ -200,7 +200,7 @@ TRIGGERS = {
     5: no_gpu,
     70: patched(common, "open_runtime", broken_runtime, "generate", "hi"),
     130: patched(
-        batch, "decode", interrupted_decode, "generate", "--batching", "static", stdin="a\n"
+        batch, "open_engine", interrupted_decode, "generate", "--batching", "static", stdin="a\n"
     ),
     141: patched(generate, "write", closed_stdout, "generate", "hi"),
 }
