@@ -14,6 +14,7 @@ from dllm_cli.commands.common import set_debug
 from dllm_cli.commands.eval import eval_command
 from dllm_cli.commands.generate import generate_command
 from dllm_cli.commands.profiles import profiles_app
+from dllm_cli.commands.serve import serve_command
 from dllm_cli.commands.visualize import visualize_command
 
 app = typer.Typer(
@@ -55,6 +56,7 @@ app.add_typer(profiles_app, name="profiles")
 
 app.command("eval")(eval_command)
 app.command("bench")(bench_command)
+app.command("serve")(serve_command)
 
 
 def main() -> None:
