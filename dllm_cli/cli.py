@@ -10,6 +10,7 @@ import typer
 
 from dllm_cli import __version__
 from dllm_cli.commands.bench import bench_command
+from dllm_cli.commands.chat import chat_command
 from dllm_cli.commands.common import set_debug
 from dllm_cli.commands.eval import eval_command
 from dllm_cli.commands.generate import generate_command
@@ -57,6 +58,7 @@ app.add_typer(profiles_app, name="profiles")
 app.command("eval")(eval_command)
 app.command("bench")(bench_command)
 app.command("serve")(serve_command)
+app.command("chat")(chat_command)
 
 
 def main() -> None:

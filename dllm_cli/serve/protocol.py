@@ -11,7 +11,6 @@ DecodeSettings itself, so a request hears the messages a CLI flag would.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from dllm_cli.errors import DllmError, InputError
@@ -151,20 +150,20 @@ def flag(body: dict, name: str, param: str | None = None, default: bool = False)
 
 def decode_settings(body: dict, base: DecodeSettings) -> tuple[DecodeSettings, dict]:
     """The server's settings with the request's own: validated as DecodeSettings validates."""
-    given = {k: v for k, v in body.items() if k in EXTRA or k in SAMPLING}
-    for alias in ("max_tokens", "max_completion_tokens"):
-        if body.get(alias) is not None:
-            if "gen_length" in given and given["gen_length"] != body[alias]:
-                raise ApiError(400, f"give {alias} or gen_length, not both", alias)
-            given["gen_length"] = body[alias]
-    given = {k: v for k, v in given.items() if v is not None}
-    for name in ("temperature", "top_p"):
-        if isinstance(given.get(name), float) and not math.isfinite(given[name]):
-            raise ApiError(400, f"{name} must be finite (got {given[name]!r})", name)
+    given = {k: v for k, v in body.items() if (k in EXTRA or k in SAMPLING) and v is not None}
+    alias = None  # max_tokens (or max_completion_tokens): OpenAI's name for gen_length
+    for name in ("max_tokens", "max_completion_tokens"):
+        if body.get(name) is not None:
+            if "gen_length" in given and given["gen_length"] != body[name]:
+                raise ApiError(400, f"give {name} or gen_length, not both", name)
+            given["gen_length"], alias = body[name], name
     try:
         settings = dataclasses.replace(base, **given)
     except DllmError as e:
-        raise ApiError(400, str(e), blamed(str(e), given)) from None
+        message, param = str(e), blamed(str(e), given)
+        if alias is not None and param == "gen_length":
+            message, param = alias + message.removeprefix("gen_length"), alias
+        raise ApiError(400, message, param) from None
     sampling = {k: getattr(settings, k) for k in SAMPLING if k in given}
     return settings, sampling
 
@@ -172,8 +171,6 @@ def decode_settings(body: dict, base: DecodeSettings) -> tuple[DecodeSettings, d
 def blamed(message: str, given: dict) -> str | None:
     """The field a settings message starts with (DecodeSettings messages name it first)."""
     first = message.split(" ", 1)[0].strip("(:,")
-    if first == "gen_length" and "gen_length" not in given:
-        return "max_tokens"
     return first if first in given else next(iter(given), None)
 
 

@@ -10,6 +10,7 @@ A second SIGINT stops at once, as uvicorn does.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,3 +102,36 @@ def run(runtime: Runtime, options: Options, ready: Callable[[str], None] | None 
         worker.stop(abort=True)
         worker.close()
         sock.close()
+
+
+@dataclass
+class Running:
+    """A server on a thread of this process (tests, `dllm bench --serve`)."""
+
+    url: str
+    server: Server
+    thread: threading.Thread
+    worker: Worker
+
+    def stop(self) -> None:
+        self.worker.stop(abort=True)
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.worker.close()
+
+
+def start_in_thread(runtime: Runtime, options: Options) -> Running:
+    """Serve on a background thread (no signal handling there); returns once it listens."""
+    served, worker = build(runtime, options)
+    sock = bind(options.host, options.port)
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(
+        create_app(served), log_level=options.log_level, access_log=False, lifespan="off"
+    )
+    server = Server(config, worker, options.abort_on_exit)
+    worker.start()
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    return Running(f"http://{host}:{port}", server, thread, worker)
