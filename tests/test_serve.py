@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 from cli_fixtures import invoke
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dllm_cli.runtime import open_runtime
 from dllm_cli.serve import server
@@ -241,3 +243,46 @@ def test_disconnect_mid_stream_frees_the_slot(running, client):
     assert metric(running.url, "dllm_slots_busy") == 0
     assert metric(running.url, "dllm_request_seconds_count") == answered  # aborted, not finished
     assert ask(client, QUESTIONS[3], extra_body=UNGUIDED).choices[0].message.content
+
+
+FIELDS = ["model", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop"]
+FIELDS += ["stream", "n", "logprobs", "tools", "cache", "threshold", "steps", "block_length"]
+FIELDS += [
+    "unmask",
+    "guide",
+    "top_k",
+    "early_stop",
+    "bogus",
+    "stream_options",
+    "max_completion_tokens",
+]
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 24)
+    | st.floats(-2, 3)
+    | st.sampled_from(
+        ["", "tiny-gsm-dream", "dual", "threshold", "hi", "\x00", "<|im_end|>", "\ud800"]
+    )
+)
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "system", "tool", 3]), "content": SCALARS}
+)
+VALUES = SCALARS | st.lists(SCALARS, max_size=3) | st.lists(MESSAGE, max_size=3)
+BODIES = st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=BODIES, path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+def test_fuzzed_bodies_never_get_a_500(running, body, path):
+    raw = json.dumps(body).encode("utf-8", "surrogatepass")
+    reply = httpx.post(running.url + path, content=raw, timeout=60)
+    assert reply.status_code in (200, 400, 404), (body, reply.text)
+    if reply.status_code == 200:
+        if body.get("stream") is True:
+            assert reply.text.rstrip().endswith("data: [DONE]")
+        else:
+            assert reply.json()["choices"]
+    else:
+        assert reply.json()["error"]["message"]
+    assert httpx.get(running.url + "/health").status_code == 200
