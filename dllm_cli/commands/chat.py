@@ -19,6 +19,7 @@ from dllm_cli import options as o
 COMMANDS = {
     "/reset": "forget the conversation (a --system message stays)",
     "/settings": "show the decoding settings and where each came from",
+    "/set": "KEY=VALUE: change a decoding setting for the next answers (/set gen_length=64)",
     "/help": "list these commands",
     "/exit": "end the session (or Ctrl-D)",
 }
@@ -59,7 +60,7 @@ def chat_command(*, choices: o.Choices, visual: Visual = False, system: System =
             line = read()
             if line is None or line.strip() == "/exit":
                 return
-            if line.strip() in COMMANDS or line.startswith("/"):
+            if line.startswith("/"):
                 command(session, line.strip())
                 continue
             if line.strip():
@@ -94,6 +95,7 @@ def line_reader():
 
 def command(session, line: str) -> None:
     from dllm_cli.commands.common import error_line, note, write
+    from dllm_cli.errors import DllmError
 
     if line == "/reset":
         session.reset()
@@ -103,7 +105,18 @@ def command(session, line: str) -> None:
         for key, value in rt.settings.to_dict().items():
             source = rt.provenance.get(f"decode.{key}", "default")
             write(f"{key} = {value!r}  ({source})\n")
-        write(f"guide = {rt.guide is not None}\n")
+        write(f"guide = {rt.guide is not None and session.guided}\n")
+    elif line.startswith("/set "):
+        key, eq, value = line.removeprefix("/set ").partition("=")
+        if not eq:
+            error_line("/set takes KEY=VALUE (for example /set gen_length=64)")
+            return
+        try:
+            session.set(key, value)
+        except DllmError as e:
+            error_line(str(e))
+            return
+        note(f"{key.strip()} = {value.strip()} for the next answers")
     elif line == "/help":
         for name, what in COMMANDS.items():
             write(f"{name:<10} {what}\n")

@@ -9,16 +9,19 @@ conversation stays as it was before the question.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 from dllm_cli.decoding import decode_steps
 from dllm_cli.decoding.events import DecodeResult, StepEvent
-from dllm_cli.errors import InputError
+from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve.answers import Deltas
 from dllm_cli.serve.conversation import Message, encode_messages
-from dllm_cli.serve.engines import check_length
+from dllm_cli.serve.engines import check_length, check_settings
+from dllm_cli.settings import DecodeSettings
+from dllm_cli.strict_toml import did_you_mean
 
 
 @dataclass
@@ -35,8 +38,29 @@ class Session:
     messages: list[Message] = field(default_factory=list)
     system: list[Message] = field(default_factory=list)  # kept through /reset and trimming
 
+    guided: bool = True  # the guide verifies drafts (when the runtime has one)
+
     def reset(self) -> None:
         self.messages = []
+
+    def set(self, key: str, text: str) -> None:
+        """Change one decoding setting for the next answers (`/set threshold=0.8`)."""
+        name = key.strip().replace("-", "_")
+        if name == "guide":
+            value = parse_value(text)
+            if not isinstance(value, bool):
+                raise SettingsError(f"guide must be true or false (got {text!r})")
+            if value and self.runtime.guide is None:
+                raise SettingsError(
+                    "no guide model is loaded (the profile has none, or --no-guide)"
+                )
+            self.guided = value
+            return
+        if name not in {f.name for f in fields(DecodeSettings)} - {"batching"}:
+            raise SettingsError(f"unknown setting {key!r}{did_you_mean(name, setting_names())}")
+        settings = replace(self.runtime.settings, **{name: parse_value(text)})
+        self.runtime.settings = check_settings(self.runtime, settings)
+        self.runtime.provenance[f"decode.{name}"] = "/set"
 
     def prompt(self, question: str) -> Prompt:
         """The conversation plus `question`, trimmed from the oldest exchange to fit."""
@@ -66,7 +90,8 @@ class Answer:
         rt = session.runtime
         self.session, self.question, self.prompt = session, question, prompt
         model, special = rt.loaded.model, rt.loaded.special
-        self.run = decode_steps(model, special, [prompt.ids], rt.settings, committer=rt.committer())
+        committer = rt.committer() if session.guided else None
+        self.run = decode_steps(model, special, [prompt.ids], rt.settings, committer=committer)
         self.deltas = Deltas(rt.text, ())
         self.committed: list[int | None] = [None] * rt.settings.gen_length
         self.text: str | None = None
@@ -91,3 +116,15 @@ class Answer:
         """The committed answer prefix (up to its first mask)."""
         n = next((i for i, t in enumerate(self.committed) if t is None), len(self.committed))
         return self.committed[:n]  # type: ignore[return-value]
+
+
+def parse_value(text: str) -> object:
+    """A /set value: a JSON number, true/false or null, else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text.strip()
+
+
+def setting_names() -> list[str]:
+    return [f.name for f in fields(DecodeSettings) if f.name != "batching"] + ["guide"]
