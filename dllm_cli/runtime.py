@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from dllm_cli.chat import Frame, encode_chat, encode_plain, frame, pieces
 from dllm_cli.decoding import Committer, answer_tokens, gemma
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
+from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
 from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.guide import GuideModel, load_guide
@@ -92,6 +93,16 @@ class Runtime:
         vocab = special.real_vocab(self.loaded.model.vocab_size)
         return GuidedCommitter(self.guide.model, vocab, special, rules)
 
+    def admission(self) -> str:
+        """continuous, unless the settings ask for static or the decode cannot be served so."""
+        if self.settings.batching == "static" or self.static_reason() is not None:
+            return "static"
+        return "continuous"
+
+    def static_reason(self) -> str | None:
+        """Why continuous batching falls back to static batches here (None: it does not)."""
+        return static_reason(self.loaded.model, guided=self.guide is not None)
+
     def text(self, tokens: list[int]) -> str:
         """Answer text: cut at the first stop token, special tokens removed."""
         special = self.loaded.special
@@ -109,6 +120,24 @@ def origin(provenance: dict[str, str]) -> Callable[[str], str]:
         return f" (from {source})" if source.startswith("profile ") else ""
 
     return where
+
+
+def family_settings(
+    prof: Profile, provenance: dict[str, str], loaded: LoadedModel, use_guide: bool
+) -> tuple[DecodeSettings, list[str]]:
+    """The profile's settings as the loaded model's family takes them, and notes to show;
+    settings that mean nothing for the family are refused (SettingsError)."""
+    settings = prof.decode
+    notes = settings.adjustments()
+    if loaded.architecture == gemma.FAMILY:  # settings that mean nothing there are refused
+        if use_guide and prof.guide is not None and prof.guide.path:
+            raise SettingsError(f"a guide model does not apply to {gemma.FAMILY} (use --no-guide)")
+        canvas = loaded.model.canvas_length
+        settings = gemma.check_settings(settings, canvas, origin(provenance))
+        notes = gemma.notes(settings, canvas)
+    else:
+        gemma.check_masked(settings, loaded.architecture, origin(provenance))
+    return settings, notes
 
 
 def open_runtime(
@@ -131,7 +160,6 @@ def open_runtime(
         raise SettingsError(
             f"--guide: profile {prof.name!r} has no [guide] section (no AR guide model to use)"
         )
-    settings = prof.decode
     device = prof.model.device if place is None else place(prof.model.device)
     loaded = load_model(
         prof.model.path,
@@ -144,15 +172,7 @@ def open_runtime(
         raise ModelLoadError(
             f"profile says architecture {wanted!r} but {loaded.path} is {loaded.architecture!r}"
         )
-    notes = settings.adjustments()
-    if loaded.architecture == gemma.FAMILY:  # settings that mean nothing there are refused
-        if use_guide and prof.guide is not None and prof.guide.path:
-            raise SettingsError(f"a guide model does not apply to {gemma.FAMILY} (use --no-guide)")
-        canvas = loaded.model.canvas_length
-        settings = gemma.check_settings(settings, canvas, origin(provenance))
-        notes = gemma.notes(settings, canvas)
-    else:
-        gemma.check_masked(settings, loaded.architecture, origin(provenance))
+    settings, notes = family_settings(prof, provenance, loaded, use_guide)
     guide = None
     if use_guide and prof.guide is not None and prof.guide.path:
         guide = load_guide(prof.guide.path, loaded)

@@ -25,7 +25,7 @@ from decode_fixtures import (  # noqa: F401
 )
 
 from dllm_cli.decoding import decode
-from dllm_cli.decoding.engine import Decoder
+from dllm_cli.decoding.run import Decoder
 from dllm_cli.decoding.unmask import RuleCommitter
 from dllm_cli.models import DreamModel
 

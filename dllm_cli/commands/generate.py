@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dllm_cli import distributed
 from dllm_cli import options as o
-from dllm_cli.batch import Pipeline, Slot, Totals, record
+from dllm_cli.batch import Pipeline, Slot, Totals, record, solo
 from dllm_cli.commands.common import (
     USAGE,
     cli_errors,
@@ -149,7 +149,7 @@ def run_single(
     text = runtime.text(result.tokens[0])
     totals.add(result, special.stop)
     if json_out:
-        write(json.dumps(record(prompt, text, result, 0)) + "\n")
+        write(json.dumps(record(prompt, text, solo(result))) + "\n")
     elif stream is not None:
         write(stream.finish(text))
     else:
