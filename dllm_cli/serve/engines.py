@@ -4,17 +4,17 @@ A group is everything an engine is built with: the full DecodeSettings (the engi
 per-request settings yet, so sampling settings are part of the group too) and whether the
 guide verifies drafts. Two requests share an engine, and so a batch, only when every setting
 is equal, which is what keeps each answer equal to `dllm generate`'s with those settings.
-Guided decoding and DiffusionGemma decode whole batches (static admission); every other
-group refills a finished request's slot on the next step (continuous admission).
+Every group refills a finished request's slot on the next step (continuous admission, guided
+decoding included), except where the model cannot (DiffusionGemma: whole batches).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dllm_cli.decoding import gemma
+from dllm_cli.decoding import Engine, gemma, open_engine
 from dllm_cli.decoding.answer import answer_length
-from dllm_cli.decoding.engine import Engine
+from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError
 from dllm_cli.runtime import Runtime, origin
 from dllm_cli.serve.protocol import Job
@@ -78,15 +78,11 @@ def check_length(runtime: Runtime, ids: list[int], settings: DecodeSettings) -> 
 
 def build(runtime: Runtime, group: Group, slots: int) -> Pool:
     committer = runtime.committer() if group.guided else None
-    whole = committer is not None or runtime.loaded.architecture == gemma.FAMILY
-    loaded = runtime.loaded
-    engine = Engine(
-        loaded.model,
-        loaded.special,
-        group.settings,
-        committer,
-        slots=slots,
-        admission="static" if whole else "continuous",
+    model, special = runtime.loaded.model, runtime.loaded.special
+    whole = group.settings.batching == "static" or static_reason(model, group.guided)
+    admission = "static" if whole else "continuous"
+    engine = open_engine(
+        model, special, group.settings, committer, slots=slots, admission=admission
     )
     return Pool(group, engine)
 
