@@ -286,3 +286,15 @@ def test_fuzzed_bodies_never_get_a_500(running, body, path):
     else:
         assert reply.json()["error"]["message"]
     assert httpx.get(running.url + "/health").status_code == 200
+
+
+def test_bench_serve_reports_both_passes(tmp_path):
+    out = tmp_path / "serve.json"
+    args = ["bench", "--serve", "--n", "4", "--concurrency", "4", "--cancel", "0.25"]
+    result = invoke(*args, "--gen-length", str(GEN), "--json", str(out))
+    assert result.exit_code == 0, result.output
+    alone, together = json.loads(out.read_text())
+    assert (alone["concurrency"], together["concurrency"]) == (1, 4)
+    assert together["cancelled"] == 1 and together["identical"] == "3/3"
+    assert alone["lost"] == together["lost"] == together["answered_twice"] == 0
+    assert "concurrency 4: 4 requests (1 cancelled)" in result.stdout
