@@ -148,7 +148,8 @@ class Worker:
             kind, ticket = message
             if kind == "exit":
                 return False
-            getattr(self, f"on_{kind}")(ticket)
+            handlers = {"add": self.on_add, "abort": self.on_abort, "abort_all": self.on_abort_all}
+            handlers[kind](ticket)
             try:
                 message = self.inbox.get_nowait()
             except queue.Empty:
