@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dllm_cli.runtime import open_runtime
-from dllm_cli.serve import server
+from dllm_cli.serve import engines, server
 
 GEN = 16
 QUESTIONS = [
@@ -298,3 +298,22 @@ def test_bench_serve_reports_both_passes(tmp_path):
     assert together["cancelled"] == 1 and together["identical"] == "3/3"
     assert alone["lost"] == together["lost"] == together["answered_twice"] == 0
     assert "concurrency 4: 4 requests (1 cancelled)" in result.stdout
+
+
+def test_a_failing_engine_answers_500_and_the_server_goes_on(client, monkeypatch):
+    """A bug inside decoding: one-line 500 error objects for its requests, no traceback."""
+    real = engines.build
+
+    def broken(runtime, group, slots):
+        pool = real(runtime, group, slots)
+        if group.settings.threshold == 0.5:
+            pool.engine.step = lambda: 1 / 0
+        return pool
+
+    monkeypatch.setattr(engines, "build", broken)
+    with pytest.raises(openai.InternalServerError) as caught:
+        ask(client, QUESTIONS[0], extra_body={"threshold": 0.5})
+    error = caught.value.body
+    assert error["message"] == "internal error: ZeroDivisionError: division by zero"
+    assert error["type"] == "server_error" and "Traceback" not in str(error)
+    assert ask(client, QUESTIONS[0]).choices[0].message.content

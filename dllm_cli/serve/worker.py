@@ -48,7 +48,7 @@ class Outcome:
     seconds: float
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: two equal requests are two tickets
 class Ticket:
     """One request inside the worker, from submit to its outcome."""
 
@@ -89,6 +89,8 @@ class Worker:
         with self.lock:
             if self.stopping.is_set():
                 raise ApiError(503, "the server is shutting down")
+            if self.failure is not None:
+                raise ApiError(500, f"internal error: {type(self.failure).__name__}")
             if self.count >= limit:
                 raise ApiError(429, f"the server is full ({limit} requests waiting or decoding)")
             self.count += 1
@@ -120,7 +122,7 @@ class Worker:
             while self.drain(block=not self.has_work()):
                 for group, pool in list(self.engines.items()):
                     if pool.engine.has_work:
-                        self.step(group, pool)
+                        self.step_or_drop(group, pool)
                 self.metrics.set_load(
                     self.waiting(), self.running(), self.slots * len(self.engines)
                 )
@@ -128,6 +130,19 @@ class Worker:
             self.failure = e
             for ticket in [*self.tickets.values(), *self.parked]:
                 self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"))
+
+    def step_or_drop(self, group: engines.Group, pool: engines.Pool) -> None:
+        """One step; an engine that fails (a bug) answers its requests 500 and is dropped,
+        and the server goes on with the others."""
+        try:
+            self.step(group, pool)
+        except Exception as e:
+            error = ApiError(500, f"internal error: {type(e).__name__}: {str(e)[:200]}")
+            for key, ticket in list(self.tickets.items()):
+                if key[0] == group:
+                    del self.tickets[key]
+                    self.fail(ticket, error)
+            del self.engines[group]
 
     def has_work(self) -> bool:
         return bool(self.parked) or any(p.engine.has_work for p in self.engines.values())
