@@ -123,3 +123,21 @@ def test_request_settings_are_validated_as_the_cli_validates():
             protocol.ApiError, match=message.replace("(", r"\(").replace(")", r"\)")
         ):
             protocol.parse({**body, **extra}, "chat", base, "m", guided=False)
+
+
+def test_chat_session_drops_the_oldest_exchanges_to_fit():
+    from dllm_cli.runtime import open_runtime
+    from dllm_cli.serve.session import Session
+
+    runtime = open_runtime(None, {"decode.gen_length": 1990}, use_guide=False)  # 58 tokens left
+    session = Session(runtime, system=[Message("system", "Be brief.")])
+    turn = "Tom has 3 apples and buys 2 more."
+    for i in range(3):
+        session.messages += [Message("user", f"{turn} {i}"), Message("assistant", "5")]
+    prompt = session.prompt("How many apples?")
+    assert prompt.dropped >= 1
+    assert len(prompt.ids) + 1990 <= runtime.loaded.model.context_length
+    with pytest.raises(InputError, match="prompt too long"):
+        session.prompt("apples " * 80)  # too long even alone
+    session.reset()
+    assert session.prompt("How many apples?").dropped == 0
