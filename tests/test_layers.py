@@ -15,13 +15,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dllm_cli"
 
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "settings", "cache", "strict_toml", "prompt_text"),
+    ("errors", "settings", "cache", "strict_toml", "prompt_text", "folders", "families"),
     # the TinyGSM data, no models
     ("tinygsm.data", "tinygsm.wide", "tinygsm.rich", "tinygsm.stories", "tinygsm.scenes"),
     ("tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
-    ("models", "tinygsm.architectures", "families"),
+    ("models", "tinygsm.architectures"),
     ("decoding",),
-    ("profiles",),
+    ("profiles", "profile_sections"),
     ("runtime", "chat"),
     (
         "batch",

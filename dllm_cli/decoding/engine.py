@@ -62,7 +62,7 @@ class Engine:
         if admission not in ADMISSIONS:
             raise SettingsError(f"admission must be one of {', '.join(ADMISSIONS)}")
         # Unset values take the family's reference defaults (Dream: top_k 50; families.py).
-        settings = with_family_defaults(settings, getattr(model.config, "model_type", None))
+        settings = with_family_defaults(settings, model.family)
         self.settings, self.model, self.special = settings, model, special
         self.admission = policy = ADMISSIONS[admission]
         self.slots, self.quantum = slots, quantum or policy.quantum

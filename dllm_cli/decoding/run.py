@@ -19,7 +19,7 @@ from dllm_cli.decoding.engine import Engine
 from dllm_cli.decoding.events import DecodeResult, StepEvent
 from dllm_cli.decoding.request import Finished
 from dllm_cli.decoding.unmask import Committer
-from dllm_cli.families import with_family_defaults
+from dllm_cli.families import family_of_model, with_family_defaults
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
@@ -35,8 +35,7 @@ class Decoder:
         settings: DecodeSettings,
         committer: Committer | None = None,
     ):
-        family = getattr(model.config, "model_type", None)
-        self.settings = with_family_defaults(settings, family)
+        self.settings = with_family_defaults(settings, model.family)
         self.model, self.special, self.committer = model, special, committer
 
     def engine(self, slots: int, admission: str, **options) -> Engine:
@@ -122,7 +121,7 @@ def open_engine(
     admission: str = "continuous",
 ):
     """An engine for this model (DiffusionGemma: its own sampler, whole batches)."""
-    if getattr(model, "family", None) == "diffusion_gemma":
+    if family_of_model(model).own_sampler:  # DiffusionGemma: transformers' own sampler
         from dllm_cli.decoding.gemma_engine import GemmaEngine
 
         return GemmaEngine(model, special, settings, committer, slots=slots)
@@ -138,7 +137,7 @@ def decode_steps(
     committer: Committer | None = None,
 ) -> DecodeRun:
     """Start a decode; iterate the returned run for StepEvents, then call `.result()`."""
-    if getattr(model, "family", None) == "diffusion_gemma":  # transformers' own sampler
+    if family_of_model(model).own_sampler:  # DiffusionGemma: transformers' own sampler
         from dllm_cli.decoding.gemma import start_run
 
         return start_run(model, special, prompts, settings, committer)

@@ -26,6 +26,7 @@ import torch
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.canvas import Canvas
+from dllm_cli.families import batching_reason, family_of_model
 
 QUANTUM = 64  # continuous batching: prompt width grows in steps of this many columns
 
@@ -130,7 +131,9 @@ def fields(c: Canvas) -> tuple[torch.Tensor, ...]:
 
 
 def static_reason(model, guided: bool = False) -> str | None:
-    """Why a decode must run as static batches (None: continuous batching serves it)."""
-    if getattr(model, "family", None) == "diffusion_gemma":
-        return "DiffusionGemma decodes whole batches with transformers' own sampler"
-    return None  # guided decoding too: the guide's cache takes rows as they come
+    """Why a decode must run as static batches (None: continuous batching serves it).
+
+    The family says (DiffusionGemma); guided decoding batches continuously, its guide's cache
+    taking rows as they come, so `guided` no longer makes a decode static.
+    """
+    return batching_reason(family_of_model(model), guided=False)
