@@ -141,3 +141,12 @@ def test_chat_session_drops_the_oldest_exchanges_to_fit():
         session.prompt("apples " * 80)  # too long even alone
     session.reset()
     assert session.prompt("How many apples?").dropped == 0
+
+
+def test_serve_and_chat_help_start_without_torch():
+    from test_cli_startup import probe
+
+    for command in ("serve", "chat"):
+        seen = probe(command, "--help")
+        assert seen["code"] == 0 and seen["heavy"] == [], seen
+        assert "--api-key" in seen["stdout"] if command == "serve" else "--visual" in seen["stdout"]
