@@ -11,6 +11,7 @@ import threading
 import weakref
 from collections import Counter
 
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -48,8 +49,11 @@ class Metrics:
         self.reported: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> counts
 
     def request(self, endpoint: str, status: int) -> None:
+        """Count an answer; paths that are no route count as "other" (bounded labels)."""
+        where = "/v1/models" if endpoint.startswith("/v1/models/") else endpoint
+        where = where if where in ROUTES else "other"
         with self.lock:
-            self.requests[(endpoint, status)] += 1
+            self.requests[(where, status)] += 1
 
     def set_load(self, waiting: int, running: int, slots: int) -> None:
         with self.lock:
