@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
         "throughput",
         "tinygsm.evaluate",
         "api",
+        "serve",  # dllm serve / dllm chat: the server, the chat session, the load benchmark
     ),
     ("tinygsm.quickeval",),
     ("tinygsm.phases",),
