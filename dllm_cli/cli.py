@@ -19,11 +19,13 @@ from typer.core import TyperGroup
 
 from dllm_cli import __version__
 from dllm_cli.commands.bench import bench_command
+from dllm_cli.commands.chat import chat_command
 from dllm_cli.commands.common import INTERRUPTED, USAGE, error_line, set_debug, stderr
 from dllm_cli.commands.doctor import doctor_command
 from dllm_cli.commands.eval import eval_command
 from dllm_cli.commands.generate import generate_command
 from dllm_cli.commands.profiles import profiles_app
+from dllm_cli.commands.serve import serve_command
 from dllm_cli.commands.visualize import visualize_command
 
 
@@ -97,6 +99,8 @@ app.add_typer(profiles_app, name="profiles")
 
 app.command("eval")(eval_command)
 app.command("bench")(bench_command)
+app.command("serve")(serve_command)
+app.command("chat")(chat_command)
 app.command("doctor")(doctor_command)
 
 

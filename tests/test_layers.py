@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "doctor",
         "tinygsm.evaluate",
         "api",
+        "serve",  # dllm serve / dllm chat: the server, the chat session, the load benchmark
     ),
     ("tinygsm.quickeval",),
     ("tinygsm.phases",),

@@ -195,6 +195,27 @@ def bench_command(
     rounds: Annotated[
         int, typer.Option(help="--batching-compare: alternating passes of each.", min=1)
     ] = 1,
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Instead: start a server and send --n chat requests (hand-written questions; "
+            "every other streamed) at --concurrency, after the same at concurrency 1.",
+            rich_help_panel=BENCH,
+        ),
+    ] = False,
+    concurrency: Annotated[
+        int, typer.Option(help="--serve: requests in flight at once.", min=1, rich_help_panel=BENCH)
+    ] = 8,
+    cancel: Annotated[
+        float,
+        typer.Option(
+            help="--serve: fraction of the concurrent requests their client cancels mid-stream.",
+            min=0.0,
+            max=1.0,
+            rich_help_panel=BENCH,
+        ),
+    ] = 0.0,
     *,
     choices: opt.Choices,
 ) -> None:
@@ -208,6 +229,9 @@ def bench_command(
         from dllm_cli.throughput import bench_inputs
 
         rt = load_runtime(choices)
+        if serve:
+            bench_serve(rt, n, concurrency, cancel, batch_size, lengths[0], json_path)
+            return
         if batching_compare is not None:
             strategy = STRATEGIES.get(batching_compare)
             usable = [k for k, v in STRATEGIES.items() if rt.guide is not None or not v.guided]
@@ -250,3 +274,31 @@ def bench_command(
         bad = sum(r["mask_violations"] for r in records)
     if bad:
         raise fail(f"{bad} answers contained a mask token (a decoder bug; see the table)", 1)
+
+
+def bench_serve(rt, n: int, concurrency: int, cancel: float, slots: int, gen: int, json_path):
+    """`--serve`: the server under load (dllm_cli/serve/load.py); slots: --batch-size, at least
+    --concurrency."""
+    import dataclasses
+
+    from dllm_cli.serve import load
+
+    rt.settings = dataclasses.replace(rt.settings, gen_length=gen)
+    records = load.run(rt, n, concurrency, cancel, max(slots, concurrency), report_serve)
+    if json_path is not None:
+        write(json_path, json.dumps(records, indent=2) + "\n")
+
+
+def report_serve(r: dict) -> None:
+    """One line per pass on stdout."""
+    same = f", identical {r['identical']}" if "identical" in r else ""
+    print(
+        f"concurrency {r['concurrency']}: {r['requests']} requests ({r['cancelled']} cancelled) "
+        f"in {r['seconds']:.2f}s, {r['requests_per_second']:.2f} req/s, "
+        f"{r['tokens_per_second']:.1f} tok/s, latency p50 {r['latency_p50']:.3f}s "
+        f"p99 {r['latency_p99']:.3f}s, ttft p50 {r['ttft_p50']:.3f}s p99 {r['ttft_p99']:.3f}s, "
+        f"lost {r['lost']}, answered twice {r['answered_twice']}{same}, "
+        f"rss {r['rss_mb_warm']:.0f} -> {r['rss_mb']:.0f} MB"
+        + (f", speedup {r['speedup']:.2f}x" if "speedup" in r else ""),
+        flush=True,
+    )

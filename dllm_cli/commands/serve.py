@@ -1,0 +1,100 @@
+"""`dllm serve`: the model loaded once behind an OpenAI-compatible HTTP API (docs/serving.md).
+
+Only Typer and the option table are imported here; the server (FastAPI, uvicorn, torch) is
+imported when the command runs, so `dllm --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dllm_cli import options as o
+
+SERVER = "Server"
+
+Host = Annotated[
+    str,
+    typer.Option(
+        help="Address to listen on (127.0.0.1: this machine only).", rich_help_panel=SERVER
+    ),
+]
+Port = Annotated[
+    int, typer.Option(help="Port to listen on (0: any free port).", rich_help_panel=SERVER)
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="DLLM_API_KEY",
+        help="Require `Authorization: Bearer KEY` on every route but /health.",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
+MaxQueue = Annotated[
+    int,
+    typer.Option(help="Requests that may wait for a slot; more get 429.", rich_help_panel=SERVER),
+]
+MaxEngines = Annotated[
+    int,
+    typer.Option(
+        help="Engines alive at once: requests with different decoding settings (max_tokens, "
+        "cache, ...) need one each.",
+        rich_help_panel=SERVER,
+    ),
+]
+AbortOnExit = Annotated[
+    bool,
+    typer.Option(
+        "--abort-on-exit/--finish-on-exit",
+        help="On SIGINT/SIGTERM abort the requests in flight (503) instead of finishing them.",
+        rich_help_panel=SERVER,
+    ),
+]
+
+
+@o.shared("model", "decode", "guide")
+def serve_command(
+    *,
+    choices: o.Choices,
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    api_key: ApiKey = None,
+    batch_size: o.BatchSize = 8,
+    max_queue: MaxQueue = 64,
+    max_engines: MaxEngines = 4,
+    abort_on_exit: AbortOnExit = False,
+) -> None:
+    """Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's API), GET /v1/models, /health and /metrics.
+
+    Decoding flags set the server's defaults; a request may change them with extra body fields of the same names (gen_length, cache, threshold, ...). SIGINT or SIGTERM stops accepting requests, finishes those in flight (or aborts them with --abort-on-exit) and exits 0.
+    """
+    from dllm_cli.commands.common import USAGE, cli_errors, fail, load_runtime, note
+
+    with cli_errors():
+        for name, value, low in (("--batch-size", batch_size, 1), ("--max-queue", max_queue, 0)):
+            if value < low:
+                raise fail(f"{name} must be at least {low} (got {value})", USAGE)
+        if max_engines < 1:
+            raise fail(f"--max-engines must be at least 1 (got {max_engines})", USAGE)
+        if not 0 <= port <= 65535:
+            raise fail(f"--port must be in 0..65535 (got {port})", USAGE)
+        if api_key is not None and not api_key.strip():
+            raise fail("--api-key is empty", USAGE)
+        from dllm_cli.serve import server
+
+        runtime = load_runtime(choices)
+        options = server.Options(
+            host, port, api_key, batch_size, max_queue, max_engines, abort_on_exit
+        )
+        try:
+            server.run(
+                runtime,
+                options,
+                ready=lambda url: note(f"serving {server.model_id(runtime)} on {url}"),
+            )
+        except OSError as e:  # the address is taken, or not this machine's
+            raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", 1) from None
+        note("server stopped")

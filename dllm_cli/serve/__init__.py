@@ -1,0 +1,11 @@
+"""`dllm serve` and `dllm chat`: one resident model behind an OpenAI-compatible API or a prompt.
+
+- conversation.py: chat messages -> token ids (multi-turn, user text kept as text).
+- protocol.py: request bodies -> validated jobs; OpenAI-style error objects.
+- answers.py: committed token prefixes -> streamed text, stop strings, finish reasons.
+- worker.py: the stepping thread that owns the engines (one per settings group, bounded).
+- metrics.py: Prometheus text exposition of the server's counters and histograms.
+- app.py: the FastAPI routes; server.py: uvicorn, signals and graceful shutdown.
+
+Nothing here imports Typer; the commands live in dllm_cli/commands/serve.py and chat.py.
+"""

@@ -1,0 +1,137 @@
+"""uvicorn around the app: bind, say where, stop gracefully on SIGINT/SIGTERM, exit 0.
+
+On the first SIGINT or SIGTERM the server stops accepting connections and new requests (503),
+lets the requests in flight finish (or, with `abort_on_exit`, aborts them: each gets a 503
+error object) and returns normally, so the command exits 0. uvicorn re-raises the signal it
+caught once it is done; that is what made a clean stop exit 130, so it is not re-raised here.
+A second SIGINT stops at once, as uvicorn does.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import uvicorn
+
+from dllm_cli.runtime import Runtime
+from dllm_cli.serve.app import Served, create_app
+from dllm_cli.serve.metrics import Metrics
+from dllm_cli.serve.worker import Worker
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    slots: int = 8
+    max_queue: int = 64
+    max_engines: int = 4
+    abort_on_exit: bool = False
+    log_level: str = "warning"
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, telling the worker to stop with it."""
+
+    def __init__(self, config: uvicorn.Config, worker: Worker, abort: bool):
+        super().__init__(config)
+        self.worker, self.abort = worker, abort
+
+    def handle_exit(self, sig, frame) -> None:
+        self.worker.stop(abort=self.abort)
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()  # a clean stop is not an interruption: exit 0
+
+
+def model_id(runtime: Runtime) -> str:
+    """The name clients give as `model`: the served profile's."""
+    return runtime.profile.name
+
+
+def build(runtime: Runtime, options: Options) -> tuple[Served, Worker]:
+    metrics = Metrics(model_id(runtime))
+    worker = Worker(runtime, options.slots, options.max_engines, metrics)
+    served = Served(
+        model_id=model_id(runtime),
+        worker=worker,
+        metrics=metrics,
+        limit=options.slots + options.max_queue,
+        api_key=options.api_key,
+        created=int(time.time()),
+    )
+    return served, worker
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket (port 0: a free one), bound before uvicorn starts so that the
+    address can be announced and a bind failure reported as one line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(runtime: Runtime, options: Options, ready: Callable[[str], None] | None = None) -> None:
+    """Serve until a signal; `ready(url)` is called once the socket listens."""
+    served, worker = build(runtime, options)
+    sock = bind(options.host, options.port)
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(
+        create_app(served),
+        log_level=options.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=None,
+        lifespan="off",
+    )
+    server = Server(config, worker, options.abort_on_exit)
+    worker.start()
+    if ready is not None:
+        shown = f"[{host}]" if ":" in host else host
+        ready(f"http://{shown}:{port}")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        worker.stop(abort=True)
+        worker.close()
+        sock.close()
+
+
+@dataclass
+class Running:
+    """A server on a thread of this process (tests, `dllm bench --serve`)."""
+
+    url: str
+    server: Server
+    thread: threading.Thread
+    worker: Worker
+
+    def stop(self) -> None:
+        self.worker.stop(abort=True)
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.worker.close()
+
+
+def start_in_thread(runtime: Runtime, options: Options) -> Running:
+    """Serve on a background thread (no signal handling there); returns once it listens."""
+    served, worker = build(runtime, options)
+    sock = bind(options.host, options.port)
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(
+        create_app(served), log_level=options.log_level, access_log=False, lifespan="off"
+    )
+    server = Server(config, worker, options.abort_on_exit)
+    worker.start()
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    return Running(f"http://{host}:{port}", server, thread, worker)
