@@ -7,7 +7,7 @@ PrefixCache / DualCache and confident parallel decoding (threshold and factor ru
 The profile keeps what is not a strategy choice (temperature, top-p/k, seed, Dream's eps).
 
 Each record is one (strategy, gen_length): the numbers of `Score.summary()` (accuracy, answer
-tokens per second, forwards, ...; definitions in tinygsm/evaluate.py) and `speedup`, the
+tokens per second, forwards, ...; definitions in evaluate.py) and `speedup`, the
 reference strategy's wall seconds over the strategy's on the same problems at the same
 gen_length in the same run (a latency ratio; the reference, `baseline` unless chosen, always
 runs, first). Timing starts after a warm-up decode of one problem and one block with each
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from dllm_cli.decoding import gemma
 from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.evaluate import Score, Task, score, warm_up
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm.evaluate import Score, Task, score, warm_up
 
 REFERENCE: dict[str, object] = {
     "steps": None,

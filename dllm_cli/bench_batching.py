@@ -17,9 +17,9 @@ from dataclasses import replace
 from dllm_cli.decoding import Decoder, answer_length, decode
 from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
 from dllm_cli.errors import InputError
+from dllm_cli.evaluate import held_out
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm.evaluate import held_out
 
 
 def mixed_shots(encode: Callable[[str], list[int]], n: int, most: int, start: int = 0) -> list:

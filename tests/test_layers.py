@@ -22,11 +22,10 @@ LAYERS: list[tuple[str, ...]] = [
         "cache",
         "strict_toml",
         "prompt_text",
-    ),  # "dllm_cli": __version__
-    # the TinyGSM data, no models
-    ("tinygsm.data", "tinygsm.wide", "tinygsm.rich", "tinygsm.stories", "tinygsm.scenes"),
-    ("tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
-    ("models", "tinygsm.architectures", "families"),
+        "problems",
+        "tinygsm",
+    ),  # "dllm_cli": __version__; tinygsm: the built-in model's files (no code)
+    ("models", "families"),
     ("decoding",),
     ("profiles",),
     ("runtime", "chat"),
@@ -37,13 +36,11 @@ LAYERS: list[tuple[str, ...]] = [
         "bench",
         "bench_batching",
         "throughput",
-        "tinygsm.evaluate",
+        "evaluate",
     ),
-    ("tinygsm.quickeval",),
-    ("tinygsm.phases",),
-    ("options", "commands", "cli", "__main__", "tinygsm.train"),  # entry points
+    ("options", "commands", "cli", "__main__"),  # entry points
 ]
-TYPER_ALLOWED = ("options", "commands", "cli", "tinygsm.train")  # the command-line layer
+TYPER_ALLOWED = ("options", "commands", "cli")  # the command-line layer
 PURE = {"distributed": ("distributed", "errors")}  # knows nothing of models or decoding
 
 
@@ -111,6 +108,12 @@ def test_imports_never_reach_up_a_layer(name):
         if within(name, prefix):
             stray = [t for t in ours if not any(within(t, a) for a in allowed)]
             assert not stray, f"{name} imports {stray}"
+
+
+def test_nothing_installed_imports_the_recipe():
+    """The training recipe (generators, tokenizer builder, phases) stays out of the package."""
+    for name in MODULES:
+        assert "recipes" not in imports(name)[1], f"{name} imports the recipe"
 
 
 def test_no_import_cycles():
