@@ -1,7 +1,7 @@
 """Per-family reference defaults: values a model family's own generation code applies unasked.
 
 A value here fills a decode setting only when neither the profile nor the command line sets
-it, so `dllm` reproduces the family's reference outputs out of the box (REFERENCE.md section 4).
+it, so `dllm` reproduces the family's reference outputs out of the box (docs/reference.md, section 4).
 """
 
 from __future__ import annotations
