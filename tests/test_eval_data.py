@@ -113,5 +113,7 @@ def test_shots_from_needs_data_and_built_in_shots_stop_at_eight(profile, tmp_pat
     assert result.exit_code == 4 and "--shots-from needs --data" in result.stderr
     result = invoke("eval", "-p", str(profile), "--n", "1", "--shots", "9")
     assert result.exit_code == 4 and "carry 8 examples" in result.stderr
+    both = invoke("eval", "-p", str(profile), "--data", "x.jsonl", "--split", "wide")
+    assert both.exit_code == 4 and "choose one" in both.stderr
     missing = invoke("eval", "-p", str(profile), "--data", str(tmp_path / "none.jsonl"))
     assert missing.exit_code == 4 and "cannot read" in missing.stderr

@@ -124,12 +124,14 @@ def eval_command(
     batch_size: opt.BatchSize = 1,
     start: opt.Start = 0,
     split: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Built-in held-out set: narrow | wide | rich | hand | hand2 (docs/models.md).",
+            help="Built-in held-out set: narrow | wide | rich | hand | hand2 (docs/models.md)."
+            " [default: narrow]",
             rich_help_panel=opt.EVAL,
+            show_default=False,
         ),
-    ] = "narrow",
+    ] = None,
     data: Annotated[
         Path | None,
         typer.Option(
@@ -180,9 +182,12 @@ def eval_command(
     with cli_errors():
         if shots_from is not None and data is None:
             raise InputError("--shots-from needs --data (built-in sets carry their own examples)")
+        if split is not None and data is not None:
+            raise InputError("--split and --data: choose one problem set")
         rt = load_runtime(choices)
         bad: list[BadLine] = []
         if data is None:
+            split = split or "narrow"
             tasks = held_out(rt.encode, 100 if n is None else n, shots, start, split)
         else:
             tasks, bad = from_file(rt.encode, data, n, shots, start, shots_from)
