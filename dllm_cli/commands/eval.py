@@ -126,8 +126,8 @@ def eval_command(
     split: Annotated[
         str | None,
         typer.Option(
-            help="Built-in held-out set: narrow | wide | rich | hand | hand2 (docs/models.md)."
-            " [default: narrow]",
+            help="Built-in held-out set: narrow (default) | wide | rich | hand | hand2"
+            " (docs/models.md).",
             rich_help_panel=opt.EVAL,
             show_default=False,
         ),
