@@ -25,12 +25,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dllm_cli.decoding import gemma
 from dllm_cli.errors import InputError, SettingsError
-from dllm_cli.evaluate import Score, Task, score, warm_up
-from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
+
+if TYPE_CHECKING:  # the strategy table is read by `dllm bench --help`: no torch at import
+    from dllm_cli.evaluate import Score, Task
+    from dllm_cli.runtime import Runtime
 
 REFERENCE: dict[str, object] = {
     "steps": None,
@@ -143,6 +145,8 @@ def run_bench(
     `measure` times one pass (default: accuracy on TinyGSM tasks; throughput.measure for
     synthetic prompts).
     """
+    from dllm_cli.evaluate import warm_up
+
     measure = measure or measure_accuracy
     guided = [n for n in plan.strategies if STRATEGIES[n].guided]
     if guided and runtime.guide is None:
@@ -179,6 +183,8 @@ def run_bench(
 
 def check_family(runtime: Runtime, plan: BenchPlan) -> None:
     """DiffusionGemma runs transformers' sampler: refuse other strategies before any decode."""
+    from dllm_cli.decoding import gemma
+
     if runtime.loaded.architecture != gemma.FAMILY:
         return
     canvas = runtime.loaded.model.canvas_length
@@ -196,6 +202,8 @@ def measure_accuracy(
     runtime: Runtime, tasks: Sequence[Task], settings, committer, batch_size: int
 ) -> Score:
     """One timed pass over the tasks (a fresh guide cache per decode)."""
+    from dllm_cli.evaluate import score
+
     model, special = runtime.loaded.model, runtime.loaded.special
     return score(
         model, special, tasks, settings, runtime.text, committer=committer, batch_size=batch_size

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dllm_cli.errors import ProfileError
-from dllm_cli.families import apply_family_defaults
-from dllm_cli.models import ARCHITECTURES
-from dllm_cli.models.loading import BUILTIN_PREFIX, DTYPES
 from dllm_cli.settings import DecodeSettings, guide_problem, parse_accept
+
+# `dllm profiles` lists the files without torch: the model modules (models, models.loading,
+# families) are imported inside the functions that check or resolve a profile.
 from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, show
 
 DEFAULT_PROFILE = "tiny-gsm-dream"
@@ -158,6 +158,9 @@ def _parse(path: Path) -> tuple[Profile, dict]:
 
 def _check_values(profile: Profile, where: str) -> None:
     """Allowed values beyond types; the decode checks are DecodeSettings' own (when built)."""
+    from dllm_cli.models import ARCHITECTURES
+    from dllm_cli.models.loading import DTYPES
+
     m = profile.model
     if not m.path:
         raise ProfileError(f"{where}: path in [model] must not be empty")
@@ -187,6 +190,8 @@ def _check_values(profile: Profile, where: str) -> None:
 
 def _resolve_model_path(text: str, base: Path | None) -> str:
     """builtin:NAME stays; ~ and $VARS expand; a relative path is taken from `base`."""
+    from dllm_cli.models.loading import BUILTIN_PREFIX
+
     if text.startswith(BUILTIN_PREFIX):
         return text
     expanded = os.path.expanduser(os.path.expandvars(text))
@@ -200,6 +205,8 @@ def _resolve_model_path(text: str, base: Path | None) -> str:
 
 def unset_variables(path: str) -> list[str]:
     """Environment variables a (resolved) model path still names because they are unset."""
+    from dllm_cli.models.loading import BUILTIN_PREFIX
+
     return [] if path.startswith(BUILTIN_PREFIX) else _UNSET_VAR.findall(path)
 
 
@@ -341,6 +348,8 @@ def resolve(
             )
     if decode:  # the run's settings are built (and so validated) here, once
         profile.decode = dataclasses.replace(profile.decode, **decode)
+    from dllm_cli.families import apply_family_defaults
+
     apply_family_defaults(profile, provenance)
     return profile, provenance
 

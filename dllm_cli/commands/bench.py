@@ -24,10 +24,8 @@ from dllm_cli.bench import (
     run_bench,
     settings_for,
 )
-from dllm_cli.bench_batching import compare_batching, mixed_shots, table
 from dllm_cli.commands.common import cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import InputError
-from dllm_cli.throughput import bench_inputs
 
 BENCH = "Benchmark"
 
@@ -199,6 +197,9 @@ def bench_command(
         preflight(json_path, markdown_path, plot_path)
         if plot_path is not None and prompt_length is not None:
             raise InputError("--plot draws accuracy, which --prompt-length runs do not measure")
+        from dllm_cli.bench_batching import compare_batching, mixed_shots, table
+        from dllm_cli.throughput import bench_inputs
+
         rt = load_runtime(choices)
         if batching_compare is not None:
             strategy = STRATEGIES.get(batching_compare)

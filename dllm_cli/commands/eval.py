@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -17,9 +17,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dllm_cli import options as opt
 from dllm_cli.commands.common import cli_errors, load_runtime, stderr
 from dllm_cli.errors import InputError
-from dllm_cli.evaluate import Score, details, evaluate, from_file, held_out, records
-from dllm_cli.problems import BadLine
-from dllm_cli.runtime import Runtime
+
+if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
+    from dllm_cli.evaluate import Score
+    from dllm_cli.problems import BadLine
+    from dllm_cli.runtime import Runtime
 
 
 def progress() -> Progress:
@@ -32,6 +34,8 @@ def progress() -> Progress:
         console=stderr,
         transient=True,
         disable=not stderr.is_terminal,
+        redirect_stdout=False,  # stdout is for the report, never drawn on the terminal
+        redirect_stderr=False,
     )
 
 
@@ -95,6 +99,8 @@ def print_summary(report: dict) -> None:
 
 def write_records(path: Path, score: Score, bad: list[BadLine], from_data: bool) -> None:
     """One JSON line per problem, then one per malformed line."""
+    from dllm_cli.evaluate import records
+
     rows = [*records(score, line_numbers=from_data), *(b.record() for b in bad)]
     try:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -184,6 +190,8 @@ def eval_command(
             raise InputError("--shots-from needs --data (built-in sets carry their own examples)")
         if split is not None and data is not None:
             raise InputError("--split and --data: choose one problem set")
+        from dllm_cli.evaluate import details, evaluate, from_file, held_out
+
         rt = load_runtime(choices)
         bad: list[BadLine] = []
         if data is None:

@@ -14,10 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dllm_cli.commands.common import cli_errors
-from dllm_cli.decoding import gemma
 from dllm_cli.errors import ModelLoadError
-from dllm_cli.families import model_family
-from dllm_cli.models.loading import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profiles import (
     DEFAULT_PROFILE,
     Profile,
@@ -57,6 +54,9 @@ def show_command(
     ] = DEFAULT_PROFILE,
 ) -> None:
     """Every setting of one profile, and whether it comes from the file or the defaults."""
+    from dllm_cli.decoding import gemma
+    from dllm_cli.families import model_family
+
     with cli_errors():
         profile, provenance, unset = describe(name)
     out = Console(highlight=False)
@@ -140,6 +140,8 @@ def flatten(data: dict, prefix: str = "") -> dict[str, object]:
 
 def path_remark(path: object) -> str:
     """Why a model path will not load, when we can tell without loading it."""
+    from dllm_cli.models.loading import BUILTIN_PREFIX, resolve_path
+
     if not isinstance(path, str) or not path:
         return ""
     if unset_variables(path):
