@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.families import FAMILIES
 from dllm_cli.settings import DecodeSettings
 
 if TYPE_CHECKING:  # the strategy table is read by `dllm bench --help`: no torch at import
@@ -185,7 +186,7 @@ def check_family(runtime: Runtime, plan: BenchPlan) -> None:
     """DiffusionGemma runs transformers' sampler: refuse other strategies before any decode."""
     from dllm_cli.decoding import gemma
 
-    if runtime.loaded.architecture != gemma.FAMILY:
+    if not FAMILIES[runtime.loaded.family].own_sampler:
         return
     canvas = runtime.loaded.model.canvas_length
     for name in plan.strategies:

@@ -13,9 +13,10 @@ from dllm_cli.chat import Frame, encode_chat, encode_plain, frame, pieces
 from dllm_cli.decoding import Committer, answer_tokens, gemma
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
+from dllm_cli.families import FAMILIES
 from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.guide import GuideModel, load_guide
-from dllm_cli.models.loading import LoadedModel, load_model
+from dllm_cli.models.loading import LoadedModel, add_stop_tokens, load_model
 from dllm_cli.profiles import Profile, resolve
 from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
@@ -64,7 +65,7 @@ class Runtime:
             raise InputError("empty prompt (it encodes to no tokens)")
         context = self.loaded.model.context_length
         gen = self.settings.gen_length
-        if self.loaded.architecture == gemma.FAMILY:  # whole canvases are denoised
+        if FAMILIES[self.loaded.family].own_sampler:  # DiffusionGemma denoises whole canvases
             gen = gemma.denoised_length(gen, self.loaded.model.canvas_length)
         if len(ids) + gen > context:
             fix = (
@@ -139,20 +140,21 @@ def open_runtime(
         device=device,
         special_overrides=prof.special_overrides(),
     )
-    wanted = prof.model.architecture
-    if wanted and wanted.lower() != loaded.architecture.lower():
+    loaded = add_stop_tokens(loaded, prof.model.stop_tokens)
+    wanted, family = prof.model.architecture, FAMILIES[loaded.family]
+    if wanted and wanted.lower() != family.name:
         raise ModelLoadError(
-            f"profile says architecture {wanted!r} but {loaded.path} is {loaded.architecture!r}"
+            f"profile says architecture {wanted!r} but {loaded.path} is {family.name!r}"
         )
     notes = settings.adjustments()
-    if loaded.architecture == gemma.FAMILY:  # settings that mean nothing there are refused
+    if family.own_sampler:  # settings that mean nothing there are refused
         if use_guide and prof.guide is not None and prof.guide.path:
             raise SettingsError(f"a guide model does not apply to {gemma.FAMILY} (use --no-guide)")
         canvas = loaded.model.canvas_length
         settings = gemma.check_settings(settings, canvas, origin(provenance))
         notes = gemma.notes(settings, canvas)
     else:
-        gemma.check_masked(settings, loaded.architecture, origin(provenance))
+        gemma.check_masked(settings, family.name, origin(provenance))
     guide = None
     if use_guide and prof.guide is not None and prof.guide.path:
         guide = load_guide(prof.guide.path, loaded)

@@ -24,10 +24,12 @@ LAYERS: list[tuple[str, ...]] = [
         "prompt_text",
         "problems",
         "tinygsm",
+        "folders",
+        "families",
     ),  # "dllm_cli": __version__; tinygsm: the built-in model's files (no code)
-    ("models", "families"),
+    ("models",),
     ("decoding",),
-    ("profiles",),
+    ("profiles", "profile_sections"),
     ("runtime", "chat"),
     (
         "batch",

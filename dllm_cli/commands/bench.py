@@ -26,6 +26,7 @@ from dllm_cli.bench import (
 )
 from dllm_cli.commands.common import cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import InputError
+from dllm_cli.families import FAMILIES
 
 BENCH = "Benchmark"
 
@@ -48,8 +49,8 @@ def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> li
     """The requested names, or every strategy (the guided ones only when a guide is loaded)."""
     if text is not None:
         return split_list(text, "strategies")
-    if family == "diffusion_gemma":
-        note("diffusion_gemma decodes with transformers' own sampler: only the baseline applies")
+    if family in FAMILIES and FAMILIES[family].own_sampler:
+        note(f"{family} decodes with transformers' own sampler: only the baseline applies")
         return [BASELINE]
     names = [n for n, s in STRATEGIES.items() if has_guide or not s.guided]
     if not has_guide:
@@ -217,7 +218,7 @@ def bench_command(
             if json_path is not None:
                 write(json_path, json.dumps(records, indent=2) + "\n")
             return
-        names = choose_strategies(strategies, rt.guide is not None, rt.loaded.architecture)
+        names = choose_strategies(strategies, rt.guide is not None, rt.loaded.family)
         plan = BenchPlan.make(
             names,
             lengths,

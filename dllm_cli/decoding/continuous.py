@@ -32,6 +32,7 @@ from dllm_cli.decoding.engine import Decoder, DecodeRun
 from dllm_cli.decoding.events import StepEvent
 from dllm_cli.decoding.rows import BlockWalk, RowState
 from dllm_cli.errors import InputError
+from dllm_cli.families import batching_reason, family_of_model
 
 QUANTUM = 64  # prompt width grows in steps of this many columns
 
@@ -48,11 +49,7 @@ class Finished:
 
 def static_reason(model, guided: bool) -> str | None:
     """Why a decode must run as static batches (None: continuous batching serves it)."""
-    if getattr(model, "family", None) == "diffusion_gemma":
-        return "DiffusionGemma decodes whole batches with transformers' own sampler"
-    if guided:
-        return "guided decoding keeps one AR guide cache per batch"
-    return None
+    return batching_reason(family_of_model(model), guided)
 
 
 class SlotCache:

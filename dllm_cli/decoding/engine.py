@@ -27,7 +27,7 @@ from dllm_cli.decoding.policies import POLICIES, Forward, StepPlace
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk, RowState, first_masks, same_place
 from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
-from dllm_cli.families import with_family_defaults
+from dllm_cli.families import family_of_model, with_family_defaults
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
@@ -44,7 +44,7 @@ class Decoder:
         committer: Committer | None = None,
     ):
         # Unset values take the family's reference defaults (Dream: top_k 50; families.py).
-        settings = with_family_defaults(settings, getattr(model.config, "model_type", None))
+        settings = with_family_defaults(settings, model.family)
         self.settings, self.model, self.special = settings, model, special
         family = family_of(model)
         vocab = special.real_vocab(model.vocab_size)
@@ -281,7 +281,7 @@ def decode_steps(
     committer: Committer | None = None,
 ) -> DecodeRun:
     """Start a decode; iterate the returned run for StepEvents, then call `.result()`."""
-    if getattr(model, "family", None) == "diffusion_gemma":  # transformers' own sampler
+    if family_of_model(model).own_sampler:  # DiffusionGemma: transformers' own sampler
         from dllm_cli.decoding.gemma import start_run
 
         return start_run(model, special, prompts, settings, committer)
