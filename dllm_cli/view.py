@@ -1,28 +1,28 @@
 """Rendering StepEvents: answer text streamed as it becomes final, and the Rich canvas view.
 
 Both consume the decoder's events and never drive it, so the live view, a replay of recorded
-events and the SVG/HTML export all draw the same frames.
+events and the SVG/HTML export (view_export.py) all draw the same frames.
 """
 
 from __future__ import annotations
 
 import colorsys
-import io
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
 
 from rich.color import Color
-from rich.console import Console, Group, RenderableType
-from rich.rule import Rule
+from rich.console import Group, RenderableType
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
 from dllm_cli.decoding import DecodeResult, RowCommit, StepEvent, answer_end
-from dllm_cli.errors import DllmError, SettingsError
+from dllm_cli.errors import SettingsError
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
+from dllm_cli.view_words import Speller
 
 MASK_GLYPH = "░"
 END_GLYPH = "∎"
@@ -71,14 +71,15 @@ class CanvasView:
     def __init__(
         self,
         settings: DecodeSettings,
-        token_text: Callable[[int], str],
+        decode: Callable[[list[int]], str],
         stop_ids: tuple[int, ...] = (),
         uniform: bool = False,
+        guided: bool = False,
     ):
         self.s = settings
         self.uniform = uniform  # uniform-state diffusion: drafts replace tokens (DiffusionGemma)
-        self.token_text = token_text
-        self.spelled: dict[int, str] = {}
+        self.guided = guided  # an AR guide commits at the first mask: the answer grows in order
+        self.speller = Speller(decode)  # ids -> text as the tokenizer detokenises them
         self.stop_ids = tuple(stop_ids)
         g = settings.gen_length
         self.tokens: list[int | None] = [None] * g
@@ -92,8 +93,10 @@ class CanvasView:
         for length, _ in settings.block_plan():
             self.blocks.append((start, start + length))
             start += length
+        self.starts = [a for a, _ in self.blocks]
         self.frozen: list[tuple[int, int]] = []
         self.event: StepEvent | None = None
+        self.block = 0  # the block the last step worked in (see `update`)
         self.committed = 0
         self.end = g  # where the answer ends (its first stop token), as far as committed
         self.accepted: int | None = None
@@ -107,7 +110,8 @@ class CanvasView:
         """A view that spells tokens with the runtime's tokenizer."""
         tok, special = runtime.loaded.tokenizer, runtime.loaded.special
         uniform = runtime.loaded.architecture == "diffusion_gemma"
-        return cls(runtime.settings, lambda t: tok.decode([t]), special.stop, uniform)
+        guided = runtime.guide is not None
+        return cls(runtime.settings, tok.decode, special.stop, uniform, guided)
 
     def update(self, event: StepEvent, seconds: float) -> None:
         """Take one step's commits (row 0); `seconds` is decoding time so far."""
@@ -122,6 +126,10 @@ class CanvasView:
             self.by_guide.update(p for p, c in zip(commit.positions, fixed, strict=True) if c)
             self.committed += len(commit.positions)
         self.end = answer_end(self.tokens, self.stop_ids)
+        # A guided step starts in the frontier's block and may commit past its end: the block
+        # it committed into last is the one it left off in.
+        mine = [p for c in event.commits if c.row == 0 for p in c.positions]
+        self.block = max(event.block, self.block_of(max(mine))) if mine else event.block
         for draft in event.drafts:
             if draft.row == 0:
                 self._redraft(draft, event.step)
@@ -151,36 +159,42 @@ class CanvasView:
         self.seconds, self.done = result.seconds, True
 
     # --- drawing ------------------------------------------------------------------------
+    def block_of(self, pos: int) -> int:
+        return bisect_right(self.starts, pos) - 1
+
     def header(self) -> Text:
+        """Two lines: where the decode is, and how it decodes."""
         e, s = self.event, self.s
         rate = self.committed / self.seconds if self.seconds > 0 else 0.0
         rule = {"threshold": f" {s.threshold:g}", "factor": f" {s.factor:g}"}.get(s.unmask, "")
-        parts = [
+        progress = [
             f"step {e.step + 1 if e else 0}" + (" (done)" if self.done else ""),
-            f"block {(e.block if e else 0) + 1}/{len(self.blocks)}",
+            f"block {self.block + 1}/{len(self.blocks)}",
             f"+{e.committed if e else 0} tokens",
             f"{self.committed}/{s.gen_length} committed",
             f"forwards {e.forwards if e else 0}" + guide_forwards(e),
             f"{rate:.1f} tok/s",
         ]
+        method = [] if self.uniform else [f"cache {s.cache}"]
         if self.uniform:
-            parts.insert(3, f"~{e.replaced if e else 0} replaced")
+            progress.insert(3, f"~{e.replaced if e else 0} replaced")
             if self.settled is not None:
-                parts.append(f"settled at step {self.settled + 1} (stable and confident)")
+                method.append(f"settled at step {self.settled + 1} (stable and confident)")
+        elif self.guided:  # the guide, not the unmask rule, picks what is committed
+            method.append("guided: left to right (--no-guide: diffusion order)")
         else:
-            parts += [f"cache {s.cache}", f"unmask {s.unmask}{rule}"]
+            method.append(f"unmask {s.unmask}{rule}")
         if self.accepted is not None:
-            parts.append(f"accepted {self.accepted}")
+            method.append(f"accepted {self.accepted}")
         if self.corrected is not None:
-            parts.append(f"corrected {self.corrected}")
-        return Text("  ".join(parts), style="bold")
+            method.append(f"corrected {self.corrected}")
+        return Text("\n".join("  ".join(line) for line in (progress, method) if line), "bold")
 
     def block_state(self, index: int) -> tuple[str, str]:
         """(marker, style) of a block: current, finished, cached K/V or waiting."""
         start, end = self.blocks[index]
         filled = all(t is not None for t in self.tokens[start:end])
-        current = self.event is not None and self.event.block == index and not self.done
-        if current:
+        if self.event is not None and self.block == index and not self.done:
             return "▶", "bold yellow"
         if filled and self._cached(start, end):
             return "❄", "cyan"
@@ -205,44 +219,90 @@ class CanvasView:
             return end <= w0 or start >= w1
         return False
 
+    def word_token(self, pos: int) -> int | None:
+        """The committed answer token at `pos`, or None (a mask, a draft, the answer's end)."""
+        tok = self.tokens[pos]
+        if tok is None or pos >= self.end or self.steps[pos] < 0:
+            return None
+        return tok
+
+    def token_style(self, pos: int) -> Style:
+        """Hue: commit step; underlined: this step's; inverse: the guide's own token."""
+        style = step_style(self.steps[pos], self.confidence[pos])
+        if self.event is not None and self.steps[pos] == self.event.step and not self.done:
+            style += Style(underline=True)
+        if pos in self.by_guide:
+            style += Style(reverse=True)  # the guide's own token, not the diffusion draft
+        return style
+
     def token_cell(self, pos: int) -> Text:
         tok = self.tokens[pos]
         if tok is None and self.drafts[pos] is not None:
             return self.draft_cell(pos)
         if tok is None:
             return Text(MASK_GLYPH, style="dim")
-        if pos >= self.end or self.steps[pos] < 0:  # the stop token itself, or past it
+        if self.word_token(pos) is None:  # the stop token itself, or past it
             return Text(END_GLYPH, style="dim")
-        if tok not in self.spelled:
-            self.spelled[tok] = spell(self.token_text(tok))
-        shown = self.spelled[tok]
-        style = step_style(self.steps[pos], self.confidence[pos])
-        if self.event is not None and self.steps[pos] == self.event.step and not self.done:
-            style += Style(underline=True)
-        if pos in self.by_guide:
-            style += Style(reverse=True)  # the guide's own token, not the diffusion draft
-        return Text(shown, style=style)
+        return Text(spell(self.speller.text((tok,))), style=self.token_style(pos))
+
+    def word_cell(self, start: int, end: int) -> Text:
+        """Sub-word pieces as one cell, spelled as the tokenizer joins them, each piece in
+        its own token's style (a cell never wraps inside)."""
+        if end - start == 1:
+            return self.token_cell(start)
+        pieces = self.speller.pieces(tuple(self.tokens[start:end]))  # type: ignore[arg-type]
+        cell = Text()
+        for pos, piece in zip(range(start, end), pieces, strict=True):
+            cell.append(escape(piece), style=self.token_style(pos))
+        cell.rstrip()
+        lead = len(cell.plain) - len(cell.plain.lstrip())  # a blank token joined its word
+        return cell[lead:] if lead < len(cell) else Text("␣", style=self.token_style(start))
 
     def draft_cell(self, pos: int) -> Text:
         """A token the denoiser may still replace: italic; underlined when it just changed."""
         tok = self.drafts[pos]
-        if tok not in self.spelled:
-            self.spelled[tok] = spell(self.token_text(tok))
         style = step_style(self.drafted[pos], self.confidence[pos]) + Style(italic=True)
         if self.event is not None and self.drafted[pos] == self.event.step and not self.done:
             style += Style(underline=True)
-        return Text(self.spelled[tok], style=style)
+        return Text(spell(self.speller.text((tok,))), style=style)  # type: ignore[arg-type]
+
+    def rows(self) -> list[Text]:
+        """Each block's cells; a word running past its block's end is drawn whole in the row
+        where it starts, so a number or a word is never cut in two."""
+        shown = [self.word_token(p) for p in range(self.s.gen_length)]
+        cells: list[list[Text]] = [[] for _ in self.blocks]
+        for start, end in self.speller.words(shown):
+            cells[self.block_of(start)].append(self.word_cell(start, end))
+        return [Text(" ").join(row) for row in cells]
+
+    def ended_from(self) -> int:
+        """The first of the trailing blocks that hold only the answer's end (stop token or
+        early-stop fill), all drawn the same way; len(blocks) when there are none."""
+        first = len(self.blocks)
+        while first > 0:
+            start, end = self.blocks[first - 1]
+            if start < self.end or any(t is None for t in self.tokens[start:end]):
+                break
+            if self.block_state(first - 1)[0] != self.block_state(len(self.blocks) - 1)[0]:
+                break
+            first -= 1
+        return first
 
     def render(self) -> RenderableType:
         """Header, one table row per block, legend."""
         table = Table.grid(padding=(0, 1))
         table.add_column(no_wrap=True)
         table.add_column(ratio=1)
-        for b, (start, end) in enumerate(self.blocks):
+        rows, tail = self.rows(), self.ended_from()
+        for b, cells in enumerate(rows[:tail]):
             marker, style = self.block_state(b)
-            cells = Text(" ").join(self.token_cell(p) for p in range(start, end))
             row_style = "on grey11" if marker == "▶" else None
             table.add_row(Text(f"{marker} B{b}", style=style), cells, style=row_style)
+        if tail < len(rows):  # blocks past the answer's end: one row, not a screen of ∎
+            marker, style = self.block_state(tail)
+            last, n = len(rows) - 1, self.s.gen_length - self.blocks[tail][0]
+            label = f"{marker} B{tail}" + (f"-B{last}" if last > tail else "")
+            table.add_row(Text(label, style=style), Text(f"{END_GLYPH} × {n}", style="dim"))
         blank = "random noise, not drafted yet" if self.uniform else "mask"
         legend = Text(
             f"{MASK_GLYPH} {blank} · colour: commit step, bright = confident · "
@@ -266,7 +326,7 @@ class CanvasView:
             tail += "" if self.settled is None else f", settled at step {self.settled + 1}"
         replaced = f"~{e.replaced} replaced, " if self.uniform else ""
         return (
-            f"step {e.step + 1} block {e.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
+            f"step {e.step + 1} block {self.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
             f"{replaced}"
             f"{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}"
             f"{guide_forwards(e)}{tail}"
@@ -278,10 +338,14 @@ def guide_forwards(event: StepEvent | None) -> str:
     return f" (+{event.guide_forwards} guide)" if event and event.guide_forwards else ""
 
 
+def escape(text: str) -> str:
+    """Control characters as escapes, so no token can drive the terminal."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def spell(text: str) -> str:
     """A token as one visible cell: newline ↵, blank ␣, control characters escaped."""
-    text = text.replace("\n", "↵").strip() or "␣"
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    return escape(text.replace("\n", "↵").strip() or "␣")
 
 
 def step_style(step: int, confidence: float) -> Style:
@@ -296,31 +360,3 @@ def check_save_path(path: Path) -> None:
     """Refuse an export format we cannot write before any decoding starts."""
     if path.suffix.lower() not in SAVE_KINDS:
         raise SettingsError(f"--save {path}: use a .svg (final frame) or .html (every step) file")
-
-
-class Recorder:
-    """Frames for --save: the last one as SVG, or every step as one HTML page."""
-
-    def __init__(self, path: Path, width: int = 120):
-        check_save_path(path)
-        self.path, self.html = path, path.suffix.lower() == ".html"
-        self.console = Console(
-            record=True, width=width, file=io.StringIO(), force_terminal=True,
-            color_system="truecolor",
-        )  # fmt: skip
-
-    def frame(self, view: CanvasView) -> None:
-        if self.html and view.event is not None:
-            self.console.print(Rule(f"step {view.event.step + 1}"))
-            self.console.print(view.render())
-
-    def save(self, view: CanvasView) -> None:
-        """Write the file (the final frame closes the HTML too)."""
-        if self.html:
-            self.console.print(Rule("final"))
-        self.console.print(view.render())
-        text = self.console.export_html() if self.html else self.console.export_svg(title="dllm")
-        try:
-            self.path.write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise DllmError(f"cannot write {self.path}: {e.strerror or e}") from None

@@ -17,7 +17,12 @@ from dllm_cli.decoding import DecodeResult, RowCommit, StepEvent
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.view import CanvasView, spell
 
-WORDS = {1: "one", 2: "two", 3: "three", 9: "<eos>"}
+WORDS = {1: " one", 2: " two", 3: " three", 9: "<eos>"}
+
+
+def words(ids: list[int]) -> str:
+    """A word-level tokenizer's decode: every token starts a word."""
+    return "".join(WORDS[t] for t in ids)
 
 
 def settings(**kw) -> DecodeSettings:
@@ -36,7 +41,7 @@ def draw(view: CanvasView, width: int = 100) -> str:
 
 
 def test_view_shows_masks_block_markers_and_stats():
-    view = CanvasView(settings(unmask="threshold"), lambda t: WORDS[t], stop_ids=(9,))
+    view = CanvasView(settings(unmask="threshold"), words, stop_ids=(9,))
     view.update(step(0, 0, {0: 1, 2: 3}), seconds=0.5)
     text = draw(view)
     assert "step 1" in text and "block 1/2" in text and "+2 tokens" in text
@@ -48,7 +53,7 @@ def test_view_shows_masks_block_markers_and_stats():
 
 
 def test_finished_blocks_are_marked_cached_or_done():
-    view = CanvasView(settings(), lambda t: WORDS[t], stop_ids=(9,))
+    view = CanvasView(settings(), words, stop_ids=(9,))
     view.update(step(0, 0, {0: 1, 1: 2, 2: 3, 3: 1}), seconds=0.1)
     view.update(step(1, 1, {4: 2}, window=(4, 8), accepted=3), seconds=0.2)
     text = draw(view)
@@ -60,17 +65,17 @@ def test_finished_blocks_are_marked_cached_or_done():
 
 
 def test_pruned_suffix_blocks_are_marked_and_move_on_with_the_block():
-    view = CanvasView(settings(gen_length=16, suffix_window=4), lambda t: WORDS[t])
+    view = CanvasView(settings(gen_length=16, suffix_window=4), words)
     view.update(step(0, 0, {0: 1}, window=(0, 8)), seconds=0.1)
     text = draw(view)
     assert "· B1" in text and "✂ B2" in text and "✂ B3" in text and "pruned" in text
     view.update(step(1, 1, {4: 1}, window=(0, 12)), seconds=0.2)
     assert "· B2" in draw(view) and "✂ B3" in draw(view)
-    assert "✂" not in draw(CanvasView(settings(gen_length=16), lambda t: WORDS[t]))
+    assert "✂" not in draw(CanvasView(settings(gen_length=16), words))
 
 
 def test_freecache_marks_frozen_blocks_from_events():
-    view = CanvasView(settings(cache="freecache"), lambda t: WORDS[t])
+    view = CanvasView(settings(cache="freecache"), words)
     view.update(step(0, 0, {0: 1, 1: 2, 2: 3, 3: 1}, window=(0, 8)), seconds=0.1)
     view.update(step(1, 1, {4: 1}, window=(0, 8)), seconds=0.2)
     assert "✓ B0" in draw(view)  # finished, but its K/V is not frozen yet
@@ -105,6 +110,20 @@ def test_save_svg_and_html(profile_file, tmp_path):
     assert "<html" in page.lower() and "step 1" in page and "final" in page
 
 
+def test_save_html_is_a_player_with_the_prompt_escaped_and_says_where(profile_file, tmp_path):
+    page = tmp_path / "run.html"
+    prompt = "<script>alert(1)</script> & how many apples"
+    result = invoke("visualize", prompt, "-p", str(profile_file), "--save", str(page))
+    assert result.exit_code == 0, result.output
+    html = page.read_text()
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt; &amp;" in html
+    frames = html.count('<pre class="frame"')
+    assert frames >= 2 and html.count(" hidden>") == frames - 1  # no script: the final frame
+    assert 'id="play"' in html and 'id="slider"' in html and "ArrowRight" in html
+    assert "test-llada" in html and "threshold" in html  # the settings
+    assert f"dllm: note: wrote {page}: a player of {frames - 1} steps" in result.stderr
+
+
 def test_save_refuses_other_formats_before_loading(tmp_path):
     result = invoke("visualize", "hi", "-p", "nope", "--save", str(tmp_path / "x.png"))
     assert result.exit_code == 2 and ".svg" in result.stderr and not (tmp_path / "x.png").exists()
@@ -115,7 +134,7 @@ def test_tokens_are_spelled_as_one_safe_cell():
 
 
 def test_view_shows_guided_counts_and_marks_the_guides_tokens():
-    view = CanvasView(settings(), lambda t: WORDS[t], stop_ids=(9,))
+    view = CanvasView(settings(), words, stop_ids=(9,))
     row = RowCommit(0, (0, 1, 2), (1, 2, 3), (0.9, 0.8, 0.1), corrected=(False, False, True))
     event = StepEvent(0, 0, 0, (0, 8), True, None, 1, (row,), accepted=2, guide_forwards=3,
                       corrected=1)  # fmt: skip
@@ -126,3 +145,13 @@ def test_view_shows_guided_counts_and_marks_the_guides_tokens():
     cells = [view.token_cell(p) for p in range(3)]
     assert [c.style.reverse for c in cells] == [None, None, True]
     assert view.summary().endswith("forwards 1 (+3 guide), accepted 2, corrected 1")
+
+
+def test_blocks_past_the_answers_end_share_one_row():
+    view = CanvasView(settings(gen_length=32, block_length=4), words, stop_ids=(9,))
+    view.update(step(0, 0, {0: 1, 1: 2, 2: 3, 3: 1, 4: 2, 5: 9}), seconds=0.1)
+    assert "· B7" in draw(view)  # not filled yet: every block its own row
+    view.finish(DecodeResult([[1, 2, 3, 1, 2, 9] + [9] * 26], [[0] * 32], [3], 1, 1, 0.1))
+    rows = [line for line in draw(view).splitlines() if " B" in line]
+    assert [r.split()[1] for r in rows] == ["B0", "B1", "B2-B7"]
+    assert rows[1].split()[2:] == ["two", "∎", "∎", "∎"] and rows[2].split()[2:] == ["∎", "×", "24"]

@@ -127,6 +127,11 @@ def test_visualize_streams_the_refining_canvas_and_saves_it(gemma_profile_file, 
 WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 9: "<eos>"}
 
 
+def spoken(ids: list[int]) -> str:
+    """A word-level tokenizer's decode: every token is a word of its own."""
+    return "".join(f" {WORDS[t]}" for t in ids)
+
+
 def draw(view: CanvasView, styles: bool = False) -> str:
     console = Console(record=True, width=200, file=io.StringIO(), force_terminal=True)
     console.print(view.render())
@@ -145,7 +150,7 @@ def draft_step(n: int, drafts: dict[int, int], settled=(), commits=None) -> Step
 
 def test_the_view_shows_a_token_being_replaced_and_the_canvas_settling():
     s = DecodeSettings(gen_length=4, block_length=4)
-    view = CanvasView(s, lambda t: WORDS[t], stop_ids=(9,), uniform=True)
+    view = CanvasView(s, spoken, stop_ids=(9,), uniform=True)
     view.update(draft_step(0, {0: 1, 1: 2, 2: 3, 3: 1}), seconds=0.1)
     first = draw(view)
     assert "▶ B0 one two three one" in first and "~4 replaced" in first

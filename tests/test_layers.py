@@ -35,6 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
         "batch",
         "distributed",
         "view",
+        "view_words",
+        "view_export",
         "bench",
         "bench_batching",
         "throughput",
@@ -43,7 +45,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("options", "commands", "cli", "__main__"),  # entry points
 ]
 TYPER_ALLOWED = ("options", "commands", "cli")  # the command-line layer
-PURE = {"distributed": ("distributed", "errors")}  # knows nothing of models or decoding
+PURE = {  # know nothing of models or decoding
+    "distributed": ("distributed", "errors"),
+    "view_words": (),  # words from a decode function, whatever the tokenizer
+}
 
 
 def module_name(path: Path) -> str:

@@ -16,6 +16,7 @@ from dllm_cli import options as o
 from dllm_cli.commands.common import (
     cli_errors,
     load_runtime,
+    note,
     show_prompt,
     stderr,
     stderr_is_terminal,
@@ -26,7 +27,8 @@ from dllm_cli.prompt_text import from_argv
 
 if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
     from dllm_cli.decoding import DecodeRun, StepEvent
-    from dllm_cli.view import CanvasView, Recorder
+    from dllm_cli.view import CanvasView
+    from dllm_cli.view_export import Recorder
 
 VIEW = "View"
 Delay = Annotated[
@@ -42,7 +44,7 @@ Replay = Annotated[
 Save = Annotated[
     Path | None,
     typer.Option(
-        help="Write FILE.svg (final frame) or FILE.html (every step).",
+        help="Write FILE.svg (the final frame) or FILE.html (a step-by-step player; offline).",
         rich_help_panel=VIEW,
         dir_okay=False,
     ),
@@ -66,20 +68,24 @@ def visualize_command(
     """Decode PROMPT showing every step: masks, commits by step and confidence, blocks, caches."""
     with cli_errors():
         from dllm_cli.decoding import decode_steps
-        from dllm_cli.view import CanvasView, Recorder, check_save_path
+        from dllm_cli.view import CanvasView, check_save_path
+        from dllm_cli.view_export import Recorder, run_headline, run_settings
 
         if delay < 0:
             raise SettingsError(f"--delay must be >= 0 (got {delay})")
         if save is not None:
             check_save_path(save)
         runtime = load_runtime(choices)
-        ids = runtime.prepare(from_argv(prompt))
+        text = from_argv(prompt)
+        ids = runtime.prepare(text)
         if verbose_prompt:
             show_prompt(runtime, ids)
         model, special = runtime.loaded.model, runtime.loaded.special
         run = decode_steps(model, special, [ids], runtime.settings, committer=runtime.committer())
         view = CanvasView.for_runtime(runtime)
-        recorder = Recorder(save, width) if save is not None else None
+        recorder = None
+        if save is not None:
+            recorder = Recorder(save, width, text, run_settings(runtime), run_headline(runtime))
         steps_seen = recorded(run) if replay else timed(run)
         live = None
         if stderr_is_terminal():  # a console of its own: `stderr` soft-wraps, Live must wrap
@@ -96,9 +102,20 @@ def visualize_command(
             view.finish(result)
             if live is not None:
                 live.update(view.render(), refresh=True)
+        answer = runtime.text(result.tokens[0])
         if recorder is not None:
-            recorder.save(view)
-        write(runtime.text(result.tokens[0]) + "\n")
+            saved(recorder, view, answer)
+        write(answer + "\n")
+
+
+def saved(recorder: Recorder, view: CanvasView, answer: str) -> None:
+    """Write the --save file and say on stderr where it went and what it holds."""
+    path = recorder.save(view, answer).resolve()
+    if recorder.html:
+        steps = len(recorder.frames) - 1
+        note(f"wrote {path}: a player of {steps} steps (open it in a browser; works offline)")
+    else:
+        note(f"wrote {path}: the final frame")
 
 
 def timed(run: DecodeRun) -> Iterator[tuple[StepEvent, float]]:
