@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from dllm_cli.decoding import Decoder, DecodeResult, answer_length, decode
 from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
-from dllm_cli.errors import DllmError, InputError
+from dllm_cli.errors import DllmError, InputError, SettingsError
 from dllm_cli.prompt_text import decode_line, escape_bytes, strip_line_end
 from dllm_cli.runtime import Runtime
 
@@ -98,12 +98,13 @@ class Pipeline:
     batch_size: int = 8
     json_out: bool = False
     json_input: bool = False
+    canvas: bool = False  # --json-canvas: records carry every generated position too
     totals: Totals = field(default_factory=Totals)
     finished: Callable[[Slot], None] = lambda slot: None  # a record is final (progress)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise InputError(f"--batch-size must be at least 1 (got {self.batch_size})")
+            raise SettingsError(f"--batch-size must be at least 1 (got {self.batch_size})")
 
     def run(
         self, numbered: Iterable[tuple[int, bytes]], done: Callable[[list[Slot]], None]
@@ -198,7 +199,9 @@ class Pipeline:
         """A decoded slot's record (text or --json)."""
         text = self.runtime.text(result.tokens[row])
         if self.json_out:
-            slot.output = json.dumps({"line": slot.line, **record(slot.prompt, text, result, row)})
+            stop = self.runtime.loaded.special.stop
+            shown = record(slot.prompt, text, result, row, stop, self.canvas)
+            slot.output = json.dumps({"line": slot.line, **shown})
         else:
             slot.output = one_line(text)
         self.finished(slot)
@@ -291,17 +294,26 @@ def prompt_from_json(text: str) -> str:
     return data["prompt"]
 
 
-def record(prompt: str, text: str, result: DecodeResult, row: int) -> dict:
-    """The --json object for one answer (forwards/steps/seconds are its batch's)."""
-    return {
+def record(
+    prompt: str, text: str, result: DecodeResult, row: int, stop: Iterable[int], canvas: bool
+) -> dict:
+    """The --json object for one answer of `result` (a batch, or one prompt alone).
+
+    token_ids: the answer's ids (what `text` decodes); `canvas`: every generated position too.
+    steps: the row's own, until its answer was final; seconds: the row's share of the run's
+    (a batch's seconds over its rows, so records add up); forwards: the run's, which served it.
+    """
+    finished = result.finished_at[row] if row < len(result.finished_at) else -1
+    shown = {
         "prompt": prompt,
         "text": text,
-        "token_ids": result.tokens[row],
+        "token_ids": result.answer(row, stop),
         "forwards": result.forwards,
         "guide_forwards": result.guide_forwards,
-        "steps": result.steps,
-        "seconds": round(result.seconds, 4),
+        "steps": finished + 1 if finished >= 0 else result.steps,  # finished_at: 0-based
+        "seconds": round(result.seconds / len(result.tokens), 4),
     }
+    return shown | ({"canvas_ids": result.tokens[row]} if canvas else {})
 
 
 def one_line(text: str) -> str:

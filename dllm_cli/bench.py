@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.errors import DllmError, SettingsError, UsageError
 from dllm_cli.families import FAMILIES
 from dllm_cli.settings import DecodeSettings
 
@@ -110,13 +110,13 @@ class BenchPlan:
         reference = kw.get("reference", BASELINE)
         unknown = [s for s in [reference, *strategies] if s not in STRATEGIES]
         if unknown:
-            raise InputError(
+            raise UsageError(
                 f"unknown strategy {unknown[0]!r} (available: {', '.join(STRATEGIES)})"
             )
         if not lengths or any(n < 1 for n in lengths):
-            raise InputError("--gen-length needs positive lengths, e.g. 256,512")
+            raise UsageError("--gen-length needs positive lengths, e.g. 256,512")
         if kw.get("suffix_window", SUFFIX_WINDOW) < 1:
-            raise InputError(f"--suffix-window must be at least 1 (got {kw['suffix_window']})")
+            raise UsageError(f"--suffix-window must be at least 1 (got {kw['suffix_window']})")
         names = dict.fromkeys([reference, *strategies])
         return cls(tuple(names), tuple(dict.fromkeys(lengths)), **kw)
 
@@ -151,7 +151,7 @@ def run_bench(
     measure = measure or measure_accuracy
     guided = [n for n in plan.strategies if STRATEGIES[n].guided]
     if guided and runtime.guide is None:
-        raise InputError(f"strategy {guided[0]!r} needs a guide model ([guide] in the profile)")
+        raise UsageError(f"strategy {guided[0]!r} needs a guide model ([guide] in the profile)")
     check_family(runtime, plan)
     records, warmed = [], set()
     for length in plan.lengths:
@@ -254,11 +254,11 @@ def plot(records: Sequence[dict], path: Path) -> None:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise InputError(
+        raise UsageError(
             "--plot needs matplotlib: pip install 'dllm-cli[plot]' (or matplotlib>=3.7)"
         ) from None
     if any(r["accuracy"] is None for r in records):
-        raise InputError("--plot draws accuracy, which synthetic prompts (--prompt-length) lack")
+        raise UsageError("--plot draws accuracy, which synthetic prompts (--prompt-length) lack")
     lengths = sorted({r["gen_length"] for r in records})
     fig = Figure(figsize=(6 * len(lengths), 4.5), layout="tight")
     axes = fig.subplots(1, len(lengths), squeeze=False)[0]
@@ -278,4 +278,4 @@ def plot(records: Sequence[dict], path: Path) -> None:
     try:
         fig.savefig(path)
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot write plot {path}: {e}") from None
+        raise DllmError(f"cannot write plot {path}: {e}") from None

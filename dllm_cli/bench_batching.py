@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from dllm_cli.decoding import Decoder, answer_length, decode
 from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
-from dllm_cli.errors import InputError
+from dllm_cli.errors import InputError, UsageError
 from dllm_cli.evaluate import held_out
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
@@ -87,9 +87,9 @@ def compare_batching(
     """Static then continuous, `rounds` times; records carry the continuous/static ratio."""
     reason = static_reason(runtime.loaded.model, guided=False)
     if reason is not None:
-        raise InputError(f"--batching-compare: {reason}")
+        raise UsageError(f"--batching-compare: {reason}")
     if batch_size < 1 or rounds < 1:
-        raise InputError("--batching-compare needs --batch-size >= 1 and --rounds >= 1")
+        raise UsageError("--batching-compare needs --batch-size >= 1 and --rounds >= 1")
     short = replace(settings, gen_length=min(settings.block_length, settings.gen_length))
     for run in PASSES.values():  # warm-up: one-off setup costs nobody
         run(runtime, prompts[:batch_size], short, batch_size)

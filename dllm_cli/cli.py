@@ -15,20 +15,53 @@ from contextlib import suppress
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from dllm_cli import __version__
 from dllm_cli.commands.bench import bench_command
-from dllm_cli.commands.common import set_debug
+from dllm_cli.commands.common import INTERRUPTED, USAGE, error_line, set_debug, stderr
 from dllm_cli.commands.eval import eval_command
 from dllm_cli.commands.generate import generate_command
 from dllm_cli.commands.profiles import profiles_app
 from dllm_cli.commands.visualize import visualize_command
 
+
+class OneLineErrors(TyperGroup):
+    """Click's usage errors (a bad value for a typed option, a misspelt option, a missing
+    argument) as one `dllm: error:` line and exit code 2, as every other usage error, instead
+    of Typer's boxed panel; `dllm` alone still prints the help."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.TyperException as e:  # click's UsageError, BadParameter, NoSuchOption
+            sys.exit(show_usage_error(e))
+        except typer.Abort:
+            stderr.print("dllm: interrupted")
+            sys.exit(INTERRUPTED)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def show_usage_error(e: typer.TyperException) -> int:
+    """Print a click error as one line (`dllm` with no arguments: the help); its exit code."""
+    if type(e).__name__ == "NoArgsIsHelpError":  # `dllm` alone: the help is already printed
+        return e.exit_code  # (matched by name, as Typer's own handler does: a private class)
+    ctx = getattr(e, "ctx", None)
+    text = " ".join(e.format_message().split())
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    error_line(f"{text}{hint}")
+    return e.exit_code if e.exit_code else USAGE
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
     name="dllm",
     help="Fast decoding for masked diffusion language models (LLaDA, Dream).",
-    epilog="Exit codes: 0 ok, 1 other error, 2 usage/profile/setting, 3 model cannot load, "
-    "4 bad input (or some stdin line failed), 5 device unavailable, 70 internal, 130 Ctrl-C.",
+    epilog="Exit codes: 0 ok, 1 failed after it started (an output not written), 2 usage "
+    "(flags, profile, settings, output paths), 3 model cannot load, 4 bad input (or some stdin "
+    "line failed), 5 device not on this machine, 70 internal, 130 Ctrl-C, 141 stdout closed.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},

@@ -2,7 +2,8 @@
 
 
 class DllmError(Exception):
-    """Base class: a user-facing problem with a clear one-line message."""
+    """Base class: a user-facing problem with a clear one-line message (exit 1: a run that
+    failed after it started, e.g. an output file that could not be written)."""
 
     exit_code = 1
 
@@ -15,6 +16,13 @@ class ProfileError(DllmError):
 
 class SettingsError(DllmError):
     """A decoding setting is out of range or inconsistent."""
+
+    exit_code = 2
+
+
+class UsageError(DllmError):
+    """The command line cannot run as given: an output path that cannot be written, a flag
+    whose optional extra is not installed (checked before any decoding)."""
 
     exit_code = 2
 

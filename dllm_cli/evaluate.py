@@ -34,7 +34,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from dllm_cli.decoding import Committer, DecodeResult, answer_length, decode
-from dllm_cli.errors import InputError
+from dllm_cli.errors import InputError, UsageError
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.problems import (
@@ -178,11 +178,11 @@ class Score(Cost):
 
 def check_counts(n: int | None, shots: int, start: int) -> None:
     if n is not None and n < 1:
-        raise InputError(f"--n must be at least 1 (got {n})")
+        raise UsageError(f"--n must be at least 1 (got {n})")
     if shots < 0:
-        raise InputError(f"--shots must be >= 0 (got {shots})")
+        raise UsageError(f"--shots must be >= 0 (got {shots})")
     if start < 0:
-        raise InputError(f"--start must be >= 0 (got {start})")
+        raise UsageError(f"--start must be >= 0 (got {start})")
 
 
 def held_out(
@@ -190,11 +190,11 @@ def held_out(
 ) -> list[Task]:
     """Problems start .. start+n-1 of a built-in held-out set with K fixed shots each, encoded."""
     if split not in BUILTIN:
-        raise InputError(f"unknown split {split!r} (choose from {', '.join(BUILTIN)})")
+        raise UsageError(f"unknown split {split!r} (choose from {', '.join(BUILTIN)})")
     check_counts(n, shots, start)
     problems = builtin_problems(split)
     if start + n > len(problems):
-        raise InputError(
+        raise UsageError(
             f"problems {start}..{start + n - 1} are outside the {split} split's "
             f"0..{len(problems) - 1}"
         )
@@ -252,7 +252,7 @@ def score(
 ) -> Score:
     """Decode `tasks` in batches of `batch_size` and check each answer; `text` decodes ids."""
     if batch_size < 1:
-        raise InputError(f"--batch-size must be at least 1 (got {batch_size})")
+        raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
     out = Score(gen_length=settings.gen_length)
     for first in range(0, len(tasks), batch_size):
         batch = tasks[first : first + batch_size]

@@ -90,6 +90,16 @@ FLAGS: dict[str, Flag] = {
         "model",
         "model.compile",
     ),
+    "threads": Flag(
+        _option(
+            int,
+            "CPU threads for torch, set before the first forward (0, the default: torch's "
+            "own, one per core or OMP_NUM_THREADS; a busy machine often runs faster on 1).",
+            MODEL,
+        ),
+        "model",
+        "model.threads",
+    ),
     "gen_length": _decode("gen_length", int, "Tokens to generate."),
     "block_length": _decode("block_length", int, "Semi-autoregressive block size."),
     "steps": _decode("steps", int, "Denoising steps in all (fixed/origin); default one per token."),
@@ -235,15 +245,17 @@ def shared(*wanted: str) -> Callable[[C], C]:
 BatchSize = Annotated[
     int,
     typer.Option(
-        help="Prompts decoded together (continuous batching: slots refilled as prompts finish)."
+        help="Prompts decoded together (continuous batching: slots refilled as prompts finish).",
+        min=1,
     ),
 ]
 Json = Annotated[
     bool,
     typer.Option(
         "--json",
-        help="One JSON object per prompt on stdout: prompt, text, token_ids, forwards, "
-        "guide_forwards, steps, seconds (a failed prompt: prompt, error).",
+        help="One JSON object per prompt on stdout: prompt, text, token_ids (the answer's), "
+        "forwards, guide_forwards, steps, seconds (static batches: the prompt's own steps and "
+        "its share of the batch's seconds); a failed prompt: prompt, error.",
         rich_help_panel=OUTPUT,
     ),
 ]

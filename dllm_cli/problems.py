@@ -22,7 +22,7 @@ from decimal import Decimal, InvalidOperation
 from functools import cache
 from pathlib import Path
 
-from dllm_cli.errors import InputError
+from dllm_cli.errors import InputError, UsageError
 
 HELDOUT = Path(__file__).resolve().parent / "tinygsm" / "heldout"
 MAX_SHOTS = 8  # solved examples frozen per built-in problem
@@ -94,7 +94,7 @@ def json_number(value: Decimal | int | None) -> int | float | None:
 def builtin_problems(name: str) -> tuple[Problem, ...]:
     """A frozen built-in set, in order."""
     if name not in BUILTIN:
-        raise InputError(f"unknown split {name!r} (choose from {', '.join(BUILTIN)})")
+        raise UsageError(f"unknown split {name!r} (choose from {', '.join(BUILTIN)})")
     rows = read_lines(HELDOUT / f"{name}.jsonl")
     return tuple(
         Problem(r["question"], Decimal(r["answer"]), r["solution"], tuple(r["names"]), i + 1)
@@ -112,7 +112,7 @@ def _builtin_shots(source: str) -> tuple[tuple[Problem, ...], ...]:
 def builtin_shots(name: str, index: int, k: int) -> tuple[Problem, ...]:
     """Built-in problem `index`'s first k solved examples (the same k-prefix for every k)."""
     if k > MAX_SHOTS:
-        raise InputError(f"--shots {k}: the built-in sets carry {MAX_SHOTS} examples a problem")
+        raise UsageError(f"--shots {k}: the built-in sets carry {MAX_SHOTS} examples a problem")
     return _builtin_shots(BUILTIN[name].shots_from)[index][:k]
 
 

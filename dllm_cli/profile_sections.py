@@ -31,6 +31,7 @@ class ModelSection:
     device: str = "auto"
     chat_template: bool = True
     compile: bool = False  # CUDA-graph replay of cached block steps (models/compiled.py)
+    threads: int = 0  # torch's CPU threads, set before the first forward (0: torch's default)
     stop_tokens: list[str] = field(default_factory=list)  # more tokens that end an answer
     special: SpecialOverrides = field(default_factory=SpecialOverrides)
 

@@ -81,14 +81,8 @@ def _parse(path: Path) -> tuple[Profile, dict]:
     guide = None
     if tables["guide"] is not None:
         guide = build(GuideSection, tables["guide"], "guide", where)
-    profile = Profile(
-        name=data.get("name", path.stem),
-        description=data.get("description", ""),
-        model=model,
-        decode=decode,
-        guide=guide,
-        source=path,
-    )
+    name, description = data.get("name", path.stem), data.get("description", "")
+    profile = Profile(name, description, model, decode, guide, source=path)
     _check_values(profile, where)
     profile.model.path = _resolve_model_path(profile.model.path, path.parent)
     if profile.guide:
@@ -96,37 +90,44 @@ def _parse(path: Path) -> tuple[Profile, dict]:
     return profile, data
 
 
-def _check_values(profile: Profile, where: str) -> None:
-    """Allowed values beyond types; the decode checks are DecodeSettings' own (when built)."""
+def _check_values(profile: Profile, where: str | None) -> None:
+    """Allowed values beyond types (decode: DecodeSettings' own); `where`: the file, or None for
+    command-line values (the message names the flag). Model tables: imported here, not at start."""
     from dllm_cli.models.loading import DTYPES
+
+    def bad(section: str, problem: str) -> ProfileError:
+        """`problem` starts with the key it is about: "dtype must be one of ..."."""
+        key, _, rest = problem.partition(" ")
+        if where is None:
+            return ProfileError(f"--{key.replace('_', '-')} {rest}")
+        return ProfileError(f"{where}: {key} in [{section}] {rest}")
 
     m = profile.model
     if not m.path:
-        raise ProfileError(f"{where}: path in [model] must not be empty")
+        raise bad("model", "path must not be empty")
     if m.architecture is not None:
         m.architecture = m.architecture.lower()
         known = list(FAMILIES)
         if m.architecture not in known:
-            raise ProfileError(
-                f"{where}: architecture in [model] must be one of {', '.join(known)} "
-                f"(got {m.architecture!r})"
+            raise bad(
+                "model", f"architecture must be one of {', '.join(known)} (got {m.architecture!r})"
             )
     dtypes = ("auto", *DTYPES)
     if m.dtype not in dtypes:
-        raise ProfileError(
-            f"{where}: dtype in [model] must be one of {', '.join(dtypes)} (got {m.dtype!r})"
-        )
+        raise bad("model", f"dtype must be one of {', '.join(dtypes)} (got {m.dtype!r})")
+    if m.threads < 0:
+        raise bad("model", f"threads must be >= 0 (0: torch's default; got {m.threads})")
     if not all(isinstance(t, str) and t for t in m.stop_tokens):
-        raise ProfileError(f"{where}: stop_tokens in [model] must be a list of token strings")
+        raise bad("model", "stop_tokens must be a list of token strings")
     for role, value in dataclasses.asdict(m.special).items():
         if value is not None and value < 0:
-            raise ProfileError(f"{where}: {role} in [model.special] must be >= 0 (got {value})")
+            raise bad("model.special", f"{role} must be >= 0 (got {value})")
     if profile.guide:
         if not profile.guide.path:
-            raise ProfileError(f"{where}: [guide] needs a path (or leave the guide out)")
+            raise ProfileError(f"{where or 'command line'}: [guide] needs a path (or leave it out)")
         problem = profile.guide.problem()
         if problem:
-            raise ProfileError(f"{where}: [guide] {problem}")
+            raise bad("guide", problem)
 
 
 def _resolve_model_path(text: str, base: Path | None) -> str:
@@ -287,7 +288,7 @@ def resolve(
             provenance[key] = f"family default ({family.name})"
         else:
             provenance[key] = "default"
-    _check_values(profile, "command line")
+    _check_values(profile, None)  # only command-line values can fail here
     for key, section in (("model.path", profile.model), ("guide.path", profile.guide)):
         unset = unset_variables(section.path) if section else []
         if unset:

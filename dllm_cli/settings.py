@@ -27,6 +27,7 @@ CACHES = ("none", "prefix", "dual", "freecache")
 UNMASKS = ("fixed", "threshold", "factor", "origin")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
+STEP_RULES = ("fixed", "origin")  # the unmask rules that follow a step schedule
 BATCHINGS = ("continuous", "static")  # batch mode: refill finished slots, or whole batches
 ON_REJECT = ("guide", "draft")  # guided decoding: whose token a rejection commits
 # Threshold and factor compare a confidence with a probability; negative entropy is not one.
@@ -87,8 +88,11 @@ class DecodeSettings:
 
     @property
     def total_steps(self) -> int:
-        """Requested steps (None means one token per step)."""
-        return self.gen_length if self.steps is None else self.steps
+        """Steps the schedule plans: `steps` (None: one token per step) under fixed and origin;
+        threshold and factor commit by confidence, so `steps` does not apply to them."""
+        if self.steps is None or self.unmask not in STEP_RULES:
+            return self.gen_length
+        return self.steps
 
     def block_plan(self) -> list[tuple[int, int]]:
         """(tokens, steps) per block: see `split_blocks`."""
@@ -103,6 +107,8 @@ class DecodeSettings:
         if self.gen_length % size:
             notes.append(f"the last block has {self.gen_length % size} tokens, not {size}")
         n, steps = self.num_blocks, self.total_steps
+        if self.unmask not in STEP_RULES:  # confidence rules: no step plan to explain
+            return notes
         if steps % n:
             base, extra = divmod(steps, n)
             notes.append(
@@ -211,7 +217,7 @@ class DecodeSettings:
             _bad(f"confidence_threshold must be > 0 (got {self.confidence_threshold})")
 
     def _check_combinations(self) -> None:
-        if self.total_steps < self.num_blocks:
+        if self.unmask in STEP_RULES and self.total_steps < self.num_blocks:
             _bad(
                 f"steps ({self.total_steps}) is fewer than the number of blocks "
                 f"({self.num_blocks} = ceil(gen_length {self.gen_length} / block_length "
@@ -255,7 +261,7 @@ def parse_accept(accept: str) -> tuple[str, float | None]:
     except ValueError:
         pass
     raise SettingsError(
-        f"guide accept must be 'exact', 'topk:K' (K >= 1) or 'prob:P' (0 < P <= 1), got {accept!r}"
+        f"accept must be 'exact', 'topk:K' (K >= 1) or 'prob:P' (0 < P <= 1) (got {accept!r})"
     )
 
 

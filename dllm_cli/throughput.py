@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_cli.decoding import decode
-from dllm_cli.errors import InputError
+from dllm_cli.errors import InputError, UsageError
 from dllm_cli.evaluate import Cost, held_out
 from dllm_cli.models.loading import LoadedModel
 
@@ -61,9 +61,9 @@ def synthetic_tasks(
 ) -> list[SyntheticTask]:
     """n prompts of `prompt_length` ordinary ids, the same for the same seed and tokenizer."""
     if n < 1:
-        raise InputError(f"--n must be at least 1 (got {n})")
+        raise UsageError(f"--n must be at least 1 (got {n})")
     if prompt_length < 1:
-        raise InputError(f"--prompt-length must be at least 1 (got {prompt_length})")
+        raise UsageError(f"--prompt-length must be at least 1 (got {prompt_length})")
     ids = ordinary_ids(loaded)
     gen = torch.Generator().manual_seed(seed)
     picks = torch.randint(len(ids), (n, prompt_length), generator=gen).tolist()
@@ -73,7 +73,7 @@ def synthetic_tasks(
 def measure(runtime, tasks: Sequence[SyntheticTask], settings, committer, batch_size: int):
     """One timed pass over synthetic prompts (bench's `measure` for throughput mode)."""
     if batch_size < 1:
-        raise InputError(f"--batch-size must be at least 1 (got {batch_size})")
+        raise UsageError(f"--batch-size must be at least 1 (got {batch_size})")
     length = len(tasks[0].prompt) if tasks else 0
     out = Throughput(gen_length=settings.gen_length, prompt_length=length)
     loaded = runtime.loaded

@@ -12,7 +12,7 @@ from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
 from dllm_cli import bench_batching, evaluate
 from dllm_cli.bench import REFERENCE, STRATEGIES, BenchPlan, plot, settings_for
-from dllm_cli.errors import InputError
+from dllm_cli.errors import UsageError
 from dllm_cli.models import LLaDAModelLM
 from dllm_cli.settings import DecodeSettings
 
@@ -109,11 +109,11 @@ def test_speedup_is_the_baseline_time_over_the_strategy_time(tmp_path, cli_ckpt,
 
 def test_bench_refuses_unknown_strategies_and_lengths(profile):
     bad = invoke("bench", "-p", str(profile), "--n", "1", "--strategies", "dual,turbo")
-    assert bad.exit_code == 4 and "turbo" in bad.stderr and "freecache+guided" in bad.stderr
+    assert bad.exit_code == 2 and "turbo" in bad.stderr and "freecache+guided" in bad.stderr
     lengths = invoke("bench", "-p", str(profile), "--n", "1", "--gen-length", "16,x")
-    assert lengths.exit_code == 4 and "--gen-length" in lengths.stderr
+    assert lengths.exit_code == 2 and "--gen-length" in lengths.stderr
     nowhere = invoke("bench", "-p", str(profile), "--n", "1", "--json", "no/such/dir/b.json")
-    assert nowhere.exit_code == 4 and "does not exist" in nowhere.stderr
+    assert nowhere.exit_code == 2 and "does not exist" in nowhere.stderr
 
 
 def test_guided_strategies_need_a_guide(tmp_path, tinygsm_pair):
@@ -121,7 +121,7 @@ def test_guided_strategies_need_a_guide(tmp_path, tinygsm_pair):
     plain = tinygsm_profile(tmp_path / "q" / "plain.toml", model, None)
     args = ["bench", "-p", str(plain), "--n", "1", "--gen-length", "8", "--block-length", "8"]
     asked = invoke(*args, "--strategies", "freecache+guided", "--no-warmup")
-    assert asked.exit_code == 4 and "guide" in asked.stderr
+    assert asked.exit_code == 2 and "guide" in asked.stderr
 
 
 def test_strategy_table_changes_only_what_the_name_says():
@@ -144,9 +144,9 @@ def test_strategy_table_changes_only_what_the_name_says():
     assert plan.strategies == ("baseline", "dual") and plan.lengths == (64,)
     other = BenchPlan.make(["dual", "dual+parallel"], [64], shots=0, reference="dual+parallel")
     assert other.strategies == ("dual+parallel", "dual")
-    with pytest.raises(InputError, match="turbo"):
+    with pytest.raises(UsageError, match="turbo"):
         BenchPlan.make(["dual"], [64], shots=0, reference="turbo")
-    with pytest.raises(InputError, match="suffix-window"):
+    with pytest.raises(UsageError, match="suffix-window"):
         BenchPlan.make(["prune"], [64], shots=0, suffix_window=0)
 
 
@@ -171,7 +171,7 @@ def test_speedups_against_another_reference(profile, tmp_path):
 def test_plot_needs_matplotlib(tmp_path, monkeypatch):
     records = [{"strategy": "baseline", "gen_length": 8, "tokens_per_second": 5.0, "accuracy": 0.5}]
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if not installed
-    with pytest.raises(InputError, match="matplotlib"):
+    with pytest.raises(UsageError, match="matplotlib"):
         plot(records, tmp_path / "p.png")
 
 
@@ -207,7 +207,7 @@ def test_batching_compare_times_both_batchings_on_the_same_prompts(profile, tmp_
 def test_batching_compare_refuses_a_guided_strategy(profile):
     args = ["bench", "-p", str(profile), "--batching-compare", "guided", "--n", "2"]
     result = invoke(*args)
-    assert result.exit_code == InputError.exit_code
+    assert result.exit_code == 2
     assert "unguided strategy" in result.stderr
 
 

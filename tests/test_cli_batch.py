@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from cli_fixtures import (  # noqa: F401
     CONTEXT,
+    GEN,
     PROMPTS,
     cli_ckpt_fixture,
     error_lines,
@@ -19,6 +21,7 @@ from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 from dllm_cli import batch
 from dllm_cli.decoding import decode as real_decode
 from dllm_cli.errors import InputError
+from dllm_cli.runtime import open_runtime
 
 TOO_LONG = " ".join(["apples"] * CONTEXT)
 
@@ -235,3 +238,57 @@ def test_guided_batches_fall_back_to_static_with_a_note(tmp_path_factory, tmp_pa
     note = "dllm: note: continuous batching falls back to static batches: guided decoding"
     assert note in asked.stderr
     assert "falls back" not in static.stderr + default.stderr  # not asked for: no note
+
+
+def test_json_token_ids_are_the_answer_and_the_canvas_on_request(profile_file):
+    """token_ids: what `text` decodes (cut before the first stop token); --json-canvas adds
+    canvas_ids, every generated position."""
+    # token 47, frequent in this model's answers, made EOS: answers end early (test_eval.py)
+    profile_file.write_text(profile_file.read_text() + "\n[model.special]\neos = 47\n")
+    stdin = "\n".join(PROMPTS) + "\n"
+    result = invoke("generate", "-p", str(profile_file), "--json-canvas", input=stdin)
+    assert result.exit_code == 0, result.output
+    runtime = open_runtime(str(profile_file))
+    stop = runtime.loaded.special.stop
+    for line in result.stdout.splitlines():
+        r = json.loads(line)
+        ids, canvas = r["token_ids"], r["canvas_ids"]
+        assert len(canvas) == GEN and canvas[: len(ids)] == ids
+        assert not set(ids) & set(stop) and runtime.text(ids) == r["text"]
+        assert len(ids) == GEN or canvas[len(ids)] in stop
+    plain = invoke("generate", "-p", str(profile_file), "--json", input=stdin)
+    for line, canvas_line in zip(
+        plain.stdout.splitlines(), result.stdout.splitlines(), strict=True
+    ):
+        r, c = json.loads(line), json.loads(canvas_line)
+        assert "canvas_ids" not in r and r["token_ids"] == c["token_ids"]
+    assert any(len(json.loads(x)["token_ids"]) < GEN for x in plain.stdout.splitlines())
+
+
+def test_static_batch_records_carry_per_prompt_figures(profile_file):
+    """One static batch of three: each record's steps are its own (the longest is the batch's)
+    and its seconds its share, so the records add up to the run's seconds."""
+    stdin = "\n".join(PROMPTS) + "\n"
+    args = ("--json", "--batch-size", "3", "--batching", "static", "--stats")
+    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    stats = re.search(r"(\d+) steps, ([\d.]+) s,", result.stderr)
+    steps, seconds = int(stats[1]), float(stats[2])
+    assert max(r["steps"] for r in records) == steps
+    assert all(1 <= r["steps"] <= steps for r in records)
+    assert sum(r["seconds"] for r in records) == pytest.approx(seconds, abs=0.01)
+    assert len({r["seconds"] for r in records}) == 1  # equal shares of one batch
+
+
+def test_ctrl_c_says_how_many_lines_were_written(profile_file, monkeypatch):
+    monkeypatch.setattr(batch, "decode", failing_decode(KeyboardInterrupt(), on_call=2))
+    stdin = "\n".join(PROMPTS) + "\n"
+    args = ("--batch-size", "2", "--batching", "static")
+    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
+    assert result.exit_code == 130
+    assert len(result.stdout.splitlines()) == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "dllm: interrupted: 2 lines written; line 3 read but not written; "
+        "stdin past line 3 not read"
+    )

@@ -50,11 +50,16 @@ CASES = [
     ("huge temperature", ["--temperature", "1e300"], 2, "temperature must be 0 (greedy) or in"),
     ("tiny temperature", ["--temperature", "1e-40"], 2, "temperature must be 0 (greedy) or in"),
     ("huge cfg scale", ["--cfg-scale", "1e300"], 2, "cfg_scale must be in [0, 100]"),
-    ("blocks need steps", ["--steps", "1", "--block-length", "4"], 2, "fewer than the number"),
+    (
+        "blocks need steps",
+        ["--steps", "1", "--block-length", "4", "--unmask", "fixed"],
+        2,
+        "fewer than",
+    ),
     ("unknown cache", ["--cache", "lru"], 2, "cache must be one of"),
     ("negative top-k", ["--top-k", "-1"], 2, "top_k must be >= 0 (0 turns it off"),
     ("prompt too long", ["--gen-length", str(CONTEXT)], 4, "exceeds the model's context"),
-    ("unknown device", ["--device", "tpu"], 5, "unknown device 'tpu'"),
+    ("unknown device", ["--device", "tpu"], 2, "unknown device 'tpu'"),
     ("guide without [guide]", ["--guide"], 2, "has no [guide] section"),
 ]
 

@@ -99,12 +99,12 @@ FLAGS = [
 
 @pytest.mark.parametrize(("args", "field", "value"), FLAGS, ids=["=".join(f[0][:2]) for f in FLAGS])
 def test_decode_flag_reaches_settings(args, field, value, profile_file, opened):
-    result = invoke("generate", "how many apples", "-p", str(profile_file), "--json", *args)
+    result = invoke("generate", "how many apples", "-p", str(profile_file), "--json-canvas", *args)
     assert result.exit_code == 0, result.output
     assert getattr(opened[-1].settings, field) == value
     assert opened[-1].provenance[f"decode.{field}"] == "cli"
     out = json.loads(result.stdout)
-    assert len(out["token_ids"]) == opened[-1].settings.gen_length
+    assert len(out["canvas_ids"]) == opened[-1].settings.gen_length
 
 
 def test_model_flags_reach_the_loaded_model(profile_file, cli_ckpt, opened, tmp_path):
@@ -131,7 +131,8 @@ def test_json_record_schema(profile_file):
     (line,) = result.stdout.splitlines()
     out = json.loads(line)
     assert set(out) >= {"prompt", "text", "token_ids", "forwards", "steps", "seconds"}
-    assert out["prompt"] == "how many apples" and len(out["token_ids"]) == GEN
+    assert out["prompt"] == "how many apples" and len(out["token_ids"]) <= GEN
+    assert "canvas_ids" not in out  # only with --json-canvas
     assert out["forwards"] >= 1 and out["steps"] >= 1 and out["seconds"] > 0
     runtime = open_runtime(str(profile_file))
     assert out["text"] == runtime.text(out["token_ids"])
@@ -176,7 +177,7 @@ def test_guide_flags(guided_profile, opened):
     assert result.exit_code == 0, result.output
     assert isinstance(opened[-1].committer(), GuidedCommitter)
     out = json.loads(result.stdout)
-    assert len(out["token_ids"]) == GEN and out["guide_forwards"] > 0 and out["forwards"] > 0
+    assert len(out["token_ids"]) <= GEN and out["guide_forwards"] > 0 and out["forwards"] > 0
 
 
 @pytest.mark.parametrize("command", ["generate", "visualize"])
@@ -193,10 +194,10 @@ def test_guide_rule_flags_reach_the_committer(command, guided_profile, opened):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--on-reject", "both"], "on_reject must be one of guide, draft (got 'both')"),
-        (["--verify-chunk", "0"], "verify_chunk must be >= 1 (got 0)"),
-        (["--draft-window", "-2"], "draft_window must be >= 0"),
-        (["--accept", "top:2"], "guide accept must be"),
+        (["--on-reject", "both"], "error: --on-reject must be one of guide, draft (got 'both')"),
+        (["--verify-chunk", "0"], "error: --verify-chunk must be >= 1 (got 0)"),
+        (["--draft-window", "-2"], "error: --draft-window must be >= 0"),
+        (["--accept", "top:2"], "error: --accept must be 'exact', 'topk:K'"),
     ],
 )
 def test_bad_guide_flags_are_one_line_errors(args, message, guided_profile):

@@ -45,3 +45,17 @@ def test_help_fits_80_columns(args, monkeypatch):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert len(lines) > 5 and max(len(line.rstrip()) for line in lines) <= 80
+
+
+def test_generate_help_says_what_the_built_in_model_can_do(monkeypatch):
+    """A new user reads this first: a toy for grade-school math, not an assistant."""
+    monkeypatch.setenv("COLUMNS", "1000")  # one paragraph per line, to match whole phrases
+    text = " ".join(invoke("generate", "--help").stdout.split())
+    for words in (
+        "trained only on synthetic grade-school math word problems",
+        "62 and 42 of two sets of 100 questions written by hand",
+        "not a general assistant",
+        "a profile that points at a real checkpoint",
+        "--model PATH",
+    ):
+        assert words in text, words

@@ -151,3 +151,24 @@ def test_bench_table_and_json_with_stderr_a_terminal(tmp_path):
     assert "baseline" in text and "accuracy" in text  # the table, on stdout
     table_rows = [line for line in text.splitlines() if "baseline" in line]
     assert all(row not in terminal for row in table_rows), terminal
+
+
+def test_bench_reports_each_strategy_as_it_finishes_off_a_terminal(tmp_path):
+    """stderr a pipe: one line per finished strategy, each before the run ends."""
+    args = [
+        sys.executable, "-m", "dllm_cli", "bench", "-p", "tiny-gsm", "--gen-length", "16",
+        "--block-length", "8", "--n", "1", "--shots", "1", "--no-warmup",
+        "--strategies", "baseline,dual,dual+parallel",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path, text=True
+    )
+    running = []  # whether the process was still running when each line came
+    for line in proc.stderr:
+        if " gen " in line and "tok/s" in line:
+            running.append((line.split()[0], proc.poll() is None))
+    proc.stdout.read()
+    assert proc.wait(timeout=300) == 0
+    assert [name for name, _ in running] == ["baseline", "dual", "dual+parallel"]
+    assert all(alive for _, alive in running[:2])  # the first two arrived mid-run

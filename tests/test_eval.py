@@ -81,7 +81,7 @@ def test_eval_refuses_bad_counts(guided_profile):
     for extra in bad:
         args = ["eval", "-p", str(guided_profile), "--n", "2", "--no-guide", *extra]
         result = invoke(*args)
-        assert result.exit_code == 4, (extra, result.output)
+        assert result.exit_code == 2, (extra, result.output)
 
 
 def test_held_out_prompts_use_fixed_shots():
@@ -162,10 +162,20 @@ def test_generate_stats_and_eval_count_answer_tokens_alike(tmp_path, cli_ckpt):
     )
     questions = [json.dumps({"prompt": p.question}) for p in NARROW[:3]]
     stdin = "\n".join(questions) + "\n"
-    args = ["generate", "-", "-p", str(profile), "--json-input", "--json", "--stats"]
+    args = ["generate", "-", "-p", str(profile), "--json-input", "--json-canvas", "--stats"]
     generated = invoke(*args, input=stdin)
-    answers = [json.loads(line)["token_ids"] for line in generated.stdout.splitlines()]
+    answers = [json.loads(line)["canvas_ids"] for line in generated.stdout.splitlines()]
     through_stop = [next((i + 1 for i, t in enumerate(a) if t in stop), len(a)) for a in answers]
     assert sum(through_stop) < 3 * GEN  # some answers end early, so the stop's own count shows
     assert f" {sum(through_stop)} tokens," in generated.stderr
     assert report["tokens"] == sum(through_stop)
+
+
+def test_eval_summary_counts_answer_tokens_as_bench_does(guided_profile):
+    """One speed: answer tokens up to their end (the EOS padding past them is no output)."""
+    args = ["eval", "-p", str(guided_profile), "--n", "2", "--shots", "0", "--no-guide"]
+    summary = invoke(*args, "--no-warmup")
+    report = json.loads(invoke(*args, "--no-warmup", "--json").stdout)
+    (speed,) = [line for line in summary.stdout.splitlines() if line.startswith("speed")]
+    assert "answer tokens" in speed and "positions" not in speed
+    assert speed.count("tok/s") == 1 and report["tokens_per_second"] > 0

@@ -97,23 +97,25 @@ def test_eval_data_summary_names_the_file(tmp_path, profile, monkeypatch):
         (["--shots", "5"], "has only 2 usable problems"),
         (["--shots", "2"], "no problems to score"),
         (["--shots-from", "{missing}"], "cannot read"),
-        (["--n", "0"], "--n must be at least 1"),
+        (["--n", "0"], "--n must be at least 1"),  # a flag out of range: exit 2
+        (["--records", "{missing}/r.jsonl"], "does not exist"),
     ],
 )
 def test_eval_data_refuses_what_cannot_be_scored(tmp_path, profile, extra, message):
     path = data_file(tmp_path, line("a?", 1), line("b?", 2))
     extra = [e.replace("{missing}", str(tmp_path / "nope.jsonl")) for e in extra]
     result = invoke("eval", "-p", str(profile), "--data", str(path), *extra)
-    assert result.exit_code == 4 and message in result.stderr, result.output
+    code = 2 if extra[0] in ("--n", "--records") else 4  # usage errors; bad input
+    assert result.exit_code == code and message in result.stderr, result.output
     assert "Traceback" not in result.output
 
 
 def test_shots_from_needs_data_and_built_in_shots_stop_at_eight(profile, tmp_path):
     result = invoke("eval", "-p", str(profile), "--shots-from", str(tmp_path / "x.jsonl"))
-    assert result.exit_code == 4 and "--shots-from needs --data" in result.stderr
+    assert result.exit_code == 2 and "--shots-from needs --data" in result.stderr
     result = invoke("eval", "-p", str(profile), "--n", "1", "--shots", "9")
-    assert result.exit_code == 4 and "carry 8 examples" in result.stderr
+    assert result.exit_code == 2 and "carry 8 examples" in result.stderr
     both = invoke("eval", "-p", str(profile), "--data", "x.jsonl", "--split", "wide")
-    assert both.exit_code == 4 and "choose one" in both.stderr
+    assert both.exit_code == 2 and "choose one" in both.stderr
     missing = invoke("eval", "-p", str(profile), "--data", str(tmp_path / "none.jsonl"))
     assert missing.exit_code == 4 and "cannot read" in missing.stderr

@@ -134,7 +134,7 @@ def alone(path: str, ids: tuple[int, ...]) -> dict:
     rt = opened(path)
     result = decode(rt.loaded.model, rt.loaded.special, [list(ids)], rt.settings)
     tokens = result.tokens[0]
-    return {"text": rt.text(tokens), "token_ids": tokens}
+    return {"text": rt.text(tokens), "token_ids": result.answer(0, rt.loaded.special.stop)}
 
 
 def kept(record: dict) -> dict:
@@ -274,13 +274,13 @@ def test_random_flag_values(profile, data):
     names = data.draw(st.lists(st.sampled_from(FUZZED), unique=True, max_size=6))
     args = [word for name in names for word in data.draw(flag_values(name))]
     args += data.draw(st.sampled_from([[], ["--batch-size", "0"], ["--batch-size", "-2"]]))
-    result = invoke("generate", "how many apples", "-p", str(profile), "--json", *args)
+    result = invoke("generate", "how many apples", "-p", str(profile), "--json-canvas", *args)
     assert "Traceback" not in result.output and "internal error" not in result.stderr, args
     assert result.exit_code in EXIT_CODES, (args, result.output)
     event(f"exit {result.exit_code}")
     if result.exit_code == 0:
         record = json.loads(result.stdout)
-        assert opened(str(profile)).loaded.special.mask not in record["token_ids"]
+        assert opened(str(profile)).loaded.special.mask not in record["canvas_ids"]
 
 
 def test_every_fuzzed_flag_has_values():

@@ -39,7 +39,7 @@ def test_generate_prints_the_answer_json_and_stats(gemma_profile_file):
     record = invoke("generate", TEXTS[0], *args, "--json", "--stats")
     assert record.exit_code == 0, record.output
     data = json.loads(record.stdout)
-    assert data["text"] + "\n" == text.stdout and len(data["token_ids"]) == 24
+    assert data["text"] + "\n" == text.stdout and len(data["token_ids"]) <= 24
     assert data["forwards"] == data["steps"] and 0 < data["forwards"] <= 2 * 5
     assert f"{data['forwards']} forwards" in record.stderr and "tok/s" in record.stderr
     assert "whole canvases of 16 tokens: 2 for gen_length 24" in record.stderr

@@ -150,17 +150,23 @@ BAD = {
     ),
     "negative-id": ("[model.special]\nmask = -1\n", "mask in [model.special] must be >= 0"),
     "guide-no-path": ("[guide]\naccept = 'exact'\n", "[guide] needs a path"),
-    "bad-accept": ("[guide]\npath = 'g'\naccept = 'topk:0'\n", "[guide] guide accept must be"),
+    "bad-accept": ("[guide]\npath = 'g'\naccept = 'topk:0'\n", "accept in [guide] must be 'exact'"),
     "bad-on-reject": (
         "[guide]\npath = 'g'\non_reject = 'both'\n",
-        "[guide] on_reject must be one of guide, draft (got 'both')",
+        "on_reject in [guide] must be one of guide, draft (got 'both')",
     ),
-    "bad-chunk": ("[guide]\npath = 'g'\nverify_chunk = 0\n", "[guide] verify_chunk must be >= 1"),
+    "bad-chunk": (
+        "[guide]\npath = 'g'\nverify_chunk = 0\n",
+        "verify_chunk in [guide] must be >= 1",
+    ),
     "chunk-type": (
         "[guide]\npath = 'g'\nverify_chunk = 'all'\n",
         "verify_chunk in [guide] must be an integer (got string 'all')",
     ),
-    "bad-window": ("[guide]\npath = 'g'\ndraft_window = -1\n", "[guide] draft_window must be >= 0"),
+    "bad-window": (
+        "[guide]\npath = 'g'\ndraft_window = -1\n",
+        "draft_window in [guide] must be >= 0",
+    ),
 }
 
 
@@ -287,8 +293,8 @@ def test_cli_guide_added_and_removed(tmp_path):
             "ambiguous setting 'path' (use one of model.path, guide.path)",
         ),
         ({"gen_length": "many"}, ProfileError, "command-line value for decode.gen_length must be"),
-        ({"dtype": "fp8"}, ProfileError, "dtype in [model] must be one of"),
-        ({"accept": "prob:2"}, ProfileError, "guide accept must be"),
+        ({"dtype": "fp8"}, ProfileError, "--dtype must be one of auto, float32"),
+        ({"accept": "prob:2"}, ProfileError, "--accept must be 'exact', 'topk:K' (K >= 1)"),
         ({"gen_length": 0}, SettingsError, "gen_length must be >= 1 (got 0)"),
     ],
 )

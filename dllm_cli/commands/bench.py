@@ -24,8 +24,8 @@ from dllm_cli.bench import (
     run_bench,
     settings_for,
 )
-from dllm_cli.commands.common import cli_errors, fail, load_runtime, note, stderr
-from dllm_cli.errors import InputError
+from dllm_cli.commands.common import check_output, cli_errors, fail, load_runtime, note, stderr
+from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.families import FAMILIES
 
 BENCH = "Benchmark"
@@ -34,7 +34,7 @@ BENCH = "Benchmark"
 def split_list(text: str, what: str) -> list[str]:
     items = [part.strip() for part in text.split(",") if part.strip()]
     if not items:
-        raise InputError(f"--{what} needs at least one value")
+        raise UsageError(f"--{what} needs at least one value")
     return items
 
 
@@ -42,7 +42,7 @@ def parse_lengths(text: str) -> list[int]:
     try:
         return [int(x) for x in split_list(text, "gen-length")]
     except ValueError:
-        raise InputError(f"--gen-length takes integers like 256,512 (got {text!r})") from None
+        raise UsageError(f"--gen-length takes integers like 256,512 (got {text!r})") from None
 
 
 def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> list[str]:
@@ -76,15 +76,20 @@ def rich_table(records: list[dict], title: str) -> Table:
 
 
 def preflight(json_path, markdown_path, plot_path) -> None:
-    """Refuse unwritable outputs (or a plot without matplotlib) before a long run, not after."""
-    for path in (json_path, markdown_path, plot_path):
-        if path is not None and not path.parent.is_dir():
-            raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
+    """Refuse unwritable outputs (or a plot without matplotlib) before a long run, not after:
+    usage errors, exit 2."""
+    beside = json_path.with_suffix(".md") if json_path is not None and not markdown_path else None
+    for path, flag in (
+        (json_path, "--json"), (markdown_path or beside, "--markdown"), (plot_path, "--plot")
+    ):  # fmt: skip
+        check_output(path, flag)
     if plot_path is not None:
         try:
             import matplotlib.figure  # noqa: F401
         except ImportError:
-            raise InputError("--plot needs matplotlib: pip install 'dllm-cli[plot]'") from None
+            raise UsageError(
+                "--plot needs matplotlib, which is not installed: pip install 'dllm-cli[plot]'"
+            ) from None
 
 
 def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> None:
@@ -102,7 +107,7 @@ def write(path: Path, text: str) -> None:
     try:
         path.write_text(text)
     except OSError as e:
-        raise InputError(f"cannot write {path}: {e.strerror or e}") from None
+        raise DllmError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 @opt.shared(
@@ -112,6 +117,7 @@ def write(path: Path, text: str) -> None:
     "dtype",
     "chat",
     "compile",
+    "threads",
     "accept",
     "on_reject",
     "verify_chunk",
@@ -197,7 +203,7 @@ def bench_command(
         lengths = parse_lengths(gen_length)
         preflight(json_path, markdown_path, plot_path)
         if plot_path is not None and prompt_length is not None:
-            raise InputError("--plot draws accuracy, which --prompt-length runs do not measure")
+            raise UsageError("--plot draws accuracy, which --prompt-length runs do not measure")
         from dllm_cli.bench_batching import compare_batching, mixed_shots, table
         from dllm_cli.throughput import bench_inputs
 
@@ -206,7 +212,7 @@ def bench_command(
             strategy = STRATEGIES.get(batching_compare)
             if strategy is None or strategy.guided:
                 unguided = ", ".join(k for k, v in STRATEGIES.items() if not v.guided)
-                raise InputError(f"--batching-compare takes an unguided strategy: {unguided}")
+                raise UsageError(f"--batching-compare takes an unguided strategy: {unguided}")
             settings = settings_for(
                 rt.settings, batching_compare, lengths[0], block_length, suffix_window
             )

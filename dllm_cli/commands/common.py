@@ -1,8 +1,9 @@
 """What every command shares: turning errors into one stderr line and an exit code.
 
-Exit codes: 0 ok; 1 other dllm error; 2 usage, profile or setting error (2 as click uses);
+Exit codes (the README's table): 0 ok; 1 the run failed after it started (an output file not
+written); 2 usage, profile or setting error, an unwritable output path (2 as click uses);
 3 model cannot be loaded; 4 bad input (a prompt; in batch mode: some line failed);
-5 device not available; 70 internal error (a bug); 130 interrupted (Ctrl-C); 141 stdout
+5 device not on this machine; 70 internal error (a bug); 130 interrupted (Ctrl-C); 141 stdout
 closed by its reader.
 """
 
@@ -13,13 +14,14 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from dllm_cli.errors import DllmError
+from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.options import Choices
 
 if TYPE_CHECKING:  # torch and the models load only when a command decodes (cli.py)
@@ -72,6 +74,20 @@ def write(text: str) -> None:
     if text:
         sys.stdout.write(text)
         sys.stdout.flush()
+
+
+def check_output(path: Path | None, flag: str) -> None:
+    """Refuse an output file that cannot be written before any model loads or decodes (a
+    usage error, exit 2), not after a long run."""
+    if path is None:
+        return
+    folder = path.parent
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder, not a file")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable")
 
 
 def show_prompt(runtime: Runtime, ids: list[int], line: int | None = None) -> None:
@@ -147,8 +163,8 @@ def cli_errors() -> Iterator[None]:
         if is_debug():
             traceback.print_exc(file=sys.stderr)
         raise fail(str(e), e.exit_code) from None
-    except KeyboardInterrupt:
-        stderr.print("dllm: interrupted")
+    except KeyboardInterrupt as e:  # batch mode says how far it got (generate.interrupted_at)
+        stderr.print(Text(f"dllm: interrupted: {e}" if str(e) else "dllm: interrupted"))
         raise typer.Exit(INTERRUPTED) from None
     except BrokenPipeError:  # stdout's reader left (`dllm generate - | head`): stop quietly
         with suppress(OSError, ValueError):  # no flush error at exit (stdout may be no file)

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dllm_cli import options as opt
-from dllm_cli.commands.common import cli_errors, load_runtime, stderr
-from dllm_cli.errors import InputError
+from dllm_cli.commands.common import check_output, cli_errors, load_runtime, stderr
+from dllm_cli.errors import InputError, UsageError
 
 if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
     from dllm_cli.evaluate import Score
@@ -78,9 +78,8 @@ def print_summary(report: dict) -> None:
             f"restated  {report['restated']}/{report['n']} answers repeat every number and "
             "name of their question"
         )
-    out.print(
-        f"speed     {report['tokens_per_second']:.1f} tok/s (answer tokens up to their end), "
-        f"{report['gen_tokens_per_second']:.1f} tok/s over all {report['gen_length']} positions"
+    out.print(  # answer tokens, as bench counts them (the padding past an answer is no output)
+        f"speed     {report['tokens_per_second']:.1f} tok/s (answer tokens up to their end)"
     )
     guided = f" + {report['guide_forwards']} guide" if report["guide"] else ""
     out.print(
@@ -187,9 +186,10 @@ def eval_command(
     """Exact-match accuracy on held-out problems or a JSONL file (tokens/s, forwards)."""
     with cli_errors():
         if shots_from is not None and data is None:
-            raise InputError("--shots-from needs --data (built-in sets carry their own examples)")
+            raise UsageError("--shots-from needs --data (built-in sets carry their own examples)")
         if split is not None and data is not None:
-            raise InputError("--split and --data: choose one problem set")
+            raise UsageError("--split and --data: choose one problem set")
+        check_output(records_to, "--records")
         from dllm_cli.evaluate import details, evaluate, from_file, held_out
 
         rt = load_runtime(choices)

@@ -40,7 +40,7 @@ from dllm_cli.prompt_text import escape_bytes, from_argv
 
 if TYPE_CHECKING:  # the decoding modules (torch) are imported by the command, not at start-up
     from dllm_cli import distributed
-    from dllm_cli.batch import Pipeline, Slot, Totals
+    from dllm_cli.batch import Pipeline, Slot
     from dllm_cli.runtime import Runtime
 
 JsonInput = Annotated[
@@ -58,6 +58,15 @@ Prompt = Annotated[
         show_default=False,
     ),
 ]
+JsonCanvas = Annotated[
+    bool,
+    typer.Option(
+        "--json-canvas",
+        help="Implies --json; each object also carries canvas_ids: every generated position "
+        "(padding included), before the answer is cut.",
+        rich_help_panel=o.OUTPUT,
+    ),
+]
 _SHOWN_LINES = 10  # line numbers listed in a failed rank's summary
 
 
@@ -70,9 +79,12 @@ def generate_command(
     json_out: o.Json = False,
     batch_size: o.BatchSize = 8,
     json_input: JsonInput = False,
+    json_canvas: JsonCanvas = False,
     verbose_prompt: o.VerbosePrompt = False,
 ) -> None:
     """Generate an answer to PROMPT (or to every line of stdin) and print it on stdout.
+
+    The built-in model (the default profile) is a 1.6M-parameter toy trained only on synthetic grade-school math word problems (TinyGSM): right on all 100 held-out problems of its training generator (4-shot), but on only 62 and 42 of two sets of 100 questions written by hand (0-shot; README: The shipped models). It is not a general assistant: a greeting or a fact question gets confident nonsense. For real use, choose a profile that points at a real checkpoint (dllm profiles) or give --model PATH.
 
     Batch mode ('-', or no PROMPT with stdin piped): output line N answers input line N. A bad line gets an error record (--json: {"line", "prompt", "error"}, or {"line", "raw", "error"} for a line that is not UTF-8, its bytes shown as \\xNN; text: an empty line, the reason on stderr) and the exit code is 4 at the end. Text mode writes newlines inside an answer as \\n; --json keeps the exact text.
 
@@ -95,7 +107,8 @@ def generate_command(
         if json_input and not batch:
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
         runtime = load_runtime(choices) if job is None else load_on_rank(job, choices)
-        pipeline = Pipeline(runtime, batch_size, json_out, json_input)
+        json_out = json_out or json_canvas
+        pipeline = Pipeline(runtime, batch_size, json_out, json_input, canvas=json_canvas)
         if batch and leader:
             note_static(pipeline)
         shown = runtime if verbose_prompt else None
@@ -105,7 +118,7 @@ def generate_command(
             failed = run_batch(pipeline, shown)
         else:
             failed = 0
-            run_single(runtime, prompt, json_out, pipeline.totals, verbose_prompt)
+            run_single(runtime, prompt, pipeline, verbose_prompt)
         if stats and leader:
             note(pipeline.totals.line())
         if failed:
@@ -124,14 +137,13 @@ def note_static(pipeline: Pipeline) -> None:
         note(f"continuous batching falls back to static batches: {reason}")
 
 
-def run_single(
-    runtime: Runtime, arg: str, json_out: bool, totals: Totals, verbose: bool = False
-) -> None:
+def run_single(runtime: Runtime, arg: str, pipeline: Pipeline, verbose: bool = False) -> None:
     """Decode one prompt; on a terminal, print text as soon as its prefix is final."""
     from dllm_cli.batch import record
     from dllm_cli.decoding import decode_steps
     from dllm_cli.view import TextStream
 
+    json_out, totals = pipeline.json_out, pipeline.totals
     try:
         prompt = from_argv(arg)
     except InputError as e:  # not UTF-8: the record shows its bytes
@@ -156,7 +168,8 @@ def run_single(
     text = runtime.text(result.tokens[0])
     totals.add(result, special.stop)
     if json_out:
-        write(json.dumps(record(prompt, text, result, 0)) + "\n")
+        shown = record(prompt, text, result, 0, special.stop, pipeline.canvas)
+        write(json.dumps(shown) + "\n")
     elif stream is not None:
         write(stream.finish(text))
     else:
@@ -170,25 +183,44 @@ def single_error(shown: dict[str, str], e: InputError, json_out: bool) -> None:
 
 
 def run_batch(pipeline: Pipeline, shown: Runtime | None = None) -> int:
-    """The pipeline on stdin, records to stdout as they are ready; returns how many failed."""
-    failed = 0
+    """The pipeline on stdin, records to stdout as they are ready; returns how many failed.
+
+    Ctrl-C says how far it got: lines written, lines read but not written (each record goes
+    out whole, in input order, so the output is every line up to the last one written).
+    """
+    failed = read = written = 0
 
     def numbered():
+        nonlocal read
         for number, raw in enumerate(sys.stdin.buffer, start=1):
+            read = number
             progress.update(task, total=number)
             yield number, raw
 
     def write_out(slots: list[Slot]) -> None:
-        nonlocal failed
+        nonlocal failed, written
         for slot in slots:
             failed += slot.error is not None
             emit(slot, pipeline.json_out, shown)
+            written = slot.line
 
     with decoding_progress() as progress:
         task = progress.add_task("decoding", total=None)
         pipeline.finished = lambda slot: progress.advance(task)  # as each prompt finishes
-        pipeline.run(numbered(), write_out)
+        try:
+            pipeline.run(numbered(), write_out)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(interrupted_at(written, read)) from None
     return failed
+
+
+def interrupted_at(written: int, read: int) -> str:
+    """`12 lines written; lines 13-16 read but not written; stdin past line 16 not read`."""
+    done = f"{written} line{'s' if written != 1 else ''} written"
+    if read > written:
+        span = f"line {read}" if read == written + 1 else f"lines {written + 1}-{read}"
+        done += f"; {span} read but not written"
+    return f"{done}; stdin past line {read} not read"
 
 
 def emit(slot: Slot, json_out: bool, shown: Runtime | None = None) -> None:

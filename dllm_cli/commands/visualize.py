@@ -14,6 +14,7 @@ from rich.live import Live
 
 from dllm_cli import options as o
 from dllm_cli.commands.common import (
+    check_output,
     cli_errors,
     load_runtime,
     note,
@@ -75,6 +76,7 @@ def visualize_command(
             raise SettingsError(f"--delay must be >= 0 (got {delay})")
         if save is not None:
             check_save_path(save)
+            check_output(save, "--save")
         runtime = load_runtime(choices)
         text = from_argv(prompt)
         ids = runtime.prepare(text)

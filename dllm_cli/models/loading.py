@@ -18,7 +18,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from dllm_cli.errors import DeviceError, ModelLoadError
+from dllm_cli.errors import DeviceError, ModelLoadError, SettingsError
 from dllm_cli.families import Family, family_for_config
 from dllm_cli.folders import BUILTIN_DIR as BUILTIN_DIR  # re-exported (older imports)
 from dllm_cli.folders import BUILTIN_PREFIX as BUILTIN_PREFIX
@@ -75,14 +75,18 @@ def quiet_transformers() -> None:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """auto -> cuda when present, else cpu; a missing GPU is an error, not a silent fallback."""
+    """auto -> cuda when present, else cpu; a missing GPU is an error, not a silent fallback.
+
+    A name that is no device is a setting error (exit 2); a real device this machine lacks is
+    a DeviceError (exit 5).
+    """
     text = str(device).strip().lower()
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(text)
     except (RuntimeError, ValueError):
-        raise DeviceError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from None
+        raise SettingsError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise DeviceError(f"device {device!r} asked for, but no CUDA GPU is available here")
@@ -93,7 +97,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         if not torch.backends.mps.is_available():
             raise DeviceError("device 'mps' asked for, but MPS is not available here")
     elif dev.type != "cpu":
-        raise DeviceError(f"unsupported device {device!r} (use auto, cpu, cuda or cuda:N)")
+        raise SettingsError(f"unsupported device {device!r} (use auto, cpu, cuda or cuda:N)")
     return dev
 
 
