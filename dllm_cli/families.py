@@ -145,6 +145,12 @@ FAMILIES: dict[str, Family] = {
             "copies when the caller passes no generation_config; max_new_tokens 512 as in "
             "Dream's README; the whole answer is one block"
         ),
+        notes=(
+            "the legacy defaults diffusion_generate copies also bring temperature 1.0 when the "
+            "caller passes none (measured under transformers 4.46.2, 4.51.3, 4.52.4); every call in Dream's README and "
+            "demos passes a temperature and the README documents 0.0 as the default, so the "
+            "family default stays 0 (greedy), while top_k, which no call passes, is 50",
+        ),
         whole_answer=True,
     ),
     "llada_moe": Family(

@@ -106,6 +106,9 @@ def show_command(
         notes = gemma.notes(profile.decode, profile.decode.block_length)
     if uses and not own:
         out.print(Text(f"note: {', '.join(uses)} apply to {gemma.FAMILY} only", style="dim"))
+    if family is not None and any(o.startswith("family default") for o in provenance.values()):
+        for line in (f"{family.name} reference: {family.source}", *family.notes):
+            out.print(Text(f"note: {line}", style="dim"))
     for line in notes:
         out.print(Text(f"note: {line}", style="dim"))
     if family is None:
