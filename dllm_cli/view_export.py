@@ -231,6 +231,7 @@ pre {{ font-family: {mono}; font-size: 14px; line-height: 1.35; margin: 0; }}
 #answer {{ white-space: pre-wrap; }}
 #headline {{ font-family: {mono}; font-size: 14px; margin: 0 0 .3em; }}
 summary {{ color: #aaa; font-size: 13px; cursor: pointer; }}
+details {{ margin-top: 1.2em; }}
 {styles}
 </style>
 </head>
@@ -240,11 +241,6 @@ summary {{ color: #aaa; font-size: 13px; cursor: pointer; }}
 <pre id="prompt">{prompt}</pre>
 <h2>Settings</h2>
 <p id="headline">{headline}</p>
-<details><summary>every setting, and where it came from</summary>
-<table id="settings">
-{settings}
-</table>
-</details>
 <div id="controls">
 <button id="play" type="button" title="play / pause (space)">&#9654; Play</button>
 <button id="prev" type="button" title="previous step (&larr;)">&lsaquo; prev</button>
@@ -260,6 +256,11 @@ summary {{ color: #aaa; font-size: 13px; cursor: pointer; }}
 {frames}
 </div>
 <section id="answer-box"><h2>Answer</h2><pre id="answer">{answer}</pre></section>
+<details open><summary>Every setting, and where it came from</summary>
+<table id="settings">
+{settings}
+</table>
+</details>
 <script>
 {script}
 </script>
