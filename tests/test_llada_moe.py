@@ -21,8 +21,9 @@ from test_decode_reference import llada_generate
 from dllm_cli.decoding import decode
 from dllm_cli.families import FAMILIES, family_for_config, reference_settings
 from dllm_cli.models.llada import LLaDAModelLM
-from dllm_cli.models.llada_moe import LLaDAMoEModelLM, route
+from dllm_cli.models.llada_moe import LLaDAMoEModelLM
 from dllm_cli.models.loading import load_model, special_ids
+from dllm_cli.models.moe import route
 from dllm_cli.runtime import open_runtime
 
 KIND = "llada_moe"

@@ -23,7 +23,8 @@ from transformers import PretrainedConfig
 
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.fused import Fusion
-from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
+from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv
+from dllm_cli.models.moe import LLaDAMoEMLP, LLaDAMoESparseBlock
 
 
 class LLaDAMoEConfig(PretrainedConfig):
@@ -137,140 +138,6 @@ class LLaDAMoEConfig(PretrainedConfig):
         return None
 
 
-class LLaDAMoEMLP(nn.Module):
-    """A SwiGLU feed-forward: one expert, the shared expert, or a dense layer."""
-
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
-        self.fusion: Fusion | None = None  # after fuse()
-
-    def fuse(self) -> None:
-        self.fusion = Fusion(gate_up=(self.gate_proj, self.up_proj), down=(self.down_proj,))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = self.fusion
-        if f is not None and f.intact():
-            gate, up = f.gate_up(x).chunk(2, dim=-1)
-            return f.down(swiglu(gate, up))
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
-def route(
-    logits: torch.Tensor, k: int, bias: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits (N, E) -> top-k (weights (N, k) float32, experts (N, k)).
-
-    softmax in float32, the expert bias (if any) added to the probabilities, top-k, and no
-    renormalisation: the reference's weights are the top-k probabilities as they are.
-    """
-    probs = logits.softmax(dim=-1, dtype=torch.float32)
-    if bias is not None:
-        probs = probs + bias
-    return torch.topk(probs, k, dim=-1)
-
-
-class ExpertStack:
-    """Every expert's weights in two stacked tensors, each expert's Linear a view into them.
-
-    w1 (E, d, 2I) holds gate and up, w2 (E, I, d) down, stored (in, out) so that one grouped
-    GEMM (`torch._grouped_mm`, a grouped kernel on CUDA) runs all experts on their own rows
-    without a Python loop or a host sync. Names, `state_dict()` and memory stay as they were.
-    """
-
-    def __init__(self, experts: nn.ModuleList):
-        with torch.no_grad():
-            self.w1 = torch.stack(
-                [torch.cat([e.gate_proj.weight, e.up_proj.weight]).t() for e in experts]
-            ).contiguous()  # (E, d, 2I)
-            self.w2 = torch.stack([e.down_proj.weight.t() for e in experts]).contiguous()
-        self.hidden = experts[0].gate_proj.out_features
-        for i, e in enumerate(experts):
-            parts = {
-                e.gate_proj: self.w1[i, :, : self.hidden],
-                e.up_proj: self.w1[i, :, self.hidden :],
-                e.down_proj: self.w2[i],
-            }
-            for lin, view in parts.items():
-                lin.weight = nn.Parameter(view.t(), lin.weight.requires_grad)
-        self.linears = [lin for e in experts for lin in (e.gate_proj, e.up_proj, e.down_proj)]
-        self.pointers = self._pointers()
-
-    def intact(self) -> bool:
-        """Every expert still reads the stacked storage (not moved or replaced since)."""
-        return self._pointers() == self.pointers
-
-    def _pointers(self) -> list[int]:
-        return [lin._parameters["weight"].data_ptr() for lin in self.linears]
-
-    def __call__(self, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        """rows (M, d) grouped by expert, ends (E,) int32 cumulative counts -> (M, d)."""
-        h = torch._grouped_mm(rows, self.w1, offs=ends)  # (M, 2I)
-        act = swiglu(h[:, : self.hidden], h[:, self.hidden :]).contiguous()
-        return torch._grouped_mm(act, self.w2, offs=ends)
-
-
-def grouped_kernel(x: torch.Tensor) -> bool:
-    """Whether torch's grouped GEMM runs here: CPU, or CUDA in bfloat16 on compute 9.0+."""
-    if x.device.type == "cpu":
-        return True
-    return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
-
-
-class LLaDAMoESparseBlock(nn.Module):
-    """Router + experts; tokens are grouped by expert (one sort) and each expert runs once."""
-
-    def __init__(self, cfg: LLaDAMoEConfig):
-        super().__init__()
-        self.top_k = cfg.num_experts_per_tok
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
-        self.experts = nn.ModuleList(
-            LLaDAMoEMLP(cfg.hidden_size, cfg.expert_intermediate_size)
-            for _ in range(cfg.num_experts)
-        )
-        if cfg.moe_router_enable_expert_bias:
-            self.register_buffer("expert_bias", torch.zeros(cfg.num_experts))
-        else:
-            self.expert_bias = None
-        self.stack: ExpertStack | None = None  # after stack_experts()
-
-    def stack_experts(self) -> None:
-        """Stack the experts' weights once after loading, for the grouped GEMM."""
-        self.stack = ExpertStack(self.experts)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])  # (N, d)
-        weights, experts = route(self.gate(flat), self.top_k, self.expert_bias)  # (N, k) each
-        weights = weights.to(x.dtype)
-        # Every (token, choice) pair, sorted by expert (stable: each expert's tokens in order).
-        chosen = experts.reshape(-1)  # (N k,)
-        order = chosen.argsort(stable=True)
-        token = order // self.top_k  # (N k,) the token each sorted pair reads
-        counts = torch.bincount(chosen, minlength=len(self.experts))  # (E,)
-        rows = flat[token]  # (N k, d), grouped by expert
-        stack = self.stack
-        if stack is not None and stack.intact() and grouped_kernel(rows):
-            out_rows = stack(rows, counts.cumsum(0).to(torch.int32))
-        else:
-            out_rows = self.each_expert(rows, counts.tolist())
-        out_rows.mul_(weights.reshape(-1)[order, None])
-        # Sum each token's k expert outputs in expert order (as the reference's index_add_).
-        return torch.zeros_like(flat).index_add_(0, token, out_rows).view(shape)
-
-    def each_expert(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """The same as the grouped GEMM, one expert at a time on its contiguous rows."""
-        out = torch.empty_like(rows)
-        start = 0
-        for expert, n in zip(self.experts, counts, strict=True):
-            if n:
-                out[start : start + n] = expert(rows[start : start + n])
-                start += n
-        return out
-
-
 class LLaDAMoEAttention(nn.Module):
     def __init__(self, cfg: LLaDAMoEConfig):
         super().__init__()
@@ -331,7 +198,16 @@ class LLaDAMoELayer(nn.Module):
         d = cfg.hidden_size
         moe = cfg.moe_layer_freq[index] != 0
         self.self_attn = LLaDAMoEAttention(cfg)
-        self.mlp = LLaDAMoESparseBlock(cfg) if moe else LLaDAMoEMLP(d, cfg.dense_intermediate_size)
+        if moe:
+            self.mlp = LLaDAMoESparseBlock(
+                d,
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+                cfg.expert_intermediate_size,
+                cfg.moe_router_enable_expert_bias,
+            )
+        else:
+            self.mlp = LLaDAMoEMLP(d, cfg.dense_intermediate_size)
         shared = cfg.shared_expert_intermediate_size
         self.shared_expert = LLaDAMoEMLP(d, shared) if moe and shared else None
         self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
