@@ -10,7 +10,7 @@ import torch
 from checkpoints import Written, write_dream, write_json, write_llada
 from safetensors.torch import load_file, save_file
 
-from dllm_cli.errors import DeviceError, ModelLoadError
+from dllm_cli.errors import DeviceError, ModelLoadError, SettingsError
 from dllm_cli.models.loading import load_model, resolve_device
 
 WRITERS = {
@@ -247,7 +247,8 @@ def test_devices(llada_ckpt):
     assert resolve_device("auto").type == expected
     assert load_model(llada_ckpt.folder, device="auto").device.type == expected
     assert resolve_device("CPU") == torch.device("cpu")
-    with pytest.raises(DeviceError, match=r"^unknown device 'banana' \(use auto, cpu, cuda"):
+    # a name that is no device is a setting error (exit 2); a device this machine lacks is not
+    with pytest.raises(SettingsError, match=r"^unknown device 'banana' \(use auto, cpu, cuda"):
         load_model(llada_ckpt.folder, device="banana")
 
 
