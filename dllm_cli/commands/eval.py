@@ -35,7 +35,6 @@ def progress() -> Progress:
         transient=True,
         disable=not stderr.is_terminal,
         redirect_stdout=False,  # stdout is for the report, never drawn on the terminal
-        redirect_stderr=False,
     )
 
 

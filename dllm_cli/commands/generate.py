@@ -243,7 +243,7 @@ def decoding_progress(visible: bool = True) -> Progress:
     return Progress(
         TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=stderr, disable=not (visible and stderr_is_terminal()), transient=True,
-        redirect_stdout=False, redirect_stderr=False,
+        redirect_stdout=False,
     )  # fmt: skip
 
 
