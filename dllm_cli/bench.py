@@ -7,7 +7,7 @@ PrefixCache / DualCache and confident parallel decoding (threshold and factor ru
 The profile keeps what is not a strategy choice (temperature, top-p/k, seed, Dream's eps).
 
 Each record is one (strategy, gen_length): the numbers of `Score.summary()` (accuracy, answer
-tokens per second, forwards, ...; definitions in tinygsm/evaluate.py) and `speedup`, the
+tokens per second, forwards, ...; definitions in evaluate.py) and `speedup`, the
 reference strategy's wall seconds over the strategy's on the same problems at the same
 gen_length in the same run (a latency ratio; the reference, `baseline` unless chosen, always
 runs, first). Timing starts after a warm-up decode of one problem and one block with each
@@ -32,8 +32,8 @@ from dllm_cli.families import FAMILIES
 from dllm_cli.settings import DecodeSettings
 
 if TYPE_CHECKING:  # the strategy table is read by `dllm bench --help`: no torch at import
+    from dllm_cli.evaluate import Score, Task
     from dllm_cli.runtime import Runtime
-    from dllm_cli.tinygsm.evaluate import Score, Task
 
 REFERENCE: dict[str, object] = {
     "steps": None,
@@ -146,7 +146,7 @@ def run_bench(
     `measure` times one pass (default: accuracy on TinyGSM tasks; throughput.measure for
     synthetic prompts).
     """
-    from dllm_cli.tinygsm.evaluate import warm_up
+    from dllm_cli.evaluate import warm_up
 
     measure = measure or measure_accuracy
     guided = [n for n in plan.strategies if STRATEGIES[n].guided]
@@ -203,7 +203,7 @@ def measure_accuracy(
     runtime: Runtime, tasks: Sequence[Task], settings, committer, batch_size: int
 ) -> Score:
     """One timed pass over the tasks (a fresh guide cache per decode)."""
-    from dllm_cli.tinygsm.evaluate import score
+    from dllm_cli.evaluate import score
 
     model, special = runtime.loaded.model, runtime.loaded.special
     return score(

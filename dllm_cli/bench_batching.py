@@ -18,9 +18,9 @@ from dllm_cli.decoding import answer_length
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import UsageError
+from dllm_cli.evaluate import held_out
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm.evaluate import held_out
 
 
 def mixed_shots(encode: Callable[[str], list[int]], n: int, most: int, start: int = 0) -> list:

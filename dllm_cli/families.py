@@ -3,8 +3,9 @@ its sampler differs, and the decode settings its own reference code uses when as
 
 `--model PATH` without `--profile` starts from the family's `reference` settings (never from
 another model's profile), so a user's own LLaDA or Dream folder decodes as its reference code
-does; flags still override. Where each reference value comes from is in `source` (and in the
-README, "Model families and their reference settings").
+does; flags still override. Where each reference value comes from is in `source` (and in
+docs/profiles.md, "Model families and their reference settings"; Dream's hidden top-k:
+docs/reference.md, section 4).
 
 A folder's family is read from config.json without importing torch: `architectures` first,
 then `model_type` (LLaDA-MoE says `model_type "llada"` like LLaDA-8B; only its
@@ -295,6 +296,6 @@ def reference_settings(family: Family) -> DecodeSettings:
 
 
 def describe_reference(family: Family) -> str:
-    """One line of the family's reference settings (README table, `profiles show`)."""
+    """One line of the family's reference settings (the docs/profiles.md table, `profiles show`)."""
     ref = reference_settings(family)
     return ", ".join(f"{k} {getattr(ref, k)}" for k in family.reference_keys())

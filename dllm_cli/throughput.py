@@ -17,8 +17,8 @@ import torch
 
 from dllm_cli.decoding import decode
 from dllm_cli.errors import InputError, UsageError
+from dllm_cli.evaluate import Cost, held_out
 from dllm_cli.models.loading import LoadedModel
-from dllm_cli.tinygsm.evaluate import Cost, held_out
 
 
 @dataclass(frozen=True)

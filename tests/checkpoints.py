@@ -206,7 +206,7 @@ def llada_config(ids: dict[str, int], **overrides) -> dict:
 
 
 def llada_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """LLaDA's checkpoint names and shapes for a config (REFERENCE.md section 1)."""
+    """LLaDA's checkpoint names and shapes for a config (docs/reference.md, section 1)."""
     d, heads, layers = cfg["d_model"], cfg["n_heads"], cfg["n_layers"]
     kv = (cfg.get("n_kv_heads") or heads) * (d // heads)
     ffn, table = cfg["mlp_hidden_size"], cfg["embedding_size"]
@@ -328,7 +328,7 @@ def dream_config(ids: dict[str, int], **overrides) -> dict:
 
 
 def dream_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Dream's (Qwen2) checkpoint names and shapes, q/k/v biases included (REFERENCE.md 2)."""
+    """Dream's (Qwen2) checkpoint names and shapes, q/k/v biases included (docs/reference.md, section 2)."""
     d, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     kv, ffn = cfg["num_key_value_heads"] * (d // heads), cfg["intermediate_size"]
     shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], d)}

@@ -20,11 +20,8 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
-from dllm_cli.models import DreamModel, LLaDAModelLM
-from dllm_cli.models.loading import quiet_transformers
-from dllm_cli.tinygsm.architectures import ar_to_llada, build_ar, build_llada
-from dllm_cli.tinygsm.tokenizer import build_tokenizer
-from dllm_cli.tinygsm.train import PRESETS
+from dllm_cli.models import DreamModel, LLaDAConfig, LLaDAModelLM
+from dllm_cli.models.loading import BUILTIN_DIR, load_tokenizer, quiet_transformers
 
 VOCAB = 40
 BIAS = 50.0
@@ -159,14 +156,33 @@ def shared_tinygsm_pair(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def write_tinygsm_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
-    """Untrained micro TinyGSM models: a LLaDA-format diffusion LM and its Llama guide."""
+    """Untrained micro models with the shipped TinyGSM tokenizer: a LLaDA-format diffusion LM
+    and its Llama guide (d_model 32, 2 layers, 2 heads: the recipe's micro preset)."""
     quiet_transformers()
-    tok = build_tokenizer()
-    cfg = PRESETS["micro"]
+    tok = load_tokenizer(BUILTIN_DIR / "tiny-gsm-dream")
+    rows = -(-len(tok) // 8) * 8  # the embedding padded to a multiple of 8, as shipped
+    shape = {"vocab_size": rows, "hidden_size": 32, "intermediate_size": 64}
+    shape |= {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2}
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
     torch.manual_seed(seed)
-    ar = build_ar(cfg, tok)
-    mdm = build_llada(cfg, tok)
-    mdm.load_state_dict(ar_to_llada(ar.state_dict()))  # AR initialisation, as training does
+    ar = LlamaForCausalLM(
+        LlamaConfig(
+            **shape,
+            max_position_embeddings=2048,
+            tie_word_embeddings=False,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=[tok.eos_token_id, eot],
+            pad_token_id=tok.eos_token_id,
+        )
+    )
+    llada = LLaDAConfig(
+        d_model=32, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=64, mlp_ratio=4,
+        max_sequence_length=2048, vocab_size=len(tok), embedding_size=rows,
+        mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+        architectures=["LLaDAModelLM"],
+    )  # fmt: skip
+    mdm = LLaDAModelLM(llada)
     folders = (root / "tiny-gsm", root / "tiny-gsm-ar")
     for model, folder in zip((mdm, ar), folders, strict=True):
         folder.mkdir(parents=True)

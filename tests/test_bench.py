@@ -10,12 +10,11 @@ import pytest
 from cli_fixtures import cli_ckpt_fixture, invoke, isolated_fixture, profile_text  # noqa: F401
 from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
-from dllm_cli import bench_batching
+from dllm_cli import bench_batching, evaluate
 from dllm_cli.bench import REFERENCE, STRATEGIES, BenchPlan, plot, settings_for
 from dllm_cli.errors import UsageError
 from dllm_cli.models import LLaDAModelLM
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm import evaluate
 
 KEYS = {
     "strategy": str,

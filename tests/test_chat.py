@@ -16,7 +16,6 @@ from transformers import PreTrainedTokenizerFast
 from dllm_cli import chat
 from dllm_cli.errors import InputError
 from dllm_cli.models.loading import load_tokenizer
-from dllm_cli.tinygsm.tokenizer import build_tokenizer
 
 WEIGHTS = Path(chat.__file__).parent / "tinygsm" / "weights"
 # LLaDA-8B-Instruct's template trims the message (`message['content'] | trim`), as Llama 3's does.
@@ -47,10 +46,8 @@ def byte_level_llada(folder: Path) -> PreTrainedTokenizerFast:
 
 def make(name: str, folder: Path):
     folder.mkdir(parents=True)
-    if name in ("tiny-gsm", "tiny-gsm-ar"):
+    if name in ("tiny-gsm", "tiny-gsm-ar", "tiny-gsm-dream"):  # 167-piece word-level; WordPiece
         return load_tokenizer(WEIGHTS / name)
-    if name == "tinygsm-wordpiece":  # the tokenizer the next TinyGSM weights ship with
-        return build_tokenizer()
     if name == "llada-format":
         write_llada_tokenizer(folder)
     elif name == "dream-format":
@@ -60,7 +57,7 @@ def make(name: str, folder: Path):
     return load_tokenizer(folder)
 
 
-NAMES = ["tiny-gsm", "tiny-gsm-ar", "tinygsm-wordpiece", "llada-format", "dream-format"]
+NAMES = ["tiny-gsm", "tiny-gsm-ar", "tiny-gsm-dream", "llada-format", "dream-format"]
 NAMES.append("llada-byte-level-trim")
 
 
@@ -154,7 +151,7 @@ def test_a_template_that_drops_the_message_is_refused(tmp_path):
 
 
 def test_pieces_show_special_tokens_by_name():
-    tok = build_tokenizer()
+    tok = load_tokenizer(WEIGHTS / "tiny-gsm-dream")
     ids = chat.encode_chat(tok, "Tom has 3", chat.frame(tok))
     shown = chat.pieces(tok, ids)
     assert shown[:2] == ["<|startoftext|>", "<|start_header_id|>"]

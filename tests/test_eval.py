@@ -10,11 +10,18 @@ from cli_fixtures import GEN, cli_ckpt_fixture, invoke, isolated_fixture, profil
 from decode_fixtures import prompts, tiny
 from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
+from dllm_cli.evaluate import Task, held_out, score
+from dllm_cli.problems import (
+    BUILTIN,
+    builtin_problems,
+    builtin_shots,
+    extract_tinygsm,
+    few_shot_prompt,
+)
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm import data, splits
-from dllm_cli.tinygsm.evaluate import Task, held_out, score
-from dllm_cli.tinygsm.splits import SPLITS
+
+NARROW = builtin_problems("narrow")
 
 
 @pytest.fixture(scope="session")
@@ -52,8 +59,8 @@ def test_eval_json_schema_and_checker(guided_profile):
     assert report["forwards"] > 0 and report["guide_forwards"] == 0
     assert 3 <= report["tokens"] <= 3 * 32 and report["mask_violations"] == 0
     for i, p in enumerate(report["problems"]):
-        assert p["index"] == i and p["answer"] == data.test_split()[i].answer
-        assert p["correct"] == data.is_correct(p["text"], p["answer"])
+        assert p["index"] == i and p["answer"] == NARROW[i].answer
+        assert p["correct"] == (extract_tinygsm(p["text"]) == p["answer"])
     assert report["correct"] == sum(p["correct"] for p in report["problems"])
 
 
@@ -80,29 +87,30 @@ def test_eval_refuses_bad_counts(guided_profile):
 def test_held_out_prompts_use_fixed_shots():
     tasks = held_out(lambda text: [len(text)], n=3, shots=2, start=5)
     for t in tasks:
-        p = data.test_split()[t.index]
+        p = NARROW[t.index]
         assert t.answer == p.answer
-        assert t.prompt == [len(data.few_shot_prompt(p.question, data.shots_for(t.index, 2)))]
+        assert t.prompt == [len(few_shot_prompt(p.question, builtin_shots("narrow", t.index, 2)))]
     assert [t.index for t in tasks] == [5, 6, 7]
 
 
-@pytest.mark.parametrize("split", list(SPLITS))
+@pytest.mark.parametrize("split", list(BUILTIN))
 def test_held_out_splits_carry_their_problems_and_shots(split):
     """Each split's problems in order, with the shots its own table names, and the problem kept
-    for the restatement check."""
-    chosen = SPLITS[split]
+    for the restatement check (recipes/tinygsm/tests/test_freeze.py: the same as generated)."""
     tasks = held_out(lambda text: [len(text)], n=2, shots=1, start=3, split=split)
     for t in tasks:
-        p = chosen.problems()[t.index]
-        assert t.problem == p and t.answer == p.answer
-        assert t.prompt == [len(data.few_shot_prompt(p.question, chosen.shots(t.index, 1)))]
+        p = builtin_problems(split)[t.index]
+        assert t.problem == p and t.answer == p.answer and len(builtin_problems(split)) > 99
+        assert t.prompt == [len(few_shot_prompt(p.question, builtin_shots(split, t.index, 1)))]
+    assert builtin_shots("hand", 5, 3) == builtin_shots("rich", 5, 3)  # hand sets: rich shots
+    assert len(builtin_shots(split, 0, 8)) == 8 and builtin_shots(split, 0, 2)[1].solution
 
 
 def test_restated_counts_answers_that_repeat_the_facts():
     """An answer that repeats every number and name of its question counts as restated; one
     that drops a number does not; tasks without a problem leave the count unset."""
     lm = tiny("llada")
-    problem = splits.hand_split("hand2")[0]
+    problem = builtin_problems("hand2")[0]
     numbers = " ".join(re.findall(r"\d+", problem.question))
     good = f"{' '.join(problem.names)} {numbers}. The answer is {problem.answer}."
     said = iter([good, f"The answer is {problem.answer}."])
@@ -134,7 +142,7 @@ def test_score_counts_in_order_across_batches():
 
 def test_eval_accuracy_is_the_share_of_right_answers(guided_profile, monkeypatch):
     """Scripted answers (one right, one wrong, one without an answer line): 1 of 3, exactly."""
-    truth = [p.answer for p in data.test_split()[:3]]
+    truth = [int(p.answer) for p in NARROW[:3]]
     said = iter([f"The answer is {truth[0]}.", f"The answer is {truth[1] + 1}.", "no idea"])
     monkeypatch.setattr(Runtime, "text", lambda self, tokens: next(said))
     args = ["eval", "-p", str(guided_profile), "--n", "3", "--shots", "0", "--no-guide"]
@@ -152,7 +160,7 @@ def test_generate_stats_and_eval_count_answer_tokens_alike(tmp_path, cli_ckpt):
     report = json.loads(
         invoke("eval", "-p", str(profile), "--n", "3", "--shots", "0", "--json").stdout
     )
-    questions = [json.dumps({"prompt": p.question}) for p in data.test_split()[:3]]
+    questions = [json.dumps({"prompt": p.question}) for p in NARROW[:3]]
     stdin = "\n".join(questions) + "\n"
     args = ["generate", "-", "-p", str(profile), "--json-input", "--json-canvas", "--stats"]
     generated = invoke(*args, input=stdin)

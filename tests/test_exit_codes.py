@@ -1,5 +1,5 @@
 """One rule for errors: one `dllm: error:` line, every usage error exit 2 before anything loads,
-and every code of the README's exit-code table triggered here."""
+and every code of the exit-code table (docs/usage.md) triggered here."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ from cli_fixtures import (  # noqa: F401
 from dllm_cli import batch
 from dllm_cli.commands import common, generate
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+USAGE = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text()
 
 
 def readme_codes() -> set[int]:
-    """The codes of the README's exit-code table (rows `| N | meaning |`)."""
-    table = README[README.index("| code | meaning |") :].split("\n\n")[0]
+    """The codes of the exit-code table in docs/usage.md (rows `| N | meaning |`)."""
+    table = USAGE[USAGE.index("| code | meaning |") :].split("\n\n")[0]
     return {int(m) for m in re.findall(r"^\| (\d+) \|", table, flags=re.MULTILINE)}
 
 
@@ -148,7 +148,7 @@ def test_plot_without_matplotlib_is_a_usage_error_before_loading(
     assert "[plot]" in one_error_line(result) and loads == []
 
 
-# --- every code of the README's table -------------------------------------------------------
+# --- every code of the usage table ----------------------------------------------------------
 
 
 def broken_runtime(*args, **kwargs):

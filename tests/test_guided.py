@@ -266,8 +266,8 @@ def test_committer_is_told_when_a_decode_starts():
 def test_shipped_pair_guided_decoding_is_the_shipped_guides_greedy_decode():
     """On the shipped Dream pair (real tokenizer, chat template, 2-shot prompts), a batch of three
     guided FreeCache decodes under `exact` equals the guide's own `generate`, row by row."""
+    from dllm_cli.evaluate import held_out
     from dllm_cli.runtime import open_runtime
-    from dllm_cli.tinygsm.evaluate import held_out
 
     rt = open_runtime("tiny-gsm-dream", {"decode.cache": "freecache", "decode.gen_length": 96})
     tasks = held_out(rt.encode, 3, 2, start=40)

@@ -15,11 +15,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dllm_cli"
 
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "settings", "cache", "strict_toml", "prompt_text", "folders", "families", "version"),
-    # the TinyGSM data, no models
-    ("tinygsm.data", "tinygsm.wide", "tinygsm.rich", "tinygsm.stories", "tinygsm.scenes"),
-    ("tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
-    ("models", "tinygsm.architectures"),
+    (
+        "errors",
+        "settings",
+        "cache",
+        "strict_toml",
+        "prompt_text",
+        "problems",
+        "tinygsm",
+        "folders",
+        "families",
+        "version",
+    ),  # version: __version__ for any layer; tinygsm: the built-in model's files (no code)
+    ("models",),
     ("decoding",),
     ("profiles", "profile_sections"),
     ("runtime", "chat"),
@@ -33,16 +41,14 @@ LAYERS: list[tuple[str, ...]] = [
         "bench_batching",
         "throughput",
         "doctor",
-        "tinygsm.evaluate",
+        "evaluate",
         "api",
         "serve",  # dllm serve / dllm chat: the server, the chat session, the load benchmark
     ),
-    ("tinygsm.quickeval",),
-    ("tinygsm.phases",),
     # entry points; "dllm_cli" (the package): __version__, and `LLM` loaded lazily from api
-    ("dllm_cli", "options", "commands", "cli", "__main__", "tinygsm.train"),
+    ("dllm_cli", "options", "commands", "cli", "__main__"),
 ]
-TYPER_ALLOWED = ("options", "commands", "cli", "tinygsm.train")  # the command-line layer
+TYPER_ALLOWED = ("options", "commands", "cli")  # the command-line layer
 PURE = {  # know nothing of models or decoding
     "distributed": ("distributed", "errors"),
     "view_words": (),  # words from a decode function, whatever the tokenizer
@@ -113,6 +119,12 @@ def test_imports_never_reach_up_a_layer(name):
         if within(name, prefix):
             stray = [t for t in ours if not any(within(t, a) for a in allowed)]
             assert not stray, f"{name} imports {stray}"
+
+
+def test_nothing_installed_imports_the_recipe():
+    """The training recipe (generators, tokenizer builder, phases) stays out of the package."""
+    for name in MODULES:
+        assert "recipes" not in imports(name)[1], f"{name} imports the recipe"
 
 
 def test_no_import_cycles():

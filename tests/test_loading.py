@@ -247,8 +247,9 @@ def test_devices(llada_ckpt):
     assert resolve_device("auto").type == expected
     assert load_model(llada_ckpt.folder, device="auto").device.type == expected
     assert resolve_device("CPU") == torch.device("cpu")
+    # a name that is no device is a setting error (exit 2); a device this machine lacks is not
     with pytest.raises(SettingsError, match=r"^unknown device 'banana' \(use auto, cpu, cuda"):
-        load_model(llada_ckpt.folder, device="banana")  # not a device: a setting error (exit 2)
+        load_model(llada_ckpt.folder, device="banana")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")

@@ -5,8 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL)
+DOC_BLOCKS = [  # the README's examples and the docs' (docs/usage.md, docs/benchmarks.md, ...)
+    block
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.DOTALL)
+]
 
 
 def test_install_and_development_set_ups_are_separate_blocks():
@@ -24,7 +30,7 @@ def test_readme_says_where_the_commands_live():
 
 def test_every_plot_example_names_the_plot_extra():
     """`--plot` fails without matplotlib, which only the [plot] extra installs."""
-    plotting = [b for b in BLOCKS if "--plot" in b]
+    plotting = [b for b in DOC_BLOCKS if "--plot" in b]
     assert plotting
     for block in plotting:
         assert "[plot]" in block, block

@@ -1,8 +1,13 @@
-"""`dllm eval`: exact-match accuracy on held-out TinyGSM problems under any decoding settings."""
+"""`dllm eval`: exact-match accuracy on a problem set under any decoding settings.
+
+The built-in held-out TinyGSM sets (`--split`), or any GSM8K-style JSONL file (`--data`);
+docs/usage.md says how answers are read and what the records hold.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -10,11 +15,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dllm_cli import options as opt
-from dllm_cli.commands.common import cli_errors, load_runtime, stderr
+from dllm_cli.commands.common import check_output, cli_errors, load_runtime, stderr
+from dllm_cli.errors import InputError, UsageError
 
 if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
+    from dllm_cli.evaluate import Score
+    from dllm_cli.problems import BadLine
     from dllm_cli.runtime import Runtime
-    from dllm_cli.tinygsm.evaluate import Score
 
 
 def progress() -> Progress:
@@ -32,7 +39,7 @@ def progress() -> Progress:
 
 
 def eval_report(
-    rt: Runtime, score: Score, shots: int, batch_size: int, start: int, split: str
+    rt: Runtime, score: Score, shots: int, batch_size: int, start: int, split: str | None
 ) -> dict:
     """The `--json` object: the shared numbers, then what produced them."""
     guide = None
@@ -60,9 +67,10 @@ def print_summary(report: dict) -> None:
     out = Console(highlight=False, soft_wrap=True)
     s = report["settings"]
     guide = f"guide {report['guide']['accept']}" if report["guide"] else "no guide"
+    what = f"held-out TinyGSM {report['split']}" if report["split"] else report["data"]
     out.print(
-        f"accuracy  {report['accuracy']:.3f}  ({report['correct']}/{report['n']} held-out "
-        f"TinyGSM {report['split']}, {report['shots']}-shot)"
+        f"accuracy  {report['accuracy']:.3f}  ({report['correct']}/{report['n']} "
+        f"{what}, {report['shots']}-shot)"
     )
     if report["restated"] is not None:
         out.print(
@@ -87,19 +95,70 @@ def print_summary(report: dict) -> None:
         out.print(f"{report['mask_violations']} answers still held a mask token", style="bold red")
 
 
+def write_records(path: Path, score: Score, bad: list[BadLine], from_data: bool) -> None:
+    """One JSON line per problem, then one per malformed line."""
+    from dllm_cli.evaluate import records
+
+    rows = [*records(score, line_numbers=from_data), *(b.record() for b in bad)]
+    try:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot write --records {path}: {e.strerror or e}") from None
+
+
+def report_bad_lines(bad: list[BadLine]) -> None:
+    """Each malformed line on stderr, then exit 4 (the problems were still scored)."""
+    for b in bad:
+        stderr.print(f"{b.file}:{b.line}: {b.error}", markup=False, highlight=False)
+    raise InputError(f"{len(bad)} malformed line(s) not scored (records above)")
+
+
 @opt.shared("model", "guide", "decode")
 def eval_command(
-    n: opt.N = 100,
+    n: Annotated[
+        int | None,
+        typer.Option(
+            "--n",
+            "-n",
+            help="Problems to solve (default: 100 of a built-in set, every problem of --data).",
+            rich_help_panel=opt.EVAL,
+        ),
+    ] = None,
     shots: opt.Shots = 5,
     batch_size: opt.BatchSize = 1,
     start: opt.Start = 0,
     split: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Held-out set: narrow | wide | rich | hand | hand2 (README: The shipped models).",
+            help="Built-in held-out set: narrow (default) | wide | rich | hand | hand2"
+            " (docs/models.md).",
+            rich_help_panel=opt.EVAL,
+            show_default=False,
+        ),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help='Score a JSONL file of {"question", "answer"} lines instead (GSM8K format).',
             rich_help_panel=opt.EVAL,
         ),
-    ] = "narrow",
+    ] = None,
+    shots_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --data: take the examples from this file (default: the data file's first"
+            " --shots problems, which are then not scored).",
+            rich_help_panel=opt.EVAL,
+        ),
+    ] = None,
+    records_to: Annotated[
+        Path | None,
+        typer.Option(
+            "--records",
+            help="Write one JSON line per problem (question, gold, extracted, right, text).",
+            rich_help_panel=opt.OUTPUT,
+        ),
+    ] = None,
     warmup: Annotated[
         bool,
         typer.Option(help="Untimed one-block decode before timing.", rich_help_panel=opt.EVAL),
@@ -123,27 +182,42 @@ def eval_command(
     *,
     choices: opt.Choices,
 ) -> None:
-    """Exact-match accuracy on held-out TinyGSM problems (tokens/s, forwards) with any settings."""
+    """Exact-match accuracy on held-out problems or a JSONL file (tokens/s, forwards)."""
     with cli_errors():
-        from dllm_cli.tinygsm.evaluate import details, evaluate
+        if shots_from is not None and data is None:
+            raise UsageError("--shots-from needs --data (built-in sets carry their own examples)")
+        if split is not None and data is not None:
+            raise UsageError("--split and --data: choose one problem set")
+        check_output(records_to, "--records")
+        from dllm_cli.evaluate import details, evaluate, from_file, held_out
 
         rt = load_runtime(choices)
+        bad: list[BadLine] = []
+        if data is None:
+            split = split or "narrow"
+            tasks = held_out(rt.encode, 100 if n is None else n, shots, start, split)
+        else:
+            tasks, bad = from_file(rt.encode, data, n, shots, start, shots_from)
         with progress() as bar:
-            task = bar.add_task("eval", total=n)
+            task = bar.add_task("eval", total=len(tasks))
             score = evaluate(
                 rt,
-                n,
-                shots,
+                tasks,
                 batch_size=batch_size,
-                start=start,
-                split=split,
-                warmup=warmup,
+                warmup=warmup and bool(tasks),
                 on_batch=lambda done: bar.advance(task, done),
             )
-        report = eval_report(rt, score, shots, batch_size, start, split)
+        report = eval_report(rt, score, shots, batch_size, start, None if data else split)
+        if data is not None:
+            report |= {"data": str(data), "shots_from": str(shots_from or data)}
+            report["errors"] = [b.record() for b in bad]
+        if records_to is not None:
+            write_records(records_to, score, bad, from_data=data is not None)
         if as_json:
             if per_problem:
                 report["problems"] = details(score)
             typer.echo(json.dumps(report))
         else:
             print_summary(report)
+        if bad:
+            report_bad_lines(bad)

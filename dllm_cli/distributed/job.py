@@ -43,7 +43,7 @@ class Job:
         if missing:
             raise SettingsError(
                 f"WORLD_SIZE={world} but {', '.join(missing)} not set: launch with torchrun "
-                "(see the README, 'Several GPUs or machines')"
+                "(see docs/distributed.md)"
             )
         timeout = _number(env, TIMEOUT_ENV, str(DEFAULT_TIMEOUT), float)
         if not timeout > 0:

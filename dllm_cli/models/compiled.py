@@ -8,8 +8,9 @@ batches. A replay runs exactly the recorded kernels, so outputs are bit-identica
 decoding. Full-canvas forwards (block-start refreshes, `--cache none`) stay eager.
 
 Elsewhere the model stays eager and `enable_compile` says why: CPUs and MPS have no CUDA
-graphs, and torch.compile was measured on CPU and not adopted (README, "Speed": slower block
-steps and minutes of compiling, and bit-identical only with the norms left uncompiled).
+graphs, and torch.compile was measured on CPU and not adopted (docs/decoding.md, "Speed":
+slower block steps and minutes of compiling, and bit-identical only with the norms left
+uncompiled).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def enable_compile(model, record: Recorder | None = None) -> str | None:
         if device.type != "cuda":
             return (
                 f"--compile: CUDA graphs need a CUDA device; decoding eagerly on {device.type} "
-                "(torch.compile was slower on CPU, see the README)"
+                "(torch.compile was slower on CPU, see docs/decoding.md)"
             )
         record = record_cuda_graph
     if not isinstance(model.forward, StepGraphs):

@@ -6,8 +6,9 @@ it. Checkpoint names, `state_dict()` and memory stay as they were; one GEMM repl
 and the transposed layout is the one MKL multiplies fastest for a block step's few rows. Each
 output element is the same dot product as before, so results are bit-identical to the separate
 linears on CPU (tests/test_fused.py; cuBLAS may pick another kernel for the wider matrix).
-Models built for training are never fused, and a block whose parameters were replaced (e.g.
-moved with `.to()`) runs its separate linears again (`Fusion.intact`).
+Only loading fuses (for inference: the views are frozen parameters), and a block whose
+parameters were replaced (e.g. moved with `.to()`) runs its separate linears again
+(`Fusion.intact`).
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ class FusedLinear:
         start = 0
         for lin in linears:
             part = slice(start, start + lin.out_features)
-            lin.weight = nn.Parameter(self.weight[:, part].t(), lin.weight.requires_grad)
+            lin.weight = nn.Parameter(self.weight[:, part].t(), requires_grad=False)
             if self.bias is not None:
-                lin.bias = nn.Parameter(self.bias[part], lin.bias.requires_grad)
+                lin.bias = nn.Parameter(self.bias[part], requires_grad=False)
             start = part.stop
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -52,10 +52,8 @@ def apply_rope(
     else:
         cos, sin = cos.to(dtype), sin.to(dtype)
     half = x.shape[-1] // 2
-    if torch.is_grad_enabled():
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * cos + rotated * sin).to(dtype)
-    # Inference: the same products and sum per element, in two buffers instead of five.
+    # x * cos + rotate_half(x) * sin, in two buffers instead of five (every in-place op here
+    # writes a fresh buffer autograd does not keep, so gradients flow through it unchanged).
     rotated = torch.cat((x[..., half:], x[..., :half]), dim=-1)
     rotated[..., :half].neg_()
     out = x * cos
@@ -84,15 +82,13 @@ def rotated_qkv(
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up; in inference the product reuses silu's buffer (same arithmetic)."""
-    if torch.is_grad_enabled():
-        return F.silu(gate) * up
+    """silu(gate) * up, the product in silu's fresh buffer (same arithmetic, one buffer less)."""
     return F.silu(gate).mul_(up)
 
 
 def residual(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-    """x + branch; in inference added into the branch's fresh buffer (addition commutes exactly)."""
-    return x + branch if torch.is_grad_enabled() else branch.add_(x)
+    """x + branch, added into the branch's fresh buffer (addition commutes exactly)."""
+    return branch.add_(x)
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
 
-from dllm_cli.tinygsm.data import TEST_SIZE, Problem, generate_problem, shots_for, test_split
-from dllm_cli.tinygsm.scenes import generate_rich_problem
-from dllm_cli.tinygsm.wide import generate_wide_problem
+from recipes.tinygsm.data import TEST_SIZE, Problem, generate_problem, shots_for, test_split
+from recipes.tinygsm.scenes import generate_rich_problem
+from recipes.tinygsm.wide import generate_wide_problem
 
 WIDE_TEST_SEED = 20_261_130
 RICH_TEST_SEED = 20_261_201
@@ -40,24 +39,7 @@ class HandProblem(Problem):
     names: tuple[str, ...] = ()
 
 
-NUMBER = re.compile(r"\d+")
-NOT_NAMES = frozenset(("A", "An", "The", "There", "Each"))
-
-
-def restates(problem: Problem, text: str) -> bool:
-    """The answer repeats every number of the question and every name it mentions, exactly.
-
-    Only the part before the answer line counts (the worked restatement); names come from the
-    hand-written set's `names`, or the first word of a generated story that starts with a name.
-    """
-    worked = text.split("The answer is", 1)[0]
-    names = getattr(problem, "names", None)
-    if names is None:  # a generated story starts with its person, unless it starts otherwise
-        first = problem.question.split()[0]
-        names = () if not first.isalpha() or first in NOT_NAMES else (first,)
-    written = set(NUMBER.findall(worked))
-    words = set(re.findall(r"[A-Za-z]+", worked))
-    return set(NUMBER.findall(problem.question)) <= written and set(names) <= words
+NOT_NAMES = frozenset(("A", "An", "The", "There", "Each"))  # story openings, not names
 
 
 @cache

@@ -1,8 +1,12 @@
-"""Exact-match accuracy on held-out TinyGSM problems under any decoding settings.
+"""Exact-match accuracy on a problem set under any decoding settings.
 
-The library behind `dllm eval` and `dllm bench` (and training's learning curve): problems are
-`few_shot_prompt(question, shots_for(i, K))`, encoded by the caller (the runtime's chat
-template), decoded in batches by the real engine and checked with `tinygsm.data.is_correct`.
+The library behind `dllm eval` and `dllm bench` (and the recipe's learning curves): problems
+(problems.py: a frozen built-in set, or a GSM8K-style data file) become
+`few_shot_prompt(question, shots)`, encoded by the caller (the runtime's chat template),
+decoded in batches by the real engine, and their answers extracted and compared to the gold
+number: built-in sets by their own rule (the first `The answer is N.` line, the rule every
+measurement of the shipped models used), data files by GSM8K harnesses' rule
+(`problems.extract_gsm8k`).
 
 Throughput, defined once for every command:
 - `tokens`: per problem, `decoding.answer_length`: the generated tokens up to and including the
@@ -26,25 +30,41 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from decimal import Decimal
+from pathlib import Path
 
 from dllm_cli.decoding import Committer, DecodeResult, answer_length, decode
-from dllm_cli.errors import UsageError
+from dllm_cli.errors import InputError, UsageError
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
+from dllm_cli.problems import (
+    BUILTIN,
+    BadLine,
+    Problem,
+    builtin_problems,
+    builtin_shots,
+    extract_gsm8k,
+    extract_tinygsm,
+    few_shot_prompt,
+    json_number,
+    read_problems,
+    restates,
+)
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm.data import Problem, extract_answer, few_shot_prompt, is_correct
-from dllm_cli.tinygsm.splits import SPLITS, restates
+
+Extract = Callable[[str], Decimal | None]
 
 
 @dataclass(frozen=True)
 class Task:
-    """One held-out problem, ready to decode."""
+    """One problem, ready to decode."""
 
-    index: int  # position in the held-out split
+    index: int  # position in its set (built-in) or 1-based line (data file)
     prompt: list[int]
-    answer: int
+    answer: Decimal | int
     problem: Problem | None = None  # the question, to check that the answer restates it
+    extract: Extract = extract_tinygsm  # how an answer's number is read from its text
 
 
 @dataclass(frozen=True)
@@ -52,12 +72,13 @@ class ProblemResult:
     """What the decoder answered for one problem."""
 
     index: int
-    answer: int
-    predicted: int | None  # the integer on the first answer line, None when there is none
+    answer: Decimal | int
+    predicted: Decimal | None  # the extracted number, None when there is none
     correct: bool
     tokens: int  # generated tokens up to and including the answer's end
     text: str
-    restated: bool | None = None  # repeated every number and name of the question (splits.py)
+    restated: bool | None = None  # repeated every number and name of the question
+    question: str | None = None
 
 
 @dataclass
@@ -155,19 +176,24 @@ class Score(Cost):
         }
 
 
-def held_out(
-    encode: Callable[[str], list[int]], n: int, shots: int, start: int = 0, split: str = "narrow"
-) -> list[Task]:
-    """Problems start .. start+n-1 of a held-out split with K fixed shots each, encoded."""
-    if split not in SPLITS:
-        raise UsageError(f"unknown split {split!r} (choose from {', '.join(SPLITS)})")
-    if n < 1:
+def check_counts(n: int | None, shots: int, start: int) -> None:
+    if n is not None and n < 1:
         raise UsageError(f"--n must be at least 1 (got {n})")
     if shots < 0:
         raise UsageError(f"--shots must be >= 0 (got {shots})")
-    chosen = SPLITS[split]
-    problems = chosen.problems()
-    if start < 0 or start + n > len(problems):
+    if start < 0:
+        raise UsageError(f"--start must be >= 0 (got {start})")
+
+
+def held_out(
+    encode: Callable[[str], list[int]], n: int, shots: int, start: int = 0, split: str = "narrow"
+) -> list[Task]:
+    """Problems start .. start+n-1 of a built-in held-out set with K fixed shots each, encoded."""
+    if split not in BUILTIN:
+        raise UsageError(f"unknown split {split!r} (choose from {', '.join(BUILTIN)})")
+    check_counts(n, shots, start)
+    problems = builtin_problems(split)
+    if start + n > len(problems):
         raise UsageError(
             f"problems {start}..{start + n - 1} are outside the {split} split's "
             f"0..{len(problems) - 1}"
@@ -175,12 +201,42 @@ def held_out(
     return [
         Task(
             start + i,
-            encode(few_shot_prompt(p.question, chosen.shots(start + i, shots))),
-            p.answer,
+            encode(few_shot_prompt(p.question, builtin_shots(split, start + i, shots))),
+            int(p.answer),
             p,
         )
         for i, p in enumerate(problems[start : start + n])
     ]
+
+
+def from_file(
+    encode: Callable[[str], list[int]],
+    path: Path,
+    n: int | None,
+    shots: int,
+    start: int = 0,
+    shots_from: Path | None = None,
+) -> tuple[list[Task], list[BadLine]]:
+    """A data file's problems (after `start` of them), the same K examples in every prompt:
+    the first K problems of `shots_from`, else of the file itself (then not scored)."""
+    check_counts(n, shots, start)
+    problems, bad = read_problems(path)
+    if shots_from is None:
+        examples, problems = problems[:shots], problems[shots:]
+    else:
+        examples, bad_shots = read_problems(shots_from)
+        examples, bad = examples[:shots], bad_shots + bad
+    if len(examples) < shots:
+        where = shots_from or path
+        raise InputError(f"--shots {shots}: {where} has only {len(examples)} usable problems")
+    chosen = problems[start:] if n is None else problems[start : start + n]
+    if not chosen and not bad:
+        raise InputError(f"{path}: no problems to score after the first {start + shots}")
+    tasks = [
+        Task(p.line, encode(few_shot_prompt(p.question, examples)), p.answer, p, extract_gsm8k)
+        for p in chosen
+    ]
+    return tasks, bad
 
 
 def score(
@@ -207,12 +263,20 @@ def score(
         for task, tokens in zip(batch, result.tokens, strict=True):
             length = out.answer_tokens(tokens, special)
             answer_text = text(tokens)
-            predicted = extract_answer(answer_text)
-            correct = is_correct(answer_text, task.answer)
+            predicted = task.extract(answer_text)
+            correct = predicted is not None and predicted == task.answer
             restated = None if task.problem is None else restates(task.problem, answer_text)
+            question = None if task.problem is None else task.problem.question
             out.results.append(
                 ProblemResult(
-                    task.index, task.answer, predicted, correct, length, answer_text, restated
+                    task.index,
+                    task.answer,
+                    predicted,
+                    correct,
+                    length,
+                    answer_text,
+                    restated,
+                    question,
                 )
             )
         if on_batch is not None:
@@ -234,17 +298,13 @@ def warm_up(
 
 def evaluate(
     runtime: Runtime,
-    n: int,
-    shots: int,
+    tasks: Sequence[Task],
     *,
     batch_size: int = 1,
-    start: int = 0,
-    split: str = "narrow",
     warmup: bool = False,
     on_batch: Callable[[int], None] | None = None,
 ) -> Score:
-    """A Runtime's accuracy on n held-out problems, with its settings and guide."""
-    tasks = held_out(runtime.encode, n, shots, start, split)
+    """A Runtime's accuracy on `tasks`, with its settings and guide."""
     model, special = runtime.loaded.model, runtime.loaded.special
     committer = runtime.committer()
     if warmup:
@@ -262,5 +322,26 @@ def evaluate(
 
 
 def details(score_: Score) -> list[dict]:
-    """Per-problem results (JSON-ready)."""
-    return [asdict(r) for r in score_.results]
+    """Per-problem results (JSON-ready), as `eval --json --details` has always written them."""
+    out = []
+    for r in score_.results:
+        row = asdict(r) | {"answer": json_number(r.answer), "predicted": json_number(r.predicted)}
+        del row["question"]
+        out.append(row)
+    return out
+
+
+def records(score_: Score, line_numbers: bool) -> list[dict]:
+    """`--records` lines: one per problem, in order (`line` for data files, else `index`)."""
+    key = "line" if line_numbers else "index"
+    return [
+        {
+            key: r.index,
+            "question": r.question,
+            "gold": json_number(r.answer),
+            "extracted": json_number(r.predicted),
+            "right": r.correct,
+            "text": r.text,
+        }
+        for r in score_.results
+    ]

@@ -16,9 +16,9 @@ from safetensors.torch import load_file as safe_load
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dllm_cli.models.loading import load_model
-from dllm_cli.tinygsm.architectures import ar_to_llada, build_ar, build_llada
-from dllm_cli.tinygsm.batches import Encoder, ExampleSource, masked_batch
-from dllm_cli.tinygsm.data import (
+from recipes.tinygsm.architectures import ar_to_llada, build_ar, build_llada
+from recipes.tinygsm.batches import Encoder, ExampleSource, masked_batch
+from recipes.tinygsm.data import (
     MAX_VALUE,
     extract_answer,
     few_shot_prompt,
@@ -28,13 +28,13 @@ from dllm_cli.tinygsm.data import (
     shots_for,
     train_stream,
 )
-from dllm_cli.tinygsm.data import (
+from recipes.tinygsm.data import (
     test_split as held_out,
 )
-from dllm_cli.tinygsm.phases import ar_loss
-from dllm_cli.tinygsm.quickeval import eval_ar
-from dllm_cli.tinygsm.tokenizer import SPECIALS, build_tokenizer, save_tokenizer
-from dllm_cli.tinygsm.train import PRESETS, train
+from recipes.tinygsm.phases import ar_loss
+from recipes.tinygsm.quickeval import eval_ar
+from recipes.tinygsm.tokenizer import SPECIALS, build_tokenizer, save_tokenizer
+from recipes.tinygsm.train import PRESETS, train
 
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
 
@@ -198,7 +198,7 @@ def test_resume_continues_to_the_same_weights(tmp_path, monkeypatch):
     )
     train(cfg, tmp_path / "straight")
 
-    import dllm_cli.tinygsm.phases as train_module
+    import recipes.tinygsm.phases as train_module
 
     original = train_module.save_checkpoint
 
@@ -219,7 +219,7 @@ def test_resume_continues_to_the_same_weights(tmp_path, monkeypatch):
             assert torch.equal(tensor, b[key]), key
 
 
-SHIPPED = Path(__file__).resolve().parent.parent / "dllm_cli" / "tinygsm" / "weights"
+SHIPPED = Path(__file__).resolve().parents[3] / "dllm_cli" / "tinygsm" / "weights"
 needs_shipped = pytest.mark.skipif(
     not all((SHIPPED / n / "model.safetensors").is_file() for n in ("tiny-gsm", "tiny-gsm-dream")),
     reason="the shipped TinyGSM weights are not in this checkout",

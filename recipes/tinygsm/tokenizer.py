@@ -18,9 +18,9 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from dllm_cli.tinygsm.data import vocabulary_text
-from dllm_cli.tinygsm.scenes import rich_vocabulary_text
-from dllm_cli.tinygsm.wide import wide_vocabulary_text
+from recipes.tinygsm.data import vocabulary_text
+from recipes.tinygsm.scenes import rich_vocabulary_text
+from recipes.tinygsm.wide import wide_vocabulary_text
 
 BOS, EOS, EOT = "<|startoftext|>", "<|endoftext|>", "<|eot_id|>"
 MASK, HEADER_START, HEADER_END = "<|mdm_mask|>", "<|start_header_id|>", "<|end_header_id|>"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from dllm_cli.tinygsm.data import Problem
-from dllm_cli.tinygsm.rich import (
+from recipes.tinygsm.data import Problem
+from recipes.tinygsm.rich import (
     FAMILY,
     HE_NAMES,
     MORE_OBJECTS,
@@ -20,7 +20,7 @@ from dllm_cli.tinygsm.rich import (
     no_invented_names,
     other,
 )
-from dllm_cli.tinygsm.stories import (
+from recipes.tinygsm.stories import (
     change_story,
     group_story,
     rate_story,

@@ -1,6 +1,6 @@
 """Train the shipped TinyGSM models: the AR guide, then the diffusion models initialised from it.
 
-    python -m dllm_cli.tinygsm.train --out runs/tinygsm --seed 0 [--phases ar,dream,llada]
+    python -m recipes.tinygsm.train --out runs/tinygsm --seed 0 [--phases ar,dream,llada]
 
 Phase `ar` trains a tiny Llama-family causal LM on k-shot TinyGSM text (the guide model of
 guided diffusion). Phase `dream` copies its weights into a Dream-format model (Qwen2 names,
@@ -28,7 +28,7 @@ import typer
 from safetensors.torch import save_file
 
 from dllm_cli.models.loading import quiet_transformers, resolve_path
-from dllm_cli.tinygsm.architectures import (
+from recipes.tinygsm.architectures import (
     ar_to_dream,
     ar_to_llada,
     build_ar,
@@ -37,10 +37,10 @@ from dllm_cli.tinygsm.architectures import (
     grow_into,
     read_weights,
 )
-from dllm_cli.tinygsm.batches import Encoder
-from dllm_cli.tinygsm.phases import PHASES, console, run_phase
-from dllm_cli.tinygsm.quickeval import eval_ar, eval_mdm
-from dllm_cli.tinygsm.tokenizer import save_tokenizer
+from recipes.tinygsm.batches import Encoder
+from recipes.tinygsm.phases import PHASES, console, run_phase
+from recipes.tinygsm.quickeval import eval_ar, eval_mdm
+from recipes.tinygsm.tokenizer import save_tokenizer
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False) -> dict:
     tok = save_tokenizer(work)
     enc = Encoder(tok)
     meta = {
-        "command": "python -m dllm_cli.tinygsm.train",
+        "command": "python -m recipes.tinygsm.train",
         "config": asdict(cfg),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

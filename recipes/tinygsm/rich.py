@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from dllm_cli.tinygsm.data import Problem
-from dllm_cli.tinygsm.wide import FOOD, RELATIVES, words
+from recipes.tinygsm.data import Problem
+from recipes.tinygsm.wide import FOOD, RELATIVES, words
 
 TOP = 99  # every number stays in 0..99
 

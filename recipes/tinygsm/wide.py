@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from dllm_cli.tinygsm.data import Problem
+from recipes.tinygsm.data import Problem
 
 WIDE_MAX = 99  # every count, intermediate result and answer stays in 0..99
 

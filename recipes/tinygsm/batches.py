@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_cli.tinygsm.data import Problem, few_shot_prompt, random_fact, train_stream
-from dllm_cli.tinygsm.splits import mixed_stream
-from dllm_cli.tinygsm.wide import wide_fact
+from recipes.tinygsm.data import Problem, few_shot_prompt, random_fact, train_stream
+from recipes.tinygsm.splits import mixed_stream
+from recipes.tinygsm.wide import wide_fact
 
 MASK_EPS = 1e-3
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
-from dllm_cli.tinygsm.data import Problem
-from dllm_cli.tinygsm.rich import (
+from recipes.tinygsm.data import Problem
+from recipes.tinygsm.rich import (
     GIVEN,
     HAS,
     MORE_OBJECTS,
@@ -26,7 +26,7 @@ from dllm_cli.tinygsm.rich import (
     invented_thing,
     other,
 )
-from dllm_cli.tinygsm.wide import CONTAINERS, OBJECTS
+from recipes.tinygsm.wide import CONTAINERS, OBJECTS
 
 STARTS = (
     ("has", "had"),

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from dllm_cli.tinygsm.batches import (
+from recipes.tinygsm.batches import (
     Encoder,
     ExampleSource,
     MaskedBatch,

@@ -7,12 +7,12 @@ from functools import partial
 import torch
 
 from dllm_cli.decoding import answer_tokens
+from dllm_cli.evaluate import Task, score
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm.batches import Encoder
-from dllm_cli.tinygsm.data import is_correct
-from dllm_cli.tinygsm.evaluate import Task, score
-from dllm_cli.tinygsm.splits import SPLITS
+from recipes.tinygsm.batches import Encoder
+from recipes.tinygsm.data import is_correct
+from recipes.tinygsm.splits import SPLITS
 
 
 def _prompts(enc: Encoder, n: int, shots: int, split: str) -> tuple[list[list[int]], list[int]]:

@@ -1,0 +1,1 @@
+"""Recipes that train the models dllm ships (in the repository, not in the installed package)."""
