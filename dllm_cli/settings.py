@@ -12,7 +12,7 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
   than it has tokens (extra steps would commit nothing). `steps=None` is one token per step.
   So LLaDA's divisible settings behave exactly as in its reference code, and other settings
   are adjusted rather than refused, except `steps` below the number of blocks (an error).
-- `steps` drives the `fixed` and `origin` schedules only; `threshold` and `factor` commit by
+- `steps` drives the `fixed` and `origin` schedules only; `threshold`, `factor` and `eb` commit by
   confidence and run each block until it has no masks left.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from dllm_cli.errors import SettingsError
 
 CACHES = ("none", "prefix", "dual", "freecache")
-UNMASKS = ("fixed", "threshold", "factor", "origin")
+UNMASKS = ("fixed", "threshold", "factor", "origin", "eb")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
 BATCHINGS = ("continuous", "static")  # batch mode: refill finished slots, or whole batches
@@ -39,7 +39,9 @@ TEMPERATURE_RANGE = (1e-6, 1e6)
 MAX_CFG_SCALE = 100.0
 
 INT_FIELDS = ("gen_length", "block_length", "refresh_interval", "suffix_window", "seed")
-FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp")
+FLOAT_FIELDS = (
+    "threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp", "eb_gamma",
+)  # fmt: skip
 # DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
 GEMMA_FIELDS = ("t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold")
 
@@ -54,11 +56,12 @@ class DecodeSettings:
     cache: str = "none"  # none | prefix | dual | freecache
     refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
     suffix_window: int = 0  # keep only W canvas columns past the current block (0: off; DPad)
-    unmask: str = "fixed"  # fixed | threshold | factor | origin
+    unmask: str = "fixed"  # fixed | threshold | factor | origin | eb
     schedule: str = "family"  # fixed rule's tokens per step: family | linear (LLaDA) | dream
     confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
     threshold: float = 0.9
     factor: float = 1.0
+    eb_gamma: float = 0.1  # eb (EB-Sampler): entropy budget of one step's commits, >= 0
     temperature: float = 0.0
     top_p: float | None = None
     top_k: int | None = None  # None: the family's default (families.py); 0: no top-k
@@ -170,6 +173,8 @@ class DecodeSettings:
             _bad(f"steps must be >= 1 (got {self.steps})")
         if self.unmask == "threshold" and not 0.0 < self.threshold <= 1.0:
             _bad(f"threshold must be in (0, 1] (got {self.threshold})")
+        if self.eb_gamma < 0:
+            _bad(f"eb_gamma must be >= 0 (got {self.eb_gamma})")
         if self.factor <= 0:
             _bad(f"factor must be > 0 (got {self.factor})")
         low, high = TEMPERATURE_RANGE
@@ -226,6 +231,16 @@ class DecodeSettings:
                 f"unmask={self.unmask} compares confidences with a probability, which "
                 f"confidence={self.confidence} is not (use {', '.join(PROBABILITY_CONFIDENCES)})"
             )
+        _check_rule_confidence(self)
+
+
+def _check_rule_confidence(s: DecodeSettings) -> None:
+    """eb bounds entropies, which it reads from confidence=entropy (negative entropy)."""
+    if s.unmask == "eb" and s.confidence != "entropy":
+        _bad(
+            f"unmask=eb bounds the entropy of the committed tokens and orders them by it: "
+            f"it needs confidence=entropy (got confidence={s.confidence})"
+        )
 
 
 def split_blocks(gen_length: int, block_length: int, steps: int) -> list[tuple[int, int]]:

@@ -14,6 +14,9 @@ from typing import Protocol
 import torch
 
 from dllm_cli.decoding.canvas import Block, Canvas
+from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
+from dllm_cli.decoding.ranking import top_columns
+from dllm_cli.decoding.rules import eb_rule
 from dllm_cli.settings import DecodeSettings
 
 
@@ -83,18 +86,10 @@ class Committer(Protocol):
     def __call__(self, ctx: StepContext) -> Decision: ...
 
 
-def rank_by_confidence(confidence: torch.Tensor) -> torch.Tensor:
-    """(B, L) rank of each column, 0 = most confident; ties go to the leftmost column."""
-    order = confidence.argsort(dim=1, descending=True, stable=True)
-    ranks = torch.empty_like(order)
-    span = torch.arange(order.shape[1], device=order.device).expand_as(order)
-    return ranks.scatter_(1, order, span)
-
-
 def commit_top(ctx: StepContext, counts: torch.Tensor, confidence=None) -> torch.Tensor:
     """Commit the `counts[r]` most confident candidates of each row."""
     conf = ctx.confidence if confidence is None else confidence
-    return (rank_by_confidence(conf) < counts[:, None]) & ctx.candidates
+    return top_columns(conf, ctx.candidates, counts)
 
 
 def llada_counts(ctx: StepContext, eps: float) -> torch.Tensor:
@@ -145,6 +140,7 @@ class RuleParams:
     factor: float
     eps: float
     alg_temp: float
+    eb_gamma: float
     schedule: Callable[[StepContext, float], torch.Tensor]
 
 
@@ -197,6 +193,7 @@ UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
     "threshold": threshold_rule,
     "factor": factor_rule,
     "origin": origin_rule,
+    "eb": eb_rule,
 }
 
 
@@ -211,6 +208,7 @@ class RuleCommitter:
             factor=settings.factor,
             eps=settings.eps,
             alg_temp=settings.alg_temp,
+            eb_gamma=settings.eb_gamma,
             schedule=SCHEDULES[schedule],
         )
 
