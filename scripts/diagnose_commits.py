@@ -96,8 +96,10 @@ def main() -> None:
     ref_tokens, _, ref_served = decode_rows(rt, prompts, base, args.batch)
     tokens, commits, served = decode_rows(rt, prompts, rule, args.batch)
     block = rule.block_length
-    ref_ok = [is_correct(rt.text(t), task.answer) for t, task in zip(ref_tokens, tasks)]
-    ok = [is_correct(rt.text(t), task.answer) for t, task in zip(tokens, tasks)]
+    ref_ok = [
+        is_correct(rt.text(t), task.answer) for t, task in zip(ref_tokens, tasks, strict=True)
+    ]
+    ok = [is_correct(rt.text(t), task.answer) for t, task in zip(tokens, tasks, strict=True)]
     first = [first_difference(a, b) for a, b in zip(tokens, ref_tokens, strict=True)]
     by_problem = defaultdict(list)
     for c in commits:
@@ -107,8 +109,10 @@ def main() -> None:
     firsts = []  # the commit of each problem's first differing token
     for p, cs in by_problem.items():
         cut = first[p]
-        last = max(c.step for c in cs) if cut is None else next(
-            c.step for c in cs if c.position == cut
+        last = (
+            max(c.step for c in cs)
+            if cut is None
+            else next(c.step for c in cs if c.position == cut)
         )
         for c in cs:
             if c.step <= last:
@@ -120,12 +124,16 @@ def main() -> None:
     stop = rt.loaded.special.stop
     answer = sum(answer_length(t, stop) for t in tokens)
     ref_answer = sum(answer_length(t, stop) for t in ref_tokens)
-    print(f"rule {args.unmask} {extra or args.threshold}: {sum(ok)}/{args.n} right, "
-          f"{answer / served:.2f} answer tokens per forward at batch 1 "
-          f"(reference {ref_answer / ref_served:.2f})")
-    print(f"answers differing from the reference: {sum(f is not None for f in first)}; "
-          f"right->wrong {sum(a and not b for a, b in zip(ref_ok, ok))}, "
-          f"wrong->right {sum(b and not a for a, b in zip(ref_ok, ok))}")
+    print(
+        f"rule {args.unmask} {extra or args.threshold}: {sum(ok)}/{args.n} right, "
+        f"{answer / served:.2f} answer tokens per forward at batch 1 "
+        f"(reference {ref_answer / ref_served:.2f})"
+    )
+    print(
+        f"answers differing from the reference: {sum(f is not None for f in first)}; "
+        f"right->wrong {sum(a and not b for a, b in zip(ref_ok, ok, strict=True))}, "
+        f"wrong->right {sum(b and not a for a, b in zip(ref_ok, ok, strict=True))}"
+    )
     print("\ncommits up to the first difference: share that differ from the reference")
 
     def table(name, key, rows):

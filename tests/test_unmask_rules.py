@@ -1,0 +1,134 @@
+"""The literature's parallel unmasking rules (decoding/rules.py): EB-Sampler.
+
+Its defining property on hand-made entropies, its selection step against a transcription of the
+public reference code, and, on tiny models, what every rule must keep: no mask in the output,
+determinism, batch == single (lockstep, rows apart, continuous batching), every cache policy,
+early stop and suffix pruning.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from decode_fixtures import KINDS, MASK, SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
+from test_decode_continuous import stream
+
+from dllm_cli.decoding import Decoder, decode
+from dllm_cli.decoding.ranking import top_columns
+from dllm_cli.decoding.rules import entropy_bounded_counts
+from dllm_cli.errors import SettingsError
+from dllm_cli.frontier import REFERENCE, parse_frontier, settings_at
+from dllm_cli.settings import CACHES, DecodeSettings
+
+EB = {"unmask": "eb", "confidence": "entropy", "eb_gamma": 2.0}
+
+
+def reference_eb_count(entropy: torch.Tensor, gamma: float) -> int:
+    """The selection step of the public EB-Sampler code (one row, masked entries only):
+    sort by entropy, k = #(cumsum - cummax <= gamma), clamped to [1, masks]."""
+    ordered = entropy[torch.argsort(entropy)]
+    spent = torch.cumsum(ordered, dim=0) - torch.cummax(ordered, dim=0).values
+    return int(torch.clamp((spent <= gamma).sum(), min=1, max=len(ordered)))
+
+
+def test_eb_commits_the_longest_prefix_whose_entropy_all_but_the_last_fits_the_bound():
+    h = torch.tensor([[0.0, 0.3, 0.05, 2.0, 0.2, 9.0]])
+    every = torch.ones_like(h, dtype=torch.bool)
+    # ascending: 0, 0.05, 0.2, 0.3, 2.0, 9.0; sums of all but the last: 0, 0, 0.05, 0.25, 0.55
+    for gamma, want in [(0.0, 2), (0.04, 2), (0.05, 3), (0.25, 4), (0.5, 4), (0.55, 5)]:
+        assert entropy_bounded_counts(h, every, gamma).tolist() == [want], gamma
+    assert entropy_bounded_counts(h, every, 100.0).tolist() == [6]
+
+
+def test_eb_counts_only_candidates_and_always_at_least_one():
+    h = torch.tensor([[5.0, 0.0, 0.0, 7.0], [3.0, 4.0, 0.1, 0.1]])
+    cand = torch.tensor([[True, False, False, True], [False, False, False, True]])
+    # row 0: the certain columns are not candidates; 5 alone exceeds nothing -> 1, then 5 > 0.1
+    assert entropy_bounded_counts(h, cand, 0.1).tolist() == [1, 1]
+    assert entropy_bounded_counts(h, cand, 5.0).tolist() == [2, 1]
+    none = torch.zeros_like(cand)
+    assert entropy_bounded_counts(h, none, 1.0).tolist() == [0, 0]  # nothing to commit
+
+
+def test_eb_selection_equals_the_reference_transcription_token_for_token():
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n = int(torch.randint(1, 33, (1,), generator=gen))
+        h = torch.rand(n, generator=gen, dtype=torch.float64) * 3
+        h[torch.rand(n, generator=gen) < 0.3] = 0.0  # exactly certain columns, as EOS runs
+        h = h + torch.arange(n, dtype=torch.float64) * 1e-9  # no ties: argsort is then unique
+        gamma = [0.0, 0.01, 0.1, 0.5, 2.0][trial % 5]
+        mask = torch.rand(n, generator=gen) < 0.7
+        mask[int(torch.randint(0, n, (1,), generator=gen))] = True
+        k = reference_eb_count(h[mask], gamma)
+        want = set(mask.nonzero().squeeze(1)[torch.argsort(h[mask])[:k]].tolist())
+        # this library: confidence is negative entropy (-inf off the candidates, as the
+        # engine gives it), committed by rank
+        conf = (-h).masked_fill(~mask, float("-inf"))[None]
+        counts = entropy_bounded_counts(h[None], mask[None], gamma)
+        got = top_columns(conf, mask[None], counts)[0].nonzero().squeeze(1).tolist()
+        assert set(got) == want, (trial, h, mask, gamma)
+
+
+def test_eb_needs_entropy_confidence_and_a_non_negative_gamma():
+    with pytest.raises(SettingsError, match="needs confidence=entropy"):
+        DecodeSettings(unmask="eb")
+    with pytest.raises(SettingsError, match="eb_gamma must be >= 0"):
+        DecodeSettings(**{**EB, "eb_gamma": -0.1})
+    DecodeSettings(**{**EB, "eb_gamma": 0.0})
+
+
+def test_eb_gamma_zero_commits_one_uncertain_token_per_step():
+    """gamma = 0: a step commits its least uncertain mask and any exactly certain ones only."""
+    model, ps = tiny("llada").model, prompts([5])
+    run = Decoder(model, SPECIAL, settings(**{**EB, "eb_gamma": 0.0})).run(ps)
+    sizes = [len(e.commits[0].positions) for e in run if e.commits]
+    assert max(sizes) == 1  # a random model is never exactly certain
+    small, large = (
+        decode(model, SPECIAL, ps, settings(**{**EB, "eb_gamma": g})).steps for g in (0.0, 50.0)
+    )
+    assert large < small
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cache", CACHES)
+def test_eb_every_cache_batch_equals_single_no_mask_deterministic(kind, cache):
+    model, ps = tiny(kind, seed=2, head_scale=4.0).model, prompts([3, 8, 5], seed=3)
+    s = settings(cache=cache, gen_length=12, **EB)
+    batch = decode(model, SPECIAL, ps, s)
+    assert batch.tokens == decode(model, SPECIAL, ps, s).tokens  # deterministic
+    assert all(MASK not in row for row in batch.tokens)
+    assert batch.steps < 12  # commits several tokens in some step
+    for row, prompt in enumerate(ps):
+        alone = decode(model, SPECIAL, [prompt], s).tokens[0]
+        assert batch.tokens[row] == alone, row
+        apart = Decoder(model, SPECIAL, s).run(ps, lockstep=False).result()
+        assert apart.tokens[row] == alone, row
+
+
+@pytest.mark.parametrize(
+    ("kind", "cache", "window"),
+    list(itertools.product(KINDS, ("dual", "freecache"), (0, 4))),
+)
+def test_eb_with_early_stop_suffix_pruning_and_continuous_batching(kind, cache, window):
+    model = tiny(kind, seed=1, head_scale=4.0, eos_from=9).model
+    ps = prompts([3, 9, 5, 1], seed=1)
+    s = settings(cache=cache, gen_length=16, early_stop=True, suffix_window=window, **EB)
+    want = [decode(model, SPECIAL, [p], s).tokens[0] for p in ps]
+    assert decode(model, SPECIAL, ps, s).tokens == want
+    out, refused, _ = stream(model, ps, s, slots=2)
+    assert not refused
+    assert [out[i].tokens for i in range(len(ps))] == want
+    assert all(MASK not in row for row in want)
+
+
+def test_frontier_points_and_settings():
+    points = parse_frontier("threshold=0.9/0.95,eb")
+    assert points[0].rule == REFERENCE and [p.rule for p in points[1:3]] == ["threshold"] * 2
+    base = DecodeSettings(cache="dual", early_stop=True)
+    eb = settings_at(base, points[3])
+    assert (eb.unmask, eb.confidence, eb.eb_gamma, eb.cache) == ("eb", "entropy", 0.01, "dual")
+    ref = settings_at(base, points[0])
+    assert (ref.unmask, ref.steps, ref.early_stop) == ("fixed", None, True)
