@@ -40,6 +40,8 @@ SWEEPS: dict[str, Sweep] = {
     "threshold": Sweep("threshold", (0.7, 0.8, 0.9, 0.95, 0.99)),
     "factor": Sweep("factor", (0.25, 0.5, 1.0, 2.0)),
     "eb": Sweep("eb_gamma", (0.01, 0.1, 0.3, 1.0, 3.0), (("confidence", "entropy"),)),
+    # KLASS at the run's confidence threshold (0.9 in the shipped profiles)
+    "klass": Sweep("kl_threshold", (0.001, 0.01, 0.1, 1.0)),
 }
 REFERENCE = "one-per-step"  # the fixed rule, one token per step
 

@@ -53,7 +53,8 @@ class Decoder:
         self.frontier = bool(getattr(self.committer, "frontier", False))
         self.draft_window = getattr(self.committer, "draft_window", None)
         self.policy = POLICIES[settings.cache]()
-        self.forwards = Forwards(model, self.sampler, settings.cfg_scale, self.frontier)
+        probs = bool(getattr(self.committer, "needs_probs", False))  # KLASS compares them
+        self.forwards = Forwards(model, self.sampler, settings.cfg_scale, self.frontier, probs)
 
     def run(self, prompts: list[list[int]], lockstep: bool = True) -> DecodeRun:
         return DecodeRun(self, prompts, lockstep)
@@ -202,7 +203,7 @@ class DecodeRun:
             planned = torch.tensor([self.blocks[r.block].steps for r in self.rows], device=device)
         return StepContext(
             pred.drafts, confidence, candidates, block, step, masks, self.canvas,
-            self.generator, pred.columns, planned,
+            self.generator, pred.columns, planned, pred.probs,
         )  # fmt: skip
 
     def _guard(self, decision: Decision, ctx: StepContext, places) -> torch.Tensor:

@@ -1,5 +1,11 @@
 """Parallel unmasking rules from the literature beyond Fast-dLLM's threshold and factor.
 
+KLASS (Kim et al., arXiv 2511.05664, "KL-Adaptive Stability Sampling", NeurIPS 2025; public
+code shkim0116/KLASS, `stable_confident_decode`): a mask is ready when its confidence is above
+a threshold and the KL divergence between its distributions at consecutive steps stayed below
+`kl_threshold` for the last `kl_history` steps; every ready mask is committed, and a step with
+none ready commits the family schedule's number of most confident masks instead.
+
 EB-Sampler (Ben-Hamu et al., arXiv 2505.24857, "Accelerated Sampling from Masked Diffusion
 Models via Entropy Bounded Unmasking"): order the masked columns by an error proxy and commit
 the longest prefix U of that order whose entropies satisfy sum_{l in U} H_l - max_{l in U} H_l
@@ -15,6 +21,7 @@ every rule of the engine does (block_length = gen_length is the reference's sing
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +30,8 @@ from dllm_cli.decoding.ranking import top_columns
 
 if TYPE_CHECKING:
     from dllm_cli.decoding.unmask import RuleParams, StepContext
+
+KL_EPS = 1e-12  # the reference's: log(p + eps) on both sides
 
 
 def entropy_bounded_counts(entropy: torch.Tensor, candidates: torch.Tensor, gamma: float):
@@ -42,3 +51,51 @@ def eb_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     entropy = -ctx.confidence  # confidence is negative entropy (settings require it)
     counts = entropy_bounded_counts(entropy, ctx.candidates, p.eb_gamma)
     return top_columns(ctx.confidence, ctx.candidates, counts)
+
+
+@dataclass
+class Track:
+    """One row's KLASS history in its current block: last distributions, recent KLs."""
+
+    block_start: int  # canvas column of the block's first slot
+    probs: torch.Tensor  # (L, V) float64, last step's distribution per slot
+    kls: torch.Tensor  # (L, H) float64, the last H step-to-step KLs (inf: not seen yet)
+
+
+class KlassMemory:
+    """Per-decode KLASS state, keyed by the row's index in the original batch."""
+
+    def __init__(self) -> None:
+        self.tracks: dict[int, Track] = {}
+
+    def stable(self, ctx: StepContext, history: int) -> torch.Tensor:
+        """(B, L, H) each slot's last H step-to-step KLs (inf before the block's H+1-th step),
+        after recording this step's distributions."""
+        probs = ctx.probs.to(torch.float64)  # (B, L, V)
+        starts = ctx.block.start if ctx.block is not None else None
+        rows = ctx.canvas.rows.tolist()
+        out = []
+        for r, key in enumerate(rows):
+            start = starts if starts is not None else int(ctx.columns[r, 0])
+            step = ctx.block_step if isinstance(ctx.block_step, int) else int(ctx.block_step[r])
+            p = probs[r]  # (L, V)
+            track = self.tracks.get(key)
+            if step == 0 or track is None or track.block_start != start:
+                # A new block (or a new prompt in this slot): no history yet.
+                kls = torch.full((p.shape[0], history), float("inf"), dtype=torch.float64)
+            else:
+                kl = (p * (torch.log(p + KL_EPS) - torch.log(track.probs + KL_EPS))).sum(-1)
+                kls = torch.cat([track.kls[:, 1:], kl[:, None]], dim=1)
+            self.tracks[key] = Track(start, p, kls)
+            out.append(kls)
+        return torch.stack(out)  # (B, L, H)
+
+
+def klass_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
+    """KLASS's step: every mask confident (> threshold) and stable (KL < kl_threshold for the
+    last kl_history steps); none ready: the schedule's count of most confident masks."""
+    kls = p.memory.stable(ctx, p.kl_history)  # (B, L, H)
+    stable = (kls < p.kl_threshold).all(dim=-1)
+    ready = stable & (ctx.confidence > p.threshold) & ctx.candidates  # (B, L)
+    fallback = p.fallback(p, ctx)  # the schedule's top-k (everything on the block's last step)
+    return torch.where(ready.any(dim=1, keepdim=True), ready, fallback)

@@ -16,7 +16,7 @@ import torch
 from dllm_cli.decoding.canvas import Block, Canvas
 from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
 from dllm_cli.decoding.ranking import top_columns
-from dllm_cli.decoding.rules import eb_rule
+from dllm_cli.decoding.rules import KlassMemory, eb_rule, klass_rule
 from dllm_cli.settings import DecodeSettings
 
 
@@ -41,6 +41,7 @@ class StepContext:
     generator: torch.Generator
     columns: torch.Tensor | None = None  # (B, L) long canvas columns (None: the block's)
     planned: torch.Tensor | None = None  # (B,) steps planned for each row's block
+    probs: torch.Tensor | None = None  # (B, L, V) each slot's distribution (rules that ask)
 
     @property
     def steps_planned(self) -> int | torch.Tensor:
@@ -142,6 +143,10 @@ class RuleParams:
     alg_temp: float
     eb_gamma: float
     schedule: Callable[[StepContext, float], torch.Tensor]
+    kl_threshold: float = 0.01
+    kl_history: int = 2
+    fallback: Callable | None = None  # klass: the rule of a step with nothing ready (fixed)
+    memory: KlassMemory | None = None  # klass: the rows' KL histories
 
 
 def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -194,7 +199,9 @@ UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
     "factor": factor_rule,
     "origin": origin_rule,
     "eb": eb_rule,
+    "klass": klass_rule,
 }
+NEEDS_PROBS = ("klass",)  # rules that compare the drafts' whole distributions
 
 
 class RuleCommitter:
@@ -210,7 +217,14 @@ class RuleCommitter:
             alg_temp=settings.alg_temp,
             eb_gamma=settings.eb_gamma,
             schedule=SCHEDULES[schedule],
+            kl_threshold=settings.kl_threshold,
+            kl_history=settings.kl_history,
+            fallback=fixed_rule,
+            # KLASS's history; a row's restarts at each block's first step, so one memory
+            # serves every decode (no `start` hook: continuous batching serves this committer).
+            memory=KlassMemory() if settings.unmask == "klass" else None,
         )
+        self.needs_probs = settings.unmask in NEEDS_PROBS
 
     def __call__(self, ctx: StepContext) -> Decision:
         return Decision(self.rule(self.params, ctx))
