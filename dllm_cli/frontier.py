@@ -29,17 +29,16 @@ from dllm_cli.tinygsm.evaluate import ProblemResult, Score, Task, warm_up
 
 @dataclass(frozen=True)
 class Sweep:
-    """One rule's `--unmask` name, the setting swept, its default values, settings it needs."""
+    """The setting a rule's sweep varies and its default values."""
 
     param: str
     values: tuple[float, ...]
-    needs: tuple[tuple[str, object], ...] = ()
 
 
 SWEEPS: dict[str, Sweep] = {
     "threshold": Sweep("threshold", (0.7, 0.8, 0.9, 0.95, 0.99)),
     "factor": Sweep("factor", (0.25, 0.5, 1.0, 2.0)),
-    "eb": Sweep("eb_gamma", (0.01, 0.1, 0.3, 1.0, 3.0), (("confidence", "entropy"),)),
+    "eb": Sweep("eb_gamma", (0.01, 0.1, 0.3, 1.0, 3.0)),
     # KLASS at the run's confidence threshold (0.9 in the shipped profiles)
     "klass": Sweep("kl_threshold", (0.001, 0.01, 0.1, 1.0)),
 }
@@ -79,7 +78,7 @@ def settings_at(base: DecodeSettings, point: Point) -> DecodeSettings:
         return replace(base, unmask="fixed", steps=None)
     sweep = SWEEPS[point.rule]
     try:
-        return replace(base, unmask=point.rule, **dict(sweep.needs), **{sweep.param: point.value})
+        return replace(base, unmask=point.rule, **{sweep.param: point.value})
     except SettingsError as e:
         raise SettingsError(f"--frontier {point.rule}={point.value:g}: {e}") from None
 

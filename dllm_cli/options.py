@@ -107,8 +107,8 @@ FLAGS: dict[str, Flag] = {
     "eb_gamma": _decode(
         "eb_gamma",
         float,
-        "eb rule (EB-Sampler): commit the least uncertain masks while their entropies, all but "
-        "the largest, sum to <= gamma (needs --confidence entropy).",
+        "eb rule (EB-Sampler): commit the most confident masks while their entropies, all but "
+        "the largest, sum to <= gamma.",
     ),
     "kl_threshold": _decode(
         "kl_threshold",

@@ -243,16 +243,6 @@ class DecodeSettings:
                 f"unmask={self.unmask} compares confidences with a probability, which "
                 f"confidence={self.confidence} is not (use {', '.join(PROBABILITY_CONFIDENCES)})"
             )
-        _check_rule_confidence(self)
-
-
-def _check_rule_confidence(s: DecodeSettings) -> None:
-    """eb bounds entropies, which it reads from confidence=entropy (negative entropy)."""
-    if s.unmask == "eb" and s.confidence != "entropy":
-        _bad(
-            f"unmask=eb bounds the entropy of the committed tokens and orders them by it: "
-            f"it needs confidence=entropy (got confidence={s.confidence})"
-        )
 
 
 def split_blocks(gen_length: int, block_length: int, steps: int) -> list[tuple[int, int]]:

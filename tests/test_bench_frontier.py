@@ -37,7 +37,6 @@ def test_frontier_table_json_and_batch_one_forwards(profile, tmp_path):
         ("one-per-step", None), ("threshold", 0.9), ("eb", 0.5), ("klass", 0.1),
     ]  # fmt: skip
     assert all(r["mask_violations"] == 0 and r["settings"]["cache"] == "dual" for r in records)
-    assert records[2]["settings"]["confidence"] == "entropy"
     assert "| klass | kl_threshold | 0.1 |" in result.stdout
     assert "| eb | eb_gamma | 0.5 |" in out.with_suffix(".md").read_text()
     # tokens per forward is what each problem costs alone: replay one rule at batch 1

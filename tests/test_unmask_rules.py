@@ -9,6 +9,7 @@ early stop and suffix pruning.
 from __future__ import annotations
 
 import itertools
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -25,7 +26,7 @@ from dllm_cli.errors import SettingsError
 from dllm_cli.frontier import REFERENCE, parse_frontier, settings_at
 from dllm_cli.settings import CACHES, DecodeSettings
 
-EB = {"unmask": "eb", "confidence": "entropy", "eb_gamma": 2.0}
+EB = {"unmask": "eb", "eb_gamma": 2.0}
 
 
 def reference_eb_count(entropy: torch.Tensor, gamma: float) -> int:
@@ -39,20 +40,46 @@ def reference_eb_count(entropy: torch.Tensor, gamma: float) -> int:
 def test_eb_commits_the_longest_prefix_whose_entropy_all_but_the_last_fits_the_bound():
     h = torch.tensor([[0.0, 0.3, 0.05, 2.0, 0.2, 9.0]])
     every = torch.ones_like(h, dtype=torch.bool)
-    # ascending: 0, 0.05, 0.2, 0.3, 2.0, 9.0; sums of all but the last: 0, 0, 0.05, 0.25, 0.55
+    # ordered by entropy: 0, 0.05, 0.2, 0.3, 2.0, 9.0; all but the last: 0, 0, 0.05, 0.25, 0.55
     for gamma, want in [(0.0, 2), (0.04, 2), (0.05, 3), (0.25, 4), (0.5, 4), (0.55, 5)]:
-        assert entropy_bounded_counts(h, every, gamma).tolist() == [want], gamma
-    assert entropy_bounded_counts(h, every, 100.0).tolist() == [6]
+        assert entropy_bounded_counts(h, -h, every, gamma).tolist() == [want], gamma
+    assert entropy_bounded_counts(h, -h, every, 100.0).tolist() == [6]
+
+
+def test_eb_in_confidence_order_leaves_out_the_largest_entropy_taken_so_far():
+    h = torch.tensor([[0.2, 0.5, 0.1, 0.05]])
+    conf = torch.tensor([[0.9, 0.8, 0.7, 0.6]])  # this order: entropies 0.2, 0.5, 0.1, 0.05
+    every = torch.ones_like(h, dtype=torch.bool)
+    # sums minus the running max: 0, 0.2, 0.3, 0.35
+    for gamma, want in [(0.1, 1), (0.2, 2), (0.3, 3), (0.35, 4)]:
+        assert entropy_bounded_counts(h, conf, every, gamma + 1e-6).tolist() == [want], gamma
 
 
 def test_eb_counts_only_candidates_and_always_at_least_one():
     h = torch.tensor([[5.0, 0.0, 0.0, 7.0], [3.0, 4.0, 0.1, 0.1]])
     cand = torch.tensor([[True, False, False, True], [False, False, False, True]])
     # row 0: the certain columns are not candidates; 5 alone exceeds nothing -> 1, then 5 > 0.1
-    assert entropy_bounded_counts(h, cand, 0.1).tolist() == [1, 1]
-    assert entropy_bounded_counts(h, cand, 5.0).tolist() == [2, 1]
+    assert entropy_bounded_counts(h, -h, cand, 0.1).tolist() == [1, 1]
+    assert entropy_bounded_counts(h, -h, cand, 5.0).tolist() == [2, 1]
     none = torch.zeros_like(cand)
-    assert entropy_bounded_counts(h, none, 1.0).tolist() == [0, 0]  # nothing to commit
+    assert entropy_bounded_counts(h, -h, none, 1.0).tolist() == [0, 0]  # nothing to commit
+
+
+def test_eb_reads_entropies_from_the_drafts_distributions():
+    probs = torch.tensor([[[1.0, 0.0], [0.5, 0.5], [0.9, 0.1]]], dtype=torch.float64)
+    conf = probs.max(dim=-1).values
+    cand = torch.ones(1, 3, dtype=torch.bool)
+    ctx = StepContext(
+        probs.argmax(-1), conf, cand, Block(0, 0, 3, 3), 0, torch.tensor([3]),
+        SimpleNamespace(rows=torch.tensor([0])), torch.Generator(), probs=probs,
+    )  # fmt: skip
+    h09 = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))  # 0.325 nats: the second column taken
+    pick = [RuleCommitter(DecodeSettings(**{**EB, "eb_gamma": g}), "linear")(ctx).commit
+            for g in (h09 - 1e-6, h09 + 1e-6)]  # fmt: skip
+    # columns in confidence order: 0 (H 0), 2 (H 0.325), 1 (H 0.693)
+    # taking 0 and 2 leaves out 0.325 (spent 0); taking 1 too leaves out 0.693 (spent 0.325)
+    assert pick[0][0].tolist() == [True, False, True]
+    assert pick[1][0].tolist() == [True, True, True]
 
 
 def test_eb_selection_equals_the_reference_transcription_token_for_token():
@@ -70,14 +97,12 @@ def test_eb_selection_equals_the_reference_transcription_token_for_token():
         # this library: confidence is negative entropy (-inf off the candidates, as the
         # engine gives it), committed by rank
         conf = (-h).masked_fill(~mask, float("-inf"))[None]
-        counts = entropy_bounded_counts(h[None], mask[None], gamma)
+        counts = entropy_bounded_counts(h[None], conf, mask[None], gamma)
         got = top_columns(conf, mask[None], counts)[0].nonzero().squeeze(1).tolist()
         assert set(got) == want, (trial, h, mask, gamma)
 
 
-def test_eb_needs_entropy_confidence_and_a_non_negative_gamma():
-    with pytest.raises(SettingsError, match="needs confidence=entropy"):
-        DecodeSettings(unmask="eb")
+def test_eb_needs_a_non_negative_gamma():
     with pytest.raises(SettingsError, match="eb_gamma must be >= 0"):
         DecodeSettings(**{**EB, "eb_gamma": -0.1})
     DecodeSettings(**{**EB, "eb_gamma": 0.0})
@@ -132,7 +157,7 @@ def test_frontier_points_and_settings():
     assert points[0].rule == REFERENCE and [p.rule for p in points[1:3]] == ["threshold"] * 2
     base = DecodeSettings(cache="dual", early_stop=True)
     eb = settings_at(base, points[3])
-    assert (eb.unmask, eb.confidence, eb.eb_gamma, eb.cache) == ("eb", "entropy", 0.01, "dual")
+    assert (eb.unmask, eb.eb_gamma, eb.cache) == ("eb", 0.01, "dual")
     ref = settings_at(base, points[0])
     assert (ref.unmask, ref.steps, ref.early_stop) == ("fixed", None, True)
 

@@ -7,16 +7,14 @@ a threshold and the KL divergence between its distributions at consecutive steps
 none ready commits the family schedule's number of most confident masks instead.
 
 EB-Sampler (Ben-Hamu et al., arXiv 2505.24857, "Accelerated Sampling from Masked Diffusion
-Models via Entropy Bounded Unmasking"): order the masked columns by an error proxy and commit
-the longest prefix U of that order whose entropies satisfy sum_{l in U} H_l - max_{l in U} H_l
-<= gamma, at least one column. With the columns ordered by entropy (the proxy of the public
-transcriptions), the max is the last one taken, so the bound reads: the entropies of all but
-the last column taken add up to at most gamma. gamma = 0 commits one token per step (plus
-any exactly certain ones); larger gamma commits more.
-
-Here the run's confidence must be `entropy` (negative entropy, sampling.negative_entropy), so
-the order and the bound use the same numbers; the rule works inside the current block, as
-every rule of the engine does (block_length = gen_length is the reference's single pass).
+Models via Entropy Bounded Unmasking"): order the masked columns by an error proxy (the run's
+confidence kind: the paper's confidence, margin or entropy) and commit the longest prefix U of
+that order whose entropies satisfy sum_{l in U} H_l - max_{l in U} H_l <= gamma, at least
+one column. The public transcriptions order by entropy (`--confidence entropy` here), where
+the max is the last column taken. gamma = 0 commits one token per step (plus any exactly
+certain ones); larger gamma commits more. Entropies are those of the distribution the
+confidence comes from (sampling.Sampler.draft), inside the current block as every rule of the
+engine works (block_length = gen_length is the reference's single pass).
 """
 
 from __future__ import annotations
@@ -34,22 +32,30 @@ if TYPE_CHECKING:
 KL_EPS = 1e-12  # the reference's: log(p + eps) on both sides
 
 
-def entropy_bounded_counts(entropy: torch.Tensor, candidates: torch.Tensor, gamma: float):
-    """(B,) how many candidates EB-Sampler commits: the longest entropy-ascending prefix whose
-    entropies, all but the largest, sum to <= gamma; at least one where a row has a mask."""
-    h = entropy.masked_fill(~candidates, float("inf"))  # (B, L)
-    ordered = h.sort(dim=1, stable=True).values  # ascending; non-candidates last
-    taken = ordered.masked_fill(ordered.isinf(), 0.0)
-    spent = taken.cumsum(dim=1) - taken.cummax(dim=1).values  # (B, L)
-    passes = (spent <= gamma) & ~ordered.isinf()
+def entropy_bounded_counts(
+    entropy: torch.Tensor, confidence: torch.Tensor, candidates: torch.Tensor, gamma: float
+) -> torch.Tensor:
+    """(B,) how many candidates EB-Sampler commits: the longest prefix of the confidence order
+    whose entropies, all but the largest, sum to <= gamma; at least one where a row has a mask."""
+    conf = confidence.masked_fill(~candidates, float("-inf"))
+    order = conf.argsort(dim=1, descending=True, stable=True)  # (B, L), as top_columns ranks
+    inside = candidates.gather(1, order)
+    h = entropy.gather(1, order).masked_fill(~inside, 0.0)
+    spent = h.cumsum(dim=1) - h.cummax(dim=1).values  # non-decreasing along the order
+    passes = (spent <= gamma) & inside
     masks = candidates.sum(dim=1)
     return passes.sum(dim=1).clamp(min=1).minimum(masks)
 
 
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """(B, L, V) distributions -> (B, L) entropies in nats (0 log 0 = 0)."""
+    return -torch.special.xlogy(probs, probs).sum(dim=-1)
+
+
 def eb_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
-    """EB-Sampler's step: the most certain candidates while their entropy stays under gamma."""
-    entropy = -ctx.confidence  # confidence is negative entropy (settings require it)
-    counts = entropy_bounded_counts(entropy, ctx.candidates, p.eb_gamma)
+    """EB-Sampler's step: the most confident candidates while their entropy stays under gamma."""
+    h = entropy(ctx.probs.to(torch.float64))
+    counts = entropy_bounded_counts(h, ctx.confidence, ctx.candidates, p.eb_gamma)
     return top_columns(ctx.confidence, ctx.candidates, counts)
 
 

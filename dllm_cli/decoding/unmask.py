@@ -201,7 +201,7 @@ UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
     "eb": eb_rule,
     "klass": klass_rule,
 }
-NEEDS_PROBS = ("klass",)  # rules that compare the drafts' whole distributions
+NEEDS_PROBS = ("eb", "klass")  # rules that read the drafts' whole distributions
 
 
 class RuleCommitter:
