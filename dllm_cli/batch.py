@@ -2,22 +2,24 @@
 
 Lines come in as bytes and each is decoded on its own (prompt_text.py), so a bad one (not
 UTF-8, a control character, empty, too long, not JSON with --json-input) becomes its own error
-record instead of sinking a batch. Valid lines are decoded `batch_size` at a time, and
+record instead of sinking a batch. Valid lines go to one engine (decoding/engine.py) of
+`batch_size` slots, admitted statically (whole batches) or continuously (any free slot), and
 finished records go to the caller's `done` in input order: record n as soon as records 1..n
 are all finished. The caller decides where records go (stdout; rank 0 under torchrun) and
 what a progress bar shows; the pipeline prints nothing. An interrupt or an error from the
-decoder stops it with every record before the failed batch already handed on.
+decoder stops it with every finished record handed on (behind an error record for a line
+still decoding).
 """
 
 from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dllm_cli.decoding import Decoder, DecodeResult, answer_length, decode
-from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
+from dllm_cli.decoding import DecodeResult, Finished, answer_length
+from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.prompt_text import decode_line, escape_bytes, strip_line_end
 from dllm_cli.runtime import Runtime
@@ -108,44 +110,78 @@ class Pipeline:
     def run(
         self, numbered: Iterable[tuple[int, bytes]], done: Callable[[list[Slot]], None]
     ) -> None:
-        """Read (number, line) pairs, decode, hand finished slots to `done` in input order."""
-        if self.batching() == "continuous":
-            Stream(self, done).run(numbered)
+        """Read (number, line) pairs, decode, hand finished slots to `done` in input order.
+
+        Lines are read only while a slot is free (or, static, until a batch is full), so a
+        line typed at a terminal is answered without waiting for the ones after it.
+        """
+        rt = self.runtime
+        model, special = rt.loaded.model, rt.loaded.special
+        engine = open_engine(
+            model, special, rt.settings, rt.committer(),
+            slots=self.batch_size, admission=self.batching(),
+        )  # fmt: skip
+        order = Order(done)
+        lines = iter(numbered)
+        try:
+            while True:
+                while engine.waiting + engine.running < self.batch_size:
+                    item = next(lines, None)
+                    if item is None:
+                        break
+                    self.admit(engine, order, self.read(*item))
+                if not engine.has_work:
+                    break
+                self.step(engine, order)
+        except (KeyboardInterrupt, DllmError) as e:
+            order.rescue(
+                self,
+                "not decoded: interrupted"
+                if isinstance(e, KeyboardInterrupt)
+                else f"not decoded: {e}",
+            )
+            raise
+        finally:
+            self.totals.add_run(
+                engine.forwards, engine.guide_forwards, engine.steps, engine.seconds
+            )
+            self.totals.rows_served += engine.served
+        order.flush()
+
+    def admit(self, engine, order: Order, slot: Slot) -> None:
+        """A read line joins the output order and, when valid, the engine's queue."""
+        order.pending.append(slot)
+        if slot.error is None:
+            try:
+                engine.add(slot.ids, key=slot)
+                return
+            except InputError as e:
+                self.fail(slot, str(e))
+        self.finished(slot)
+        order.flush()
+
+    def step(self, engine, order: Order) -> None:
+        """One engine step; its answers become records. An input error the checks missed
+        fails the requests decoding at the time (their batch) and the others go on."""
+        try:
+            out = engine.step()
+        except InputError as e:
+            for request in list(engine.live):
+                engine.abort(request.id)
+                self.fail(request.key, str(e))
+                self.finished(request.key)
+            order.flush()
             return
-        pending: list[Slot] = []  # read, not yet handed on (input order)
-        batch: list[Slot] = []  # valid, not yet decoded
-
-        def flush() -> None:
-            finished = []
-            while pending and pending[0].output is not None:
-                finished.append(pending.pop(0))
-            if finished:
-                done(finished)
-
-        for number, raw in numbered:
-            slot = self.read(number, raw)
-            pending.append(slot)
-            if slot.error is None:
-                batch.append(slot)
-            else:
-                self.finished(slot)
-            if len(batch) == self.batch_size:
-                self.decode_batch(batch)
-                batch = []
-            flush()
-        if batch:
-            self.decode_batch(batch)
-        flush()
+        for f in out.finished:
+            self.totals.add_answer(f.tokens, self.runtime.loaded.special.stop)
+            self.finish(f.key, f)
+        order.flush()
 
     def batching(self) -> str:
-        """continuous, unless the settings ask for static or the decode cannot be served so."""
-        if self.runtime.settings.batching == "static" or self.static_reason() is not None:
-            return "static"
-        return "continuous"
+        return self.runtime.admission()
 
     def static_reason(self) -> str | None:
-        """Why continuous batching falls back to static batches here (None: it does not)."""
-        return static_reason(self.runtime.loaded.model, guided=self.runtime.guide is not None)
+        return self.runtime.static_reason()
 
     def read(self, number: int, raw: bytes) -> Slot:
         """Decode, parse and encode one input line; any problem makes it an error record."""
@@ -178,95 +214,22 @@ class Pipeline:
             json.dumps({"line": slot.line, **shown, "error": reason}) if self.json_out else ""
         )
 
-    def decode_batch(self, batch: list[Slot]) -> None:
-        """Decode valid slots together; an input error the checks missed fails this batch only."""
-        rt = self.runtime
-        prompts = [s.ids for s in batch]
-        try:
-            model, special = rt.loaded.model, rt.loaded.special
-            result = decode(model, special, prompts, rt.settings, committer=rt.committer())
-        except InputError as e:
-            for slot in batch:
-                self.fail(slot, str(e))
-                self.finished(slot)
-            return
-        self.totals.add(result, rt.loaded.special.stop)
-        for row, slot in enumerate(batch):
-            self.finish(slot, result, row)
-
-    def finish(self, slot: Slot, result: DecodeResult, row: int) -> None:
+    def finish(self, slot: Slot, done: Finished) -> None:
         """A decoded slot's record (text or --json)."""
-        text = self.runtime.text(result.tokens[row])
+        text = self.runtime.text(done.tokens)
         if self.json_out:
-            slot.output = json.dumps({"line": slot.line, **record(slot.prompt, text, result, row)})
+            slot.output = json.dumps({"line": slot.line, **record(slot.prompt, text, done)})
         else:
             slot.output = one_line(text)
         self.finished(slot)
 
 
-class Stream:
-    """Continuous batching of one pipeline run: `batch_size` slots, refilled as rows finish.
+class Order:
+    """Records leave in input order: record n as soon as records 1..n are all final."""
 
-    Lines are read only when a slot is free; a line's record is final the step its row is,
-    and records still leave in input order (decoding/continuous.py has the scheduler).
-    """
-
-    def __init__(self, pipeline: Pipeline, done: Callable[[list[Slot]], None]):
-        self.p, self.done = pipeline, done
+    def __init__(self, done: Callable[[list[Slot]], None]):
+        self.done = done
         self.pending: deque[Slot] = deque()  # read, not yet handed on (input order)
-
-    def run(self, numbered: Iterable[tuple[int, bytes]]) -> None:
-        rt = self.p.runtime
-        decoder = Decoder(rt.loaded.model, rt.loaded.special, rt.settings, rt.committer())
-        run = ContinuousRun(
-            decoder, self.prompts(numbered), self.p.batch_size, self.answered, self.refused
-        )
-        try:
-            run.finish()
-        except KeyboardInterrupt:
-            self.rescue("not decoded: interrupted")
-            raise
-        except DllmError as e:
-            self.rescue(f"not decoded: {e}")
-            raise
-        finally:
-            self.p.totals.add_run(run.forwards, run.guide_forwards, run.steps, run.seconds)
-            self.p.totals.rows_served += run.served
-        self.flush()
-
-    def rescue(self, reason: str) -> None:
-        """The run stopped: answers that finished behind a line still decoding go out anyway,
-        that line as an error record (output line N stays input line N's)."""
-        finished = [i for i, slot in enumerate(self.pending) if slot.output is not None]
-        for slot in list(self.pending)[: finished[-1] if finished else 0]:
-            if slot.output is None:
-                self.p.fail(slot, reason)
-                self.p.finished(slot)
-        self.flush()
-
-    def prompts(self, numbered: Iterable[tuple[int, bytes]]) -> Iterator[tuple[Slot, list[int]]]:
-        """Valid lines for the scheduler; bad ones become error records on the way."""
-        for number, raw in numbered:
-            slot = self.p.read(number, raw)
-            self.pending.append(slot)
-            if slot.error is None:
-                yield slot, slot.ids
-            else:
-                self.p.finished(slot)
-                self.flush()
-
-    def answered(self, done: Finished) -> None:
-        slot = done.key
-        self.p.totals.add_answer(done.tokens, self.p.runtime.loaded.special.stop)
-        steps = done.steps
-        alone = DecodeResult([done.tokens], [], [len(slot.ids)], steps, steps, done.seconds)
-        self.p.finish(slot, alone, 0)
-        self.flush()
-
-    def refused(self, slot: Slot, reason: str) -> None:
-        self.p.fail(slot, reason)
-        self.p.finished(slot)
-        self.flush()
 
     def flush(self) -> None:
         finished = []
@@ -274,6 +237,16 @@ class Stream:
             finished.append(self.pending.popleft())
         if finished:
             self.done(finished)
+
+    def rescue(self, pipeline: Pipeline, reason: str) -> None:
+        """The run stopped: answers that finished behind a line still decoding go out anyway,
+        that line as an error record (output line N stays input line N's)."""
+        finished = [i for i, slot in enumerate(self.pending) if slot.output is not None]
+        for slot in list(self.pending)[: finished[-1] if finished else 0]:
+            if slot.output is None:
+                pipeline.fail(slot, reason)
+                pipeline.finished(slot)
+        self.flush()
 
 
 def prompt_from_json(text: str) -> str:
@@ -291,17 +264,34 @@ def prompt_from_json(text: str) -> str:
     return data["prompt"]
 
 
-def record(prompt: str, text: str, result: DecodeResult, row: int) -> dict:
-    """The --json object for one answer (forwards/steps/seconds are its batch's)."""
+def record(prompt: str, text: str, done: Finished) -> dict:
+    """The --json object for one answer (forwards/steps/seconds are the prompt's own: those
+    of the steps it spent in a slot, whatever shared them)."""
     return {
         "prompt": prompt,
         "text": text,
-        "token_ids": result.tokens[row],
-        "forwards": result.forwards,
-        "guide_forwards": result.guide_forwards,
-        "steps": result.steps,
-        "seconds": round(result.seconds, 4),
+        "token_ids": done.tokens,
+        "forwards": done.forwards,
+        "guide_forwards": done.guide_forwards,
+        "steps": done.steps,
+        "seconds": round(done.seconds, 4),
     }
+
+
+def solo(result: DecodeResult) -> Finished:
+    """A one-prompt decode's result as that prompt's Finished record."""
+    return Finished(
+        id=0,
+        key=None,
+        tokens=result.tokens[0],
+        commit_steps=result.commit_steps[0] if result.commit_steps else [],
+        prompt_length=result.prompt_lengths[0],
+        steps=result.steps,
+        forwards=result.forwards,
+        guide_forwards=result.guide_forwards,
+        seconds=result.seconds,
+        guide_seconds=result.guide_seconds,
+    )
 
 
 def one_line(text: str) -> str:

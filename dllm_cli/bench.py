@@ -25,12 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dllm_cli.decoding import gemma
 from dllm_cli.errors import InputError, SettingsError
-from dllm_cli.runtime import Runtime
+from dllm_cli.families import FAMILIES
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm.evaluate import Score, Task, score, warm_up
+
+if TYPE_CHECKING:  # the strategy table is read by `dllm bench --help`: no torch at import
+    from dllm_cli.runtime import Runtime
+    from dllm_cli.tinygsm.evaluate import Score, Task
 
 REFERENCE: dict[str, object] = {
     "steps": None,
@@ -143,6 +146,8 @@ def run_bench(
     `measure` times one pass (default: accuracy on TinyGSM tasks; throughput.measure for
     synthetic prompts).
     """
+    from dllm_cli.tinygsm.evaluate import warm_up
+
     measure = measure or measure_accuracy
     guided = [n for n in plan.strategies if STRATEGIES[n].guided]
     if guided and runtime.guide is None:
@@ -179,7 +184,9 @@ def run_bench(
 
 def check_family(runtime: Runtime, plan: BenchPlan) -> None:
     """DiffusionGemma runs transformers' sampler: refuse other strategies before any decode."""
-    if runtime.loaded.architecture != gemma.FAMILY:
+    from dllm_cli.decoding import gemma
+
+    if not FAMILIES[runtime.loaded.family].own_sampler:
         return
     canvas = runtime.loaded.model.canvas_length
     for name in plan.strategies:
@@ -196,6 +203,8 @@ def measure_accuracy(
     runtime: Runtime, tasks: Sequence[Task], settings, committer, batch_size: int
 ) -> Score:
     """One timed pass over the tasks (a fresh guide cache per decode)."""
+    from dllm_cli.tinygsm.evaluate import score
+
     model, special = runtime.loaded.model, runtime.loaded.special
     return score(
         model, special, tasks, settings, runtime.text, committer=committer, batch_size=batch_size

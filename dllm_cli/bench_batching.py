@@ -2,7 +2,7 @@
 
 Static batching decodes `batch_size` prompts at a time in lockstep (a batch ends when its
 slowest row does); continuous batching refills a slot the step after its row finishes
-(decoding/continuous.py). Both passes decode the same prompts with the same settings and are
+(decoding/slots.py). Both passes decode the same prompts with the same settings and are
 timed by the wall clock around the whole pass; `rounds` > 1 alternates them (static,
 continuous, static, ...) so a noisy machine slows both alike. Each record also says how many
 prompts got exactly the same tokens from both (greedy decoding: all of them).
@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from dllm_cli.decoding import Decoder, answer_length, decode
-from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
+from dllm_cli.decoding import answer_length
+from dllm_cli.decoding.run import open_engine
+from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
@@ -28,35 +29,31 @@ def mixed_shots(encode: Callable[[str], list[int]], n: int, most: int, start: in
     return [held_out(encode, 1, i % (most + 1), start + i)[0].prompt for i in range(n)]
 
 
-def run_static(runtime: Runtime, prompts: Sequence[list[int]], settings, size: int) -> dict:
-    """Whole batches of `size`, one after another."""
+def run_pass(
+    runtime: Runtime, prompts: Sequence[list[int]], settings, size: int, admission: str
+) -> dict:
+    """Every prompt through one engine of `size` slots under `admission` (static: whole
+    batches one after another; continuous: a slot refilled the step after its row ends)."""
     model, special = runtime.loaded.model, runtime.loaded.special
-    tokens, forwards, served = [], 0, 0
     began = time.perf_counter()
-    for first in range(0, len(prompts), size):
-        result = decode(model, special, list(prompts[first : first + size]), settings)
-        tokens += result.tokens
-        forwards, served = forwards + result.forwards, served + result.rows_served
-    return summary("static", tokens, forwards, served, time.perf_counter() - began, runtime)
+    engine = open_engine(model, special, settings, slots=size, admission=admission)
+    for i, p in enumerate(prompts):
+        engine.add(p, key=i)
+    out: dict[int, list[int]] = {}
+    while engine.has_work:
+        for f in engine.step().finished:
+            out[f.key] = f.tokens
+    seconds = time.perf_counter() - began
+    tokens = [out[i] for i in range(len(prompts))]
+    return summary(admission, tokens, engine.forwards, engine.served, seconds, runtime)
+
+
+def run_static(runtime: Runtime, prompts: Sequence[list[int]], settings, size: int) -> dict:
+    return run_pass(runtime, prompts, settings, size, "static")
 
 
 def run_continuous(runtime: Runtime, prompts: Sequence[list[int]], settings, size: int) -> dict:
-    """`size` slots, each refilled from the prompt list as its row finishes."""
-    model, special = runtime.loaded.model, runtime.loaded.special
-    out: dict[int, list[int]] = {}
-
-    def done(f: Finished) -> None:
-        out[f.key] = f.tokens
-
-    def refused(key: int, reason: str) -> None:
-        raise InputError(f"prompt {key}: {reason}")
-
-    began = time.perf_counter()
-    decoder = Decoder(model, special, settings)
-    run = ContinuousRun(decoder, enumerate(prompts), size, done, refused).finish()
-    seconds = time.perf_counter() - began
-    tokens = [out[i] for i in range(len(prompts))]
-    return summary("continuous", tokens, run.forwards, run.served, seconds, runtime)
+    return run_pass(runtime, prompts, settings, size, "continuous")
 
 
 PASSES: dict[str, Callable[..., dict]] = {"static": run_static, "continuous": run_continuous}

@@ -1,4 +1,12 @@
-"""The `dllm` command: a thin Typer app wiring one module per subcommand."""
+"""The `dllm` command: a thin Typer app wiring one module per subcommand.
+
+Start-up stays light: `dllm --help`, `--version`, `dllm profiles` and usage errors answer
+without importing torch, transformers or the model code (tests/test_cli_startup.py). So a
+command module imports only typer, rich, `options` and the light `dllm_cli` modules at its top;
+torch, transformers, `runtime`, `decoding`, `models`, `batch`, `view` and the like are imported
+inside the command function (or the helpers it calls), and type hints of them go under
+`if TYPE_CHECKING:`. Keep it so when adding a command (serve, chat, doctor, ...).
+"""
 
 from __future__ import annotations
 

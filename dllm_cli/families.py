@@ -1,60 +1,294 @@
-"""Per-family reference defaults: values a model family's own generation code applies unasked.
+"""Model families as declared records: how a folder is recognised, which classes build it, how
+its sampler differs, and the decode settings its own reference code uses when asked nothing.
 
-A value here fills a decode setting only when neither the profile nor the command line sets
-it, so `dllm` reproduces the family's reference outputs out of the box (REFERENCE.md section 4).
+`--model PATH` without `--profile` starts from the family's `reference` settings (never from
+another model's profile), so a user's own LLaDA or Dream folder decodes as its reference code
+does; flags still override. Where each reference value comes from is in `source` (and in the
+README, "Model families and their reference settings").
+
+A folder's family is read from config.json without importing torch: `architectures` first,
+then `model_type` (LLaDA-MoE says `model_type "llada"` like LLaDA-8B; only its
+`architectures ["LLaDAMoEModelLM"]` tells them apart). Classes are named by import path and
+imported only when a model is built, so `dllm --help` and `dllm profiles` stay light.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import replace
+import importlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from dllm_cli.errors import ModelLoadError
-from dllm_cli.models.loading import resolve_path
-from dllm_cli.settings import DecodeSettings
+from dllm_cli.folders import read_config_json, resolve_path
+from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
 
-# Keys: lowercased config.json model_type. Dream's `diffusion_generate` builds its generation
-# config from the model config when the caller passes none; under the transformers version
-# Dream pins (4.46) that config carries the legacy generation defaults, so top_k = 50 filters
-# every distribution its confidences are computed from. LLaDA's reference has no such default.
-FAMILY_DEFAULTS: dict[str, dict[str, object]] = {"dream": {"top_k": 50}}
+# Settings DiffusionGemma's own sampler has no use for (decoding/gemma.py says why for each).
+GEMMA_UNUSED = (
+    "cache",
+    "refresh_interval",
+    "suffix_window",
+    "unmask",
+    "schedule",
+    "confidence",
+    "threshold",
+    "factor",
+    "temperature",
+    "top_p",
+    "top_k",
+    "cfg_scale",
+    "eps",
+    "alg_temp",
+)
+GUIDED_STATIC = "guided decoding keeps one AR guide cache per batch"
 
 
-def family_defaults(family: str | None) -> dict[str, object]:
-    """The reference defaults of a model family (empty for LLaDA and unknown families)."""
-    return FAMILY_DEFAULTS.get((family or "").lower(), {})
+@dataclass(frozen=True)
+class Family:
+    """One model family: recognition, classes, sampler, reference settings, refused settings."""
+
+    name: str  # the registry key; a profile's [model] architecture
+    title: str  # for messages
+    model_types: tuple[str, ...]  # config.json model_type values it answers to
+    architectures: tuple[str, ...]  # config.json architectures names it answers to
+    config_class: str  # "module:Class", imported on use
+    model_class: str
+    logit_shift: int  # 0: column i predicts itself; 1: it predicts column i + 1
+    sampler: str  # key of decoding/sampling.py FAMILIES (how drafts and confidences are made)
+    reference: dict[str, object]  # DecodeSettings values of the family's own generate code
+    source: str  # where `reference` was read
+    whole_answer: bool = False  # the reference has no blocks: block_length = gen_length
+    mask_id: int | None = None  # when neither config.json nor the tokenizer names the mask
+    own_sampler: bool = False  # decoded by transformers' own generate (no masks, no rules)
+    refuses: tuple[str, ...] = GEMMA_FIELDS  # settings this family cannot use
+    static_batches: str | None = None  # why batch mode always runs whole static batches
+    notes: tuple[str, ...] = field(default=())  # deviations and facts worth a line in docs
+
+    def classes(self) -> tuple[type, type]:
+        """(config class, model class), imported now (the first model build pays for torch)."""
+        return _load(self.config_class), _load(self.model_class)
+
+    def unset_defaults(self) -> dict[str, object]:
+        """Reference values for settings whose built-in default is "unset" (Dream's top_k 50):
+        they fill a profile that leaves them unset, and the decoder fills them likewise."""
+        return {
+            k: v
+            for k, v in self.reference.items()
+            if v is not None and getattr(DEFAULTS, k) is None
+        }
+
+    def reference_keys(self) -> tuple[str, ...]:
+        """The decode settings the reference sets (block_length too where it is the answer)."""
+        return (*self.reference, *(("block_length",) if self.whole_answer else ()))
+
+
+def _load(path: str) -> type:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+DEFAULTS = DecodeSettings()
+
+LLADA_SOURCE = (
+    "ML-GSAI/LLaDA generate.py main() and chat.py: gen_length 128, steps 128, block_length 32, "
+    "temperature 0, cfg_scale 0, remasking low_confidence; no cache, no early stop"
+)
+FAMILIES: dict[str, Family] = {
+    "llada": Family(
+        name="llada",
+        title="LLaDA",
+        model_types=("llada",),
+        architectures=("LLaDAModelLM",),
+        config_class="dllm_cli.models.llada:LLaDAConfig",
+        model_class="dllm_cli.models.llada:LLaDAModelLM",
+        logit_shift=0,
+        sampler="llada",
+        reference={
+            "gen_length": 128,
+            "steps": None,  # one token per step: the reference's 128 steps for 128 tokens
+            "block_length": 32,
+            "cache": "none",
+            "unmask": "fixed",
+            "schedule": "linear",
+            "confidence": "low_confidence",
+            "temperature": 0.0,
+            "cfg_scale": 0.0,
+            "early_stop": False,
+        },
+        source=LLADA_SOURCE,
+    ),
+    "dream": Family(
+        name="dream",
+        title="Dream",
+        model_types=("Dream",),
+        architectures=("DreamModel",),
+        config_class="dllm_cli.models.dream:DreamConfig",
+        model_class="dllm_cli.models.dream:DreamModel",
+        logit_shift=1,
+        sampler="dream",
+        reference={
+            "gen_length": 512,
+            "steps": None,  # one token per step: the reference's 512 steps for 512 tokens
+            "cache": "none",
+            "unmask": "origin",
+            "schedule": "dream",
+            "temperature": 0.0,
+            "top_k": 50,
+            "eps": 1e-3,
+            "alg_temp": 0.0,
+            "early_stop": False,
+        },
+        source=(
+            "Dream's generation_utils.py DreamGenerationConfig: steps 512, alg origin, eps 1e-3, "
+            "temperature 0, top_p None, alg_temp None; top_k 50 from the legacy generation "
+            "defaults transformers 4.46 puts on every model config, which diffusion_generate "
+            "copies when the caller passes no generation_config; max_new_tokens 512 as in "
+            "Dream's README; the whole answer is one block"
+        ),
+        whole_answer=True,
+    ),
+    "llada_moe": Family(
+        name="llada_moe",
+        title="LLaDA-MoE",
+        model_types=("llada", "lladamoe"),  # "lladamoe": the rename some training code uses
+        architectures=("LLaDAMoEModelLM",),
+        config_class="dllm_cli.models.llada_moe:LLaDAMoEConfig",
+        model_class="dllm_cli.models.llada_moe:LLaDAMoEModelLM",
+        logit_shift=0,
+        sampler="llada",
+        reference={
+            "gen_length": 128,
+            "steps": None,  # one token per step: the reference's 128 steps for 128 tokens
+            "block_length": 32,
+            "cache": "none",
+            "unmask": "fixed",
+            "schedule": "linear",
+            "confidence": "low_confidence",
+            "temperature": 0.0,
+            "cfg_scale": 0.0,
+            "early_stop": False,
+        },
+        source=(
+            "the LLaDA-MoE-7B-A1B model card runs LLaDA's generate with steps 128, gen_length "
+            "128, block_length 32, temperature 0, cfg_scale 0, remasking low_confidence"
+        ),
+        mask_id=156895,  # <|mask|>: not in config.json; the card passes generate(mask_id=156895)
+    ),
+    "diffusion_gemma": Family(
+        name="diffusion_gemma",
+        title="DiffusionGemma",
+        model_types=("diffusion_gemma",),
+        architectures=("DiffusionGemmaForBlockDiffusion", "DiffusionGemmaModel"),
+        config_class="transformers:DiffusionGemmaConfig",
+        model_class="dllm_cli.models.diffusion_gemma:DiffusionGemmaLM",
+        logit_shift=0,
+        sampler="transformers",
+        reference={"early_stop": True},
+        source=(
+            "transformers' DiffusionGemma generate: the checkpoint's generation_config.json for "
+            "every knob left unset; a row ends at its eos_token_id"
+        ),
+        own_sampler=True,
+        refuses=GEMMA_UNUSED,
+        static_batches="DiffusionGemma decodes whole batches with transformers' own sampler",
+    ),
+}
+
+
+def by_name(name: str | None) -> Family | None:
+    """The family a profile's `architecture` names (case-insensitive), or None."""
+    return FAMILIES.get((name or "").lower())
+
+
+def family_for_config(raw: dict, where: Path | str) -> Family:
+    """The family of a config.json dict: `architectures` first, then `model_type`.
+
+    An architectures name decides alone when we know it (and must agree with model_type when
+    both are given); a config without architectures falls back to model_type (the first family
+    listing it: dense LLaDA for "llada"). Anything else is refused naming both fields.
+    """
+    kind = raw.get("model_type")
+    names = raw.get("architectures") or []
+    names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+    for family in FAMILIES.values():
+        if any(n in family.architectures for n in names):
+            if kind is None or kind in family.model_types:
+                return family
+            break
+    else:
+        if not names:
+            for family in FAMILIES.values():
+                if kind in family.model_types:
+                    return family
+    if kind is None and not names:
+        raise ModelLoadError(f"{where} has no model_type (cannot tell the architecture)")
+    known = ", ".join(f"{f.architectures[0]} ({f.model_types[0]})" for f in FAMILIES.values())
+    raise ModelLoadError(
+        f"unknown architecture {kind!r} with architectures {names or None} in {where} "
+        f"(supported: {known})"
+    )
+
+
+def folder_family(path: str) -> Family:
+    """The family of a model folder, from its config.json alone (no weights, no torch)."""
+    folder = resolve_path(path)
+    return family_for_config(read_config_json(folder), folder / "config.json")
+
+
+def model_family(architecture: str | None, path: str) -> Family | None:
+    """A profile's family: its [model] architecture, else its folder's (None if unreadable)."""
+    if architecture:
+        return by_name(architecture)
+    try:
+        return folder_family(path)
+    except (OSError, ValueError, ModelLoadError):
+        return None
+
+
+def family_of_model(model) -> Family:
+    """The family of a built model (every model class declares `family`)."""
+    return FAMILIES[model.family]
 
 
 def with_family_defaults(settings: DecodeSettings, family: str | None) -> DecodeSettings:
-    """A copy whose unset fields take the model family's reference defaults."""
-    unset = {k: v for k, v in family_defaults(family).items() if getattr(settings, k) is None}
+    """A copy whose unset fields take the model family's reference values (Dream: top_k 50)."""
+    entry = by_name(family)
+    fill = entry.unset_defaults() if entry else {}
+    unset = {k: v for k, v in fill.items() if getattr(settings, k) is None}
     return replace(settings, **unset) if unset else settings
 
 
-def model_family(architecture: str | None, path: str) -> str | None:
-    """Lowercased family: the profile's architecture, else the folder's config.json model_type.
-
-    Read without loading weights; None when the folder or its config.json cannot be read.
-    """
-    if architecture:
-        return architecture.lower()
-    try:
-        raw = json.loads((resolve_path(path) / "config.json").read_text())
-    except (OSError, ValueError, ModelLoadError):
-        return None
-    kind = raw.get("model_type") if isinstance(raw, dict) else None
-    return kind.lower() if isinstance(kind, str) else None
-
-
 def apply_family_defaults(profile, provenance: dict[str, str]) -> None:
-    """Fill decode values nothing set with the family's defaults; provenance says so."""
+    """Fill a resolved profile's decode values nothing set with its family's "unset" defaults
+    (Dream: top_k 50); provenance says so."""
     family = model_family(profile.model.architecture, profile.model.path)
     unset = {
         name: value
-        for name, value in family_defaults(family).items()
+        for name, value in (family.unset_defaults() if family else {}).items()
         if provenance.get(f"decode.{name}") == "default" and getattr(profile.decode, name) is None
     }
     if unset:
         profile.decode = replace(profile.decode, **unset)  # (settings are frozen, revalidated)
     for name in unset:
-        provenance[f"decode.{name}"] = f"family default ({family})"
+        provenance[f"decode.{name}"] = f"family default ({family.name})"
+
+
+def batching_reason(family: Family | None, guided: bool) -> str | None:
+    """Why batch mode runs whole static batches whatever `batching` says (None: it does not)."""
+    if family is not None and family.static_batches:
+        return family.static_batches
+    return GUIDED_STATIC if guided else None
+
+
+def reference_settings(family: Family) -> DecodeSettings:
+    """The family's reference decode settings (one block over the whole answer where it has
+    no blocks)."""
+    settings = replace(DEFAULTS, **family.reference)
+    if family.whole_answer:
+        settings = replace(settings, block_length=settings.gen_length)
+    return settings
+
+
+def describe_reference(family: Family) -> str:
+    """One line of the family's reference settings (README table, `profiles show`)."""
+    ref = reference_settings(family)
+    return ", ".join(f"{k} {getattr(ref, k)}" for k in family.reference_keys())

@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dllm_cli.decoding.engine import Decoder
 from dllm_cli.errors import InputError, SettingsError
-from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
-from dllm_cli.tinygsm.data import extract_answer, is_correct
-from dllm_cli.tinygsm.evaluate import ProblemResult, Score, Task, warm_up
+
+if TYPE_CHECKING:  # `dllm bench --help` reads SWEEPS: no torch at import
+    from dllm_cli.runtime import Runtime
+    from dllm_cli.tinygsm.evaluate import Score, Task
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,10 @@ def score_alone(
     runtime: Runtime, tasks: Sequence[Task], settings: DecodeSettings, batch_size: int
 ) -> Score:
     """Accuracy and batch-1 cost of decoding `tasks`, `batch_size` rows at their own pace."""
+    from dllm_cli.decoding import Decoder
+    from dllm_cli.tinygsm.data import extract_answer, is_correct
+    from dllm_cli.tinygsm.evaluate import ProblemResult, Score
+
     model, special = runtime.loaded.model, runtime.loaded.special
     decoder = Decoder(model, special, settings)
     out = Score(gen_length=settings.gen_length)
@@ -115,6 +120,8 @@ def run_frontier(
     on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """One record per point, in order; every point's settings are checked before any decode."""
+    from dllm_cli.tinygsm.evaluate import warm_up
+
     settings = [settings_at(base, p) for p in points]
     records = []
     for point, s in zip(points, settings, strict=True):

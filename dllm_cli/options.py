@@ -61,7 +61,13 @@ FLAGS: dict[str, Flag] = {
         _option(str, "Profile NAME or path to a .toml file.", MODEL, "--profile", "-p"), "model"
     ),
     "model": Flag(
-        _option(str, "Checkpoint folder (replaces the profile's).", MODEL, "--model"),
+        _option(
+            str,
+            "Checkpoint folder (replaces the profile's; without --profile, its family's reference "
+            "settings).",
+            MODEL,
+            "--model",
+        ),
         "model",
         "model.path",
     ),

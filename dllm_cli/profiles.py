@@ -2,7 +2,7 @@
 
 A profile is looked up as a path to a .toml file, or as a NAME searched in $DLLM_PROFILES_DIR,
 then ./profiles, then the profiles shipped with the package. Every key is checked against the
-dataclasses below (the [decode] keys are exactly `DecodeSettings`' fields), so a typo is an
+dataclasses of profile_sections.py (the [decode] keys are exactly `DecodeSettings`' fields), so a typo is an
 error that names the key, its section and the file instead of a silently ignored setting.
 """
 
@@ -13,94 +13,34 @@ import difflib
 import os
 import re
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 from dllm_cli.errors import ProfileError
-from dllm_cli.families import apply_family_defaults
-from dllm_cli.models import ARCHITECTURES
-from dllm_cli.models.loading import BUILTIN_PREFIX, DTYPES
-from dllm_cli.settings import DecodeSettings, guide_problem, parse_accept
+from dllm_cli.families import (
+    FAMILIES,
+    Family,
+    apply_family_defaults,
+    folder_family,
+    reference_settings,
+)
+from dllm_cli.folders import BUILTIN_PREFIX
+from dllm_cli.profile_sections import (
+    GuideSection,
+    ModelSection,
+    Profile,
+    ProfileInfo,
+    SpecialOverrides,
+)
+from dllm_cli.settings import DecodeSettings
+
+# `dllm profiles` lists the files without torch: models.loading (DTYPES) is imported inside
+# the function that checks a profile.
 from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, show
 
 DEFAULT_PROFILE = "tiny-gsm-dream"
 ENV_DIR = "DLLM_PROFILES_DIR"
 BUILTIN_SOURCE = "built-in"
 _UNSET_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
-
-
-@dataclass
-class SpecialOverrides:
-    """Token-id overrides for folders whose config/tokenizer name a role wrongly or not at all."""
-
-    mask: int | None = None
-    eos: int | None = None
-    pad: int | None = None
-    bos: int | None = None
-    eot: int | None = None
-
-
-@dataclass
-class ModelSection:
-    """Which checkpoint to load and how; architecture None means config.json's model_type."""
-
-    path: str = "builtin:tiny-gsm"
-    architecture: str | None = None  # llada | dream | diffusion_gemma (None: config.json's)
-    dtype: str = "auto"
-    device: str = "auto"
-    chat_template: bool = True
-    compile: bool = False  # CUDA-graph replay of cached block steps (models/compiled.py)
-    special: SpecialOverrides = field(default_factory=SpecialOverrides)
-
-
-@dataclass
-class GuideSection:
-    """An autoregressive model that verifies the diffusion model's drafts (FlashDLM)."""
-
-    path: str = ""
-    accept: str = "exact"  # exact | topk:K | prob:P
-    on_reject: str = "guide"  # guide: the guide's own token | draft: the diffusion model's
-    verify_chunk: int = 32  # drafts the guide scores per forward
-    draft_window: int = 0  # drafts from the first mask (0: to the end of the canvas)
-
-    def acceptance(self) -> tuple[str, float | None]:
-        """("exact", None), ("topk", K) or ("prob", P), parsed from `accept`."""
-        return parse_accept(self.accept)
-
-    def problem(self) -> str | None:
-        """Why these values cannot run (one line), or None."""
-        return guide_problem(self.accept, self.on_reject, self.verify_chunk, self.draft_window)
-
-
-@dataclass
-class Profile:
-    """A named, complete run configuration: model, decode settings, optional guide."""
-
-    name: str
-    description: str = ""
-    model: ModelSection = field(default_factory=ModelSection)
-    decode: DecodeSettings = field(default_factory=DecodeSettings)
-    guide: GuideSection | None = None
-    source: Path | None = None  # the file it was read from
-
-    def special_overrides(self) -> dict[str, int | None]:
-        """The `special_overrides` argument of `dllm_cli.models.loading.load_model`."""
-        return dataclasses.asdict(self.model.special)
-
-    def to_dict(self) -> dict:
-        """Plain data for display (`dllm profiles show`)."""
-        out = dataclasses.asdict(self)
-        out["source"] = str(self.source) if self.source else None
-        return out
-
-
-class ProfileInfo(NamedTuple):
-    """One row of `list_profiles`: source is "built-in" or the file's path."""
-
-    name: str
-    description: str
-    source: str
 
 
 # --- reading one file -----------------------------------------------------------------------
@@ -158,12 +98,14 @@ def _parse(path: Path) -> tuple[Profile, dict]:
 
 def _check_values(profile: Profile, where: str) -> None:
     """Allowed values beyond types; the decode checks are DecodeSettings' own (when built)."""
+    from dllm_cli.models.loading import DTYPES
+
     m = profile.model
     if not m.path:
         raise ProfileError(f"{where}: path in [model] must not be empty")
     if m.architecture is not None:
         m.architecture = m.architecture.lower()
-        known = [kind.lower() for kind in ARCHITECTURES] + ["diffusion_gemma"]
+        known = list(FAMILIES)
         if m.architecture not in known:
             raise ProfileError(
                 f"{where}: architecture in [model] must be one of {', '.join(known)} "
@@ -174,6 +116,8 @@ def _check_values(profile: Profile, where: str) -> None:
         raise ProfileError(
             f"{where}: dtype in [model] must be one of {', '.join(dtypes)} (got {m.dtype!r})"
         )
+    if not all(isinstance(t, str) and t for t in m.stop_tokens):
+        raise ProfileError(f"{where}: stop_tokens in [model] must be a list of token strings")
     for role, value in dataclasses.asdict(m.special).items():
         if value is not None and value < 0:
             raise ProfileError(f"{where}: {role} in [model.special] must be >= 0 (got {value})")
@@ -312,12 +256,22 @@ def resolve(
     "default" or "family default (<family>)" (`families.py`; with the family unknown, e.g. no
     model folder yet, the value stays unset and the decoder fills it once the model is loaded).
     A guide path of "" or "none" from the CLI turns the profile's guide off.
+
+    No profile named but a model path given (`--model PATH`): the run starts from that model
+    family's reference settings (families.py), not from the default profile, which is tuned
+    for the shipped tiny model.
     """
-    path = find_profile(name_or_path)
-    profile, raw = _parse(path)
     keys = setting_keys()
-    from_cli, decode = set(), {}
     given = {_canonical(k, keys): v for k, v in (cli_overrides or {}).items() if v is not None}
+    family = None
+    if name_or_path is None and "model.path" in given:
+        path = None
+        family = folder_family(_resolve_model_path(str(given["model.path"]), Path.cwd()))
+        profile, raw = family_profile(family), {}
+    else:
+        path = find_profile(name_or_path)
+        profile, raw = _parse(path)
+    from_cli, decode = set(), {}
     for key in sorted(given, key=lambda k: k != "guide.path"):  # a guide first, then its rules
         _apply(profile, key, given[key], decode)
         from_cli.add(key)
@@ -329,6 +283,8 @@ def resolve(
             provenance[key] = "cli"
         elif _lookup(raw, key) is not _MISSING:
             provenance[key] = f"profile {path}"
+        elif family is not None and key.removeprefix("decode.") in family.reference_keys():
+            provenance[key] = f"family default ({family.name})"
         else:
             provenance[key] = "default"
     _check_values(profile, "command line")
@@ -339,10 +295,22 @@ def resolve(
                 f"{key} {section.path!r} uses ${unset[0]}, which is not set "
                 f"(set {unset[0]} to the folder holding your models, or give another path)"
             )
+    if family is not None and family.whole_answer and "decode.block_length" not in from_cli:
+        decode.setdefault("block_length", decode.get("gen_length", profile.decode.gen_length))
     if decode:  # the run's settings are built (and so validated) here, once
         profile.decode = dataclasses.replace(profile.decode, **decode)
+
     apply_family_defaults(profile, provenance)
     return profile, provenance
+
+
+def family_profile(family: Family) -> Profile:
+    """The profile `--model PATH` starts from: the family's reference settings, no guide."""
+    return Profile(
+        name=f"{family.name} reference",
+        description=f"{family.title}'s own reference settings ({family.source})",
+        decode=reference_settings(family),
+    )
 
 
 _MISSING = object()

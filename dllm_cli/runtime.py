@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from dllm_cli.chat import Frame, encode_chat, encode_plain, frame, pieces
 from dllm_cli.decoding import Committer, answer_tokens, gemma
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
+from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
+from dllm_cli.families import FAMILIES
 from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.guide import GuideModel, load_guide
-from dllm_cli.models.loading import LoadedModel, load_model
+from dllm_cli.models.loading import LoadedModel, add_stop_tokens, load_model
 from dllm_cli.profiles import Profile, resolve
 from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
@@ -64,7 +66,7 @@ class Runtime:
             raise InputError("empty prompt (it encodes to no tokens)")
         context = self.loaded.model.context_length
         gen = self.settings.gen_length
-        if self.loaded.architecture == gemma.FAMILY:  # whole canvases are denoised
+        if FAMILIES[self.loaded.family].own_sampler:  # DiffusionGemma denoises whole canvases
             gen = gemma.denoised_length(gen, self.loaded.model.canvas_length)
         if len(ids) + gen > context:
             fix = (
@@ -92,6 +94,16 @@ class Runtime:
         vocab = special.real_vocab(self.loaded.model.vocab_size)
         return GuidedCommitter(self.guide.model, vocab, special, rules)
 
+    def admission(self) -> str:
+        """continuous, unless the settings ask for static or the decode cannot be served so."""
+        if self.settings.batching == "static" or self.static_reason() is not None:
+            return "static"
+        return "continuous"
+
+    def static_reason(self) -> str | None:
+        """Why continuous batching falls back to static batches here (None: it does not)."""
+        return static_reason(self.loaded.model, guided=self.guide is not None)
+
     def text(self, tokens: list[int]) -> str:
         """Answer text: cut at the first stop token, special tokens removed."""
         special = self.loaded.special
@@ -109,6 +121,24 @@ def origin(provenance: dict[str, str]) -> Callable[[str], str]:
         return f" (from {source})" if source.startswith("profile ") else ""
 
     return where
+
+
+def family_settings(
+    prof: Profile, provenance: dict[str, str], loaded: LoadedModel, use_guide: bool
+) -> tuple[DecodeSettings, list[str]]:
+    """The profile's settings as the loaded model's family takes them, and notes to show;
+    settings that mean nothing for the family are refused (SettingsError)."""
+    settings = prof.decode
+    notes = settings.adjustments()
+    if FAMILIES[loaded.family].own_sampler:  # settings that mean nothing there are refused
+        if use_guide and prof.guide is not None and prof.guide.path:
+            raise SettingsError(f"a guide model does not apply to {gemma.FAMILY} (use --no-guide)")
+        canvas = loaded.model.canvas_length
+        settings = gemma.check_settings(settings, canvas, origin(provenance))
+        notes = gemma.notes(settings, canvas)
+    else:
+        gemma.check_masked(settings, FAMILIES[loaded.family].name, origin(provenance))
+    return settings, notes
 
 
 def open_runtime(
@@ -131,7 +161,6 @@ def open_runtime(
         raise SettingsError(
             f"--guide: profile {prof.name!r} has no [guide] section (no AR guide model to use)"
         )
-    settings = prof.decode
     device = prof.model.device if place is None else place(prof.model.device)
     loaded = load_model(
         prof.model.path,
@@ -139,20 +168,13 @@ def open_runtime(
         device=device,
         special_overrides=prof.special_overrides(),
     )
-    wanted = prof.model.architecture
-    if wanted and wanted.lower() != loaded.architecture.lower():
+    loaded = add_stop_tokens(loaded, prof.model.stop_tokens)
+    wanted, family = prof.model.architecture, FAMILIES[loaded.family]
+    if wanted and wanted.lower() != family.name:
         raise ModelLoadError(
-            f"profile says architecture {wanted!r} but {loaded.path} is {loaded.architecture!r}"
+            f"profile says architecture {wanted!r} but {loaded.path} is {family.name!r}"
         )
-    notes = settings.adjustments()
-    if loaded.architecture == gemma.FAMILY:  # settings that mean nothing there are refused
-        if use_guide and prof.guide is not None and prof.guide.path:
-            raise SettingsError(f"a guide model does not apply to {gemma.FAMILY} (use --no-guide)")
-        canvas = loaded.model.canvas_length
-        settings = gemma.check_settings(settings, canvas, origin(provenance))
-        notes = gemma.notes(settings, canvas)
-    else:
-        gemma.check_masked(settings, loaded.architecture, origin(provenance))
+    settings, notes = family_settings(prof, provenance, loaded, use_guide)
     guide = None
     if use_guide and prof.guide is not None and prof.guide.path:
         guide = load_guide(prof.guide.path, loaded)

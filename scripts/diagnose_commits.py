@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from dllm_cli.decoding import Decoder
 from dllm_cli.decoding.answer import answer_length
-from dllm_cli.decoding.engine import Decoder
 from dllm_cli.runtime import open_runtime
 from dllm_cli.tinygsm.data import is_correct
 from dllm_cli.tinygsm.evaluate import held_out

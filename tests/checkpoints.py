@@ -368,3 +368,169 @@ def write_dream(
     tensors = _random_tensors(dream_shapes(cfg), dtype, seed)
     save_weights(folder, tensors, shards)
     return Written(folder, tensors, cfg, ids)
+
+
+# --- LLaDA-MoE -----------------------------------------------------------------------------
+
+LLADA_MOE_SPECIALS = ("<|endoftext|>", "<|mask|>", "<|role_end|>", "<role>", "</role>")
+# LLaDA-MoE's chat format: <role>HUMAN</role>...<|role_end|><role>ASSISTANT</role>.
+LLADA_MOE_CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{ '<role>' + ('HUMAN' if m['role'] == 'user' else m['role'] | upper) + '</role>' "
+    "+ m['content'] + '<|role_end|>' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<role>ASSISTANT</role>' }}{%- endif -%}"
+)
+# Several experts per token, an expert count above it, MHA as in LLaDA-MoE-7B-A1B.
+LLADA_MOE_SHAPE = {
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "num_experts": 8,
+    "num_experts_per_tok": 3,
+    "expert_intermediate_size": 16,
+    "dense_intermediate_size": 40,
+}
+
+
+def write_llada_moe_tokenizer(folder: Path) -> dict[str, int]:
+    """tokenizer.json (word level) + tokenizer_config.json with LLaDA-MoE's specials, template."""
+    vocab = {"<unk>": 0} | {w: i + 1 for i, w in enumerate(WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens(
+        [AddedToken(s, special=True, normalized=False) for s in LLADA_MOE_SPECIALS]
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    ids = {s: tok.token_to_id(s) for s in LLADA_MOE_SPECIALS}
+    write_json(
+        folder / "tokenizer_config.json",
+        {
+            "added_tokens_decoder": {str(i): _added(s) for s, i in ids.items()},
+            "eos_token": "<|endoftext|>",
+            "pad_token": "<|endoftext|>",
+            "mask_token": "<|mask|>",
+            "chat_template": LLADA_MOE_CHAT_TEMPLATE,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 8192,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+    )
+    return {
+        "eos": ids["<|endoftext|>"],
+        "pad": ids["<|endoftext|>"],
+        "eot": ids["<|role_end|>"],
+        "mask": ids["<|mask|>"],
+        "vocab_size": tok.get_vocab_size(),
+    }
+
+
+def llada_moe_config(ids: dict[str, int], **overrides) -> dict:
+    """config.json as LLaDA-MoE-7B-A1B ships it: model_type "llada", no mask_token_id."""
+    cfg = {
+        "architectures": ["LLaDAMoEModelLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "auto_map": {
+            "AutoConfig": "configuration_lladamoe.LLaDAConfig",
+            "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM",
+            "AutoModelForCausalLM": "modeling_lladamoe.LLaDAMoEModelLM",
+        },
+        "clip_qkv": None,
+        "eos_token_id": ids["eos"],
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "max_position_embeddings": 8192,
+        "model_type": "llada",
+        "moe_layer_freq": [1] * LLADA_MOE_SHAPE["num_hidden_layers"],
+        "moe_router_enable_expert_bias": False,
+        "moe_router_score_function": "softmax",
+        "norm_topk_prob": True,  # the reference ignores it (norm_topk_prob = False in code)
+        "output_router_logits": False,
+        "pad_token_id": ids["pad"],
+        "partial_rotary_factor": 1,
+        "qk_layernorm": True,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 50000,
+        "routed_scaling_factor": 1,
+        "router_aux_loss_coef": 0.01,
+        "router_num_group": None,
+        "router_topk_group": None,
+        "shared_expert_intermediate_size": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.46.2",
+        "use_cache": False,
+        "vocab_size": ids["vocab_size"] + 5,  # padded rows, as 157184 > the tokenizer's size
+        **LLADA_MOE_SHAPE,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def llada_moe_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """LLaDA-MoE's checkpoint names and shapes (OLMoE layout, experts one module each)."""
+    d, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    hd = d // heads
+    kv = cfg["num_key_value_heads"] * hd
+    e, ffn = cfg["num_experts"], cfg["expert_intermediate_size"]
+    shared = cfg.get("shared_expert_intermediate_size")
+    shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], d)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (d, d),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.o_proj.weight": (d, d),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+        }
+        if cfg["moe_layer_freq"][i]:
+            shapes[p + "mlp.gate.weight"] = (e, d)
+            for j in range(e):
+                q = f"{p}mlp.experts.{j}."
+                shapes |= {
+                    q + "gate_proj.weight": (ffn, d),
+                    q + "up_proj.weight": (ffn, d),
+                    q + "down_proj.weight": (d, ffn),
+                }
+            if shared:
+                shapes |= {
+                    p + "shared_expert.gate_proj.weight": (shared, d),
+                    p + "shared_expert.up_proj.weight": (shared, d),
+                    p + "shared_expert.down_proj.weight": (d, shared),
+                }
+        else:
+            dense = cfg["dense_intermediate_size"]
+            shapes |= {
+                p + "mlp.gate_proj.weight": (dense, d),
+                p + "mlp.up_proj.weight": (dense, d),
+                p + "mlp.down_proj.weight": (d, dense),
+            }
+    shapes |= {"model.norm.weight": (d,), "lm_head.weight": (cfg["vocab_size"], d)}
+    return shapes
+
+
+def write_llada_moe(
+    folder: Path,
+    *,
+    shards: int = 2,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 3,
+    **overrides,
+) -> Written:
+    """A LLaDA-MoE folder: config.json, sharded safetensors + index, tokenizer files; every
+    norm weight (q_norm and k_norm included) randomised."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = write_llada_moe_tokenizer(folder)
+    cfg = llada_moe_config(ids, **overrides)
+    write_json(folder / "config.json", cfg)
+    tensors = _random_tensors(llada_moe_shapes(cfg), dtype, seed)
+    save_weights(folder, tensors, shards)
+    return Written(folder, tensors, cfg, ids)

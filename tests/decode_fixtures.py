@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from dllm_cli.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
+from dllm_cli.models.llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
 from dllm_cli.models.loading import LoadedModel, SpecialIds
 from dllm_cli.settings import DecodeSettings
 
@@ -55,6 +56,24 @@ def dream_config(layers: int = 2) -> DreamConfig:
     )
 
 
+def llada_moe_config(layers: int = 2) -> LLaDAMoEConfig:
+    """Several experts per token (3 of 8), q/k norms, no shared expert: 7B-A1B's layout."""
+    return LLaDAMoEConfig(
+        vocab_size=40,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        expert_intermediate_size=16,
+        num_experts=8,
+        num_experts_per_tok=3,
+        max_position_embeddings=512,
+        mask_token_id=MASK,
+        pad_token_id=EOS,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+    )
+
+
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models run fastest on one thread (and this machine's cores are shared)."""
@@ -86,6 +105,17 @@ class EosAfterDream(DreamModel):
         return add_eos_bias(self, logits, input_ids, positions, kw.get("logits_slice"))
 
 
+class EosAfterLLaDAMoE(LLaDAMoEModelLM):
+    """LLaDA-MoE whose predictions for positions >= eos_from strongly favour EOS."""
+
+    eos_from = 10**9
+    eos_bias = 0.0
+
+    def forward(self, input_ids, positions=None, cache=None, key_mask=None, columns=None, **kw):
+        logits = super().forward(input_ids, positions, cache, key_mask, columns, **kw)
+        return add_eos_bias(self, logits, input_ids, positions, kw.get("logits_slice"))
+
+
 def add_eos_bias(model, logits, input_ids, positions, logits_slice):
     """Raise the EOS logit where the predicted position (output position + shift) is late."""
     if positions is None:
@@ -103,6 +133,7 @@ def add_eos_bias(model, logits, input_ids, positions, logits_slice):
 CLASSES = {
     "llada": (llada_config, LLaDAModelLM, EosAfterLLaDA),
     "dream": (dream_config, DreamModel, EosAfterDream),
+    "llada_moe": (llada_moe_config, LLaDAMoEModelLM, EosAfterLLaDAMoE),  # not in KINDS: opt-in
 }
 
 
@@ -115,7 +146,7 @@ def randomize(model: torch.nn.Module, seed: int, head_scale: float) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * p.shape[1] ** -0.5)
             elif name.endswith("bias"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-        head = model.lm_head if isinstance(model, DreamModel) else model.model.transformer.ff_out
+        head = model.model.transformer.ff_out if isinstance(model, LLaDAModelLM) else model.lm_head
         head.weight.mul_(head_scale)
 
 

@@ -17,8 +17,8 @@ from cli_fixtures import (  # noqa: F401
 from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
 from dllm_cli import batch
-from dllm_cli.decoding import decode as real_decode
-from dllm_cli.errors import InputError
+from dllm_cli.decoding import Finished, StepOutput
+from dllm_cli.errors import DeviceError, InputError
 
 TOO_LONG = " ".join(["apples"] * CONTEXT)
 
@@ -88,17 +88,39 @@ def test_json_input_reads_the_prompt_field(profile_file):
     assert result.exit_code == InputError.exit_code
 
 
-def failing_decode(exc: BaseException, on_call: int):
-    """decode() that raises `exc` on its `on_call`-th call (1-based)."""
-    calls = []
+class FailingEngine:
+    """A real engine that raises `exc` once, on the first step that decodes request `first`
+    (0-based input order of the valid lines)."""
 
-    def fake(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == on_call:
-            raise exc
-        return real_decode(*args, **kwargs)
+    def __init__(self, engine, exc: BaseException, first: int):
+        self.engine, self.exc, self.first, self.raised = engine, exc, first, False
 
-    return fake
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def step(self):
+        out = self.engine.step()
+        if not self.raised and any(r.id >= self.first for r in self.engine.live):
+            self.raised = True
+            raise self.exc
+        return out
+
+
+def failing_engines(monkeypatch, exc: BaseException, first: int) -> None:
+    real = batch.open_engine
+    monkeypatch.setattr(
+        batch, "open_engine", lambda *a, **k: FailingEngine(real(*a, **k), exc, first)
+    )
+
+
+def test_an_input_error_from_the_engine_fails_only_its_batch(profile_file, monkeypatch):
+    failing_engines(monkeypatch, InputError("engine says no"), first=0)
+    stdin = "\n".join(PROMPTS) + "\n"
+    args = ("--json", "--batch-size", "2", "--batching", "static")
+    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
+    assert result.exit_code == InputError.exit_code
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r.get("error") for r in records] == ["engine says no", "engine says no", None]
 
 
 @pytest.mark.parametrize(
@@ -109,7 +131,7 @@ def failing_decode(exc: BaseException, on_call: int):
     ],
 )
 def test_a_later_batch_failing_keeps_finished_output(profile_file, monkeypatch, exc, code, message):
-    monkeypatch.setattr(batch, "decode", failing_decode(exc, on_call=2))
+    failing_engines(monkeypatch, exc, first=2)  # the second batch
     stdin = "\n".join(PROMPTS) + "\n"
     args = ("--json", "--batch-size", "2", "--batching", "static")
     result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
@@ -117,32 +139,6 @@ def test_a_later_batch_failing_keeps_finished_output(profile_file, monkeypatch, 
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["line"] for r in records] == [1, 2]
     assert message in result.stderr and "Traceback" not in result.output
-
-
-def test_an_input_error_from_the_engine_fails_only_its_batch(profile_file, monkeypatch):
-    monkeypatch.setattr(batch, "decode", failing_decode(InputError("engine says no"), on_call=1))
-    stdin = "\n".join(PROMPTS) + "\n"
-    args = ("--json", "--batch-size", "2", "--batching", "static")
-    result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
-    assert result.exit_code == InputError.exit_code
-    records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [r.get("error") for r in records] == ["engine says no", "engine says no", None]
-
-
-class FailingRun(batch.ContinuousRun):
-    """A continuous run that raises `exc` on the step after its first answer was handed on."""
-
-    exc: BaseException = RuntimeError()
-
-    def _step(self):
-        if getattr(self, "answers", 0):
-            raise self.exc
-        return super()._step()
-
-    def _loop(self):
-        for event in super()._loop():
-            self.answers = len(self.meta) < self.admitted
-            yield event
 
 
 @pytest.mark.parametrize(
@@ -155,8 +151,7 @@ class FailingRun(batch.ContinuousRun):
 def test_continuous_failure_keeps_every_finished_line(
     profile_file, monkeypatch, exc, code, message
 ):
-    monkeypatch.setattr(FailingRun, "exc", exc)
-    monkeypatch.setattr(batch, "ContinuousRun", FailingRun)
+    failing_engines(monkeypatch, exc, first=1)  # the step after the first answer
     stdin = "\n".join(PROMPTS) + "\n"
     args = ("--json", "--batch-size", "1", "--batching", "continuous")
     result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
@@ -168,34 +163,44 @@ def test_continuous_failure_keeps_every_finished_line(
     assert message in result.stderr and "Traceback" not in result.output
 
 
-class OutOfOrderRun:
-    """A continuous run whose second prompt finishes first, then `exc` stops it."""
+class OutOfOrderEngine:
+    """An engine whose second prompt finishes first, then `exc` stops it."""
 
     exc: BaseException = KeyboardInterrupt()
     forwards = guide_forwards = steps = served = 0
     seconds = 0.0
 
-    def __init__(self, decoder, source, slots, on_done, on_error):
-        self.source, self.on_done = iter(source), on_done
+    def __init__(self, *args, **kwargs):
+        self.keys, self.calls = [], 0
 
-    def finish(self):
-        next(self.source)  # line 1: admitted, still decoding
-        second = next(self.source)
-        self.on_done(batch.Finished(second[0], [5, 6], 1, 0.1))  # line 2, line 1 not yet
-        raise self.exc
+    def add(self, ids, key=None, settings=None):
+        self.keys.append(key)
+        return len(self.keys) - 1
+
+    waiting = property(lambda self: 0)
+    running = property(lambda self: len(self.keys))
+    has_work = property(lambda self: bool(self.keys))
+
+    def step(self):
+        self.calls += 1
+        if self.calls > 1:
+            raise self.exc
+        done = Finished(1, self.keys[1], [5, 6], [0, 0], 1, 1, 1, 0, 0.1)  # line 2, not line 1
+        return StepOutput(0, [done])
 
 
 @pytest.mark.parametrize(
     ("exc", "code", "reason"),
-    [(KeyboardInterrupt(), 130, "not decoded: interrupted"), (InputError("no"), 4, "no")],
+    [(KeyboardInterrupt(), 130, "not decoded: interrupted"), (DeviceError("no"), 5, "no")],
 )
 def test_a_stopped_continuous_run_keeps_answers_finished_out_of_order(
     profile_file, monkeypatch, exc, code, reason
 ):
     """Line 2 finished while line 1 was decoding: line 2's answer still goes out, behind an
-    error record for line 1; line 3 (never finished) gets none."""
-    monkeypatch.setattr(OutOfOrderRun, "exc", exc)
-    monkeypatch.setattr(batch, "ContinuousRun", OutOfOrderRun)
+    error record for line 1; line 3 (never finished) gets none. (An InputError from a step
+    fails only the requests it was decoding: test_an_input_error_from_the_engine_...)"""
+    monkeypatch.setattr(OutOfOrderEngine, "exc", exc)
+    monkeypatch.setattr(batch, "open_engine", OutOfOrderEngine)
     stdin = "\n".join(PROMPTS) + "\n"
     args = ("--json", "--batch-size", "2", "--batching", "continuous")
     result = invoke("generate", "-p", str(profile_file), *args, input=stdin)
@@ -223,15 +228,14 @@ def test_one_line_escapes_newlines_reversibly():
     assert batch.one_line("a\nb\\n\r") == "a\\nb\\\\n\\r"
 
 
-def test_guided_batches_fall_back_to_static_with_a_note(tmp_path_factory, tmp_path):
+def test_guided_batches_decode_continuously_with_the_static_text(tmp_path_factory, tmp_path):
     model, guide = shared_tinygsm_pair(tmp_path_factory)
     profile = tinygsm_profile(tmp_path / "p" / "guided.toml", model, guide)
     stdin = "1 + 1\n2 + 2\n3 + 3\n"
-    asked = invoke("generate", "-p", str(profile), "--batching", "continuous", input=stdin)
-    static = invoke("generate", "-p", str(profile), "--batching", "static", input=stdin)
-    default = invoke("generate", "-p", str(profile), input=stdin)
-    assert asked.exit_code == static.exit_code == default.exit_code == 0, asked.output
-    assert asked.stdout == static.stdout == default.stdout
-    note = "dllm: note: continuous batching falls back to static batches: guided decoding"
-    assert note in asked.stderr
-    assert "falls back" not in static.stderr + default.stderr  # not asked for: no note
+    args = ("--batch-size", "2", "--json")
+    asked = invoke("generate", "-p", str(profile), "--batching", "continuous", *args, input=stdin)
+    static = invoke("generate", "-p", str(profile), "--batching", "static", *args, input=stdin)
+    assert asked.exit_code == static.exit_code == 0, asked.output
+    texts = [[json.loads(line)["text"] for line in r.stdout.splitlines()] for r in (asked, static)]
+    assert texts[0] == texts[1] and len(texts[0]) == 3
+    assert "falls back" not in asked.stderr + static.stderr

@@ -8,8 +8,8 @@ import pytest
 import torch
 from decode_fixtures import SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
 
-from dllm_cli.decoding import Decoder, decode
-from dllm_cli.decoding.continuous import ContinuousRun, Finished, static_reason
+from dllm_cli.decoding import Engine, Finished, decode
+from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError
 
 CACHES = ("none", "prefix", "dual", "freecache")
@@ -25,19 +25,22 @@ def alone(model, ps, s) -> list[list[int]]:
     return [decode(model, SPECIAL, [p], s).tokens[0] for p in ps]
 
 
-def stream(model, ps, s, slots: int, quantum: int = 8):
-    """Decode `ps` continuously; answers by prompt index, and the run."""
+def stream(model, ps, s, slots: int, quantum: int = 8, each=lambda engine: None):
+    """Decode `ps` continuously; answers by prompt index, refusals, and the engine."""
     out: dict[int, Finished] = {}
     refused: dict[int, str] = {}
-
-    def done(f: Finished) -> None:
-        assert f.key not in out, "a prompt answered twice"
-        out[f.key] = f
-
-    source = enumerate(ps)
-    decoder = Decoder(model, SPECIAL, s)
-    run = ContinuousRun(decoder, source, slots, done, refused.__setitem__, quantum=quantum)
-    return out, refused, run.finish()
+    engine = Engine(model, SPECIAL, s, slots=slots, admission="continuous", quantum=quantum)
+    for i, p in enumerate(ps):
+        try:
+            engine.add(p, key=i)
+        except InputError as e:
+            refused[i] = str(e)
+    while engine.has_work:
+        for f in engine.step().finished:
+            assert f.key not in out, "a prompt answered twice"
+            out[f.key] = f
+            each(engine)
+    return out, refused, engine
 
 
 def case(seed: int):
@@ -82,10 +85,9 @@ def test_the_kv_cache_is_allocated_once_for_the_slots():
     s = settings(cache="dual", cfg_scale=0.5)
     ps = prompts([3, 5, 8, 2, 6, 7, 4, 1, 8, 3, 5, 2], seed=5)  # all within one quantum
     created = []
-    out: dict[int, Finished] = {}
-    run = ContinuousRun(Decoder(loaded.model, SPECIAL, s), enumerate(ps), 3, lambda f: None, print)
-    run.on_done = lambda f: (out.__setitem__(f.key, f), created.append(id(run.cache.cache)))
-    run.finish()
+    out, _, run = stream(
+        loaded.model, ps, s, 3, quantum=64, each=lambda e: created.append(id(e.cache.cache))
+    )
     assert len(set(created)) == 1 and len(out) == len(ps)
     k = run.cache.cache.k[0]
     assert k.shape[0] == 3 * 2  # slots x branches (classifier-free guidance), not prompts
@@ -120,10 +122,10 @@ def test_sampling_answers_every_prompt_once():
     assert all(len(f.tokens) == s.gen_length and SPECIAL.mask not in f.tokens for f in out.values())
 
 
-def test_guided_and_gemma_decodes_are_left_to_static_batches():
+def test_gemma_decodes_and_committers_without_admit_are_left_to_static_batches():
     loaded = tiny("llada")
     assert static_reason(loaded.model, guided=False) is None
-    assert "guide" in static_reason(loaded.model, guided=True)
+    assert static_reason(loaded.model, guided=True) is None  # the guide's cache takes rows
 
     class Gemma(torch.nn.Module):
         family = "diffusion_gemma"
@@ -131,9 +133,12 @@ def test_guided_and_gemma_decodes_are_left_to_static_batches():
     assert "DiffusionGemma" in static_reason(Gemma(), guided=False)
 
     class Verifier:
-        def start(self, batch):  # a committer with per-batch state (a guide's cache)
+        def start(self, batch):  # a committer with per-batch state and no `admit` hook
             pass
 
-    decoder = Decoder(loaded.model, SPECIAL, settings(), committer=Verifier())
+        def __call__(self, ctx):
+            raise AssertionError("never asked")
+
     with pytest.raises(InputError, match="continuous batching"):
-        ContinuousRun(decoder, [], 2, print, print)
+        Engine(loaded.model, SPECIAL, settings(), Verifier(), slots=2, admission="continuous")
+    Engine(loaded.model, SPECIAL, settings(), Verifier(), slots=2, admission="static")

@@ -25,21 +25,26 @@ from decode_fixtures import (  # noqa: F401
 )
 
 from dllm_cli.decoding import decode
-from dllm_cli.decoding.engine import Decoder
+from dllm_cli.decoding.run import Decoder
 from dllm_cli.decoding.unmask import RuleCommitter
 from dllm_cli.models import DreamModel
 
 
-def reference_logits(model, x: torch.Tensor) -> torch.Tensor:
-    logits = model(x)[..., : model.vocab_size].clone()  # (1, S, V)
-    logits[..., MASK] = float("-inf")
+def reference_logits(model, x: torch.Tensor, mask: int = MASK, vocab: int | None = None):
+    """Logits (1, S, V) over the real vocabulary (`vocab`: the tokenizer's size when the
+    embedding has padding rows), [MASK] never a draft."""
+    logits = model(x)[..., : vocab or model.vocab_size].clone()  # (1, S, V)
+    logits[..., mask] = float("-inf")
     return logits
 
 
 @torch.inference_mode()
-def llada_generate(model, prompt, gen_length, block_length, steps, shift=False):
+def llada_generate(
+    model, prompt, gen_length, block_length, steps, shift=False, mask=MASK, vocab=None
+):
     """LLaDA's reference loop: blocks, top-k schedule, low-confidence remasking, no cache
     (`shift`: read column i's prediction from column i-1, for a Dream-format model)."""
+    MASK = mask  # the mask_id this run uses (the tiny in-memory models: 39)
     p = len(prompt)
     x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
     x[0, :p] = torch.tensor(prompt)
@@ -52,7 +57,7 @@ def llada_generate(model, prompt, gen_length, block_length, steps, shift=False):
         schedule = [base + (i < rem) for i in range(steps_per_block)]
         for i in range(steps_per_block):
             mask_index = x == MASK
-            logits = reference_logits(model, x)
+            logits = reference_logits(model, x, MASK, vocab)
             if shift:
                 logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
             x0 = logits.argmax(dim=-1)
@@ -74,27 +79,54 @@ def dream_top_k_logits(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
 
 
+def global_uniform(mask_index: torch.Tensor) -> torch.Tensor:
+    """Dream's `torch.rand(*x0.shape)`: one draw per masked position, from the global RNG."""
+    return torch.rand(int(mask_index.sum()))
+
+
 @torch.inference_mode()
-def dream_generate(model, prompt, gen_length, steps, alg, eps=1e-3, top_k=None, shift=True):
+def dream_generate(
+    model,
+    prompt,
+    gen_length,
+    steps,
+    alg,
+    eps=1e-3,
+    top_k=None,
+    shift=True,
+    mask=MASK,
+    vocab=None,
+    uniform=global_uniform,
+):
     """Dream's diffusion_generate `_sample` (batch 1, temperature 0, no attention mask).
 
     `top_k` is applied as Dream's `sample_tokens` does (after temperature and top_p, both off
     here), so every confidence is computed on the top-k renormalised distribution;
-    `shift=False`: column i predicts itself, for a LLaDA-format model.
+    `shift=False`: column i predicts itself, for a LLaDA-format model. alg "origin" reveals
+    each mask with probability 1 - s/t, deciding with `uniform(mask_index)` (one draw per
+    masked position, in order; a test may replay another generator's draws through it).
     """
+    MASK = mask  # the mask_id this run uses (the tiny in-memory models: 39)
     p = len(prompt)
     x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
     x[0, :p] = torch.tensor(prompt)
     timesteps = torch.linspace(1, eps, steps + 1)
     for i in range(steps):
         mask_index = x == MASK
-        logits = reference_logits(model, x)
+        logits = reference_logits(model, x, MASK, vocab)
         if shift:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         mask_logits = logits[mask_index]
         t, s = timesteps[i], timesteps[i + 1]
         if top_k is not None:
             mask_logits = dream_top_k_logits(mask_logits, top_k)
+        if alg == "origin":
+            p_transfer = 1 - s / t if i < steps - 1 else 1
+            x0 = torch.full_like(x[mask_index], MASK)
+            transfer = uniform(mask_index) < p_transfer
+            x0[transfer] = torch.softmax(mask_logits[transfer], dim=-1).argmax(dim=-1)
+            x[mask_index] = x0
+            continue
         probs = torch.softmax(mask_logits, dim=-1)
         confidence, x0 = probs.max(dim=-1)
         if alg == "topk_margin":

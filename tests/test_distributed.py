@@ -104,15 +104,22 @@ FAILING_RANK = """
 import sys
 from dllm_cli import batch
 from dllm_cli.cli import app
-real, calls = batch.decode, []
+real = batch.open_engine
 
-def decode(*args, **kwargs):
-    calls.append(1)
-    if len(calls) == 2:
-        raise RuntimeError("boom")
-    return real(*args, **kwargs)
+class Failing:
+    def __init__(self, engine):
+        self.engine = engine
 
-batch.decode = decode
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def step(self):
+        out = self.engine.step()
+        if any(r.id >= 1 for r in self.engine.live):  # its second valid line
+            raise RuntimeError("boom")
+        return out
+
+batch.open_engine = lambda *a, **k: Failing(real(*a, **k))
 app(sys.argv[1:], prog_name="dllm")
 """
 # A rank that joins the job, takes the lines and then never reports (rank 2): torch only.
@@ -152,7 +159,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 def test_a_failed_and_a_silent_rank_cost_only_their_lines(model_args):
     lines = [*PROMPTS, "ann has 5 cats", "", "sam buys 4 books", "tom has 2 dogs", "hi", "yes"]
-    # static batches: FAILING_RANK fails its second decode() call, i.e. its second line
+    # static batches of one: FAILING_RANK fails the step that decodes its second valid line
     args = ["generate", "-", *model_args, "--json", "--batch-size", "1", "--batching", "static"]
     commands = [["-m", "dllm_cli"], ["-c", FAILING_RANK], ["-c", SILENT_RANK]]
     procs = launch(commands, args, DLLM_DIST_TIMEOUT="3")

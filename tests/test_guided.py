@@ -16,7 +16,7 @@ from guided_fixtures import (
     target,
 )
 
-from dllm_cli.decoding import decode, decode_steps
+from dllm_cli.decoding import Engine, decode, decode_steps
 from dllm_cli.decoding.guided import ACCEPT_RULES
 from dllm_cli.settings import CACHES
 
@@ -286,3 +286,32 @@ def test_shipped_pair_guided_decoding_is_the_shipped_guides_greedy_decode():
         want = next((want[:i] for i, t in enumerate(want) if t in special.stop), want)
         assert result.answer(row, special.stop) == want
     assert result.forwards * 3 < sum(len(result.answer(r, special.stop)) for r in range(3))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("pair", "rule", "arg", "cache"), [*BATCH_CASES, ("agreeing", "exact", None, "none")]
+)
+def test_continuous_rows_equal_rows_alone(kind, pair, rule, arg, cache):
+    """Guided decoding batches continuously: requests join a running batch (their rows of
+    the guide's cache start empty) and each answer is still its answer alone; under `exact`
+    it is the guide's greedy decode whatever shares the slots."""
+    model, guide = PAIRS[pair](kind)
+    ps = prompts([3, 8, 5, 1, 6, 2], seed=6)
+    s = settings(gen_length=24, block_length=6, cache=cache, early_stop=True)
+    g = committer(guide, rule, arg, verify_chunk=4)
+    engine = Engine(model, SPECIAL, s, g, slots=2, admission="continuous", quantum=4)
+    for i, p in enumerate(ps):
+        engine.add(p, key=i)
+    out, joined = {}, 0
+    while engine.has_work:
+        step = engine.step()
+        joined += any(r.first_step == step.step and r.first_step > 0 for r in engine.live)
+        out.update({f.key: f.tokens for f in step.finished})
+    assert joined > 0  # some request joined rows already decoding
+    for i, p in enumerate(ps):
+        _, alone = run_guided(model, [p], s, committer(guide, rule, arg, verify_chunk=4))
+        assert out[i] == alone.tokens[0], f"prompt {i}"
+        if rule == "exact":
+            n = len(guide_greedy(guide, p, s.gen_length))
+            assert out[i][:n] == guide_greedy(guide, p, s.gen_length)

@@ -15,20 +15,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dllm_cli"
 
 # Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS: list[tuple[str, ...]] = [
-    (
-        "dllm_cli",
-        "errors",
-        "settings",
-        "cache",
-        "strict_toml",
-        "prompt_text",
-    ),  # "dllm_cli": __version__
+    ("errors", "settings", "cache", "strict_toml", "prompt_text", "folders", "families"),
     # the TinyGSM data, no models
     ("tinygsm.data", "tinygsm.wide", "tinygsm.rich", "tinygsm.stories", "tinygsm.scenes"),
     ("tinygsm.splits", "tinygsm.tokenizer", "tinygsm.batches"),
-    ("models", "tinygsm.architectures", "families"),
+    ("models", "tinygsm.architectures"),
     ("decoding",),
-    ("profiles",),
+    ("profiles", "profile_sections"),
     ("runtime", "chat"),
     (
         "batch",
@@ -38,10 +31,12 @@ LAYERS: list[tuple[str, ...]] = [
         "bench_batching",
         "throughput",
         "tinygsm.evaluate",
+        "api",
     ),
     ("tinygsm.quickeval",),
     ("tinygsm.phases",),
-    ("options", "commands", "cli", "__main__", "tinygsm.train"),  # entry points
+    # entry points; "dllm_cli" (the package): __version__, and `LLM` loaded lazily from api
+    ("dllm_cli", "options", "commands", "cli", "__main__", "tinygsm.train"),
 ]
 TYPER_ALLOWED = ("options", "commands", "cli", "tinygsm.train")  # the command-line layer
 PURE = {"distributed": ("distributed", "errors")}  # knows nothing of models or decoding

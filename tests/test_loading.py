@@ -172,7 +172,8 @@ ERRORS = {
     ),
     "unknown-architecture": (
         lambda f: edit_config(f, model_type="gpt9"),
-        "unknown architecture 'gpt9' in {f}/config.json (supported: llada, Dream, diffusion_gemma)",
+        "unknown architecture 'gpt9' with architectures ['LLaDAModelLM'] in {f}/config.json "
+        "(supported: LLaDAModelLM (llada), DreamModel (Dream), ",
         "",
     ),
     "unsupported-variant": (

@@ -146,7 +146,7 @@ BAD = {
     "bad-dtype": ("[model]\ndtype = 'fp8'\n", "dtype in [model] must be one of auto, float32"),
     "bad-architecture": (
         "[model]\narchitecture = 'gpt9'\n",
-        "architecture in [model] must be one of llada, dream, diffusion_gemma (got 'gpt9')",
+        "architecture in [model] must be one of llada, dream, llada_moe, diffusion_gemma (got 'gpt9')",
     ),
     "negative-id": ("[model.special]\nmask = -1\n", "mask in [model.special] must be >= 0"),
     "guide-no-path": ("[guide]\naccept = 'exact'\n", "[guide] needs a path"),
@@ -333,7 +333,7 @@ def test_unknown_profile_lists_available():
         load_profile("tiny-gms")
     message = str(info.value)
     assert message.startswith("unknown profile 'tiny-gms' (did you mean 'tiny-gsm'? available: ")
-    assert "dream-7b-base, dream-7b-instruct, llada-1.5" in message
+    assert "dream-7b-base, dream-7b-instruct, dream-coder-7b-instruct, llada-1.5" in message
     with pytest.raises(ProfileError, match="profile file not found: "):
         load_profile("missing.toml")
 

@@ -26,12 +26,10 @@ from dllm_cli.bench import (
     run_bench,
     settings_for,
 )
-from dllm_cli.bench_batching import compare_batching, mixed_shots, table
 from dllm_cli.commands.common import cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import InputError
+from dllm_cli.families import FAMILIES
 from dllm_cli.frontier import SWEEPS, parse_frontier, run_frontier
-from dllm_cli.throughput import bench_inputs
-from dllm_cli.tinygsm.evaluate import held_out
 
 BENCH = "Benchmark"
 
@@ -54,8 +52,8 @@ def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> li
     """The requested names, or every strategy (the guided ones only when a guide is loaded)."""
     if text is not None:
         return split_list(text, "strategies")
-    if family == "diffusion_gemma":
-        note("diffusion_gemma decodes with transformers' own sampler: only the baseline applies")
+    if family in FAMILIES and FAMILIES[family].own_sampler:
+        note(f"{family} decodes with transformers' own sampler: only the baseline applies")
         return [BASELINE]
     names = [n for n, s in STRATEGIES.items() if has_guide or not s.guided]
     if not has_guide:
@@ -114,6 +112,8 @@ def run_frontier_mode(
     base = replace(
         rt.settings, gen_length=lengths[0], block_length=block_length, suffix_window=window
     )
+    from dllm_cli.tinygsm.evaluate import held_out
+
     tasks = held_out(rt.encode, n, shots, start)
 
     def report(r: dict) -> None:
@@ -254,6 +254,9 @@ def bench_command(
         preflight(json_path, markdown_path, plot_path)
         if plot_path is not None and prompt_length is not None:
             raise InputError("--plot draws accuracy, which --prompt-length runs do not measure")
+        from dllm_cli.bench_batching import compare_batching, mixed_shots, table
+        from dllm_cli.throughput import bench_inputs
+
         rt = load_runtime(choices)
         if frontier is not None:
             run_frontier_mode(rt, frontier, lengths, shots, n, start, batch_size, block_length,
@@ -275,7 +278,7 @@ def bench_command(
             if json_path is not None:
                 write(json_path, json.dumps(records, indent=2) + "\n")
             return
-        names = choose_strategies(strategies, rt.guide is not None, rt.loaded.architecture)
+        names = choose_strategies(strategies, rt.guide is not None, rt.loaded.family)
         plan = BenchPlan.make(
             names,
             lengths,

@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
@@ -21,7 +21,9 @@ from rich.text import Text
 
 from dllm_cli.errors import DllmError
 from dllm_cli.options import Choices
-from dllm_cli.runtime import Runtime, open_runtime
+
+if TYPE_CHECKING:  # torch and the models load only when a command decodes (cli.py)
+    from dllm_cli.runtime import Runtime
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -95,6 +97,13 @@ def stdout_is_terminal() -> bool:
 
 def stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
+
+
+def open_runtime(*args, **kwargs) -> Runtime:
+    """`runtime.open_runtime`, imported on first use (it brings in torch and the models)."""
+    from dllm_cli.runtime import open_runtime as opened
+
+    return opened(*args, **kwargs)
 
 
 def load_runtime(

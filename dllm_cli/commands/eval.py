@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -11,8 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dllm_cli import options as opt
 from dllm_cli.commands.common import cli_errors, load_runtime, stderr
-from dllm_cli.runtime import Runtime
-from dllm_cli.tinygsm.evaluate import Score, details, evaluate
+
+if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
+    from dllm_cli.runtime import Runtime
+    from dllm_cli.tinygsm.evaluate import Score
 
 
 def progress() -> Progress:
@@ -25,6 +27,8 @@ def progress() -> Progress:
         console=stderr,
         transient=True,
         disable=not stderr.is_terminal,
+        redirect_stdout=False,  # stdout is for the report, never drawn on the terminal
+        redirect_stderr=False,
     )
 
 
@@ -123,6 +127,8 @@ def eval_command(
 ) -> None:
     """Exact-match accuracy on held-out TinyGSM problems (tokens/s, forwards) with any settings."""
     with cli_errors():
+        from dllm_cli.tinygsm.evaluate import details, evaluate
+
         rt = load_runtime(choices)
         with progress() as bar:
             task = bar.add_task("eval", total=n)

@@ -12,14 +12,12 @@ import os
 import sys
 import traceback
 from functools import partial
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dllm_cli import distributed
 from dllm_cli import options as o
-from dllm_cli.batch import Pipeline, Slot, Totals, record
 from dllm_cli.commands.common import (
     USAGE,
     cli_errors,
@@ -37,11 +35,13 @@ from dllm_cli.commands.common import (
     stdout_is_terminal,
     write,
 )
-from dllm_cli.decoding import decode_steps
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.prompt_text import escape_bytes, from_argv
-from dllm_cli.runtime import Runtime
-from dllm_cli.view import TextStream
+
+if TYPE_CHECKING:  # the decoding modules (torch) are imported by the command, not at start-up
+    from dllm_cli import distributed
+    from dllm_cli.batch import Pipeline, Slot, Totals
+    from dllm_cli.runtime import Runtime
 
 JsonInput = Annotated[
     bool,
@@ -79,6 +79,9 @@ def generate_command(
     A prompt is UTF-8 text: control characters other than tab, newline and carriage return (NUL, ESC, ...) make it a bad line. Special token strings in it (<|eot_id|>, <|mdm_mask|>, ...) are read as plain text: only the chat template writes special tokens.
     """
     with cli_errors():
+        from dllm_cli import distributed
+        from dllm_cli.batch import Pipeline
+
         job = distributed.Job.from_env()
         leader = job is None or job.rank == 0  # the process that reads stdin and writes stdout
         batch = prompt is None or prompt == "-"
@@ -125,6 +128,10 @@ def run_single(
     runtime: Runtime, arg: str, json_out: bool, totals: Totals, verbose: bool = False
 ) -> None:
     """Decode one prompt; on a terminal, print text as soon as its prefix is final."""
+    from dllm_cli.batch import record, solo
+    from dllm_cli.decoding import decode_steps
+    from dllm_cli.view import TextStream
+
     try:
         prompt = from_argv(arg)
     except InputError as e:  # not UTF-8: the record shows its bytes
@@ -149,7 +156,7 @@ def run_single(
     text = runtime.text(result.tokens[0])
     totals.add(result, special.stop)
     if json_out:
-        write(json.dumps(record(prompt, text, result, 0)) + "\n")
+        write(json.dumps(record(prompt, text, solo(result))) + "\n")
     elif stream is not None:
         write(stream.finish(text))
     else:
@@ -195,10 +202,16 @@ def emit(slot: Slot, json_out: bool, shown: Runtime | None = None) -> None:
 
 
 def decoding_progress(visible: bool = True) -> Progress:
-    """The batch progress bar on stderr (a terminal only; gone when done)."""
+    """The batch progress bar on stderr (a terminal only; gone when done).
+
+    It must not redirect stdout: Rich's default sends whatever is written to stdout while
+    the bar is up to the bar's console, so records meant for a file or a pipe were drawn on
+    the terminal instead (and the file stayed empty).
+    """
     return Progress(
         TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=stderr, disable=not (visible and stderr_is_terminal()), transient=True,
+        redirect_stdout=False, redirect_stderr=False,
     )  # fmt: skip
 
 
@@ -207,6 +220,8 @@ def decoding_progress(visible: bool = True) -> Progress:
 
 def load_on_rank(job: distributed.Job, choices: o.Choices) -> Runtime:
     """The runtime on this rank's own device; only rank 0 shows notes."""
+    from dllm_cli import distributed
+
     flag = choices.overrides.get("model.device")
     place = partial(distributed.rank_device, job, flag if isinstance(flag, str) else None)
     try:
@@ -217,6 +232,8 @@ def load_on_rank(job: distributed.Job, choices: o.Choices) -> Runtime:
 
 def run_sharded(job: distributed.Job, pipeline: Pipeline, shown: Runtime | None = None) -> int:
     """This rank's share of stdin through the pipeline; rank 0 writes every rank's records."""
+    from dllm_cli import distributed
+
     with distributed.process_group(job):
         lines = distributed.share_lines(job, sys.stdin.buffer)
         if lines is None:

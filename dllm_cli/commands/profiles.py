@@ -14,10 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from dllm_cli.commands.common import cli_errors
-from dllm_cli.decoding import gemma
 from dllm_cli.errors import ModelLoadError
-from dllm_cli.families import model_family
-from dllm_cli.models.loading import BUILTIN_PREFIX, resolve_path
+from dllm_cli.families import batching_reason, model_family
+from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profiles import (
     DEFAULT_PROFILE,
     Profile,
@@ -41,9 +40,11 @@ def list_command(ctx: typer.Context) -> None:
     with cli_errors():
         found = list_profiles()
     table = Table(title="dllm profiles", title_justify="left")
+    # Names stay whole; at 80 columns (a pipe) the description keeps its room and wraps, and a
+    # long source path folds onto further lines instead of squeezing the description out.
     table.add_column("Name", no_wrap=True)
-    table.add_column("Description")  # the one that wraps: names and paths stay whole
-    table.add_column("Source", no_wrap=True)
+    table.add_column("Description", max_width=56)
+    table.add_column("Source", overflow="fold")
     for info in found:
         name = f"{info.name} (default)" if info.name == DEFAULT_PROFILE else info.name
         table.add_row(Text(name, style="bold"), Text(info.description), Text(info.source))
@@ -53,30 +54,46 @@ def list_command(ctx: typer.Context) -> None:
 @profiles_app.command("show")
 def show_command(
     name: Annotated[
-        str, typer.Argument(help="Profile NAME or path to a .toml file.")
-    ] = DEFAULT_PROFILE,
+        str | None, typer.Argument(help="Profile NAME or path to a .toml file.", show_default=False)
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="A checkpoint folder: show what `--model PATH` runs with (no profile: the "
+            "model family's reference settings).",
+        ),
+    ] = None,
 ) -> None:
-    """Every setting of one profile, and whether it comes from the file or the defaults."""
+    """Every setting of one profile, and where it comes from (file, flag, family, default)."""
+    from dllm_cli.decoding import gemma
+
     with cli_errors():
-        profile, provenance, unset = describe(name)
+        profile, provenance, unset = describe(name, model)
     out = Console(highlight=False)
     out.print(Text(profile.name, style="bold"), Text(f"- {profile.description}"))
-    out.print(Text(f"file: {profile.source}", style="dim"))
+    if profile.source is not None:
+        out.print(Text(f"file: {profile.source}", style="dim"))
     values = flatten(profile.to_dict())
     family = model_family(profile.model.architecture, profile.model.path)
     uses = gemma.uses(family)  # decode setting -> how this model family uses it
     if family:
-        out.print(Text(f"model family: {family}", style="dim"))
-    table = Table("Setting", "Value", "From", *(["Use"] if uses else []))
+        out.print(Text(f"model family: {family.name}", style="dim"))
+    static = batching_reason(family, guided=False)  # guided decoding batches continuously
+    own = family is not None and family.own_sampler  # every setting's use, in its own column
+    table = Table(title=None)
+    table.add_column("Setting", no_wrap=True)
+    table.add_column("Value", overflow="fold")
+    table.add_column("From", no_wrap=True)
+    if own:
+        table.add_column("Use")
     for key, origin in provenance.items():
         shown = "unset" if values.get(key) is None else str(values[key])
         if key.endswith(".path"):
             shown += path_remark(values[key])
-        use = (
-            [uses.get(key.removeprefix("decode."), "")]
-            if uses and key.startswith("decode.")
-            else []
-        )
+        if key == "decode.batching" and static and values[key] != "static":
+            shown = f"static ({static}; the setting says {values[key]})"
+        use = [uses.get(key.removeprefix("decode."), "")] if own else []
         table.add_row(key, Text(shown), shown_origin(origin), *use)
     out.print(table)
     for var in unset:
@@ -85,8 +102,10 @@ def show_command(
                  "(or edit the path) before using this profile", style="yellow")
         )  # fmt: skip
     notes = profile.decode.adjustments()
-    if family == gemma.FAMILY:
+    if family is not None and family.own_sampler:
         notes = gemma.notes(profile.decode, profile.decode.block_length)
+    if uses and not own:
+        out.print(Text(f"note: {', '.join(uses)} apply to {gemma.FAMILY} only", style="dim"))
     for line in notes:
         out.print(Text(f"note: {line}", style="dim"))
     if family is None:
@@ -101,14 +120,24 @@ def shown_origin(origin: str) -> str:
     return "profile" if origin.startswith("profile ") else origin
 
 
-def describe(name: str) -> tuple[Profile, dict[str, str], list[str]]:
-    """The resolved profile with provenance; paths naming unset variables are kept raw."""
+def describe(
+    name: str | None, model: str | None = None
+) -> tuple[Profile, dict[str, str], list[str]]:
+    """The resolved profile with provenance; paths naming unset variables are kept raw.
+
+    With `model` and no `name`, the profile `--model PATH` alone runs with (its family's
+    reference settings); with both, that profile with its model replaced.
+    """
+    # --model replaces the profile's model and so drops its guide, as in `dllm generate`.
+    overrides = {"model.path": model, "guide.path": "none"} if model else None
+    if model and name is None:
+        return (*resolve(None, overrides), [])
     plain = load_profile(name)
     paths = [plain.model.path, plain.guide.path if plain.guide else ""]
     unset = sorted({var for p in paths for var in unset_variables(p)})
     with placeholders(unset):
-        profile, provenance = resolve(name, None)
-    if unset_variables(plain.model.path):
+        profile, provenance = resolve(name, overrides)
+    if unset_variables(plain.model.path) and not model:
         profile.model.path = plain.model.path
     if profile.guide and plain.guide and unset_variables(plain.guide.path):
         profile.guide.path = plain.guide.path

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -21,10 +21,12 @@ from dllm_cli.commands.common import (
     stderr_is_terminal,
     write,
 )
-from dllm_cli.decoding import DecodeRun, StepEvent, decode_steps
 from dllm_cli.errors import SettingsError
 from dllm_cli.prompt_text import from_argv
-from dllm_cli.view import CanvasView, Recorder, check_save_path
+
+if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
+    from dllm_cli.decoding import DecodeRun, StepEvent
+    from dllm_cli.view import CanvasView, Recorder
 
 VIEW = "View"
 Delay = Annotated[
@@ -63,6 +65,9 @@ def visualize_command(
 ) -> None:
     """Decode PROMPT showing every step: masks, commits by step and confidence, blocks, caches."""
     with cli_errors():
+        from dllm_cli.decoding import decode_steps
+        from dllm_cli.view import CanvasView, Recorder, check_save_path
+
         if delay < 0:
             raise SettingsError(f"--delay must be >= 0 (got {delay})")
         if save is not None:

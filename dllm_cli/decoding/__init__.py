@@ -1,6 +1,8 @@
 """The decoding engine: canvas, sampling, unmasking rules, cache policies and the loop.
 
-    run = decode_steps(model, special, prompts, settings)  # iterate for StepEvents (no prints)
+    engine = Engine(model, special, settings, slots=8)   # requests as they come (engine.py)
+    rid = engine.add(prompt_ids); out = engine.step()    # out.finished: final answers
+    run = decode_steps(model, special, prompts, settings)  # one static batch (run.py)
     for event in run: ...
     result = run.result()                  # or: decode(model, special, prompts, settings)
 
@@ -11,25 +13,26 @@ Choices worth knowing (details in each module):
 - FreeCache recomputes a finished block once, from its final tokens, on the next block's first
   step, then never again (policies.py).
 - Classifier-free guidance decodes the prompt-masked branch as extra batch rows with their own
-  cache rows, so it composes with every cache policy (engine.py).
+  cache rows, so it composes with every cache policy (step.py, forwards.py).
 - [MASK] is never a draft and logits past the real vocabulary are ignored (sampling.py).
-- Every row keeps its own place (rows.py) and a step serves all rows with at most two forwards
-  (forwards.py); unguided static batches move through the blocks in lockstep.
-- Continuous batching (continuous.py): `ContinuousRun(decoder, prompts, slots, on_done,
-  on_error)` keeps `slots` rows decoding, each new prompt taking a finished row's slot and KV
-  cache row on the next step; answers equal single-prompt decodes under greedy decoding.
+- Every request keeps its own place (request.py, rows.py) and a step serves all rows with at
+  most two forwards (forwards.py); static batches move through the blocks in lockstep.
+- Admission (slots.py): `static` admits whole batches, `continuous` admits into any free slot
+  on the next step, a new request taking a finished one's slot and KV cache row; answers
+  equal single-prompt decodes under greedy decoding.
 - Guided diffusion (FlashDLM) is a frontier-walking committer: `GuidedCommitter(guide, vocab,
   special, GuideRules(...))` passed as `committer=`; each row is written left to right from its
   first mask, an AR guide verifying the drafts in chunks (guided.py says exactly how).
 - A DiffusionGemma model (uniform-state block diffusion) is decoded by transformers' own
-  `generate` behind the same run interface; its events carry `drafts` (tokens replaced) as
-  well as commits (gemma.py, gemma_stream.py).
+  `generate` behind the same run interface (gemma.py, gemma_stream.py) and the same engine
+  interface (gemma_engine.py: static batches); its events carry `drafts` (tokens replaced)
+  as well as commits.
 - Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch), so a
   row never depends on its batch; confidence ties go to the leftmost column.
 """
 
 from dllm_cli.decoding.answer import answer_end, answer_length, answer_tokens, first_stop
-from dllm_cli.decoding.engine import Decoder, DecodeRun, decode, decode_steps
+from dllm_cli.decoding.engine import Engine
 from dllm_cli.decoding.events import (
     DecodeResult,
     RowCommit,
@@ -37,6 +40,9 @@ from dllm_cli.decoding.events import (
     StepEvent,
 )
 from dllm_cli.decoding.guided import GuidedCommitter
+from dllm_cli.decoding.request import Finished, Request
+from dllm_cli.decoding.run import Decoder, DecodeRun, decode, decode_steps, open_engine
+from dllm_cli.decoding.step import StepOutput
 from dllm_cli.decoding.unmask import Committer, Decision, StepContext
 
 __all__ = [
@@ -45,15 +51,20 @@ __all__ = [
     "DecodeResult",
     "DecodeRun",
     "Decoder",
+    "Engine",
+    "Finished",
     "GuidedCommitter",
+    "Request",
     "RowCommit",
     "RowPhase",
     "StepContext",
     "StepEvent",
+    "StepOutput",
     "answer_end",
     "answer_length",
     "answer_tokens",
     "decode",
     "decode_steps",
     "first_stop",
+    "open_engine",
 ]

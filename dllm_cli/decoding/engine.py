@@ -1,40 +1,49 @@
-"""The decoding loop: per-row places -> at most two forwards -> drafts -> commit -> retire.
+"""The engine: requests come in at any step, each step decodes every request holding a slot.
 
-Each step: every row's cache policy plans the columns it recomputes (rows.py keeps each row's
-block, step and frozen K/V), forwards.py serves all rows with at most two forwards, the
-sampler drafts tokens, a committer picks which drafts become tokens, rows move on and finished
-rows leave the batch. The loop prints nothing; it yields StepEvents.
+    engine = Engine(model, special, settings, slots=8, admission="continuous")
+    rid = engine.add(prompt_ids)          # refused at once (InputError) if it cannot decode
+    while engine.has_work:
+        out = engine.step()               # admits, then one decoding step of every live row
+        for done in out.finished: ...     # Finished: tokens and the request's own counts
+    engine.abort(rid)                     # waiting or running; its slot is free next step
 
-Rows decoded by an unmasking rule walk their blocks in lockstep by default (the whole batch
-leaves a block together, as LLaDA and Fast-dLLM do); `run(prompts, lockstep=False)` lets each
-row move on by itself. A verifying committer with `frontier = True` (guided decoding) makes
-every row walk its own first mask.
+The shape is nano-vllm's LLMEngine / Scheduler / Sequence: a `Request` (request.py) holds a
+prompt's ids and all its progress, an admission policy (slots.py: static | continuous, one
+code path) decides when a waiting request takes a free slot, and a step runs what decode.py
+says: each live row's cache policy plans its columns, forwards.py serves all rows with at
+most two forwards, a committer picks which drafts become tokens, rows move on, and finished
+rows leave their slots. The engine prints nothing; a step's `StepEvent` (for a live view) is
+built only when a consumer asks for it. One thread owns an engine (it is not thread-safe).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from typing import Any
 
 import torch
 
 from dllm_cli.cache import KVCache
-from dllm_cli.decoding.answer import first_stop
+from dllm_cli.decoding.answer import answer_tokens, first_stop
 from dllm_cli.decoding.canvas import Canvas, check_prompts, check_token_ids, plan_blocks
-from dllm_cli.decoding.events import DecodeResult, RowCommit, RowPhase, StepEvent, row_commits
-from dllm_cli.decoding.forwards import Forwards, Prediction
-from dllm_cli.decoding.policies import POLICIES, Forward, StepPlace
-from dllm_cli.decoding.rows import BlockWalk, FrontierWalk, RowState, first_masks, same_place
+from dllm_cli.decoding.forwards import Forwards
+from dllm_cli.decoding.policies import POLICIES
+from dllm_cli.decoding.request import Finished, Request, Status
+from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
-from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
+from dllm_cli.decoding.slots import ADMISSIONS, SlotCache, cat_canvases, empty_canvas, pad_left
+from dllm_cli.decoding.step import StepOutput, decode_step
+from dllm_cli.decoding.unmask import Committer, RuleCommitter
+from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.families import with_family_defaults
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
 
 
-class Decoder:
-    """A model, its special ids and (already validated) settings; `run(prompts)` decodes."""
+class Engine:
+    """A loaded model decoding requests in `slots` slots; `add`, `step`, `abort`."""
 
     def __init__(
         self,
@@ -42,265 +51,238 @@ class Decoder:
         special: SpecialIds,
         settings: DecodeSettings,
         committer: Committer | None = None,
+        *,
+        slots: int = 8,
+        admission: str = "continuous",
+        lockstep: bool | None = None,
+        quantum: int | None = None,
     ):
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise InputError(f"batch size must be at least 1 (got {slots})")
+        if admission not in ADMISSIONS:
+            raise SettingsError(f"admission must be one of {', '.join(ADMISSIONS)}")
         # Unset values take the family's reference defaults (Dream: top_k 50; families.py).
-        settings = with_family_defaults(settings, getattr(model.config, "model_type", None))
+        settings = with_family_defaults(settings, model.family)
         self.settings, self.model, self.special = settings, model, special
+        self.admission = policy = ADMISSIONS[admission]
+        self.slots, self.quantum = slots, quantum or policy.quantum
         family = family_of(model)
-        vocab = special.real_vocab(model.vocab_size)
-        self.sampler = Sampler(settings, family, vocab, special.mask)
+        self.sampler = Sampler(settings, family, special.real_vocab(model.vocab_size), special.mask)
         self.committer = committer or RuleCommitter(settings, family.schedule)
         self.frontier = bool(getattr(self.committer, "frontier", False))
         self.draft_window = getattr(self.committer, "draft_window", None)
-        self.policy = POLICIES[settings.cache]()
-        probs = bool(getattr(self.committer, "needs_probs", False))  # KLASS compares them
-        self.forwards = Forwards(model, self.sampler, settings.cfg_scale, self.frontier, probs)
-
-    def run(self, prompts: list[list[int]], lockstep: bool = True) -> DecodeRun:
-        return DecodeRun(self, prompts, lockstep)
-
-
-class DecodeRun:
-    """One decode in progress: iterate it for StepEvents; `result()` once (or to finish) it."""
-
-    def __init__(self, decoder: Decoder, prompts: list[list[int]], lockstep: bool = True):
-        began = time.perf_counter()
-        self.d, s, model = decoder, decoder.settings, decoder.model
-        prompts = [list(map(int, p)) for p in prompts]
-        check_prompts(prompts, s.gen_length, model.context_length)
-        check_token_ids(prompts, model.get_input_embeddings().num_embeddings)
-        self.prompt_lengths = [len(p) for p in prompts]
-        self.device = next(model.parameters()).device
-        special = decoder.special
-        with torch.inference_mode():
-            self.canvas = Canvas.build(
-                prompts, s.gen_length, special.mask, special.pad, self.device
+        # Optional committer hooks (a guide's per-row cache): a decode starts, rows leave,
+        # rows join a running decode (unmask.Committer says more).
+        self.on_start = getattr(self.committer, "start", None)
+        self.on_select = getattr(self.committer, "select", None)
+        self.on_admit = getattr(self.committer, "admit", None)
+        if self.on_start is not None and self.on_admit is None and not policy.whole_batches:
+            raise InputError(
+                "continuous batching cannot serve this decode: "
+                "its committer keeps one state per batch (no `admit` hook)"
             )
-        width = self.canvas.prompt_width
-        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
-        self.walk = FrontierWalk() if decoder.frontier else BlockWalk(lockstep)
-        self.rows = [RowState(0) for _ in prompts]
-        self.generator = torch.Generator(device=self.device).manual_seed(s.seed)
-        self.branches = 2 if s.cfg_scale > 0 else 1  # classifier-free guidance doubles the batch
-        batch = len(prompts)
-        # Rows apart need per-row columns, whose padding writes go to a scratch column.
-        scratch = batch > 1 and not (isinstance(self.walk, BlockWalk) and lockstep)
-        self.cache = None
-        if decoder.policy.uses_cache:
-            self.cache = KVCache.for_model(model, batch * self.branches, self.canvas.width, scratch)
+        self.policy = POLICIES[settings.cache]()
+        probs = bool(getattr(self.committer, "needs_probs", False))  # eb, klass read them
+        self.executor = Forwards(model, self.sampler, settings.cfg_scale, self.frontier, probs)
+        self.lockstep = policy.lockstep if lockstep is None else lockstep
+        self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device).manual_seed(settings.seed)
+        self.branches = 2 if settings.cfg_scale > 0 else 1  # classifier-free guidance
         self.stop_ids = torch.tensor(special.stop, device=self.device)
-        self.tokens = torch.full((batch, s.gen_length), special.eos, device=self.device)
-        self.commit_steps = torch.full_like(self.tokens, -1)
-        self.finished_at = [-1] * batch
-        self.forwards = self.steps = self.guide_forwards = self.served = 0
-        self.guide_seconds = 0.0
-        start = getattr(decoder.committer, "start", None)
-        if start is not None:
-            start(batch)  # the committer learns that a decode begins (fresh guide state)
-        self.seconds = time.perf_counter() - began  # decoding time: setup and steps, no waits
-        self._events = self._loop()
+        self.table = model.get_input_embeddings().num_embeddings
+        self.queue: deque[Request] = deque()  # waiting, in arrival order
+        self.live: list[Request] = []  # running, in canvas row order
+        self.requests: dict[int, Request] = {}  # waiting or running, by id
+        self.canvas: Canvas | None = None
+        self.cache: SlotCache | None = None
+        self.blocks: list = []
+        self.next_id = 0
+        self.steps = self.forwards = self.guide_forwards = self.served = 0
+        self.seconds = self.guide_seconds = 0.0  # time inside step(): admissions and steps
 
-    def __iter__(self) -> Iterator[StepEvent]:
-        return self._events
+    # --- the public interface --------------------------------------------------------------
+    def add(
+        self, prompt: list[int], key: Any = None, settings: DecodeSettings | None = None
+    ) -> int:
+        """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError)."""
+        if settings is not None and settings != self.settings:
+            raise SettingsError("per-request settings that differ from the engine's: not yet")
+        ids = [int(t) for t in prompt]
+        try:
+            check_prompts([ids], self.settings.gen_length, self.model.context_length)
+            check_token_ids([ids], self.table)
+        except InputError as e:
+            raise InputError(str(e).replace("prompt 0 ", "prompt ", 1)) from None
+        request = Request(self.next_id, ids, key)
+        self.next_id += 1
+        self.queue.append(request)
+        self.requests[request.id] = request
+        return request.id
 
-    def result(self) -> DecodeResult:
-        """The finished decode (runs any remaining steps first)."""
-        for _ in self._events:
-            pass
-        return DecodeResult(
-            tokens=self.tokens.tolist(),
-            commit_steps=self.commit_steps.tolist(),
-            prompt_lengths=self.prompt_lengths,
-            forwards=self.forwards,
-            steps=self.steps,
-            seconds=self.seconds,
-            finished_at=self.finished_at,
-            guide_forwards=self.guide_forwards,
-            guide_seconds=self.guide_seconds,
-            rows_served=self.served,
+    def abort(self, rid: int) -> bool:
+        """Drop a waiting or running request (False: it was not there); no Finished for it."""
+        request = self.requests.pop(rid, None)
+        if request is None:
+            return False
+        if request.status is Status.WAITING:
+            self.queue.remove(request)
+        request.status = Status.ABORTED  # a running one leaves its slot on the next step
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    @property
+    def running(self) -> int:
+        return sum(r.status is Status.RUNNING for r in self.live)
+
+    def progress(self, rid: int) -> list[int]:
+        """A running request's committed answer so far, up to its first mask or stop token."""
+        request = self.requests.get(rid)
+        if request is None or request.status is not Status.RUNNING:
+            return []
+        row = self.canvas.answer()[self.live.index(request)].tolist()
+        first = row.index(self.special.mask) if self.special.mask in row else len(row)
+        return answer_tokens(row[:first], self.special.stop)
+
+    def step(self) -> StepOutput:
+        """Admit waiting requests into free slots, then one decoding step of every live row."""
+        began = time.perf_counter()
+        with torch.inference_mode():
+            self._drop_aborted()
+            self._admit()
+            out = decode_step(self) if self.live else StepOutput(-1)
+        self.seconds += time.perf_counter() - began
+        return out
+
+    # --- admission -------------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Waiting requests take free slots, as the admission policy allows."""
+        if not self.queue or (self.admission.whole_batches and self.live):
+            return
+        room = self.slots - len(self.live)
+        new = [self.queue.popleft() for _ in range(min(room, len(self.queue)))]
+        if not new:
+            return
+        longest = max(len(r.prompt) for r in new)
+        if self.admission.whole_batches:
+            self._allocate(longest, len(new))
+            if self.on_start is not None:
+                self.on_start(len(new))  # the committer learns that a decode begins
+        elif self.canvas is None:
+            self._allocate(self._width_for(longest), self.slots)
+            if self.on_start is not None:
+                self.on_start(0)  # rows join through `admit`
+        elif longest > self.canvas.prompt_width:
+            self._widen(self._width_for(longest))
+        self._place(new)
+
+    def _place(self, new: list[Request]) -> None:
+        """New rows into the canvas and free slots, rows kept in slot order."""
+        c, special = self.canvas, self.special
+        s = self.settings
+        fresh = Canvas.build(
+            [r.prompt for r in new], s.gen_length, special.mask, special.pad, c.ids.device
         )
-
-    # --- the loop ---------------------------------------------------------------------
-    def _loop(self) -> Iterator[StepEvent]:
-        """Steps until every row has left the batch."""
-        while self.canvas.batch > 0:
-            began = time.perf_counter()
-            event = self._step()
-            self.seconds += time.perf_counter() - began
-            yield event
-
-    @torch.inference_mode()
-    def _step(self) -> StepEvent:
-        """At most two forwards, one commit decision, rows move on, finished rows retire."""
-        c, s, model = self.canvas, self.d.settings, self.d.model
-        self.walk.begin(self.rows, c, self.blocks)
-        self.served += c.batch  # every live row is served by exactly one forward
-        shift, every, suffix = model.logit_shift, s.refresh_interval, s.suffix_window
-        firsts = first_masks(c).tolist() if self.d.frontier else [None] * c.batch
-        places = [
-            r.place(self.blocks, c.width, shift, every, self._reach(f), suffix)
-            for r, f in zip(self.rows, firsts, strict=True)
-        ]
-        plans = [self.d.policy.plan(p) for p in places]
-        spans = self._spans(places, plans, firsts)
-        pred = self.d.forwards(c, self.cache, plans, spans, self.generator)
-        self.forwards += pred.forwards
-        candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
-        confidence = pred.confidence.masked_fill(~candidates, float("-inf"))
-        ctx = self._context(pred, confidence, candidates)
-        decision = self.d.committer(ctx)
-        self.guide_forwards += decision.forwards
-        self.guide_seconds += decision.seconds
-        commit = self._guard(decision, ctx, places)
-        tokens = pred.drafts if decision.tokens is None else decision.tokens
-        commits = self._apply(commit, tokens, confidence, pred.columns, decision.corrected)
-        phases = self._phases(places, plans)
-        for row, plan in zip(self.rows, plans, strict=True):
-            row.served(plan)
-        finished = self._retire()  # before moving on: lockstep waits only for live rows
-        self.walk.advance(self.rows, self.canvas, self.blocks)
-        self.steps += 1
-        first, p = phases[0], c.prompt_width
-        corrected = None if decision.corrected is None else int((decision.corrected & commit).sum())
-        return StepEvent(
-            step=self.steps - 1,
-            block=first.block,
-            block_step=first.block_step,
-            window=first.window,
-            refresh=first.refresh,
-            frozen=None if plans[0].frozen is None else tuple(f - p for f in plans[0].frozen),
-            forwards=self.forwards,
-            commits=commits,
-            finished=finished,
-            accepted=decision.accepted,
-            guide_forwards=self.guide_forwards,
-            corrected=corrected,
-            phases=phases,
+        fresh = pad_left(fresh, c.prompt_width - fresh.prompt_width, special.pad)
+        fresh.rows = torch.tensor([r.id for r in new], device=self.device)
+        for r in new:
+            r.admit(self.steps)
+        taken = (
+            set(self.cache.live.tolist()) if self.cache is not None else set(range(len(self.live)))
         )
+        free = [i for i in range(self.slots) if i not in taken][: len(new)]
+        slots = torch.cat([self._slots(), torch.tensor(free, dtype=torch.long, device=self.device)])
+        order = slots.argsort()
+        self.canvas = cat_canvases(c, fresh).select(order)
+        if self.on_admit is not None and not self.admission.whole_batches:
+            self.on_admit(len(new), order)
+        merged = self.live + new
+        self.live = [merged[i] for i in order.tolist()]
+        if self.cache is not None:
+            self.cache.live = slots[order]
 
-    def _reach(self, first: int | None) -> int | None:
-        """A guided row with a draft window needs predictions only up to the window's end."""
-        window = self.d.draft_window
-        return None if first is None or not window else first + window
+    def _slots(self) -> torch.Tensor:
+        if self.cache is not None:
+            return self.cache.live
+        return torch.arange(len(self.live), dtype=torch.long, device=self.device)
 
-    def _spans(self, places, plans, firsts) -> list[tuple[int, int]]:
-        """Columns each row decodes: its block, or (guided) its first mask to its draft end."""
-        if not self.d.frontier:
-            return [(p.block.start, p.block.end) for p in places]
-        window = self.d.draft_window or self.canvas.width
-        # Drafts reach as far as this step's forward computes fresh logits (Dual cache: the
-        # block on cached steps) and the draft window allows.
-        return [(f, min(f + window, plan.end)) for f, plan in zip(firsts, plans, strict=True)]
+    def _width_for(self, longest: int) -> int:
+        """The prompt width for a prompt of `longest` tokens: rounded up, within the context."""
+        room = self.model.context_length - self.settings.gen_length
+        return max(longest, min(-(-longest // self.quantum) * self.quantum, room))
 
-    def _context(self, pred: Prediction, confidence, candidates) -> StepContext:
-        device = self.device
-        masks = torch.tensor([r.masks_at_start for r in self.rows], device=device)
-        if same_place(self.rows):  # one shared block and step (rows in lockstep)
-            block, step, planned = self.blocks[self.rows[0].block], self.rows[0].step, None
-        else:
-            block = None
-            step = torch.tensor([r.step for r in self.rows], device=device)
-            planned = torch.tensor([self.blocks[r.block].steps for r in self.rows], device=device)
-        return StepContext(
-            pred.drafts, confidence, candidates, block, step, masks, self.canvas,
-            self.generator, pred.columns, planned, pred.probs,
-        )  # fmt: skip
+    def _allocate(self, width: int, slots: int) -> None:
+        """An empty canvas and (cache policies) the KV cache for `slots` rows."""
+        s = self.settings
+        self.canvas = empty_canvas(width, s.gen_length, self.special.mask, self.device)
+        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
+        self.cache = None
+        if self.admission.whole_batches:  # a static batch is a decode of its own
+            self.generator.manual_seed(s.seed)
+        if self.policy.uses_cache:
+            # Rows apart need per-row columns, whose padding writes go to a scratch column.
+            apart = self.frontier or not self.lockstep
+            scratch = not self.admission.whole_batches or (slots > 1 and apart)
+            rows = slots * self.branches
+            cache = KVCache.for_model(self.model, rows, width + s.gen_length, scratch)
+            self.cache = SlotCache(cache, slots, self.branches)
 
-    def _guard(self, decision: Decision, ctx: StepContext, places) -> torch.Tensor:
-        """Only masked columns of the row's span; progress guaranteed in either walk."""
-        commit = decision.commit.to(torch.bool) & ctx.candidates
-        if self.d.frontier:
-            # A frontier walk commits a run from the first mask, at least that first column.
-            commit[:, 0] |= ctx.candidates[:, 0]
-            return commit.long().cumprod(dim=1).bool()
-        # Everything left once a block has had L steps (no-op for built-in rules).
-        late = [p.step >= p.block.length - 1 for p in places]
-        force = torch.tensor(late, device=commit.device)[:, None]
-        return torch.where(force, ctx.candidates, commit)
+    def _widen(self, width: int) -> None:
+        """A longer prompt arrived: shift every live row right (canvas, cache, frozen marks)."""
+        s, c = self.settings, self.canvas
+        extra = width - c.prompt_width
+        self.canvas = pad_left(c, extra, self.special.pad)
+        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
+        for r in self.live:
+            r.row.shift(extra)
+        if self.cache is not None:
+            self.cache.widen(extra)
 
-    def _apply(self, commit, tokens, confidence, columns, corrected) -> tuple[RowCommit, ...]:
-        """Write committed tokens into the canvas and record them for the event."""
-        c, p = self.canvas, self.canvas.prompt_width
-        rows, slots = commit.nonzero(as_tuple=True)
-        cols, toks = columns[rows, slots], tokens[rows, slots]
-        c.ids[rows, cols] = toks
-        c.steps[rows, cols - p] = self.steps
-        flags = None if corrected is None else corrected[rows, slots]
-        every = (rows, cols - p, toks, confidence[rows, slots])
-        return row_commits(*every, flags, c.rows.tolist())
-
-    def _phases(self, places: list[StepPlace], plans: list[Forward]) -> tuple[RowPhase, ...]:
-        p, rows = self.canvas.prompt_width, self.canvas.rows.tolist()
-        return tuple(
-            RowPhase(row, at.block.index, at.step, (f.start - p, f.end - p), f.refresh)
-            for row, at, f in zip(rows, places, plans, strict=True)
-        )
-
-    def _retire(self) -> tuple[int, ...]:
-        """Rows whose answer is final leave the batch (and stop costing compute)."""
+    # --- leaving -----------------------------------------------------------------------------
+    def retire(self) -> list[Finished]:
+        """Rows whose answer is final leave their slots; their Finished records."""
         c = self.canvas
         answer = c.answer()  # (B, G)
         done = ~(answer == c.mask_id).any(dim=1)
         cut = torch.full_like(c.rows, answer.shape[1])
-        if self.d.settings.early_stop or self.d.frontier:  # guided: a stop token ends the row
+        if self.settings.early_stop or self.frontier:  # guided: a stop token ends the row
             cut = first_stop(answer, self.stop_ids, c.mask_id)
             done |= cut < answer.shape[1]
         if not bool(done.any()):
-            return ()
+            return []
         gone = done.nonzero().squeeze(1)
-        self._store(gone, cut[gone])
-        keep = (~done).nonzero().squeeze(1)
+        past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[gone][:, None]
+        tokens = answer[gone].masked_fill(past, self.special.eos).tolist()
+        marks = c.steps[gone].masked_fill(past, -1).tolist()
+        finished = []
+        for i, row_tokens, row_marks in zip(gone.tolist(), tokens, marks, strict=True):
+            r = self.live[i]
+            own = [m - r.first_step if m >= 0 else -1 for m in row_marks]
+            finished.append(r.finish(row_tokens, own, self.steps))
+            self.requests.pop(r.id, None)
+        self._keep((~done).nonzero().squeeze(1))
+        return finished
+
+    def _drop_aborted(self) -> None:
+        if any(r.status is Status.ABORTED for r in self.live):
+            keep = [i for i, r in enumerate(self.live) if r.status is not Status.ABORTED]
+            self._keep(torch.tensor(keep, dtype=torch.long, device=self.device))
+
+    def _keep(self, keep: torch.Tensor) -> None:
+        """Only live rows `keep` (indices) go on."""
+        whole = self.admission.whole_batches
         if self.cache is not None:
-            offset = c.batch
-            branch_rows = torch.cat([keep + offset * b for b in range(self.branches)])
-            self.cache = self.cache.select_rows(branch_rows)
-        self.rows = [self.rows[i] for i in keep.tolist()]
-        select = getattr(self.d.committer, "select", None)
-        if select is not None:
-            select(keep)
-        self.canvas = c.select(keep)
-        return tuple(c.rows[gone].tolist())
-
-    def _store(self, gone: torch.Tensor, cut: torch.Tensor) -> None:
-        """Final tokens of finished rows; after an early stop everything past it is EOS."""
-        c = self.canvas
-        answer, steps = c.answer()[gone], c.steps[gone]  # (R, G)
-        past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[:, None]
-        rows = c.rows[gone]
-        self.tokens[rows] = answer.masked_fill(past, self.d.special.eos)
-        self.commit_steps[rows] = steps.masked_fill(past, -1)
-        for r in rows.tolist():
-            self.finished_at[r] = self.steps
-
-
-def decode_steps(
-    model: DiffusionLM,
-    special: SpecialIds,
-    prompts: list[list[int]],
-    settings: DecodeSettings,
-    *,
-    committer: Committer | None = None,
-) -> DecodeRun:
-    """Start a decode; iterate the returned run for StepEvents, then call `.result()`."""
-    if getattr(model, "family", None) == "diffusion_gemma":  # transformers' own sampler
-        from dllm_cli.decoding.gemma import start_run
-
-        return start_run(model, special, prompts, settings, committer)
-    return Decoder(model, special, settings, committer).run(prompts)
-
-
-def decode(
-    model: DiffusionLM,
-    special: SpecialIds,
-    prompts: list[list[int]],
-    settings: DecodeSettings,
-    *,
-    committer: Committer | None = None,
-    on_step: Callable[[StepEvent], None] | None = None,
-) -> DecodeResult:
-    """Decode a batch of prompts to the end; `on_step` sees every StepEvent on the way."""
-    run = decode_steps(model, special, prompts, settings, committer=committer)
-    for event in run:
-        if on_step is not None:
-            on_step(event)
-    return run.result()
+            self.cache.keep(keep, compact=whole)
+        if self.on_select is not None:
+            self.on_select(keep)
+        self.canvas = self.canvas.select(keep)
+        self.live = [self.live[i] for i in keep.tolist()]
+        if whole and not self.live:  # the batch is over: its cache goes
+            self.cache = None

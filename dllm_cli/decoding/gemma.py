@@ -28,10 +28,10 @@ from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.canvas import check_prompts
 from dllm_cli.decoding.events import DecodeResult, StepEvent
 from dllm_cli.errors import DllmError, InputError, SettingsError
+from dllm_cli.families import Family
 from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
 
 FAMILY = "diffusion_gemma"
-MASKED_FAMILIES = ("llada", "dream")
 PROFILE = "diffusiongemma-26b-a4b-it"
 _CACHE = "its encoder keeps its own KV cache of the prompt and of every finished canvas"
 _ACCEPT = "transformers' entropy-bound sampler picks the tokens to accept (see entropy_bound)"
@@ -68,13 +68,13 @@ USED: dict[str, str] = {
 Where = Callable[[str], str]  # setting -> " (from ...)" for error messages
 
 
-def uses(family: str | None) -> dict[str, str]:
+def uses(family: Family | None) -> dict[str, str]:
     """decode.* setting -> how `family` uses it (empty when the family is unknown)."""
-    if family == FAMILY:
+    if family is None:
+        return {}
+    if family.own_sampler:
         return {f.name: USED.get(f.name, "not used") for f in fields(DecodeSettings)}
-    if family in MASKED_FAMILIES:
-        return dict.fromkeys(GEMMA_FIELDS, f"{FAMILY} only")
-    return {}
+    return dict.fromkeys(family.refuses, f"{FAMILY} only")
 
 
 def nowhere(key: str) -> str:

@@ -88,6 +88,22 @@ class GuideCache:
             layer.values = layer.values.gather(2, index)
         self.valid = torch.arange(width, device=v.device)[None] < n[:, None]
 
+    def admit(self, new: int, order: torch.Tensor) -> None:
+        """`new` rows with nothing cached join after the current ones; then rows `order`.
+
+        (Continuous batching: a newly admitted request's row, its prompt fed on its first
+        verification; the engine keeps canvas rows in slot order, and so does this cache.)
+        """
+        v = self.valid
+        self.valid = torch.cat([v, v.new_zeros((new, v.shape[1]))])[order]
+        if self.kv is None:
+            return
+        for layer in self.kv.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                fresh = t.new_zeros((new, *t.shape[1:]))
+                setattr(layer, name, torch.cat([t, fresh])[order])
+
     def select(self, keep: torch.Tensor) -> None:
         """Only rows `keep` go on."""
         self.valid = self.valid[keep]

@@ -73,7 +73,8 @@ class GuideRules:
 class GuidedCommitter:
     """A frontier-walking `Committer`: an AR guide verifies the drafts (FlashDLM).
 
-    Reusable across decodes, one at a time (the engine calls `start` at each decode's start).
+    Reusable across decodes, one at a time (the engine calls `start` at each decode's start,
+    `admit` when requests join a running one and `select` when rows leave).
     `forwards` counts the guide's forwards over its lifetime.
     """
 
@@ -102,6 +103,10 @@ class GuidedCommitter:
 
     def select(self, keep: torch.Tensor) -> None:
         self.cache.select(keep)
+
+    def admit(self, new: int, order: torch.Tensor) -> None:
+        """`new` rows join (continuous batching), then rows are reordered as `order` says."""
+        self.cache.admit(new, order)
 
     @torch.inference_mode()
     def __call__(self, ctx: StepContext) -> Decision:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
 
 
@@ -25,17 +26,18 @@ class Family:
     schedule: str  # which `fixed` schedule the family uses (a key of unmask.SCHEDULES)
 
 
+# Keyed by a families.py entry's `sampler` (LLaDA-MoE samples as LLaDA does).
 FAMILIES: dict[str, Family] = {
     # LLaDA upcasts to float64 and measures confidence on softmax(raw logits).
     "llada": Family("llada", torch.float64, tempered_confidence=False, schedule="linear"),
     # Dream samples in the logits' dtype from softmax(filtered logits / temperature).
-    "Dream": Family("Dream", None, tempered_confidence=True, schedule="dream"),
+    "dream": Family("dream", None, tempered_confidence=True, schedule="dream"),
 }
 
 
 def family_of(model) -> Family:
-    """The family of a model by its config's model_type (LLaDA's rules for unknown types)."""
-    return FAMILIES.get(getattr(model.config, "model_type", "llada"), FAMILIES["llada"])
+    """The sampler family of a model, by its entry in families.py."""
+    return FAMILIES[family_of_model(model).sampler]
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:

@@ -27,6 +27,7 @@ class DiffusionLM(PreTrainedModel):
     """
 
     logit_shift: int = 0
+    family: ClassVar[str]  # its families.py key (sampler, reference settings)
     supports_gradient_checkpointing = False
     _no_split_modules: ClassVar[list[str]] = []
 

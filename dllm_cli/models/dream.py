@@ -173,6 +173,7 @@ class DreamModel(DiffusionLM):
     base_model_prefix = "model"
     _no_split_modules: ClassVar[list[str]] = ["DreamLayer"]
     logit_shift = 1
+    family = "dream"  # families.py key
 
     def __init__(self, config: DreamConfig):
         super().__init__(config)

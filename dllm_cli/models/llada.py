@@ -200,6 +200,7 @@ class LLaDAModelLM(DiffusionLM):
     base_model_prefix = "model"
     _no_split_modules: ClassVar[list[str]] = ["LLaDABlock"]
     logit_shift = 0
+    family = "llada"  # families.py key
 
     def __init__(self, config: LLaDAConfig):
         super().__init__(config)

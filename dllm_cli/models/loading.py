@@ -1,7 +1,8 @@
 """Local checkpoint folder -> (model, tokenizer, special ids), with one clear error per failure.
 
 We never execute code from a model folder: `auto_map` entries are ignored, the architecture is
-picked from config.json's `model_type` in our own table, and the tokenizer is loaded with
+picked from config.json's `architectures`, then `model_type`, in our own table (families.py),
+and the tokenizer is loaded with
 `trust_remote_code=False` (Dream's remote tokenizer class is Qwen2's BPE, which transformers has).
 """
 
@@ -18,15 +19,17 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from dllm_cli.errors import DeviceError, ModelLoadError
-from dllm_cli.models import ARCHITECTURES, DiffusionLM
+from dllm_cli.families import Family, family_for_config
+from dllm_cli.folders import BUILTIN_DIR as BUILTIN_DIR  # re-exported (older imports)
+from dllm_cli.folders import BUILTIN_PREFIX as BUILTIN_PREFIX
+from dllm_cli.folders import read_config_json, resolve_path
+from dllm_cli.models import DiffusionLM
 
-BUILTIN_PREFIX = "builtin:"
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "tinygsm" / "weights"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Token strings that name the special roles in the folders we know.
 MASK_NAMES = ("<|mdm_mask|>", "<|mask|>", "[MASK]", "<mask>")
-EOT_NAMES = ("<|eot_id|>", "<|im_end|>")
+EOT_NAMES = ("<|eot_id|>", "<|im_end|>", "<|role_end|>")  # LLaDA, Qwen/Dream, LLaDA-MoE
 
 
 @dataclass(frozen=True)
@@ -59,30 +62,16 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     special: SpecialIds
     path: Path
-    architecture: str
+    architecture: str  # config.json's model_type
     device: torch.device
     dtype: torch.dtype
+    family: str = ""  # the families.py key ("llada", "dream", "llada_moe", "diffusion_gemma")
 
 
 def quiet_transformers() -> None:
     """No progress bars or advisory warnings from transformers on our stderr."""
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-
-
-def resolve_path(path: str | os.PathLike) -> Path:
-    """`builtin:NAME` -> the shipped folder; otherwise an expanded local path."""
-    text = str(path)
-    if text.startswith(BUILTIN_PREFIX):
-        name = text[len(BUILTIN_PREFIX) :]
-        folder = BUILTIN_DIR / name
-        if not folder.is_dir():
-            known = sorted(p.name for p in BUILTIN_DIR.iterdir()) if BUILTIN_DIR.is_dir() else []
-            raise ModelLoadError(
-                f"no built-in model {name!r} (built-in: {', '.join(known) or 'none'})"
-            )
-        return folder
-    return Path(os.path.expandvars(os.path.expanduser(text)))
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -119,33 +108,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def read_config_json(folder: Path) -> dict:
-    """config.json as a dict; errors name the folder or file and the problem."""
-    if not folder.exists():
-        raise ModelLoadError(f"model folder not found: {folder}")
-    if not folder.is_dir():
-        raise ModelLoadError(f"model path is not a folder: {folder}")
-    cfg_file = folder / "config.json"
-    if not cfg_file.is_file():
-        raise ModelLoadError(f"no config.json in {folder} (is this a model folder?)")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{cfg_file} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{cfg_file} is not a JSON object")
-    return raw
+def config_from_json(raw: dict, cfg_file: Path, family: Family | None = None):
+    """A config.json dict -> (our config object, model class); auto_map is dropped unread.
 
-
-def config_from_json(raw: dict, cfg_file: Path):
-    """A config.json dict -> (our config object, model class); auto_map is dropped unread."""
-    kind = raw.get("model_type")
-    if kind is None:
-        raise ModelLoadError(f"{cfg_file} has no model_type (cannot tell the architecture)")
-    if kind not in ARCHITECTURES:
-        known = ", ".join([*ARCHITECTURES, "diffusion_gemma"])
-        raise ModelLoadError(f"unknown architecture {kind!r} in {cfg_file} (supported: {known})")
-    cfg_cls, model_cls = ARCHITECTURES[kind]
+    The family (families.py: `architectures` first, then `model_type`) picks the classes, so a
+    LLaDA-MoE folder (model_type "llada") never builds the dense LLaDA class.
+    """
+    family = family or family_for_config(raw, cfg_file)
+    cfg_cls, model_cls = family.classes()
+    kind = raw.get("model_type", family.name)  # errors name the folder's own word
     raw = {k: v for k, v in raw.items() if k not in ("auto_map", "model_type")}
     try:
         config = cfg_cls(**raw)
@@ -216,15 +187,19 @@ def check_weights(folder: Path, model: DiffusionLM) -> None:
             )
 
 
-def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
-    """AutoTokenizer without remote code; Dream's remote class falls back to Qwen2's BPE."""
+def load_tokenizer(folder: Path, config=None) -> PreTrainedTokenizerBase:
+    """AutoTokenizer without remote code; Dream's remote class falls back to Qwen2's BPE.
+
+    `config`: the model's own config, so AutoTokenizer does not build one from config.json by
+    model_type (for LLaDA-MoE that would be the dense LLaDA config)."""
     bpe = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
     if not bpe and not (folder / "tokenizer.json").is_file():
         raise ModelLoadError(
             f"no tokenizer in {folder} (expected tokenizer.json, or vocab.json + merges.txt)"
         )
     try:
-        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+        extra = {"config": config} if config is not None else {}
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, **extra)
     except Exception as first:  # transformers raises ValueError/OSError/KeyError here
         if bpe:
             from transformers import Qwen2Tokenizer
@@ -256,8 +231,10 @@ def special_ids(
     *,
     present: Collection[str] | None = None,
     table_size: int | None = None,
+    family: Family | None = None,
 ) -> SpecialIds:
-    """Special ids: the profile's overrides, else config.json, else the tokenizer.
+    """Special ids: the profile's overrides, else config.json, else the tokenizer, else (the
+    mask) the family table (LLaDA-MoE's config.json names no mask id).
 
     `present` (the keys config.json really has) keeps our config classes' built-in defaults,
     which are the 8B models' ids, from posing as the folder's own; `table_size` (embedding
@@ -282,6 +259,7 @@ def special_ids(
         cfg("mask_token_id"),
         _token_id(tokenizer, MASK_NAMES),
         tokenizer.mask_token_id,
+        family.mask_id if family else None,
     )
     pad = first(over.get("pad"), cfg("pad_token_id"), tokenizer.pad_token_id, eos)
     bos = first(over.get("bos"), cfg("bos_token_id"), tokenizer.bos_token_id)
@@ -317,9 +295,10 @@ def load_model(
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     raw = read_config_json(folder)
-    if raw.get("model_type") == "diffusion_gemma":  # transformers' own model and sampler
+    family = family_for_config(raw, folder / "config.json")
+    if family.own_sampler:  # transformers' own model and sampler (DiffusionGemma)
         return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
-    config, model_cls = config_from_json(raw, folder / "config.json")
+    config, model_cls = config_from_json(raw, folder / "config.json", family)
     try:
         with torch.device("meta"):
             skeleton = model_cls(config)
@@ -338,9 +317,11 @@ def load_model(
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
     model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names and memory unchanged
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder, config)
     rows = model.get_input_embeddings().num_embeddings
-    special = special_ids(config, tokenizer, special_overrides, present=raw, table_size=rows)
+    special = special_ids(
+        config, tokenizer, special_overrides, present=raw, table_size=rows, family=family
+    )
     special = replace(special, vocab=len(tokenizer))
     return LoadedModel(
         model=model,
@@ -350,7 +331,25 @@ def load_model(
         architecture=config.model_type,
         device=dev,
         dtype=torch_dtype,
+        family=family.name,
     )
+
+
+def add_stop_tokens(loaded: LoadedModel, names: list[str]) -> LoadedModel:
+    """The loaded model with more tokens that end an answer, named by their strings (a
+    profile's `stop_tokens`: DiffuCoder fills its answer's tail with <|dlm_pad|>)."""
+    vocab = loaded.tokenizer.get_vocab() if names else {}
+    missing = [name for name in names if name not in vocab]
+    if missing:
+        raise ModelLoadError(
+            f"stop token {missing[0]!r} (stop_tokens in [model]) is not in the tokenizer of "
+            f"{loaded.path}"
+        )
+    extra = tuple(vocab[name] for name in names if vocab[name] not in loaded.special.stop)
+    if not extra:
+        return loaded
+    special = replace(loaded.special, extra_stop=(*loaded.special.extra_stop, *extra))
+    return replace(loaded, special=special)
 
 
 def load_diffusion_gemma(
@@ -382,4 +381,4 @@ def load_diffusion_gemma(
     special = replace(
         ids, mask=None, extra_stop=dg.extra_stops(model, ids.stop), vocab=len(tokenizer)
     )
-    return LoadedModel(model, tokenizer, special, folder, dg.FAMILY, dev, dtype)
+    return LoadedModel(model, tokenizer, special, folder, dg.FAMILY, dev, dtype, dg.FAMILY)

@@ -1,0 +1,119 @@
+"""The Python API: load a model once, then decode prompts with it.
+
+    from dllm_cli import LLM
+
+    llm = LLM("tiny-gsm-dream")                 # a profile (name or .toml), or LLM(model=folder)
+    for c in llm.generate(["1 + 1 = ?"], gen_length=64):
+        print(c.text, c.forwards, c.steps)      # every count is that prompt's own
+    for piece in llm.stream("2 + 2 = ?"):       # text as it is committed
+        print(piece, end="")
+
+Settings are the CLI's (`dllm generate --help`), by their bare names (`gen_length`, `cache`,
+`threshold`, ...), and are validated exactly as the CLI validates them: a bad value raises the
+same `dllm_cli.errors` exception the CLI turns into its one-line message and exit code.
+Settings given to `LLM(...)` hold for every call; those given to a call, for that call only
+(the model and guide stay loaded, so they cannot change per call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from dllm_cli.decoding.run import open_engine
+from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.profiles import resolve
+from dllm_cli.runtime import Runtime, family_settings, open_runtime
+from dllm_cli.view import TextStream
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One prompt's answer and what it cost (its own steps, forwards and seconds)."""
+
+    prompt: str
+    text: str
+    token_ids: list[int]
+    forwards: int
+    steps: int
+    seconds: float
+    guide_forwards: int = 0
+
+
+class LLM:
+    """A loaded model (and guide, when its profile has one) with its default settings."""
+
+    def __init__(
+        self,
+        profile: str | None = None,
+        *,
+        model: str | None = None,
+        guide: bool = True,
+        **settings: object,
+    ):
+        self.profile, self.use_guide = profile, guide
+        self.fixed = {"model.path": model} if model is not None else {}
+        self.defaults = dict(settings)
+        self.runtime = open_runtime(profile, {**self.fixed, **self.defaults}, use_guide=guide)
+
+    def generate(
+        self, prompts: str | Sequence[str], *, batch_size: int = 8, **settings: object
+    ) -> list[Completion]:
+        """Answers in prompt order; prompts decode `batch_size` at a time (continuous
+        batching unless the settings or the model ask for static batches)."""
+        rt = self._runtime(settings)
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        ids = [rt.prepare(p) for p in texts]
+        engine = self._engine(rt, batch_size, rt.admission())
+        for i, x in enumerate(ids):
+            engine.add(x, key=i)
+        done = {}
+        while engine.has_work:
+            for f in engine.step().finished:
+                done[f.key] = f
+        return [
+            Completion(
+                texts[i], rt.text(f.tokens), f.tokens, f.forwards, f.steps, f.seconds,
+                f.guide_forwards,
+            )
+            for i, f in sorted(done.items())
+        ]  # fmt: skip
+
+    def stream(self, prompt: str, **settings: object) -> Iterator[str]:
+        """The answer's text in pieces, each as soon as every position up to it is committed."""
+        rt = self._runtime(settings)
+        engine = self._engine(rt, 1, "static")
+        rid = engine.add(rt.prepare(prompt))
+        view = TextStream(rt.settings.gen_length, rt.text, row=rid)
+        while engine.has_work:
+            out = engine.step()
+            if out.event is not None:
+                piece = view.feed(out.event)
+                if piece:
+                    yield piece
+            for f in out.finished:
+                rest = view.finish(rt.text(f.tokens))[:-1]  # without the CLI's newline
+                if rest:
+                    yield rest
+
+    def _engine(self, rt: Runtime, slots: int, admission: str):
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise InputError(f"batch_size must be at least 1 (got {slots!r})")
+        model, special = rt.loaded.model, rt.loaded.special
+        return open_engine(
+            model, special, rt.settings, rt.committer(), slots=slots, admission=admission
+        )
+
+    def _runtime(self, settings: dict[str, object]) -> Runtime:
+        """The loaded runtime with this call's settings, validated as the CLI validates."""
+        if not settings:
+            return self.runtime
+        rt = self.runtime
+        overrides = {**self.fixed, **self.defaults, **settings}
+        prof, provenance = resolve(self.profile, overrides)
+        if prof.model != rt.profile.model or (prof.guide is None) != (rt.profile.guide is None):
+            raise SettingsError("model and guide settings are fixed when the LLM is built")
+        if prof.guide is not None and prof.guide.path != rt.profile.guide.path:
+            raise SettingsError("model and guide settings are fixed when the LLM is built")
+        decode, notes = family_settings(prof, provenance, rt.loaded, self.use_guide)
+        return replace(rt, profile=prof, provenance=provenance, settings=decode, notes=notes)

@@ -1,0 +1,83 @@
+"""A request: one prompt on its way through the engine, with everything it has done so far.
+
+The engine keeps one `Request` per prompt from `add` to the step its answer is final (or it
+is aborted): its prompt ids, its place in its decode (`RowState`: block, step in block, masks
+at block start, frozen K/V extent), its slot, and what it cost (steps, forwards, seconds).
+When it finishes it becomes a `Finished`, the record every client reads (batch mode's --json,
+eval, bench, a server's reply), so `forwards`, `steps` and `seconds` are always the request's
+own, whatever shared its batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from dllm_cli.decoding.rows import RowState
+
+
+class Status(Enum):
+    WAITING = "waiting"  # added, not yet in a slot
+    RUNNING = "running"  # in a slot, decoding
+    FINISHED = "finished"  # its answer is final
+    ABORTED = "aborted"  # dropped by `abort` (leaves its slot on the next step)
+
+
+@dataclass
+class Request:
+    """One prompt in the engine (nano-vllm's Sequence): ids, progress, counters, timings."""
+
+    id: int
+    prompt: list[int]
+    key: Any = None  # what the caller gave with it (handed back in Finished)
+    status: Status = Status.WAITING
+    row: RowState = field(default_factory=lambda: RowState(0))  # its place in its decode
+    first_step: int = -1  # engine step at which it was admitted
+    steps: int = 0  # steps it spent in a slot (one forward served it in each)
+    forwards: int = 0  # model forwards of those steps
+    guide_forwards: int = 0  # the AR guide's forwards of those steps (guided decoding)
+    guide_seconds: float = 0.0
+    added_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float = 0.0
+
+    def admit(self, step: int) -> None:
+        self.status, self.first_step = Status.RUNNING, step
+        self.admitted_at = time.perf_counter()
+
+    def finish(self, tokens: list[int], commit_steps: list[int], step: int) -> Finished:
+        """Its answer is final at engine step `step`: the record clients read."""
+        self.status = Status.FINISHED
+        return Finished(
+            id=self.id,
+            key=self.key,
+            tokens=tokens,
+            commit_steps=commit_steps,
+            prompt_length=len(self.prompt),
+            steps=self.steps,
+            forwards=self.forwards,
+            guide_forwards=self.guide_forwards,
+            seconds=time.perf_counter() - self.admitted_at,
+            guide_seconds=self.guide_seconds,
+            finished_at=step - self.first_step,
+            waited=self.admitted_at - self.added_at,
+        )
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request's answer, handed on the step it became final; every count is its own."""
+
+    id: int
+    key: Any  # what `add` was given with the prompt
+    tokens: list[int]  # gen_length ids; after an early stop, EOS fill
+    commit_steps: list[int]  # per position: its step (from admission) that committed it; -1
+    prompt_length: int
+    steps: int  # steps it spent in a slot
+    forwards: int  # model forwards that ran in those steps
+    guide_forwards: int  # guide forwards that ran in those steps (shared by the batch)
+    seconds: float  # wall time from admission to its last step
+    guide_seconds: float = 0.0
+    finished_at: int = 0  # its 0-based step (from admission) at which the answer was final
+    waited: float = 0.0  # seconds between `add` and admission

@@ -1,0 +1,161 @@
+"""Library clients of the engine: decode a list of prompts as one static batch.
+
+    run = decode_steps(model, special, prompts, settings)  # iterate for StepEvents
+    result = run.result()                                  # or decode(...) in one call
+
+A `DecodeRun` adds every prompt to an engine with as many slots (static admission: the rows
+walk the blocks in lockstep, as LLaDA and Fast-dLLM decode) and steps it to the end; its
+`DecodeResult` lists the answers in prompt order. `Decoder(...).run(prompts, lockstep=False)`
+lets each row move on by itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from dllm_cli.decoding.canvas import check_prompts, check_token_ids
+from dllm_cli.decoding.engine import Engine
+from dllm_cli.decoding.events import DecodeResult, StepEvent
+from dllm_cli.decoding.request import Finished
+from dllm_cli.decoding.unmask import Committer
+from dllm_cli.families import family_of_model, with_family_defaults
+from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.loading import SpecialIds
+from dllm_cli.settings import DecodeSettings
+
+
+class Decoder:
+    """A model, its special ids and (validated) settings: engines and one-batch runs of it."""
+
+    def __init__(
+        self,
+        model: DiffusionLM,
+        special: SpecialIds,
+        settings: DecodeSettings,
+        committer: Committer | None = None,
+    ):
+        self.settings = with_family_defaults(settings, model.family)
+        self.model, self.special, self.committer = model, special, committer
+
+    def engine(self, slots: int, admission: str, **options) -> Engine:
+        return Engine(
+            self.model, self.special, self.settings, self.committer,
+            slots=slots, admission=admission, **options,
+        )  # fmt: skip
+
+    def run(self, prompts: list[list[int]], lockstep: bool = True) -> DecodeRun:
+        return DecodeRun(self, prompts, lockstep)
+
+
+class DecodeRun:
+    """One batch in progress: iterate it for StepEvents; `result()` once (or to finish) it."""
+
+    def __init__(self, decoder: Decoder, prompts: list[list[int]], lockstep: bool = True):
+        began = time.perf_counter()
+        model, s = decoder.model, decoder.settings
+        prompts = [list(map(int, p)) for p in prompts]
+        check_prompts(prompts, s.gen_length, model.context_length)
+        check_token_ids(prompts, model.get_input_embeddings().num_embeddings)
+        self.prompt_lengths = [len(p) for p in prompts]
+        self.engine = decoder.engine(len(prompts), "static", lockstep=lockstep)
+        self.ids = [self.engine.add(p) for p in prompts]
+        self.done: dict[int, Finished] = {}
+        self.setup = time.perf_counter() - began
+        self._events = self._loop()
+
+    def _loop(self) -> Iterator[StepEvent]:
+        while self.engine.has_work:
+            out = self.engine.step()
+            for f in out.finished:
+                self.done[f.id] = f
+            if out.step >= 0:
+                yield out.event
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        return self._events
+
+    @property
+    def canvas(self):
+        """The live rows' canvas (rows that finished have left it)."""
+        return self.engine.canvas
+
+    @property
+    def forwards(self) -> int:
+        return self.engine.forwards
+
+    @property
+    def steps(self) -> int:
+        return self.engine.steps
+
+    @property
+    def seconds(self) -> float:
+        return self.setup + self.engine.seconds
+
+    def result(self) -> DecodeResult:
+        """The finished decode (runs any remaining steps first)."""
+        for _ in self._events:
+            pass
+        e, rows = self.engine, [self.done[i] for i in self.ids]
+        return DecodeResult(
+            tokens=[f.tokens for f in rows],
+            commit_steps=[f.commit_steps for f in rows],
+            prompt_lengths=self.prompt_lengths,
+            forwards=e.forwards,
+            steps=e.steps,
+            seconds=self.seconds,
+            finished_at=[f.finished_at for f in rows],
+            guide_forwards=e.guide_forwards,
+            guide_seconds=e.guide_seconds,
+            rows_served=e.served,
+        )
+
+
+def open_engine(
+    model: DiffusionLM,
+    special: SpecialIds,
+    settings: DecodeSettings,
+    committer: Committer | None = None,
+    *,
+    slots: int = 8,
+    admission: str = "continuous",
+):
+    """An engine for this model (DiffusionGemma: its own sampler, whole batches)."""
+    if family_of_model(model).own_sampler:  # DiffusionGemma: transformers' own sampler
+        from dllm_cli.decoding.gemma_engine import GemmaEngine
+
+        return GemmaEngine(model, special, settings, committer, slots=slots)
+    return Engine(model, special, settings, committer, slots=slots, admission=admission)
+
+
+def decode_steps(
+    model: DiffusionLM,
+    special: SpecialIds,
+    prompts: list[list[int]],
+    settings: DecodeSettings,
+    *,
+    committer: Committer | None = None,
+) -> DecodeRun:
+    """Start a decode; iterate the returned run for StepEvents, then call `.result()`."""
+    if family_of_model(model).own_sampler:  # DiffusionGemma: transformers' own sampler
+        from dllm_cli.decoding.gemma import start_run
+
+        return start_run(model, special, prompts, settings, committer)
+    return Decoder(model, special, settings, committer).run(prompts)
+
+
+def decode(
+    model: DiffusionLM,
+    special: SpecialIds,
+    prompts: list[list[int]],
+    settings: DecodeSettings,
+    *,
+    committer: Committer | None = None,
+    on_step: Callable[[StepEvent], None] | None = None,
+) -> DecodeResult:
+    """Decode a batch of prompts to the end; `on_step` sees every StepEvent on the way."""
+    run = decode_steps(model, special, prompts, settings, committer=committer)
+    for event in run:
+        if on_step is not None:
+            on_step(event)
+    return run.result()

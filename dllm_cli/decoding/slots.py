@@ -1,0 +1,139 @@
+"""Slots: the rows decoding side by side, their canvas and KV cache, and who may take one.
+
+An admission policy decides when a waiting request takes a free slot:
+
+| policy     | admits                                   | rows walk blocks | canvas, cache        |
+|------------|------------------------------------------|------------------|----------------------|
+| static     | only when every slot is free (a batch)   | in lockstep      | per batch, exact     |
+| continuous | into any free slot, on the next step     | each on its own  | once, for the slots  |
+
+Static is how LLaDA and Fast-dLLM decode a batch: the batch moves through the blocks together
+and a new batch starts when the last row of the previous one is done; its canvas is exactly
+as wide as its longest prompt, finished rows' cache rows are dropped, and each batch draws from
+a freshly seeded generator (a static batch is a decode of its own). Continuous batching keeps
+one canvas and one KV cache of B slots: its prompt width P is the longest prompt seen, rounded
+up to `quantum` columns (a longer prompt widens it, shifting every row right: at most once per
+quantum); a finished row leaves the canvas and the next prompt is written over its cache row
+(`SlotCache` maps live canvas rows to slots). Rows are left-padded to P and RoPE positions
+count from each row's first token, so a row decodes as it would alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_cli.cache import KVCache
+from dllm_cli.decoding.canvas import Canvas
+from dllm_cli.families import batching_reason, family_of_model
+
+QUANTUM = 64  # continuous batching: prompt width grows in steps of this many columns
+
+
+@dataclass(frozen=True)
+class Admission:
+    """When waiting requests take free slots, and what a batch keeps between them."""
+
+    name: str
+    whole_batches: bool  # admit only into an empty engine (every slot free)
+    lockstep: bool  # rows of a batch leave a block together (unmasking rules)
+    quantum: int  # prompt width rounding (1: exactly the longest prompt)
+
+
+ADMISSIONS: dict[str, Admission] = {
+    "static": Admission("static", whole_batches=True, lockstep=True, quantum=1),
+    "continuous": Admission("continuous", whole_batches=False, lockstep=False, quantum=QUANTUM),
+}
+
+
+class SlotCache:
+    """A KVCache with `slots` rows per branch, addressed through the live canvas rows.
+
+    Canvas row r (branch b) lives in cache row `live[r] + b * slots`. `live` is kept sorted,
+    so with every slot busy the mapping is the identity and forwards use the cache directly.
+    """
+
+    def __init__(self, cache: KVCache, slots: int, branches: int):
+        self.cache, self.slots, self.branches = cache, slots, branches
+        self.live = torch.zeros(0, dtype=torch.long, device=cache.k[0].device)
+
+    @property
+    def scratch(self) -> bool:
+        return self.cache.scratch
+
+    @property
+    def width(self) -> int:
+        return self.cache.width
+
+    def view(self) -> KVCache | SlotCache:
+        """What a forward reads: the KVCache itself while every slot is busy (its rows are the
+        canvas rows; compiled steps replay on it), else this mapping."""
+        return self.cache if len(self.live) == self.slots else self
+
+    def _map(self, rows: torch.Tensor) -> torch.Tensor:
+        n = len(self.live)
+        return self.live[rows % n] + torch.div(rows, n, rounding_mode="floor") * self.slots
+
+    def rows(self, rows: torch.Tensor):
+        """Canvas rows (branch-major, as forwards.py numbers them) -> their cache rows."""
+        return self.cache.rows(self._map(rows))
+
+    def update(self, layer: int, columns, k: torch.Tensor, v: torch.Tensor):
+        if len(self.live) == self.slots:  # every slot busy, in slot order: the cache itself
+            return self.cache.update(layer, columns, k, v)
+        every = torch.arange(len(self.live) * self.branches, device=k.device)
+        return self.rows(every).update(layer, columns, k, v)
+
+    def keep(self, keep: torch.Tensor, compact: bool) -> None:
+        """Only live rows `keep` go on: their slots stay (or, `compact`, the cache shrinks)."""
+        if not compact:
+            self.live = self.live[keep]
+            return
+        rows = torch.cat([self.live[keep] + b * self.slots for b in range(self.branches)])
+        self.cache = self.cache.select_rows(rows)
+        self.slots = len(keep)
+        self.live = torch.arange(self.slots, device=keep.device)
+
+    def widen(self, extra: int) -> None:
+        """`extra` more columns on the left (the canvas grew its prompt width)."""
+        old = self.cache
+        k = [torch.nn.functional.pad(t, (0, 0, extra, 0)) for t in old.k]
+        v = [torch.nn.functional.pad(t, (0, 0, extra, 0)) for t in old.v]
+        self.cache = KVCache(k, v, old.scratch)
+
+
+def empty_canvas(width: int, gen_length: int, mask_id: int, device) -> Canvas:
+    """A canvas of no rows, prompt width `width`."""
+    none = torch.zeros(0, dtype=torch.long, device=device)
+    ids = torch.zeros((0, width + gen_length), dtype=torch.long, device=device)
+    steps = torch.zeros((0, gen_length), dtype=torch.long, device=device)
+    return Canvas(ids, none, none.clone(), steps, width, mask_id)
+
+
+def pad_left(c: Canvas, extra: int, pad_id: int) -> Canvas:
+    """The canvas with `extra` more padding columns before every row (prompt width + extra)."""
+    if extra == 0:
+        return c
+    padding = torch.full((c.batch, extra), pad_id, dtype=c.ids.dtype, device=c.ids.device)
+    ids = torch.cat([padding, c.ids], dim=1)
+    return Canvas(ids, c.pad + extra, c.rows, c.steps, c.prompt_width + extra, c.mask_id)
+
+
+def cat_canvases(a: Canvas, b: Canvas) -> Canvas:
+    """Rows of `a` then rows of `b` (same prompt width)."""
+    parts = [torch.cat([x, y]) for x, y in zip(fields(a), fields(b), strict=True)]
+    return Canvas(*parts, a.prompt_width, a.mask_id)
+
+
+def fields(c: Canvas) -> tuple[torch.Tensor, ...]:
+    return c.ids, c.pad, c.rows, c.steps
+
+
+def static_reason(model, guided: bool = False) -> str | None:
+    """Why a decode must run as static batches (None: continuous batching serves it).
+
+    The family says (DiffusionGemma); guided decoding batches continuously, its guide's cache
+    taking rows as they come, so `guided` no longer makes a decode static.
+    """
+    return batching_reason(family_of_model(model), guided=False)

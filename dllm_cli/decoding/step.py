@@ -1,0 +1,167 @@
+"""One decoding step over the engine's live rows: plan -> forwards -> drafts -> commit -> move on.
+
+Every row's cache policy plans the columns it recomputes from the row's own place (rows.py),
+forwards.py serves all rows with at most two forwards, the sampler drafts tokens, the
+committer picks which drafts become tokens, finished rows leave (engine.retire) and the rest
+move on. Rows decoded by an unmasking rule walk their blocks in lockstep under static
+admission (the whole batch leaves a block together, as LLaDA and Fast-dLLM do) and each on
+its own otherwise; a verifying committer with `frontier = True` (guided decoding) makes every
+row walk its own first mask. The step's StepEvent is built only when someone asks for it. (`e` below
+is the Engine of engine.py, which imports this module.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
+from dllm_cli.decoding.forwards import Prediction
+from dllm_cli.decoding.request import Finished
+from dllm_cli.decoding.rows import first_masks, same_place
+from dllm_cli.decoding.unmask import Decision, StepContext
+
+
+@dataclass
+class StepOutput:
+    """What one step did: answers that became final, and (on request) its StepEvent."""
+
+    step: int  # the engine's 0-based step (-1: nothing was decoding)
+    finished: list[Finished] = field(default_factory=list)
+    build: Any = None  # () -> StepEvent, run at most once
+    _event: StepEvent | None = None
+
+    @property
+    def event(self) -> StepEvent | None:
+        """The step's StepEvent (commits per row, phases): materialised on first access."""
+        if self._event is None and self.build is not None:
+            self._event, self.build = self.build(), None
+        return self._event
+
+
+def decode_step(e) -> StepOutput:
+    """At most two forwards, one commit decision, rows move on, finished rows retire."""
+    c, s, model = e.canvas, e.settings, e.model
+    rows = [r.row for r in e.live]
+    e.walk.begin(rows, c, e.blocks)
+    e.served += c.batch  # every live row is served by exactly one forward
+    shift, every, suffix = model.logit_shift, s.refresh_interval, s.suffix_window
+    firsts = first_masks(c).tolist() if e.frontier else [None] * c.batch
+    places = [
+        r.place(e.blocks, c.width, shift, every, reach(e, f), suffix)
+        for r, f in zip(rows, firsts, strict=True)
+    ]
+    plans = [e.policy.plan(p) for p in places]
+    cache = None if e.cache is None else e.cache.view()
+    pred = e.executor(c, cache, plans, spans(e, places, plans, firsts), e.generator)
+    e.forwards += pred.forwards
+    candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
+    confidence = pred.confidence.masked_fill(~candidates, float("-inf"))
+    ctx = context(e, rows, pred, confidence, candidates)
+    decision = e.committer(ctx)
+    e.guide_forwards += decision.forwards
+    e.guide_seconds += decision.seconds
+    commit = guard(e, decision, ctx, places)
+    tokens = pred.drafts if decision.tokens is None else decision.tokens
+    written = apply(e, commit, tokens, confidence, pred.columns, decision.corrected)
+    for r in e.live:
+        r.steps += 1
+        r.forwards += pred.forwards
+        r.guide_forwards += decision.forwards
+        r.guide_seconds += decision.seconds
+    for row, plan in zip(rows, plans, strict=True):
+        row.served(plan)
+    numbers = c.rows  # request ids of this step's rows (the canvas is replaced on retire)
+    finished = e.retire()  # before moving on: lockstep waits only for live rows
+    e.walk.advance([r.row for r in e.live], e.canvas, e.blocks)
+    step, forwards, guide_forwards = e.steps, e.forwards, e.guide_forwards
+    e.steps += 1
+
+    def build() -> StepEvent:
+        first, p = places[0], c.prompt_width
+        ids = numbers.tolist()
+        phases = tuple(
+            RowPhase(n, at.block.index, at.step, (f.start - p, f.end - p), f.refresh)
+            for n, at, f in zip(ids, places, plans, strict=True)
+        )
+        fixed = decision.corrected
+        corrected = None if fixed is None else int((fixed & commit).sum())
+        return StepEvent(
+            step=step,
+            block=first.block.index,
+            block_step=first.step,
+            window=phases[0].window,
+            refresh=plans[0].refresh,
+            frozen=None if plans[0].frozen is None else tuple(f - p for f in plans[0].frozen),
+            forwards=forwards,
+            commits=written(ids),
+            finished=tuple(f.id for f in finished),
+            accepted=decision.accepted,
+            guide_forwards=guide_forwards,
+            corrected=corrected,
+            phases=phases,
+        )
+
+    return StepOutput(step, finished, build)
+
+
+def reach(e, first: int | None) -> int | None:
+    """A guided row with a draft window needs predictions only up to the window's end."""
+    window = e.draft_window
+    return None if first is None or not window else first + window
+
+
+def spans(e, places, plans, firsts) -> list[tuple[int, int]]:
+    """Columns each row decodes: its block, or (guided) its first mask to its draft end."""
+    if not e.frontier:
+        return [(p.block.start, p.block.end) for p in places]
+    window = e.draft_window or e.canvas.width
+    # Drafts reach as far as this step's forward computes fresh logits (Dual cache: the
+    # block on cached steps) and the draft window allows.
+    return [(f, min(f + window, plan.end)) for f, plan in zip(firsts, plans, strict=True)]
+
+
+def context(e, rows, pred: Prediction, confidence, candidates) -> StepContext:
+    device = e.device
+    masks = torch.tensor([r.masks_at_start for r in rows], device=device)
+    if same_place(rows):  # one shared block and step (rows in lockstep)
+        block, step, planned = e.blocks[rows[0].block], rows[0].step, None
+    else:
+        block = None
+        step = torch.tensor([r.step for r in rows], device=device)
+        planned = torch.tensor([e.blocks[r.block].steps for r in rows], device=device)
+    return StepContext(
+        pred.drafts, confidence, candidates, block, step, masks, e.canvas,
+        e.generator, pred.columns, planned, pred.probs,
+    )  # fmt: skip
+
+
+def guard(e, decision: Decision, ctx: StepContext, places) -> torch.Tensor:
+    """Only masked columns of the row's span; progress guaranteed in either walk."""
+    commit = decision.commit.to(torch.bool) & ctx.candidates
+    if e.frontier:
+        # A frontier walk commits a run from the first mask, at least that first column.
+        commit[:, 0] |= ctx.candidates[:, 0]
+        return commit.long().cumprod(dim=1).bool()
+    # Everything left once a block has had L steps (no-op for built-in rules).
+    late = [p.step >= p.block.length - 1 for p in places]
+    force = torch.tensor(late, device=commit.device)[:, None]
+    return torch.where(force, ctx.candidates, commit)
+
+
+def apply(e, commit, tokens, confidence, columns, corrected):
+    """Write committed tokens into the canvas; returns ids -> the step's RowCommits."""
+    c, p = e.canvas, e.canvas.prompt_width
+    rows, slots = commit.nonzero(as_tuple=True)
+    cols, toks = columns[rows, slots], tokens[rows, slots]
+    c.ids[rows, cols] = toks
+    c.steps[rows, cols - p] = e.steps
+    flags = None if corrected is None else corrected[rows, slots]
+    every = (rows, cols - p, toks, confidence[rows, slots])
+
+    def written(ids: list[int]) -> tuple[RowCommit, ...]:
+        return row_commits(*every, flags, ids)
+
+    return written

@@ -1,0 +1,356 @@
+"""LLaDA-MoE (inclusionAI/LLaDA-MoE-7B-A1B): an OLMoE-style mask predictor, its HF names kept.
+
+Per the released modeling code (`modeling_lladamoe.py`; read in inclusionAI/dInfer
+tools/modeling_fused_lladamoe.py and ZHZisZZ/dllm's copy): pre-norm blocks; attention with
+split q/k/v/o projections, RMSNorm over the head dimension on queries and keys before RoPE
+(one weight shared by the heads), RoPE in the model dtype, fully bidirectional; a sparse MoE
+FFN: router softmax in float32, top-k experts, the k weights used as they are (the reference
+hard-codes `norm_topk_prob = False` whatever config.json says), SwiGLU experts, plus a shared
+expert when `shared_expert_intermediate_size` is set. No logit shift.
+
+config.json says `model_type "llada"` like dense LLaDA-8B; families.py tells them apart by
+`architectures ["LLaDAMoEModelLM"]`. The mask id (156895) is not in config.json: it comes from
+the tokenizer's `<|mask|>` or the family table.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.fused import Fusion
+from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
+
+
+class LLaDAMoEConfig(PretrainedConfig):
+    """LLaDA-MoE's config.json fields (the reference's `LLaDAConfig`); defaults: 7B-A1B."""
+
+    model_type = "llada"
+
+    def __init__(
+        self,
+        vocab_size: int = 157184,
+        hidden_size: int = 2048,
+        dense_intermediate_size: int = 8192,
+        expert_intermediate_size: int = 1024,
+        shared_expert_intermediate_size: int | None = None,
+        num_hidden_layers: int = 16,
+        num_attention_heads: int = 16,
+        num_key_value_heads: int | None = None,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 8192,
+        rms_norm_eps: float = 1e-5,
+        rope_theta: float = 50000.0,
+        partial_rotary_factor: float = 1.0,
+        rope_scaling: dict | None = None,
+        attention_bias: bool = False,
+        clip_qkv: float | None = None,
+        num_experts: int = 64,
+        num_experts_per_tok: int = 8,
+        norm_topk_prob: bool | None = None,  # read, never used: the reference ignores it too
+        qk_layernorm: bool = True,
+        moe_layer_freq: list[int] | None = None,  # 1: MoE layer, 0: dense (None: all MoE)
+        moe_router_enable_expert_bias: bool | None = False,
+        moe_router_score_function: str | None = "softmax",
+        routed_scaling_factor: float = 1.0,
+        router_num_group: int | None = None,
+        router_topk_group: int | None = None,
+        tie_word_embeddings: bool = False,
+        mask_token_id: int | None = None,
+        pad_token_id: int | None = 156892,
+        eos_token_id: int | None = 156892,
+        bos_token_id: int | None = None,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.dense_intermediate_size = dense_intermediate_size
+        self.expert_intermediate_size = expert_intermediate_size
+        self.shared_expert_intermediate_size = shared_expert_intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.partial_rotary_factor = partial_rotary_factor
+        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
+        self.attention_bias = attention_bias
+        self.clip_qkv = clip_qkv
+        self.num_experts = num_experts
+        self.num_experts_per_tok = num_experts_per_tok
+        self.norm_topk_prob = norm_topk_prob
+        self.qk_layernorm = qk_layernorm
+        self.moe_layer_freq = [1] * num_hidden_layers if moe_layer_freq is None else moe_layer_freq
+        self.moe_router_enable_expert_bias = bool(moe_router_enable_expert_bias)
+        self.moe_router_score_function = moe_router_score_function
+        self.routed_scaling_factor = routed_scaling_factor
+        self.router_num_group = router_num_group
+        self.router_topk_group = router_topk_group
+        self.mask_token_id = mask_token_id
+        super().__init__(
+            tie_word_embeddings=tie_word_embeddings,
+            pad_token_id=pad_token_id,
+            eos_token_id=eos_token_id,
+            bos_token_id=bos_token_id,
+            **kwargs,
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def unsupported(self) -> str | None:
+        """Why this config cannot run here, or None (what the reference would do otherwise)."""
+        scaling = self.rope_parameters or {}
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+        sizes += ("num_experts", "num_experts_per_tok", "expert_intermediate_size")
+        unset = [name for name in sizes if getattr(self, name) <= 0]
+        if unset:
+            return f"{unset[0]} is not set (the reference's -1 placeholder)"
+        if kind != "default":
+            return f"rope_scaling {kind!r} (only default RoPE)"
+        if self.partial_rotary_factor != 1:
+            return f"partial_rotary_factor {self.partial_rotary_factor} (only full RoPE)"
+        if self.hidden_act != "silu":
+            return f"hidden_act {self.hidden_act!r}"
+        if self.hidden_size % self.num_attention_heads:
+            return "hidden_size does not divide by num_attention_heads"
+        if self.num_attention_heads % self.num_key_value_heads:
+            return "num_attention_heads does not divide by num_key_value_heads"
+        if self.num_experts_per_tok > self.num_experts:
+            return "num_experts_per_tok exceeds num_experts"
+        if len(self.moe_layer_freq) != self.num_hidden_layers:
+            return "moe_layer_freq does not name every layer"
+        if self.moe_router_score_function not in (None, "softmax"):
+            return f"moe_router_score_function {self.moe_router_score_function!r} (softmax only)"
+        if self.routed_scaling_factor != 1:  # the reference never applies it: refuse, not guess
+            return f"routed_scaling_factor {self.routed_scaling_factor} (the reference ignores it)"
+        if self.router_num_group not in (None, -2, 0, 1):
+            return f"router_num_group {self.router_num_group} (no group-limited routing)"
+        return None
+
+
+class LLaDAMoEMLP(nn.Module):
+    """A SwiGLU feed-forward: one expert, the shared expert, or a dense layer."""
+
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+        self.fusion: Fusion | None = None  # after fuse()
+
+    def fuse(self) -> None:
+        self.fusion = Fusion(gate_up=(self.gate_proj, self.up_proj), down=(self.down_proj,))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.fusion
+        if f is not None and f.intact():
+            gate, up = f.gate_up(x).chunk(2, dim=-1)
+            return f.down(swiglu(gate, up))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def route(
+    logits: torch.Tensor, k: int, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits (N, E) -> top-k (weights (N, k) float32, experts (N, k)).
+
+    softmax in float32, the expert bias (if any) added to the probabilities, top-k, and no
+    renormalisation: the reference's weights are the top-k probabilities as they are.
+    """
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    if bias is not None:
+        probs = probs + bias
+    return torch.topk(probs, k, dim=-1)
+
+
+class LLaDAMoESparseBlock(nn.Module):
+    """Router + experts; tokens are grouped by expert (one sort) and each expert runs once."""
+
+    def __init__(self, cfg: LLaDAMoEConfig):
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            LLaDAMoEMLP(cfg.hidden_size, cfg.expert_intermediate_size)
+            for _ in range(cfg.num_experts)
+        )
+        if cfg.moe_router_enable_expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(cfg.num_experts))
+        else:
+            self.expert_bias = None
+
+    def fuse(self) -> None:
+        for expert in self.experts:
+            expert.fuse()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (N, d)
+        weights, experts = route(self.gate(flat), self.top_k, self.expert_bias)  # (N, k) each
+        weights = weights.to(x.dtype)
+        # Every (token, choice) pair, sorted by expert (stable: each expert's tokens in order).
+        chosen = experts.reshape(-1)  # (N k,)
+        order = chosen.argsort(stable=True)
+        token = order // self.top_k  # (N k,) the token each sorted pair reads
+        counts = torch.bincount(chosen, minlength=len(self.experts)).tolist()  # one sync
+        rows = flat[token]  # (N k, d), grouped by expert
+        out_rows = torch.empty_like(rows)
+        start = 0
+        for expert, n in zip(self.experts, counts, strict=True):
+            if n:
+                out_rows[start : start + n] = expert(rows[start : start + n])
+                start += n
+        out_rows.mul_(weights.reshape(-1)[order, None])
+        # Sum each token's k expert outputs in expert order (as the reference's index_add_).
+        return torch.zeros_like(flat).index_add_(0, token, out_rows).view(shape)
+
+
+class LLaDAMoEAttention(nn.Module):
+    def __init__(self, cfg: LLaDAMoEConfig):
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
+        self.clip = cfg.clip_qkv
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_layernorm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_layernorm else None
+        self.fusion: Fusion | None = None  # after fuse()
+
+    def fuse(self) -> None:
+        self.fusion = Fusion(qkv=(self.q_proj, self.k_proj, self.v_proj), out=(self.o_proj,))
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, d) -> (B, T, H + 2 H_kv, D): q, k (head-normed), v, before RoPE."""
+        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
+        if f is not None:
+            qkv = f.qkv(x)
+        else:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        b, t, _ = qkv.shape
+        heads = qkv.view(b, t, self.n_heads + 2 * self.n_kv, -1)
+        if self.q_norm is not None:  # the reference norms q and k, then clips q, k, v
+            q = self.q_norm(heads[:, :, : self.n_heads])
+            k = self.k_norm(heads[:, :, self.n_heads : self.n_heads + self.n_kv])
+            heads = torch.cat([q, k, heads[:, :, self.n_heads + self.n_kv :]], dim=2)
+        if self.clip is not None:
+            heads = heads.clamp(-self.clip, self.clip)
+        return heads
+
+    def forward(self, x, rope, *, cache, layer, columns, key_mask):
+        heads = self.project(x)
+        qkv = heads.view(*heads.shape[:2], -1)  # (B, T, (H + 2 H_kv) D)
+        q, k, v = rotated_qkv(qkv, self.n_heads, self.n_kv, rope, full_precision=False)
+        a = attend(
+            q,
+            k,
+            v,
+            None,  # already rotated
+            full_precision_rope=False,
+            cache=cache,
+            layer=layer,
+            columns=columns,
+            key_mask=key_mask,
+        )
+        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
+        return f.out(a) if f is not None else self.o_proj(a)
+
+
+class LLaDAMoELayer(nn.Module):
+    def __init__(self, cfg: LLaDAMoEConfig, index: int):
+        super().__init__()
+        d = cfg.hidden_size
+        moe = cfg.moe_layer_freq[index] != 0
+        self.self_attn = LLaDAMoEAttention(cfg)
+        self.mlp = LLaDAMoESparseBlock(cfg) if moe else LLaDAMoEMLP(d, cfg.dense_intermediate_size)
+        shared = cfg.shared_expert_intermediate_size
+        self.shared_expert = LLaDAMoEMLP(d, shared) if moe and shared else None
+        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def fuse(self) -> None:
+        self.self_attn.fuse()
+        self.mlp.fuse()
+        if self.shared_expert is not None:
+            self.shared_expert.fuse()
+
+    def forward(self, x, rope, **kw):
+        x = residual(x, self.self_attn(self.input_layernorm(x), rope, **kw))
+        h = self.post_attention_layernorm(x)
+        out = self.mlp(h)
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(h)
+        return residual(x, out)
+
+
+class LLaDAMoEBackbone(nn.Module):
+    """The `model.` level of LLaDA-MoE's state dict."""
+
+    def __init__(self, cfg: LLaDAMoEConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LLaDAMoELayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LLaDAMoEModelLM(DiffusionLM):
+    """LLaDA-MoE mask predictor; logits at column i predict the token at column i."""
+
+    config_class = LLaDAMoEConfig
+    base_model_prefix = "model"
+    _no_split_modules: ClassVar[list[str]] = ["LLaDAMoELayer"]
+    logit_shift = 0
+    family = "llada_moe"  # families.py key
+
+    def __init__(self, config: LLaDAMoEConfig):
+        super().__init__(config)
+        self.model = LLaDAMoEBackbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.post_init()
+
+    def embed(self, input_ids):
+        return self.model.embed_tokens(input_ids)
+
+    def blocks(self):
+        return self.model.layers
+
+    def head(self, h):
+        return self.lm_head(self.model.norm(h))
+
+    def kv_shape(self):
+        c = self.config
+        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+
+    def rope_dtype(self, dtype):
+        return dtype  # the reference casts cos/sin to the activations' dtype
+
+    @property
+    def rope_theta(self):
+        return self.config.rope_theta
+
+    @property
+    def context_length(self):
+        return self.config.max_position_embeddings
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head

@@ -1,0 +1,70 @@
+"""The Python API: `from dllm_cli import LLM` decodes as the CLI does, the README example runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dllm_cli.errors import InputError, ProfileError, SettingsError
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from dllm_cli import LLM
+
+    return LLM("tiny-gsm", gen_length=32, cache="dual")
+
+
+def test_generate_equals_decoding_alone_and_counts_are_each_prompts_own(llm):
+    from dllm_cli.decoding import decode
+
+    prompts = ["What is 2 + 3?", "Tom has 3 apples and buys 2 more. How many?"]
+    out = llm.generate(prompts, batch_size=2)
+    rt = llm.runtime
+    for prompt, c in zip(prompts, out, strict=True):
+        alone = decode(rt.loaded.model, rt.loaded.special, [rt.prepare(prompt)], rt.settings)
+        assert c.prompt == prompt and c.token_ids == alone.tokens[0]
+        assert c.text == rt.text(alone.tokens[0])
+        assert c.steps == alone.steps and c.forwards == alone.forwards and c.seconds > 0
+
+
+def test_stream_pieces_add_up_to_the_generated_text(llm):
+    pieces = list(llm.stream("What is 7 - 4?", gen_length=32))
+    assert len(pieces) >= 1
+    assert "".join(pieces) == llm.generate("What is 7 - 4?")[0].text
+
+
+def test_bad_settings_and_prompts_raise_the_cli_errors(llm):
+    with pytest.raises(SettingsError, match="gen_length"):
+        llm.generate(["x"], gen_length=0)
+    with pytest.raises(ProfileError, match="unknown setting"):
+        llm.generate(["x"], gen_lenght=8)
+    with pytest.raises(InputError, match="empty prompt"):
+        llm.generate([" "])
+    with pytest.raises(InputError, match="batch_size"):
+        llm.generate(["x"], batch_size=0)
+    with pytest.raises(SettingsError, match="fixed"):
+        llm.generate(["x"], model="elsewhere")
+
+
+def test_the_readme_example_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    example = next(b for b in blocks if "from dllm_cli import LLM" in b)
+    run = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 3 and "steps" in lines[0] and "forwards" in lines[1]
+
+
+def test_importing_the_package_does_not_load_the_api():
+    code = "import sys, dllm_cli; print('dllm_cli.api' in sys.modules, 'torch' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.stdout.split() == ["False", "False"]

@@ -1,0 +1,30 @@
+"""The README's first commands paste and run as a new user reads them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+BLOCKS = re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL)
+
+
+def test_install_and_development_set_ups_are_separate_blocks():
+    """Pasting the user's set-up must not also install the dev extras and run the suite."""
+    for block in BLOCKS:
+        assert not ("pip install torch==2.13.0 ." in block and '".[dev]"' in block), block
+    assert any("pip install torch==2.13.0 ." in b for b in BLOCKS)
+    assert any('".[dev]"' in b and "pytest" in b for b in BLOCKS)
+
+
+def test_readme_says_where_the_commands_live():
+    head = README[: README.index("```bash", README.index("```bash") + 1)]
+    assert "`.venv/bin/`" in head
+
+
+def test_every_plot_example_names_the_plot_extra():
+    """`--plot` fails without matplotlib, which only the [plot] extra installs."""
+    plotting = [b for b in BLOCKS if "--plot" in b]
+    assert plotting
+    for block in plotting:
+        assert "[plot]" in block, block
