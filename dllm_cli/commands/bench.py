@@ -163,6 +163,8 @@ def write(path: Path, text: str) -> None:
     "cache",
     "early_stop",
     "top_k",
+    "threshold",
+    "kl_history",
 )
 def bench_command(
     shots: opt.Shots = 5,
@@ -202,8 +204,8 @@ def bench_command(
         typer.Option(
             help="Instead: accuracy against answer tokens per forward (batch 1) of each rule "
             f"over a sweep of its parameter, after one token per step: {', '.join(SWEEPS)}, "
-            "each optionally with values, e.g. threshold,eb=0.1/0.3 (cache, early stop, top-k: "
-            "the profile's or the flags').",
+            "each optionally with values, e.g. threshold,eb=0.1/0.3 (cache, early stop, top-k, "
+            "klass's --threshold and --kl-history: the profile's or the flags').",
             rich_help_panel=BENCH,
         ),
     ] = None,
