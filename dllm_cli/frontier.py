@@ -14,6 +14,7 @@ throughput at the batch size run (noisy on a shared machine).
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -198,7 +199,7 @@ def plot(records: Sequence[dict], path: Path, title: str) -> None:
             )
     ax.set_xlabel("answer tokens per forward (batch 1)")
     ax.set_ylabel("exact-match accuracy (%)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(" ".join(title.split()), 90), fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     try:
