@@ -25,21 +25,12 @@ DECODE = (
     "eb_gamma", "kl_threshold", "kl_history",
 )  # fmt: skip
 GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
+BENCH = ("temperature", "seed", "cache", "early_stop", "top_k", "threshold", "kl_history")
 TAKES = {
     "generate": (*MODEL, *DECODE, *GUIDE, "batching"),
     "visualize": (*MODEL, *DECODE, *GUIDE),
     "eval": (*MODEL, *DECODE, *GUIDE),
-    "bench": (
-        *MODEL,
-        *GUIDE[1:],
-        "temperature",
-        "seed",
-        "cache",
-        "early_stop",
-        "top_k",
-        "threshold",
-        "kl_history",
-    ),  # fmt: skip
+    "bench": (*MODEL, *GUIDE[1:], *BENCH),
 }
 COMMAND_LINES = {
     "generate": ["generate", "hi"],
