@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "view",
         "bench",
         "bench_batching",
+        "frontier",
         "throughput",
         "tinygsm.evaluate",
         "api",

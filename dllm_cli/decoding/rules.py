@@ -20,14 +20,10 @@ engine works (block_length = gen_length is the reference's single pass).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from dllm_cli.decoding.ranking import top_columns
-
-if TYPE_CHECKING:
-    from dllm_cli.decoding.unmask import RuleParams, StepContext
 
 KL_EPS = 1e-12  # the reference's: log(p + eps) on both sides
 
@@ -52,7 +48,7 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(probs, probs).sum(dim=-1)
 
 
-def eb_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
+def eb_rule(p, ctx) -> torch.Tensor:
     """EB-Sampler's step: the most confident candidates while their entropy stays under gamma."""
     h = entropy(ctx.probs.to(torch.float64))
     counts = entropy_bounded_counts(h, ctx.confidence, ctx.candidates, p.eb_gamma)
@@ -74,7 +70,7 @@ class KlassMemory:
     def __init__(self) -> None:
         self.tracks: dict[int, Track] = {}
 
-    def stable(self, ctx: StepContext, history: int) -> torch.Tensor:
+    def stable(self, ctx, history: int) -> torch.Tensor:
         """(B, L, H) each slot's last H step-to-step KLs (inf before the block's H+1-th step),
         after recording this step's distributions."""
         probs = ctx.probs.to(torch.float64)  # (B, L, V)
@@ -97,7 +93,7 @@ class KlassMemory:
         return torch.stack(out)  # (B, L, H)
 
 
-def klass_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
+def klass_rule(p, ctx) -> torch.Tensor:
     """KLASS's step: every mask confident (> threshold) and stable (KL < kl_threshold for the
     last kl_history steps); none ready: the schedule's count of most confident masks."""
     kls = p.memory.stable(ctx, p.kl_history)  # (B, L, H)
