@@ -109,7 +109,9 @@ FLAGS: dict[str, Flag] = {
         int,
         "Suffix pruning: compute and attend only W columns past the current block (0: off).",
     ),
-    "unmask": _decode("unmask", str, "Commit rule: fixed | threshold | factor | origin."),
+    "unmask": _decode(
+        "unmask", str, "Commit rule: fixed | threshold | factor | origin | eb | klass."
+    ),
     "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
     "schedule": _decode(
         "schedule", str, "fixed rule's tokens per step: family | linear (LLaDA) | dream."
@@ -118,6 +120,19 @@ FLAGS: dict[str, Flag] = {
         "threshold", float, "threshold rule: commit tokens at least this confident, in (0, 1]."
     ),
     "factor": _decode("factor", float, "factor rule: commit the largest n with (n+1)(1-c_n) < f."),
+    "eb_gamma": _decode(
+        "eb_gamma",
+        float,
+        "eb rule (EB-Sampler): commit the most confident masks while their entropies, all but "
+        "the largest, sum to <= gamma.",
+    ),
+    "kl_threshold": _decode(
+        "kl_threshold",
+        float,
+        "klass rule: a mask is ready when above --threshold and its step-to-step KL stayed "
+        "below this for --kl-history steps.",
+    ),
+    "kl_history": _decode("kl_history", int, "klass rule: steps a mask's KL must stay low."),
     "temperature": _decode("temperature", float, "0 = greedy."),
     "top_p": _decode("top_p", float, "Nucleus sampling mass."),
     "top_k": _decode(

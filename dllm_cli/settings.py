@@ -12,8 +12,9 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
   than it has tokens (extra steps would commit nothing). `steps=None` is one token per step.
   So LLaDA's divisible settings behave exactly as in its reference code, and other settings
   are adjusted rather than refused, except `steps` below the number of blocks (an error).
-- `steps` drives the `fixed` and `origin` schedules only; `threshold` and `factor` commit by
-  confidence and run each block until it has no masks left.
+- `steps` drives the `fixed` and `origin` schedules only (and `klass`'s steps with nothing
+  ready); `threshold`, `factor`, `eb` and `klass` commit by confidence and run each block
+  until it has no masks left.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass
 from dllm_cli.errors import SettingsError
 
 CACHES = ("none", "prefix", "dual", "freecache")
-UNMASKS = ("fixed", "threshold", "factor", "origin")
+UNMASKS = ("fixed", "threshold", "factor", "origin", "eb", "klass")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
 STEP_RULES = ("fixed", "origin")  # the unmask rules that follow a step schedule
@@ -39,8 +40,13 @@ PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
 TEMPERATURE_RANGE = (1e-6, 1e6)
 MAX_CFG_SCALE = 100.0
 
-INT_FIELDS = ("gen_length", "block_length", "refresh_interval", "suffix_window", "seed")
-FLOAT_FIELDS = ("threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp")
+INT_FIELDS = (
+    "gen_length", "block_length", "refresh_interval", "suffix_window", "seed", "kl_history",
+)  # fmt: skip
+FLOAT_FIELDS = (
+    "threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp", "eb_gamma",
+    "kl_threshold",
+)  # fmt: skip
 # DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
 GEMMA_FIELDS = ("t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold")
 
@@ -55,11 +61,14 @@ class DecodeSettings:
     cache: str = "none"  # none | prefix | dual | freecache
     refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
     suffix_window: int = 0  # keep only W canvas columns past the current block (0: off; DPad)
-    unmask: str = "fixed"  # fixed | threshold | factor | origin
+    unmask: str = "fixed"  # fixed | threshold | factor | origin | eb | klass
     schedule: str = "family"  # fixed rule's tokens per step: family | linear (LLaDA) | dream
     confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
     threshold: float = 0.9
     factor: float = 1.0
+    eb_gamma: float = 0.1  # eb (EB-Sampler): entropy budget of one step's commits, >= 0
+    kl_threshold: float = 0.01  # klass: a mask is stable while its step-to-step KL is below
+    kl_history: int = 2  # klass: ... for this many consecutive steps
     temperature: float = 0.0
     top_p: float | None = None
     top_k: int | None = None  # None: the family's default (families.py); 0: no top-k
@@ -176,6 +185,14 @@ class DecodeSettings:
             _bad(f"steps must be >= 1 (got {self.steps})")
         if self.unmask == "threshold" and not 0.0 < self.threshold <= 1.0:
             _bad(f"threshold must be in (0, 1] (got {self.threshold})")
+        if self.kl_threshold <= 0:
+            _bad(f"kl_threshold must be > 0 (got {self.kl_threshold})")
+        if self.kl_history < 1:
+            _bad(f"kl_history must be >= 1 (got {self.kl_history})")
+        if self.unmask == "klass" and not 0.0 <= self.threshold < 1.0:
+            _bad(f"klass commits confidences above threshold, in [0, 1) (got {self.threshold})")
+        if self.eb_gamma < 0:
+            _bad(f"eb_gamma must be >= 0 (got {self.eb_gamma})")
         if self.factor <= 0:
             _bad(f"factor must be > 0 (got {self.factor})")
         low, high = TEMPERATURE_RANGE
@@ -225,7 +242,7 @@ class DecodeSettings:
                 f"{self.num_blocks} or a longer block_length"
             )
         if (
-            self.unmask in ("threshold", "factor")
+            self.unmask in ("threshold", "factor", "klass")
             and self.confidence not in PROBABILITY_CONFIDENCES
         ):
             _bad(

@@ -166,7 +166,12 @@ class CanvasView:
         """Two lines: where the decode is, and how it decodes."""
         e, s = self.event, self.s
         rate = self.committed / self.seconds if self.seconds > 0 else 0.0
-        rule = {"threshold": f" {s.threshold:g}", "factor": f" {s.factor:g}"}.get(s.unmask, "")
+        rule = {
+            "threshold": f" {s.threshold:g}",
+            "factor": f" {s.factor:g}",
+            "eb": f" gamma {s.eb_gamma:g}",
+            "klass": f" {s.threshold:g}, kl {s.kl_threshold:g}",
+        }.get(s.unmask, "")
         progress = [
             f"step {e.step + 1 if e else 0}" + (" (done)" if self.done else ""),
             f"block {self.block + 1}/{len(self.blocks)}",

@@ -22,13 +22,15 @@ DECODE = (
     "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "schedule", "threshold",
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop", "suffix_window",
     "t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold",
+    "eb_gamma", "kl_threshold", "kl_history",
 )  # fmt: skip
 GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
+BENCH = ("temperature", "seed", "cache", "early_stop", "top_k", "threshold", "kl_history")
 TAKES = {
     "generate": (*MODEL, *DECODE, *GUIDE, "batching"),
     "visualize": (*MODEL, *DECODE, *GUIDE),
     "eval": (*MODEL, *DECODE, *GUIDE),
-    "bench": (*MODEL, *GUIDE[1:], "temperature", "seed"),
+    "bench": (*MODEL, *GUIDE[1:], *BENCH),
 }
 COMMAND_LINES = {
     "generate": ["generate", "hi"],
@@ -54,6 +56,9 @@ CASES = {
     "schedule": (["--schedule", "dream"], "decode.schedule", "dream"),
     "threshold": (["--threshold", "0.5"], "decode.threshold", 0.5),
     "factor": (["--factor", "2.5"], "decode.factor", 2.5),
+    "eb_gamma": (["--eb-gamma", "0.3"], "decode.eb_gamma", 0.3),
+    "kl_threshold": (["--kl-threshold", "0.02"], "decode.kl_threshold", 0.02),
+    "kl_history": (["--kl-history", "3"], "decode.kl_history", 3),
     "temperature": (["--temperature", "0.7"], "decode.temperature", 0.7),
     "top_p": (["--top-p", "0.8"], "decode.top_p", 0.8),
     "top_k": (["--top-k", "5"], "decode.top_k", 5),

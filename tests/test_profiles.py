@@ -63,7 +63,7 @@ def test_default_profile_is_the_guided_tiny_dream_model():
     assert (profile.guide.accept, profile.guide.draft_window) == ("exact", 32)
     d = profile.decode
     assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "freecache", "threshold")
-    assert d.threshold == 0.9 and d.early_stop is True
+    assert d.threshold == 0.99 and d.early_stop is True  # unguided: docs/decoding-rules.md
     assert provenance["decode.cache"].startswith("profile ")
     assert provenance["decode.seed"] == "default"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from dllm_cli import frontier
 from dllm_cli import options as opt
 from dllm_cli.bench import (
     BASELINE,
@@ -27,6 +29,7 @@ from dllm_cli.bench import (
 from dllm_cli.commands.common import check_output, cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.families import FAMILIES
+from dllm_cli.frontier import SWEEPS, parse_frontier, run_frontier
 
 BENCH = "Benchmark"
 
@@ -103,6 +106,45 @@ def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> N
         plot(records, plot_path)
 
 
+def run_frontier_mode(
+    rt, text, lengths, shots, n, start, batch_size, block_length, window, json_path,
+    markdown_path, plot_path,
+) -> None:  # fmt: skip
+    """`--frontier`: every rule's sweep on the same problems; table on stdout, files on request."""
+    if len(lengths) != 1:
+        raise InputError("--frontier measures one --gen-length at a time")
+    points = parse_frontier(text)
+    base = replace(
+        rt.settings, gen_length=lengths[0], block_length=block_length, suffix_window=window
+    )
+    from dllm_cli.tinygsm.evaluate import held_out
+
+    tasks = held_out(rt.encode, n, shots, start)
+
+    def report(r: dict) -> None:
+        stderr.print(frontier.progress_line(r), highlight=False)
+
+    records = run_frontier(rt, tasks, points, base, batch_size, on_record=report)
+    s = base
+    title = (
+        f"{rt.profile.name}: {n} held-out TinyGSM problems, {shots}-shot, gen {s.gen_length}, "
+        f"block {s.block_length}, cache {s.cache}, early stop {s.early_stop}, suffix window "
+        f"{s.suffix_window};\nrows at their own pace, {batch_size} at a time"
+    )
+    typer.echo(title)
+    typer.echo(frontier.markdown(records), nl=False)
+    if json_path is not None:
+        write(json_path, json.dumps(records, indent=2) + "\n")
+        markdown_path = markdown_path or json_path.with_suffix(".md")
+    if markdown_path is not None:
+        write(markdown_path, title + "\n\n" + frontier.markdown(records))
+    if plot_path is not None:
+        frontier.plot(records, plot_path, title)
+    bad = sum(r["mask_violations"] for r in records)
+    if bad:
+        raise fail(f"{bad} answers contained a mask token (a decoder bug; see the table)", 1)
+
+
 def write(path: Path, text: str) -> None:
     try:
         path.write_text(text)
@@ -124,6 +166,11 @@ def write(path: Path, text: str) -> None:
     "draft_window",
     "temperature",
     "seed",
+    "cache",
+    "early_stop",
+    "top_k",
+    "threshold",
+    "kl_history",
 )
 def bench_command(
     shots: opt.Shots = 5,
@@ -152,11 +199,22 @@ def bench_command(
     suffix_window: Annotated[
         int,
         typer.Option(
-            help="W of the +prune strategies: columns kept past the current block.",
+            help="W of the +prune strategies: columns kept past the current block (--frontier: "
+            "for every pass, 0: off).",
             rich_help_panel=BENCH,
-            min=1,
+            min=0,
         ),
     ] = SUFFIX_WINDOW,
+    frontier: Annotated[
+        str | None,
+        typer.Option(
+            help="Instead: accuracy against answer tokens per forward (batch 1) of each rule "
+            f"over a sweep of its parameter, after one token per step: {', '.join(SWEEPS)}, "
+            "each optionally with values, e.g. threshold,eb=0.1/0.3 (cache, early stop, top-k, "
+            "klass's --threshold and --kl-history: the profile's or the flags').",
+            rich_help_panel=BENCH,
+        ),
+    ] = None,
     prompt_length: Annotated[
         int | None,
         typer.Option(
@@ -231,6 +289,10 @@ def bench_command(
         rt = load_runtime(choices)
         if serve:
             bench_serve(rt, n, concurrency, cancel, batch_size, lengths[0], json_path)
+            return
+        if frontier is not None:
+            run_frontier_mode(rt, frontier, lengths, shots, n, start, batch_size, block_length,
+                              suffix_window, json_path, markdown_path, plot_path)  # fmt: skip
             return
         if batching_compare is not None:
             strategy = STRATEGIES.get(batching_compare)

@@ -82,7 +82,8 @@ class Engine:
                 "its committer keeps one state per batch (no `admit` hook)"
             )
         self.policy = POLICIES[settings.cache]()
-        self.executor = Forwards(model, self.sampler, settings.cfg_scale, self.frontier)
+        probs = bool(getattr(self.committer, "needs_probs", False))  # eb, klass read them
+        self.executor = Forwards(model, self.sampler, settings.cfg_scale, self.frontier, probs)
         self.lockstep = policy.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
         self.device = next(model.parameters()).device

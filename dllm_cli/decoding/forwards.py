@@ -48,15 +48,19 @@ class Prediction:
     columns: torch.Tensor  # (B, L) long canvas columns (padding: the span's first column)
     valid: torch.Tensor  # (B, L) bool: a real slot of the row's span
     forwards: int  # model forwards this step
+    probs: torch.Tensor | None = None  # (B, L, V) the drafts' distributions, when asked for
 
 
 class Forwards:
     """Runs a step's forwards and turns their logits into drafts per row."""
 
-    def __init__(self, model, sampler: Sampler, cfg_scale: float, greedy_drafts: bool):
+    def __init__(
+        self, model, sampler: Sampler, cfg_scale: float, greedy_drafts: bool, probs: bool = False
+    ):
         self.model, self.sampler = model, sampler
         self.cfg, self.branches = cfg_scale, 2 if cfg_scale > 0 else 1
         self.greedy = greedy_drafts  # guided: drafts are argmax whatever the temperature
+        self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
 
     @torch.inference_mode()
     def __call__(
@@ -76,8 +80,8 @@ class Forwards:
         full, _ = split(plans)
         if not full or len(full) == len(plans) or folds(plans, spans, full, self.model):
             # one forward serves every row (full rows' prefills folded in with the windows)
-            drafts, confidence = self._group(canvas, cache, plans, spans, None, generator)
-            return Prediction(drafts, confidence, columns, valid, forwards=1)
+            drafts, confidence, probs = self._group(canvas, cache, plans, spans, None, generator)
+            return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
         # The windowed forward serves every row, so it reads and writes the cache in place (a
         # forward for some rows gathers their K/V: a copy of the whole canvas per layer). Rows
         # due a full forward take their span as a stand-in window there; the full forward that
@@ -87,20 +91,24 @@ class Forwards:
             replace(p, start=a - shift, end=e, refresh=False) if p.refresh else p
             for p, (a, e) in zip(plans, spans, strict=True)
         ]
-        drafts, confidence = self._group(canvas, cache, stand, spans, None, generator)
+        drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, generator)
         rows = torch.tensor(full, device=device)
         sub = ([plans[r] for r in full], [spans[r] for r in full])
-        d, conf = self._group(canvas, cache, *sub, rows, generator)
+        d, conf, p = self._group(canvas, cache, *sub, rows, generator)
         drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
         drafts[rows, : d.shape[1]] = d
         confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)
-        return Prediction(drafts, confidence, columns, valid, forwards=2)
+        if probs is not None:
+            probs[rows] = 0.0
+            probs[rows, : p.shape[1]] = p.to(probs.dtype)
+        return Prediction(drafts, confidence, columns, valid, forwards=2, probs=probs)
 
     def _group(self, canvas, cache, plans, spans, rows, generator):
         logits = self._logits(canvas, cache, plans, spans, rows)  # (R, L, V)
         if self.greedy:
-            return self.sampler.argmax(logits)
-        return self.sampler(logits, generator)
+            return (*self.sampler.argmax(logits), None)
+        tokens, confidence, probs = self.sampler.draft(logits, generator)
+        return tokens, confidence, probs if self.probs else None
 
     def _logits(self, c: Canvas, cache, plans, spans, rows) -> torch.Tensor:
         """One forward for `rows` (None: every row), logits for each row's span."""

@@ -37,6 +37,9 @@ _CACHE = "its encoder keeps its own KV cache of the prompt and of every finished
 _ACCEPT = "transformers' entropy-bound sampler picks the tokens to accept (see entropy_bound)"
 _TEMPERATURE = "its temperature follows a schedule from t_max down to t_min (see t_min, t_max)"
 NOT_USED: dict[str, str] = {
+    "eb_gamma": "an unmask rule's parameter (transformers' sampler picks the tokens)",
+    "kl_threshold": "an unmask rule's parameter (transformers' sampler picks the tokens)",
+    "kl_history": "an unmask rule's parameter (transformers' sampler picks the tokens)",
     "cache": _CACHE,
     "refresh_interval": _CACHE,
     "suffix_window": "it decodes one canvas at a time and attends to no masked suffix past it",

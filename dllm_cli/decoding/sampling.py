@@ -136,6 +136,11 @@ class Sampler:
         self, logits: torch.Tensor, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, L, V) logits -> drafts (B, L) long and confidences (B, L)."""
+        tokens, confidence, _ = self.draft(logits, generator)
+        return tokens, confidence
+
+    def draft(self, logits: torch.Tensor, generator: torch.Generator):
+        """Drafts (B, L), confidences (B, L) and the distribution they come from (B, L, V)."""
         raw = self.working_logits(logits)
         scores = raw / self.temperature if self.temperature > 0 else raw
         scores = top_k_filter(top_p_filter(scores, self.top_p), self.top_k)
@@ -143,4 +148,4 @@ class Sampler:
         # Greedy: argmax of probabilities, as Dream does (equal to the logits' for LLaDA).
         greedy = self.temperature == 0
         tokens = probs.argmax(dim=-1) if greedy else gumbel_argmax(scores, generator)
-        return tokens, self.confidence(probs, tokens, generator)
+        return tokens, self.confidence(probs, tokens, generator), probs

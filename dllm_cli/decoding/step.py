@@ -143,7 +143,7 @@ def context(e, rows, pred: Prediction, confidence, candidates) -> StepContext:
         planned = torch.tensor([n for _, n in host], device=device)
     return StepContext(
         pred.drafts, confidence, candidates, block, step, masks, e.canvas,
-        e.generator, pred.columns, planned, host,
+        e.generator, pred.columns, planned, host, pred.probs,
     )  # fmt: skip
 
 

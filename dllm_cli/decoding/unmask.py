@@ -14,6 +14,9 @@ from typing import Protocol
 import torch
 
 from dllm_cli.decoding.canvas import Block, Canvas
+from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
+from dllm_cli.decoding.ranking import top_columns
+from dllm_cli.decoding.rules import KlassMemory, eb_rule, klass_rule
 from dllm_cli.settings import DecodeSettings
 
 
@@ -39,6 +42,7 @@ class StepContext:
     columns: torch.Tensor | None = None  # (B, L) long canvas columns (None: the block's)
     planned: torch.Tensor | None = None  # (B,) steps planned for each row's block
     host_steps: list[tuple[int, int]] | None = None  # (block_step, planned) per row, on host
+    probs: torch.Tensor | None = None  # (B, L, V) each slot's distribution (rules that ask)
 
     @property
     def steps_planned(self) -> int | torch.Tensor:
@@ -87,18 +91,10 @@ class Committer(Protocol):
     def __call__(self, ctx: StepContext) -> Decision: ...
 
 
-def rank_by_confidence(confidence: torch.Tensor) -> torch.Tensor:
-    """(B, L) rank of each column, 0 = most confident; ties go to the leftmost column."""
-    order = confidence.argsort(dim=1, descending=True, stable=True)
-    ranks = torch.empty_like(order)
-    span = torch.arange(order.shape[1], device=order.device).expand_as(order)
-    return ranks.scatter_(1, order, span)
-
-
 def commit_top(ctx: StepContext, counts: torch.Tensor, confidence=None) -> torch.Tensor:
     """Commit the `counts[r]` most confident candidates of each row."""
     conf = ctx.confidence if confidence is None else confidence
-    return (rank_by_confidence(conf) < counts[:, None]) & ctx.candidates
+    return top_columns(conf, ctx.candidates, counts)
 
 
 def llada_counts(ctx: StepContext, eps: float) -> torch.Tensor:
@@ -149,7 +145,12 @@ class RuleParams:
     factor: float
     eps: float
     alg_temp: float
+    eb_gamma: float
     schedule: Callable[[StepContext, float], torch.Tensor]
+    kl_threshold: float = 0.01
+    kl_history: int = 2
+    fallback: Callable | None = None  # klass: the rule of a step with nothing ready (fixed)
+    memory: KlassMemory | None = None  # klass: the rows' KL histories
 
 
 def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -201,7 +202,10 @@ UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
     "threshold": threshold_rule,
     "factor": factor_rule,
     "origin": origin_rule,
+    "eb": eb_rule,
+    "klass": klass_rule,
 }
+NEEDS_PROBS = ("eb", "klass")  # rules that read the drafts' whole distributions
 
 
 class RuleCommitter:
@@ -215,8 +219,16 @@ class RuleCommitter:
             factor=settings.factor,
             eps=settings.eps,
             alg_temp=settings.alg_temp,
+            eb_gamma=settings.eb_gamma,
             schedule=SCHEDULES[schedule],
+            kl_threshold=settings.kl_threshold,
+            kl_history=settings.kl_history,
+            fallback=fixed_rule,
+            # KLASS's history; a row's restarts at each block's first step, so one memory
+            # serves every decode (no `start` hook: continuous batching serves this committer).
+            memory=KlassMemory() if settings.unmask == "klass" else None,
         )
+        self.needs_probs = settings.unmask in NEEDS_PROBS
 
     def __call__(self, ctx: StepContext) -> Decision:
         return Decision(self.rule(self.params, ctx))

@@ -1,0 +1,103 @@
+"""Parallel unmasking rules from the literature beyond Fast-dLLM's threshold and factor.
+
+KLASS (Kim et al., arXiv 2511.05664, "KL-Adaptive Stability Sampling", NeurIPS 2025; public
+code shkim0116/KLASS, `stable_confident_decode`): a mask is ready when its confidence is above
+a threshold and the KL divergence between its distributions at consecutive steps stayed below
+`kl_threshold` for the last `kl_history` steps; every ready mask is committed, and a step with
+none ready commits the family schedule's number of most confident masks instead.
+
+EB-Sampler (Ben-Hamu et al., arXiv 2505.24857, "Accelerated Sampling from Masked Diffusion
+Models via Entropy Bounded Unmasking"): order the masked columns by an error proxy (the run's
+confidence kind: the paper's confidence, margin or entropy) and commit the longest prefix U of
+that order whose entropies satisfy sum_{l in U} H_l - max_{l in U} H_l <= gamma, at least
+one column. The public transcriptions order by entropy (`--confidence entropy` here), where
+the max is the last column taken. gamma = 0 commits one token per step (plus any exactly
+certain ones); larger gamma commits more. Entropies are those of the distribution the
+confidence comes from (sampling.Sampler.draft), inside the current block as every rule of the
+engine works (block_length = gen_length is the reference's single pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_cli.decoding.ranking import top_columns
+
+KL_EPS = 1e-12  # the reference's: log(p + eps) on both sides
+
+
+def entropy_bounded_counts(
+    entropy: torch.Tensor, confidence: torch.Tensor, candidates: torch.Tensor, gamma: float
+) -> torch.Tensor:
+    """(B,) how many candidates EB-Sampler commits: the longest prefix of the confidence order
+    whose entropies, all but the largest, sum to <= gamma; at least one where a row has a mask."""
+    conf = confidence.masked_fill(~candidates, float("-inf"))
+    order = conf.argsort(dim=1, descending=True, stable=True)  # (B, L), as top_columns ranks
+    inside = candidates.gather(1, order)
+    h = entropy.gather(1, order).masked_fill(~inside, 0.0)
+    spent = h.cumsum(dim=1) - h.cummax(dim=1).values  # non-decreasing along the order
+    passes = (spent <= gamma) & inside
+    masks = candidates.sum(dim=1)
+    return passes.sum(dim=1).clamp(min=1).minimum(masks)
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """(B, L, V) distributions -> (B, L) entropies in nats (0 log 0 = 0)."""
+    return -torch.special.xlogy(probs, probs).sum(dim=-1)
+
+
+def eb_rule(p, ctx) -> torch.Tensor:
+    """EB-Sampler's step: the most confident candidates while their entropy stays under gamma."""
+    h = entropy(ctx.probs.to(torch.float64))
+    counts = entropy_bounded_counts(h, ctx.confidence, ctx.candidates, p.eb_gamma)
+    return top_columns(ctx.confidence, ctx.candidates, counts)
+
+
+@dataclass
+class Track:
+    """One row's KLASS history in its current block: last distributions, recent KLs."""
+
+    block_start: int  # canvas column of the block's first slot
+    probs: torch.Tensor  # (L, V) float64, last step's distribution per slot
+    kls: torch.Tensor  # (L, H) float64, the last H step-to-step KLs (inf: not seen yet)
+
+
+class KlassMemory:
+    """Per-decode KLASS state, keyed by the row's index in the original batch."""
+
+    def __init__(self) -> None:
+        self.tracks: dict[int, Track] = {}
+
+    def stable(self, ctx, history: int) -> torch.Tensor:
+        """(B, L, H) each slot's last H step-to-step KLs (inf before the block's H+1-th step),
+        after recording this step's distributions."""
+        probs = ctx.probs.to(torch.float64)  # (B, L, V)
+        starts = ctx.block.start if ctx.block is not None else None
+        rows = ctx.canvas.rows.tolist()
+        out = []
+        for r, key in enumerate(rows):
+            start = starts if starts is not None else int(ctx.columns[r, 0])
+            step = ctx.block_step if isinstance(ctx.block_step, int) else int(ctx.block_step[r])
+            p = probs[r]  # (L, V)
+            track = self.tracks.get(key)
+            if step == 0 or track is None or track.block_start != start:
+                # A new block (or a new prompt in this slot): no history yet.
+                kls = torch.full((p.shape[0], history), float("inf"), dtype=torch.float64)
+            else:
+                kl = (p * (torch.log(p + KL_EPS) - torch.log(track.probs + KL_EPS))).sum(-1)
+                kls = torch.cat([track.kls[:, 1:], kl[:, None]], dim=1)
+            self.tracks[key] = Track(start, p, kls)
+            out.append(kls)
+        return torch.stack(out)  # (B, L, H)
+
+
+def klass_rule(p, ctx) -> torch.Tensor:
+    """KLASS's step: every mask confident (> threshold) and stable (KL < kl_threshold for the
+    last kl_history steps); none ready: the schedule's count of most confident masks."""
+    kls = p.memory.stable(ctx, p.kl_history)  # (B, L, H)
+    stable = (kls < p.kl_threshold).all(dim=-1)
+    ready = stable & (ctx.confidence > p.threshold) & ctx.candidates  # (B, L)
+    fallback = p.fallback(p, ctx)  # the schedule's top-k (everything on the block's last step)
+    return torch.where(ready.any(dim=1, keepdim=True), ready, fallback)
