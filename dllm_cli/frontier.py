@@ -21,12 +21,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.errors import DllmError, SettingsError, UsageError
 from dllm_cli.settings import DecodeSettings
 
 if TYPE_CHECKING:  # `dllm bench --help` reads SWEEPS: no torch at import
+    from dllm_cli.evaluate import Score, Task
     from dllm_cli.runtime import Runtime
-    from dllm_cli.tinygsm.evaluate import Score, Task
 
 
 @dataclass(frozen=True)
@@ -63,14 +63,14 @@ def parse_frontier(text: str) -> list[Point]:
             continue
         rule, _, values = item.partition("=")
         if rule not in SWEEPS:
-            raise InputError(f"--frontier: unknown rule {rule!r} (choose from {', '.join(SWEEPS)})")
+            raise UsageError(f"--frontier: unknown rule {rule!r} (choose from {', '.join(SWEEPS)})")
         try:
             chosen = [float(v) for v in values.split("/")] if values else SWEEPS[rule].values
         except ValueError:
-            raise InputError(f"--frontier: {item!r}: values are numbers like eb=0.1/0.3") from None
+            raise UsageError(f"--frontier: {item!r}: values are numbers like eb=0.1/0.3") from None
         points += [Point(rule, v) for v in chosen]
     if len(points) == 1:
-        raise InputError("--frontier needs at least one rule, e.g. --frontier threshold,eb")
+        raise UsageError("--frontier needs at least one rule, e.g. --frontier threshold,eb")
     return points
 
 
@@ -90,8 +90,7 @@ def score_alone(
 ) -> Score:
     """Accuracy and batch-1 cost of decoding `tasks`, `batch_size` rows at their own pace."""
     from dllm_cli.decoding import Decoder
-    from dllm_cli.tinygsm.data import extract_answer, is_correct
-    from dllm_cli.tinygsm.evaluate import ProblemResult, Score
+    from dllm_cli.evaluate import ProblemResult, Score
 
     model, special = runtime.loaded.model, runtime.loaded.special
     decoder = Decoder(model, special, settings)
@@ -105,9 +104,10 @@ def score_alone(
         for task, tokens in zip(batch, result.tokens, strict=True):
             length = out.answer_tokens(tokens, special)
             text = runtime.text(tokens)
-            right = is_correct(text, task.answer)
+            predicted = task.extract(text)
+            right = predicted is not None and predicted == task.answer
             out.results.append(
-                ProblemResult(task.index, task.answer, extract_answer(text), right, length, text)
+                ProblemResult(task.index, task.answer, predicted, right, length, text)
             )
     return out
 
@@ -121,7 +121,7 @@ def run_frontier(
     on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """One record per point, in order; every point's settings are checked before any decode."""
-    from dllm_cli.tinygsm.evaluate import warm_up
+    from dllm_cli.evaluate import warm_up
 
     settings = [settings_at(base, p) for p in points]
     records = []
@@ -178,7 +178,7 @@ def plot(records: Sequence[dict], path: Path, title: str) -> None:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise InputError(
+        raise UsageError(
             "--plot needs matplotlib: pip install 'dllm-cli[plot]' (or matplotlib>=3.7)"
         ) from None
     fig = Figure(figsize=(7, 5), layout="tight")
@@ -205,4 +205,4 @@ def plot(records: Sequence[dict], path: Path, title: str) -> None:
     try:
         fig.savefig(path)
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot write plot {path}: {e}") from None
+        raise DllmError(f"cannot write plot {path}: {e}") from None

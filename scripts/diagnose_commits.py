@@ -21,11 +21,10 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 import torch
-from dllm_cli.tinygsm.data import is_correct
-from dllm_cli.tinygsm.evaluate import held_out
 
 from dllm_cli.decoding import Decoder
 from dllm_cli.decoding.answer import answer_length
+from dllm_cli.evaluate import held_out
 from dllm_cli.runtime import open_runtime
 
 REFERENCE = {"unmask": "fixed", "steps": None}
@@ -40,6 +39,12 @@ class Commit:
     confidence: float
     together: int  # tokens the row committed in this step
     neighbour: bool  # position - 1 or position + 1 committed in the same step
+
+
+def right(text: str, task) -> bool:
+    """The answer's number (the task's own extraction) equals the gold one."""
+    predicted = task.extract(text)
+    return predicted is not None and predicted == task.answer
 
 
 def decode_rows(rt, prompts, settings, batch):
@@ -96,10 +101,8 @@ def main() -> None:
     ref_tokens, _, ref_served = decode_rows(rt, prompts, base, args.batch)
     tokens, commits, served = decode_rows(rt, prompts, rule, args.batch)
     block = rule.block_length
-    ref_ok = [
-        is_correct(rt.text(t), task.answer) for t, task in zip(ref_tokens, tasks, strict=True)
-    ]
-    ok = [is_correct(rt.text(t), task.answer) for t, task in zip(tokens, tasks, strict=True)]
+    ref_ok = [right(rt.text(t), task) for t, task in zip(ref_tokens, tasks, strict=True)]
+    ok = [right(rt.text(t), task) for t, task in zip(tokens, tasks, strict=True)]
     first = [first_difference(a, b) for a, b in zip(tokens, ref_tokens, strict=True)]
     by_problem = defaultdict(list)
     for c in commits:

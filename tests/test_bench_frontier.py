@@ -6,10 +6,10 @@ import json
 
 import pytest
 from cli_fixtures import invoke, isolated_fixture  # noqa: F401
-from dllm_cli.tinygsm.evaluate import held_out
 from guided_fixtures import shared_tinygsm_pair, tinygsm_profile
 
 from dllm_cli.decoding import decode
+from dllm_cli.evaluate import held_out
 from dllm_cli.runtime import open_runtime
 from dllm_cli.settings import DecodeSettings
 
@@ -52,10 +52,10 @@ def test_frontier_table_json_and_batch_one_forwards(profile, tmp_path):
 def test_frontier_refuses_unknown_rules_and_bad_values(profile):
     base = ["bench", "-p", str(profile), "--n", "1", "--gen-length", "16"]
     bad = invoke(*base, "--frontier", "threshold,turbo")
-    assert bad.exit_code == 4 and "turbo" in bad.stderr and "klass" in bad.stderr
+    assert bad.exit_code == 2 and "turbo" in bad.stderr and "klass" in bad.stderr
     value = invoke(*base, "--frontier", "eb=x")
-    assert value.exit_code == 4 and "eb=x" in value.stderr
+    assert value.exit_code == 2 and "eb=x" in value.stderr
     out = invoke(*base, "--frontier", "threshold=1.5")
     assert out.exit_code != 0 and "threshold must be in (0, 1]" in out.stderr
     lengths = invoke(*base[:-1], "16,32", "--frontier", "eb")
-    assert lengths.exit_code == 4 and "one --gen-length" in lengths.stderr
+    assert lengths.exit_code == 2 and "one --gen-length" in lengths.stderr

@@ -112,12 +112,12 @@ def run_frontier_mode(
 ) -> None:  # fmt: skip
     """`--frontier`: every rule's sweep on the same problems; table on stdout, files on request."""
     if len(lengths) != 1:
-        raise InputError("--frontier measures one --gen-length at a time")
+        raise UsageError("--frontier measures one --gen-length at a time")
     points = parse_frontier(text)
     base = replace(
         rt.settings, gen_length=lengths[0], block_length=block_length, suffix_window=window
     )
-    from dllm_cli.tinygsm.evaluate import held_out
+    from dllm_cli.evaluate import held_out
 
     tasks = held_out(rt.encode, n, shots, start)
 

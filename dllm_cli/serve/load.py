@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from dllm_cli.problems import HELDOUT
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve import server
-from dllm_cli.tinygsm.splits import HAND_FILES
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Pass:
 def questions(n: int) -> list[str]:
     """The hand-written questions, in order, repeated to n."""
     texts = []
-    for path in HAND_FILES.values():
+    for path in (HELDOUT / "hand.jsonl", HELDOUT / "hand2.jsonl"):
         texts += [json.loads(line)["question"] for line in path.read_text().splitlines() if line]
     return [texts[i % len(texts)] for i in range(n)]
 
