@@ -29,6 +29,7 @@ class ModelSection:
     architecture: str | None = None  # a families.py key, e.g. dream (None: config.json's)
     dtype: str = "auto"
     device: str = "auto"
+    quantize: str = "none"  # none | int8: weights quantized as they load (models/quantize.py)
     chat_template: bool = True
     compile: bool = False  # CUDA-graph replay of cached block steps (models/compiled.py)
     stop_tokens: list[str] = field(default_factory=list)  # more tokens that end an answer

@@ -99,6 +99,7 @@ def _parse(path: Path) -> tuple[Profile, dict]:
 def _check_values(profile: Profile, where: str) -> None:
     """Allowed values beyond types; the decode checks are DecodeSettings' own (when built)."""
     from dllm_cli.models.loading import DTYPES
+    from dllm_cli.models.quantize import SCHEMES as QUANTIZE
 
     m = profile.model
     if not m.path:
@@ -115,6 +116,11 @@ def _check_values(profile: Profile, where: str) -> None:
     if m.dtype not in dtypes:
         raise ProfileError(
             f"{where}: dtype in [model] must be one of {', '.join(dtypes)} (got {m.dtype!r})"
+        )
+    if m.quantize not in QUANTIZE:
+        raise ProfileError(
+            f"{where}: quantize in [model] must be one of {', '.join(QUANTIZE)} "
+            f"(got {m.quantize!r})"
         )
     if not all(isinstance(t, str) and t for t in m.stop_tokens):
         raise ProfileError(f"{where}: stop_tokens in [model] must be a list of token strings")

@@ -17,7 +17,7 @@ from dllm_cli.commands import common
 from dllm_cli.errors import DllmError
 from dllm_cli.options import FLAGS
 
-MODEL = ("profile", "model", "device", "dtype", "chat", "compile")
+MODEL = ("profile", "model", "device", "dtype", "quantize", "chat", "compile")
 DECODE = (
     "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "schedule", "threshold",
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop", "suffix_window",
@@ -42,6 +42,7 @@ CASES = {
     "model": (["--model", "{ckpt}"], "model.path", "{ckpt}"),
     "device": (["--device", "auto"], "model.device", "auto"),
     "dtype": (["--dtype", "bfloat16"], "model.dtype", "bfloat16"),
+    "quantize": (["--quantize", "int8"], "model.quantize", "int8"),
     "chat": (["--no-chat"], "model.chat_template", False),
     "compile": (["--compile"], "model.compile", True),
     "gen_length": (["--gen-length", "12"], "decode.gen_length", 12),

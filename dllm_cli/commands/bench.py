@@ -110,6 +110,7 @@ def write(path: Path, text: str) -> None:
     "model",
     "device",
     "dtype",
+    "quantize",
     "chat",
     "compile",
     "accept",

@@ -1,0 +1,106 @@
+"""int8 weights (models/quantize.py): exact integer arithmetic, a bounded error against float32,
+every cache policy and batching on quantized folders, and one-line refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from checkpoints import write_dream, write_llada
+from cli_fixtures import error_lines, invoke
+from decode_fixtures import KINDS, one_thread, prompts, settings, tiny  # noqa: F401
+
+from dllm_cli.decoding import decode
+from dllm_cli.errors import ModelLoadError
+from dllm_cli.models.loading import load_model
+from dllm_cli.models.quantize import Int8Linear, quantize_model, quantize_rows, weight_bytes
+
+POLICIES = ("none", "prefix", "dual", "freecache")
+WRITERS = {"llada": write_llada, "dream": write_dream}
+
+
+def linear_pair(k: int = 96, n: int = 40, bias: bool = True, seed: int = 0):
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=bias)
+    return lin, Int8Linear(lin)
+
+
+def test_int8_linear_is_exact_integer_arithmetic_rescaled():
+    """Output = (q_x . q_w) * s_x * s_w + b, the int32 sums exact (checked in float64)."""
+    lin, q = linear_pair()
+    x = torch.randn(3, 5, 96)
+    qx, sx = quantize_rows(x.reshape(-1, 96))
+    acc = qx.double() @ q.qweight.double()  # (15, 40): integers, exact in float64
+    want = acc * sx.double() * q.scale.double() + lin.bias.double()
+    got = q(x)
+    assert got.shape == (3, 5, 40) and got.dtype == torch.float32
+    torch.testing.assert_close(got.reshape(-1, 40).double(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_error_within_the_rounding_bound(bias):
+    """|y_q - y| <= (s_x |w|_1 + s_w |x|_1) / 2 + K s_x s_w / 4 per element: each factor is off
+    by at most half its step (the documented tolerance, docs/quantization.md)."""
+    lin, q = linear_pair(bias=bias, seed=3)
+    x = torch.randn(7, 96) * 3
+    want = lin(x).detach()
+    _, sx = quantize_rows(x)  # (7, 1)
+    sw = q.scale  # (1, 40)
+    w1 = lin.weight.detach().abs().sum(-1)[None]  # (1, 40)
+    x1 = x.abs().sum(-1, keepdim=True)  # (7, 1)
+    bound = (sx * w1 + sw * x1) / 2 + 96 * sx * sw / 4 + 1e-5
+    err = (q(x) - want).abs()
+    assert (err <= bound).all()
+    assert err.max() < 0.02 * want.abs().max()  # and small in practice (about 1% here)
+
+
+def test_quantize_model_swaps_projections_and_cuts_weight_memory():
+    lm = tiny("dream", seed=1)
+    model = copy.deepcopy(lm.model)
+    before = weight_bytes(model)
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert quantize_model(model, "int8") == linears == 2 * 7 + 1  # 7 per layer, and the head
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert weight_bytes(model) < before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cache", POLICIES)
+def test_quantized_folder_decodes_with_every_policy(kind, cache, tmp_path, record_property):
+    """A real folder quantized at load: every policy decodes, exact where float is (refreshing
+    every step equals no cache), batch rows equal their single decodes; agreement with float32
+    is recorded."""
+    folder = WRITERS[kind](tmp_path / kind, dtype=torch.float32).folder
+    q = load_model(folder, device="cpu", quantize="int8")
+    f = load_model(folder, device="cpu")
+    assert not any(type(m) is torch.nn.Linear for m in q.model.modules())
+    ps = prompts([5, 8], seed=2)
+    s = settings(cache=cache, unmask="threshold", threshold=0.3)
+    got = decode(q.model, q.special, ps, s)
+    alone = [decode(q.model, q.special, [p], s).tokens[0] for p in ps]
+    assert got.tokens == alone
+    if cache != "none":
+        fresh = settings(cache=cache, unmask="threshold", threshold=0.3, refresh_interval=1)
+        none = settings(unmask="threshold", threshold=0.3)
+        want = decode(q.model, q.special, ps, none).tokens
+        assert decode(q.model, q.special, ps, fresh).tokens == want
+    ref = decode(f.model, f.special, ps, s).tokens
+    same = sum(a == b for r, g in zip(ref, got.tokens) for a, b in zip(r, g))
+    record_property("agreement_with_float32", same / sum(map(len, ref)))
+
+
+def test_unknown_and_int4_quantization_are_refused(tmp_path):
+    folder = write_dream(tmp_path / "d").folder
+    with pytest.raises(ModelLoadError, match="unknown quantization 'int3'"):
+        load_model(folder, device="cpu", quantize="int3")
+    with pytest.raises(ModelLoadError, match="int4 is not supported"):
+        load_model(folder, device="cpu", quantize="int4")
+
+
+def test_cli_refuses_int4_in_one_line(tmp_path):
+    folder = write_dream(tmp_path / "d").folder
+    result = invoke("generate", "hi", "--model", str(folder), "--quantize", "int4")
+    assert result.exit_code == 3
+    assert len(error_lines(result)) == 1 and "int4 is not supported" in result.stderr
+    assert "Traceback" not in result.output
