@@ -4,6 +4,7 @@ every cache policy and batching on quantized folders, and one-line refusals."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ WRITERS = {"llada": write_llada, "dream": write_dream}
 def linear_pair(k: int = 96, n: int = 40, bias: bool = True, seed: int = 0):
     torch.manual_seed(seed)
     lin = torch.nn.Linear(k, n, bias=bias)
-    return lin, Int8Linear(lin)
+    return lin, Int8Linear.of(lin.weight, lin.bias)
 
 
 def test_int8_linear_is_exact_integer_arithmetic_rescaled():
@@ -65,6 +66,22 @@ def test_quantize_model_swaps_projections_and_cuts_weight_memory():
     assert weight_bytes(model) < before
 
 
+@pytest.mark.parametrize("kind", [*KINDS, "llada_moe"])
+def test_fused_int8_groups_equal_their_separate_layers(kind):
+    """q/k/v (and gate/up) quantized as one layer give bit for bit the separate layers' output."""
+    model = copy.deepcopy(tiny(kind, seed=4).model)
+    quantize_model(model, "int8")
+    ids = torch.tensor([[5, 9, 12, 30, 7, 39]])
+    with torch.inference_mode():
+        fused = model(ids)
+        for m in model.modules():
+            if m.__dict__.get("fusion") is not None:
+                assert m.fusion.intact()
+                m.fusion = None  # the separate (view) layers
+        separate = model(ids)
+    assert torch.equal(fused, separate)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("cache", POLICIES)
 def test_quantized_folder_decodes_with_every_policy(kind, cache, tmp_path, record_property):
@@ -104,3 +121,27 @@ def test_cli_refuses_int4_in_one_line(tmp_path):
     assert result.exit_code == 3
     assert len(error_lines(result)) == 1 and "int4 is not supported" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_int8_on_a_bfloat16_load_keeps_the_model_dtype(tmp_path):
+    """Loading in bfloat16 halves the peak before quantizing; activations stay bfloat16."""
+    folder = write_llada(tmp_path / "l").folder
+    lm = load_model(folder, device="cpu", dtype="bfloat16", quantize="int8")
+    logits = lm.model(torch.tensor([[5, 6, 7, lm.special.mask]]))
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+
+
+def test_cli_guided_batch_with_int8_on_the_shipped_pair():
+    """The shipped Dream model quantized, its AR guide as loaded, two prompts in one batch."""
+    prompts = (
+        "Tom has 3 apples and buys 4 more. How many apples does he have?\n"
+        "Ann has 5 pens and gives away 2. How many pens are left?\n"
+    )
+    result = invoke(
+        "generate", "-", "-p", "tiny-gsm-dream", "--quantize", "int8", "--gen-length", "64",
+        "--batch-size", "2", "--json", input=prompts,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["text"].endswith(("7.", "3.")) for r in rows] == [True, True], rows
+    assert all(r["guide_forwards"] > 0 for r in rows)

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from dllm_cli.errors import ModelLoadError
+from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.fused import Fusion
 
 INT8_MAX = 127
 
@@ -91,15 +93,25 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class Int8Linear(nn.Module):
     """y = x W^T + b with W int8 per output channel and x quantized per row at each call."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features, self.out_features = qweight.shape
+        self.register_buffer("qweight", qweight)  # (in, out) int8: _int_mm's layout
+        self.register_buffer("scale", scale)  # (1, out) float32
+        self.register_buffer("bias", bias)  # (out,) float32, or None
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+        """Quantize a float (out, in) weight (and keep its bias in float32)."""
         with torch.no_grad():
-            q, scale = quantize_rows(linear.weight.detach())
-        self.register_buffer("qweight", q.t().contiguous())  # (in, out) int8: _int_mm's layout
-        self.register_buffer("scale", scale.view(1, -1))  # (1, out) float32
-        bias = linear.bias
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+            q, scale = quantize_rows(weight.detach())
+            kept = None if bias is None else bias.detach().float().clone()
+        return cls(q.t().contiguous(), scale.view(1, -1), kept)
+
+    def part(self, start: int, stop: int) -> Int8Linear:
+        """Output channels start..stop as a layer of their own, sharing this one's storage."""
+        bias = None if self.bias is None else self.bias[start:stop]
+        return Int8Linear(self.qweight[:, start:stop], self.scale[:, start:stop], bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # (N, in)
@@ -118,15 +130,21 @@ class Int8Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, int8 per channel, W8A8"
 
 
-def quantize_model(model: nn.Module, scheme: str | Scheme) -> int:
+def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
     """Replace the model's projections in place; returns how many were quantized.
 
-    Call it before `fuse_projections` (a quantized model is never fused: its fused groups would
-    hold float copies of the weights). A tied output head stays a view of the embedding.
+    Each block's fused groups (q/k/v, gate/up: fused.py) become one int8 layer, so their input
+    is quantized once and multiplied in one GEMM; each output channel is the one the separate
+    layers compute (the same integers, the same scales). Call it instead of
+    `fuse_projections`. A tied output head stays the embedding's float view.
     """
     scheme = scheme if isinstance(scheme, Scheme) else scheme_for(scheme)
     if scheme.bits == 0:
         return 0
+    for block in model.blocks():
+        block.fuse()  # float groups first: their weights joined, the linears views of them
+    owners = [m for m in model.modules() if isinstance(m.__dict__.get("fusion"), Fusion)]
+    count = sum(quantize_fusion(owner, owner.fusion) for owner in owners)
     tied = {id(p) for p in _embedding_weights(model)}
     targets = [
         (parent, name, child)
@@ -135,9 +153,27 @@ def quantize_model(model: nn.Module, scheme: str | Scheme) -> int:
         if type(child) is nn.Linear and name not in KEEP_FLOAT and id(child.weight) not in tied
     ]
     for parent, name, child in targets:
-        setattr(parent, name, Int8Linear(child))
+        setattr(parent, name, Int8Linear.of(child.weight, child.bias))
     model.quantized = scheme.name
-    return len(targets)
+    return count + len(targets)
+
+
+def quantize_fusion(owner: nn.Module, fusion: Fusion) -> int:
+    """One int8 layer per fused group; the owner's linears become views of it (no float left)."""
+    names = {id(child): name for name, child in owner.named_children()}
+    views = []
+    for group, fused in list(fusion.groups.items()):
+        joined = Int8Linear.of(fused.weight.t(), fused.bias)  # (sum out, in)
+        fusion.groups[group] = joined
+        start = 0
+        for lin in fused.linears:
+            view = joined.part(start, start + lin.out_features)
+            setattr(owner, names[id(lin)], view)
+            views.append(view)
+            start += lin.out_features
+    fusion.linears = views
+    fusion.pointers = fusion.current()
+    return len(views)
 
 
 def _embedding_weights(model: nn.Module) -> list[torch.Tensor]:
