@@ -38,6 +38,7 @@ class StepContext:
     generator: torch.Generator
     columns: torch.Tensor | None = None  # (B, L) long canvas columns (None: the block's)
     planned: torch.Tensor | None = None  # (B,) steps planned for each row's block
+    host_steps: list[tuple[int, int]] | None = None  # (block_step, planned) per row, on host
 
     @property
     def steps_planned(self) -> int | torch.Tensor:
@@ -75,10 +76,10 @@ class Committer(Protocol):
     """Who decides which drafts become tokens (a rule, or a guide model).
 
     Optional hooks the engine calls when present: `start(batch)` when a decode of `batch`
-    rows begins, `select(keep)` when only the rows at indices `keep` go on, `admit(new,
-    order)` when `new` rows join after the current ones and rows are then reordered as
-    `order` says (continuous batching; a committer with `start` but no `admit` is served in
-    static batches only). A committer with
+    rows begins, `select(keep)` when only the rows at indices `keep` go on, `admit(prompts,
+    order)` when rows for `prompts` (token ids) join after the current ones and rows are then
+    reordered as `order` says (continuous batching; a committer with `start` but no `admit`
+    is served in static batches only). A committer with
     `frontier = True` walks each row's first mask (guided decoding, see guided.py) and may set
     `draft_window` (columns drafted from the first mask; None: to the canvas end).
     """
@@ -116,10 +117,10 @@ def timesteps(ctx: StepContext, eps: float) -> tuple[torch.Tensor, torch.Tensor]
         return times[ctx.block_step], times[ctx.block_step + 1]
     # Each row's own linspace (blocks may plan different numbers of steps), so a row gets
     # exactly the numbers it would get decoded alone.
-    pairs = [
-        torch.linspace(1, eps, n + 1, device=device)[min(k, n - 1) :][:2]
-        for n, k in zip(ctx.planned.tolist(), ctx.block_step.tolist(), strict=True)
-    ]
+    host = ctx.host_steps
+    if host is None:  # a context built without host copies: read them (a device read)
+        host = list(zip(ctx.block_step.tolist(), ctx.planned.tolist(), strict=True))
+    pairs = [torch.linspace(1, eps, n + 1, device=device)[min(k, n - 1) :][:2] for k, n in host]
     both = torch.stack(pairs)  # (B, 2)
     return both[:, 0], both[:, 1]
 
