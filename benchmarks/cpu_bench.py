@@ -108,7 +108,7 @@ def quant(gen: int, reps: int) -> dict:
                     t = time.process_time()
                     tokens[q] = decode(lm.model, lm.special, [ids], s).tokens[0]
                     cpu[q].append(time.process_time() - t)
-            same = sum(a == b for a, b in zip(tokens["none"], tokens["int8"]))
+            same = sum(a == b for a, b in zip(tokens["none"], tokens["int8"], strict=True))
             best = {q: min(v) for q, v in cpu.items()}
             rows[name] = {
                 "cpu_s_float32": round(best["none"], 3),

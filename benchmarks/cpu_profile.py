@@ -81,7 +81,9 @@ def profile_forward(width: int, t: int = 192, reps: int = 10, quantize: str = "n
     # The profiler times wall clock: its shares are scaled to the forward's CPU time.
     total = sum(spent.values())
     counted = flops(model, t)
-    print(f"{quantize}, width {width}, {t} columns, 1 thread: {per_forward * 1e3:.1f} ms CPU per forward")
+    print(
+        f"{quantize}, width {width}, {t} columns, 1 thread: {per_forward * 1e3:.1f} ms CPU per forward"
+    )
     print("| group | ms (CPU) | share | GFLOP | GFLOP/s |\n|---|---|---|---|---|")
     for group, wall in sorted(spent.items(), key=lambda kv: -kv[1]):
         ms = wall / total * per_forward * 1e3
@@ -90,4 +92,7 @@ def profile_forward(width: int, t: int = 192, reps: int = 10, quantize: str = "n
         gf = f"{f / 1e9:.3f}" if f else ""
         print(f"| {group} | {ms:.2f} | {wall / total:.0%} | {gf} | {rate} |")
     top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:10]
-    print("top ops (share):", ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / reps / total:.1%}" for e in top))
+    print(
+        "top ops (share):",
+        ", ".join(f"{e.key} {e.self_cpu_time_total / 1e3 / reps / total:.1%}" for e in top),
+    )

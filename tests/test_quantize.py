@@ -103,7 +103,9 @@ def test_quantized_folder_decodes_with_every_policy(kind, cache, tmp_path, recor
         want = decode(q.model, q.special, ps, none).tokens
         assert decode(q.model, q.special, ps, fresh).tokens == want
     ref = decode(f.model, f.special, ps, s).tokens
-    same = sum(a == b for r, g in zip(ref, got.tokens) for a, b in zip(r, g))
+    same = sum(
+        a == b for r, g in zip(ref, got.tokens, strict=True) for a, b in zip(r, g, strict=True)
+    )
     record_property("agreement_with_float32", same / sum(map(len, ref)))
 
 
