@@ -14,8 +14,15 @@ from decode_fixtures import KINDS, one_thread, prompts, settings, tiny  # noqa: 
 
 from dllm_cli.decoding import decode
 from dllm_cli.errors import ModelLoadError
-from dllm_cli.models.loading import load_model
-from dllm_cli.models.quantize import Int8Linear, quantize_model, quantize_rows, weight_bytes
+from dllm_cli.models.loading import load_model, weight_files
+from dllm_cli.models.quantize import (
+    SCHEMES,
+    Int8Linear,
+    load_dtype,
+    quantize_model,
+    quantize_rows,
+    weight_bytes,
+)
 
 POLICIES = ("none", "prefix", "dual", "freecache")
 WRITERS = {"llada": write_llada, "dream": write_dream}
@@ -147,3 +154,20 @@ def test_cli_guided_batch_with_int8_on_the_shipped_pair():
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["text"].endswith(("7.", "3.")) for r in rows] == [True, True], rows
     assert all(r["guide_forwards"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bfloat16_folder_read_as_stored_quantizes_as_float32_would(kind, tmp_path):
+    """A bfloat16 folder under int8 is read in bfloat16 (half the peak) and cast after: the
+    logits equal quantizing its float32 load."""
+    folder = WRITERS[kind](tmp_path / kind).folder  # bfloat16 weights, as real folders
+    files = weight_files(folder)
+    assert load_dtype(SCHEMES["int8"], torch.float32, files) == torch.bfloat16
+    assert load_dtype(SCHEMES["none"], torch.float32, files) == torch.float32
+    q = load_model(folder, device="cpu", quantize="int8")
+    f = load_model(folder, device="cpu")
+    quantize_model(f.model, "int8")
+    assert q.model.get_input_embeddings().weight.dtype == torch.float32
+    ids = torch.tensor([[5, 6, 7, 8, q.special.mask, q.special.mask]])
+    with torch.inference_mode():
+        assert torch.equal(q.model(ids), f.model(ids))

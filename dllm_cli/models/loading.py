@@ -24,7 +24,7 @@ from dllm_cli.folders import BUILTIN_DIR as BUILTIN_DIR  # re-exported (older im
 from dllm_cli.folders import BUILTIN_PREFIX as BUILTIN_PREFIX
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.models import DiffusionLM
-from dllm_cli.models.quantize import quantize_model, scheme_for
+from dllm_cli.models.quantize import load_dtype, quantize_model, scheme_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -318,13 +318,15 @@ def load_model(
     try:
         # Weights stream shard by shard onto a meta-initialised model (transformers' low-memory
         # path); device placement is a plain .to() so no accelerate dependency is needed.
-        model = model_cls.from_pretrained(str(folder), config=config, dtype=torch_dtype)
+        read_as = load_dtype(scheme, torch_dtype, weight_files(folder))  # bf16 under int8
+        model = model_cls.from_pretrained(str(folder), config=config, dtype=read_as)
         model.to(dev)
     except Exception as e:  # anything transformers raises past our checks
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
-    if scheme.bits:
-        quantize_model(model, scheme)  # never fused: the fused groups would keep float copies
+    if scheme.bits:  # int8 layers of the fused groups, then the rest cast to the asked dtype
+        quantize_model(model, scheme)
+        model.to(torch_dtype)
     else:
         model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names, memory unchanged
     tokenizer = load_tokenizer(folder, config)

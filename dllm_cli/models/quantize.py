@@ -17,6 +17,7 @@ int4 is refused: the maintained CPU kernel in torch (`_weight_int4pack_mm_for_cp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -85,8 +86,10 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     n, k = a.shape
     m = b.shape[1]
     pad_k, pad_m = -k % 8, -m % 8
-    a = torch.nn.functional.pad(a, (0, pad_k, 0, max(0, 17 - n)))
-    b = torch.nn.functional.pad(b, (0, pad_m, 0, pad_k))
+    if pad_k or pad_m:  # never for real checkpoints' widths (multiples of 8)
+        b = torch.nn.functional.pad(b, (0, pad_m, 0, pad_k))
+    if pad_k or n <= 16:
+        a = torch.nn.functional.pad(a, (0, pad_k, 0, max(0, 17 - n)))
     return torch._int_mm(a, b)[:n, :m]
 
 
@@ -174,6 +177,19 @@ def quantize_fusion(owner: nn.Module, fusion: Fusion) -> int:
     fusion.linears = views
     fusion.pointers = fusion.current()
     return len(views)
+
+
+def load_dtype(scheme: Scheme, dtype: torch.dtype, files: list[Path]) -> torch.dtype:
+    """The dtype to read a folder in before quantizing: its stored bfloat16 when float32 is
+    asked for (the same values, half the peak memory: 14.9 GiB instead of 29.9 for LLaDA-8B),
+    else `dtype`. The model is cast to `dtype` after quantizing."""
+    if not scheme.bits or dtype != torch.float32:
+        return dtype
+    from safetensors import safe_open
+
+    with safe_open(str(files[0]), framework="pt") as st:
+        stored = {st.get_slice(name).get_dtype() for name in st.keys()}  # noqa: SIM118
+    return torch.bfloat16 if stored == {"BF16"} else dtype
 
 
 def _embedding_weights(model: nn.Module) -> list[torch.Tensor]:
