@@ -24,7 +24,7 @@ from dllm_cli.folders import BUILTIN_DIR as BUILTIN_DIR  # re-exported (older im
 from dllm_cli.folders import BUILTIN_PREFIX as BUILTIN_PREFIX
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.models import DiffusionLM
-from dllm_cli.models.quantize import load_dtype, quantize_model, scheme_for
+from dllm_cli.models import quantize as quant
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -295,7 +295,7 @@ def load_model(
 
     `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load."""
     quiet_transformers()
-    scheme = scheme_for(quantize)
+    scheme = quant.scheme_for(quantize)
     folder = resolve_path(path)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -318,15 +318,16 @@ def load_model(
     try:
         # Weights stream shard by shard onto a meta-initialised model (transformers' low-memory
         # path); device placement is a plain .to() so no accelerate dependency is needed.
-        read_as = load_dtype(scheme, torch_dtype, weight_files(folder))  # bf16 under int8
+        read_as = quant.load_dtype(scheme, torch_dtype, weight_files(folder))  # bf16 under int8
         model = model_cls.from_pretrained(str(folder), config=config, dtype=read_as)
         model.to(dev)
     except Exception as e:  # anything transformers raises past our checks
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
     if scheme.bits:  # int8 layers of the fused groups, then the rest cast to the asked dtype
-        quantize_model(model, scheme)
+        quant.quantize_model(model, scheme)
         model.to(torch_dtype)
+        quant.release_freed_memory()
     else:
         model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names, memory unchanged
     tokenizer = load_tokenizer(folder, config)

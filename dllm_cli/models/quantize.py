@@ -192,6 +192,17 @@ def load_dtype(scheme: Scheme, dtype: torch.dtype, files: list[Path]) -> torch.d
     return torch.bfloat16 if stored == {"BF16"} else dtype
 
 
+def release_freed_memory() -> None:
+    """Hand the freed float weights back to the OS (glibc keeps freed heap pages otherwise:
+    measured at width 512, int8 held 189 MiB before and 128 MiB after, float32 192)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
 def _embedding_weights(model: nn.Module) -> list[torch.Tensor]:
     return [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
 
