@@ -13,7 +13,7 @@ from cli_fixtures import error_lines, invoke
 from decode_fixtures import KINDS, one_thread, prompts, settings, tiny  # noqa: F401
 
 from dllm_cli.decoding import decode
-from dllm_cli.errors import ModelLoadError
+from dllm_cli.errors import ModelLoadError, ProfileError
 from dllm_cli.models.loading import load_model, weight_files
 from dllm_cli.models.quantize import (
     SCHEMES,
@@ -23,6 +23,7 @@ from dllm_cli.models.quantize import (
     quantize_rows,
     weight_bytes,
 )
+from dllm_cli.profiles import resolve
 
 POLICIES = ("none", "prefix", "dual", "freecache")
 WRITERS = {"llada": write_llada, "dream": write_dream}
@@ -171,3 +172,15 @@ def test_bfloat16_folder_read_as_stored_quantizes_as_float32_would(kind, tmp_pat
     ids = torch.tensor([[5, 6, 7, 8, q.special.mask, q.special.mask]])
     with torch.inference_mode():
         assert torch.equal(q.model(ids), f.model(ids))
+
+
+def test_profile_key_quantize_is_read_and_checked(tmp_path):
+    folder = write_dream(tmp_path / "d").folder
+    good = tmp_path / "good.toml"
+    good.write_text(f'name = "q"\n[model]\npath = "{folder}"\nquantize = "int8"\n')
+    prof, provenance = resolve(str(good))
+    assert prof.model.quantize == "int8" and provenance["model.quantize"].startswith("profile ")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'name = "q"\n[model]\npath = "{folder}"\nquantize = "fp4"\n')
+    with pytest.raises(ProfileError, match="quantize in \\[model\\] must be one of none, int8"):
+        resolve(str(bad))
