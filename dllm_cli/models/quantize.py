@@ -144,10 +144,11 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
     scheme = scheme if isinstance(scheme, Scheme) else scheme_for(scheme)
     if scheme.bits == 0:
         return 0
-    for block in model.blocks():
+    count = 0
+    for block in model.blocks():  # one block at a time: one block's float copy at most
         block.fuse()  # float groups first: their weights joined, the linears views of them
-    owners = [m for m in model.modules() if isinstance(m.__dict__.get("fusion"), Fusion)]
-    count = sum(quantize_fusion(owner, owner.fusion) for owner in owners)
+        owners = [m for m in block.modules() if isinstance(m.__dict__.get("fusion"), Fusion)]
+        count += sum(quantize_fusion(owner, owner.fusion) for owner in owners)
     tied = {id(p) for p in _embedding_weights(model)}
     targets = [
         (parent, name, child)
