@@ -75,6 +75,16 @@ FLAGS: dict[str, Flag] = {
     "dtype": Flag(
         _option(str, "auto | float32 | bfloat16 | float16.", MODEL), "model", "model.dtype"
     ),
+    "quantize": Flag(
+        _option(
+            str,
+            "none | int8: weights quantized per output channel as they load (int8 x int8 "
+            "matmuls; about a quarter of float32's weight memory).",
+            MODEL,
+        ),
+        "model",
+        "model.quantize",
+    ),
     "chat": Flag(
         _option(bool, "Wrap prompts in the chat template.", MODEL, "--chat/--no-chat"),
         "model",

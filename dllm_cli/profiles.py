@@ -94,6 +94,7 @@ def _check_values(profile: Profile, where: str | None) -> None:
     """Allowed values beyond types (decode: DecodeSettings' own); `where`: the file, or None for
     command-line values (the message names the flag). Model tables: imported here, not at start."""
     from dllm_cli.models.loading import DTYPES
+    from dllm_cli.models.quantize import SCHEMES as QUANTIZE
 
     def bad(section: str, problem: str) -> ProfileError:
         """`problem` starts with the key it is about: "dtype must be one of ..."."""
@@ -115,6 +116,8 @@ def _check_values(profile: Profile, where: str | None) -> None:
     dtypes = ("auto", *DTYPES)
     if m.dtype not in dtypes:
         raise bad("model", f"dtype must be one of {', '.join(dtypes)} (got {m.dtype!r})")
+    if m.quantize not in QUANTIZE:
+        raise bad("model", f"quantize must be one of {', '.join(QUANTIZE)} (got {m.quantize!r})")
     if not all(isinstance(t, str) and t for t in m.stop_tokens):
         raise bad("model", "stop_tokens must be a list of token strings")
     if m.threads < 0:

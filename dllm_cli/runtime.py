@@ -178,6 +178,7 @@ def open_runtime(
         dtype=prof.model.dtype,
         device=device,
         special_overrides=prof.special_overrides(),
+        quantize=prof.model.quantize,
     )
     loaded = add_stop_tokens(loaded, prof.model.stop_tokens)
     wanted, family = prof.model.architecture, FAMILIES[loaded.family]

@@ -17,7 +17,7 @@ from dllm_cli.commands import common
 from dllm_cli.errors import DllmError
 from dllm_cli.options import FLAGS
 
-MODEL = ("profile", "model", "device", "dtype", "chat", "compile", "threads")
+MODEL = ("profile", "model", "device", "dtype", "quantize", "chat", "compile", "threads")
 DECODE = (
     "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "schedule", "threshold",
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop", "suffix_window",
@@ -44,6 +44,7 @@ CASES = {
     "model": (["--model", "{ckpt}"], "model.path", "{ckpt}"),
     "device": (["--device", "auto"], "model.device", "auto"),
     "dtype": (["--dtype", "bfloat16"], "model.dtype", "bfloat16"),
+    "quantize": (["--quantize", "int8"], "model.quantize", "int8"),
     "chat": (["--no-chat"], "model.chat_template", False),
     "compile": (["--compile"], "model.compile", True),
     "threads": (["--threads", "3"], "model.threads", 3),

@@ -157,6 +157,7 @@ def write(path: Path, text: str) -> None:
     "model",
     "device",
     "dtype",
+    "quantize",
     "chat",
     "compile",
     "threads",

@@ -13,6 +13,8 @@ parameters were replaced (e.g. moved with `.to()`) runs its separate linears aga
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -61,11 +63,13 @@ class Fusion:
     """A block's fused groups by name (`fusion.qkv(x)`), and whether they are still current."""
 
     def __init__(self, **groups: tuple[nn.Linear, ...]):
-        self.groups = {name: FusedLinear(*linears) for name, linears in groups.items()}
-        self.linears = [lin for linears in groups.values() for lin in linears]
-        self.pointers = self._pointers()
+        self.groups: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+            name: FusedLinear(*linears) for name, linears in groups.items()
+        }
+        self.linears: list[nn.Module] = [lin for linears in groups.values() for lin in linears]
+        self.pointers = self.current()
 
-    def __getattr__(self, name: str) -> FusedLinear:
+    def __getattr__(self, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         try:
             return self.__dict__["groups"][name]
         except KeyError:
@@ -73,8 +77,9 @@ class Fusion:
 
     def intact(self) -> bool:
         """Every linear still reads the fused storage (one cheap check per block forward)."""
-        return self._pointers() == self.pointers
+        return self.current() == self.pointers
 
-    def _pointers(self) -> list[int]:
-        params = [lin._parameters for lin in self.linears]  # (skips Module.__getattr__)
-        return [p[k].data_ptr() for p in params for k in ("weight", "bias") if p[k] is not None]
+    def current(self) -> list[int]:
+        """Where each linear's tensors live now (parameters, or an int8 layer's buffers)."""
+        held = [(*lin._parameters.values(), *lin._buffers.values()) for lin in self.linears]
+        return [t.data_ptr() for tensors in held for t in tensors if t is not None]

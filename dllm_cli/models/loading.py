@@ -24,6 +24,7 @@ from dllm_cli.folders import BUILTIN_DIR as BUILTIN_DIR  # re-exported (older im
 from dllm_cli.folders import BUILTIN_PREFIX as BUILTIN_PREFIX
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.models import DiffusionLM
+from dllm_cli.models import quantize as quant
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -292,14 +293,20 @@ def load_model(
     dtype: str = "auto",
     device: str = "auto",
     special_overrides: dict | None = None,
+    quantize: str = "none",
 ) -> LoadedModel:
-    """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included)."""
+    """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included).
+
+    `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load."""
     quiet_transformers()
+    scheme = quant.scheme_for(quantize)
     folder = resolve_path(path)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     raw = read_config_json(folder)
     family = family_for_config(raw, folder / "config.json")
+    if family.own_sampler and scheme.bits:
+        raise ModelLoadError(f"--quantize {scheme.name} does not apply to {family.name} models")
     if family.own_sampler:  # transformers' own model and sampler (DiffusionGemma)
         return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
     config, model_cls = config_from_json(raw, folder / "config.json", family)
@@ -315,12 +322,18 @@ def load_model(
     try:
         # Weights stream shard by shard onto a meta-initialised model (transformers' low-memory
         # path); device placement is a plain .to() so no accelerate dependency is needed.
-        model = model_cls.from_pretrained(str(folder), config=config, dtype=torch_dtype)
+        read_as = quant.load_dtype(scheme, torch_dtype, weight_files(folder))  # bf16 under int8
+        model = model_cls.from_pretrained(str(folder), config=config, dtype=read_as)
         model.to(dev)
     except Exception as e:  # anything transformers raises past our checks
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
-    model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names and memory unchanged
+    if scheme.bits:  # int8 layers of the fused groups, then the rest cast to the asked dtype
+        quant.quantize_model(model, scheme)
+        model.to(torch_dtype)
+        quant.release_freed_memory()
+    else:
+        model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names, memory unchanged
     tokenizer = load_tokenizer(folder, config)
     rows = model.get_input_embeddings().num_embeddings
     special = special_ids(
