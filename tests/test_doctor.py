@@ -122,13 +122,13 @@ def test_the_tiny_folders_end_some_answers_early_and_commit_in_parallel(tiny):
         assert widest > 1  # some step committed several tokens of one row
 
 
-def test_the_memory_formula_matches_the_readme_at_llada_8b_shape():
+def test_the_memory_formula_matches_the_docs_at_llada_8b_shape():
     """Built on the meta device: LLaDA-8B's 8.0 B parameters and 384.5 MiB per slot (gen 256)."""
     model = speed.build(speed.SHAPES["llada-8b"], torch.device("meta"))
     mem = speed.memory(model, 16, 512 + 256 + 1, True, None)
     assert mem["kv_per_slot_bytes"] == 384.5 * 2**20
     assert round(mem["weights_bytes"] / 2 / 1e9, 2) == 8.02
-    assert "384.5 MiB per slot, 6.0 GiB for 16 slots" in (ROOT / "README.md").read_text()
+    assert "384.5 MiB per slot, 6.0 GiB for 16 slots" in (ROOT / "docs" / "decoding.md").read_text()
     assert 16 * mem["kv_per_slot_bytes"] == pytest.approx(6.0 * 2**30, rel=0.01)
 
 

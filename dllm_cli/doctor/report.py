@@ -144,7 +144,7 @@ def speed(checks: list[Check]) -> list[str]:
     out += [f"| {c.name} | {c.status} | {cell(c.detail)} |" for c in rows if not timed(c)]
     out += ["", "Step: wall time of a whole decoding step, device synchronised; fwd: the model's "
             "forward alone (CUDA events on a GPU). Outside model = 1 - forward time / step time. "
-            "Weights + KV: the README's per-slot formula (2 x layers x KV heads x head dim x bytes "
+            "Weights + KV: the per-slot formula of docs/decoding.md (2 x layers x KV heads x head dim x bytes "
             "x (prompt + gen + 1) per slot) plus the weights; peak minus it is activations "
             "(logits over the vocabulary above all).", ""]  # fmt: skip
     return out
