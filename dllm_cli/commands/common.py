@@ -1,6 +1,6 @@
 """What every command shares: turning errors into one stderr line and an exit code.
 
-Exit codes (the README's table): 0 ok; 1 the run failed after it started (an output file not
+Exit codes (the table in docs/usage.md): 0 ok; 1 the run failed after it started (an output file not
 written); 2 usage, profile or setting error, an unwritable output path (2 as click uses);
 3 model cannot be loaded; 4 bad input (a prompt; in batch mode: some line failed);
 5 device not on this machine; 70 internal error (a bug); 130 interrupted (Ctrl-C); 141 stdout

@@ -84,7 +84,7 @@ def generate_command(
 ) -> None:
     """Generate an answer to PROMPT (or to every line of stdin) and print it on stdout.
 
-    The built-in model (the default profile) is a 1.6M-parameter toy trained only on synthetic grade-school math word problems (TinyGSM): right on all 100 held-out problems of its training generator (4-shot), but on only 62 and 42 of two sets of 100 questions written by hand (0-shot; README: The shipped models). It is not a general assistant: a greeting or a fact question gets confident nonsense. For real use, choose a profile that points at a real checkpoint (dllm profiles) or give --model PATH.
+    The built-in model (the default profile) is a 1.6M-parameter toy trained only on synthetic grade-school math word problems (TinyGSM): right on all 100 held-out problems of its training generator (4-shot), but on only 62 and 42 of two sets of 100 questions written by hand (0-shot; docs/models.md). It is not a general assistant: a greeting or a fact question gets confident nonsense. For real use, choose a profile that points at a real checkpoint (dllm profiles) or give --model PATH.
 
     Batch mode ('-', or no PROMPT with stdin piped): output line N answers input line N. A bad line gets an error record (--json: {"line", "prompt", "error"}, or {"line", "raw", "error"} for a line that is not UTF-8, its bytes shown as \\xNN; text: an empty line, the reason on stderr) and the exit code is 4 at the end. Text mode writes newlines inside an answer as \\n; --json keeps the exact text.
 

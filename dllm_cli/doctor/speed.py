@@ -130,8 +130,8 @@ def compiled(model: torch.nn.Module, on: bool) -> Iterator[str | None]:
 
 
 def memory(model, batch: int, columns: int, cached: bool, peak: int | None) -> dict:
-    """Peak memory against weights + the README's per-slot KV formula (2 x layers x KV heads
-    x head dim x bytes per canvas column)."""
+    """Peak memory against weights + the per-slot KV formula of docs/decoding.md (2 x layers x
+    KV heads x head dim x bytes per canvas column)."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     layers, kv_heads, head_dim = model.kv_shape()
     size = next(model.parameters()).element_size()
