@@ -62,6 +62,7 @@ class Family:
     refuses: tuple[str, ...] = GEMMA_FIELDS  # settings this family cannot use
     static_batches: str | None = None  # why batch mode always runs whole static batches
     notes: tuple[str, ...] = field(default=())  # deviations and facts worth a line in docs
+    block_causal: bool = False  # decoded by the block-causal engine (exact block KV cache)
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now (the first model build pays for torch)."""
@@ -190,6 +191,35 @@ FAMILIES: dict[str, Family] = {
         own_sampler=True,
         refuses=GEMMA_UNUSED,
         static_batches="DiffusionGemma decodes whole batches with transformers' own sampler",
+    ),
+    "sdar": Family(
+        name="sdar",
+        title="SDAR",
+        model_types=("sdar",),
+        architectures=("SDARForCausalLM",),
+        config_class="dllm_cli.models.sdar:SDARConfig",
+        model_class="dllm_cli.models.sdar:SDARForCausalLM",
+        logit_shift=0,
+        sampler="block",
+        reference={
+            "gen_length": 256,
+            "block_length": 4,
+            "steps": None,  # 4 steps per block of 4: one token per step at least
+            "cache": "prefix",  # exact: the reference's DynamicCache with store_kv
+            "unmask": "threshold",  # low_confidence_dynamic
+            "threshold": 0.85,
+            "temperature": 1.0,
+            "top_k": 0,
+            "top_p": 1.0,
+            "early_stop": True,
+        },
+        source=(
+            "JetAstra/SDAR generate.py block_diffusion_generate and its CLI: block_length 4, "
+            "denoising_steps 4, low_confidence_dynamic with confidence_threshold 0.85, "
+            "temperature 1.0, top_k 0, top_p 1.0; stop at the generation_config eos ids "
+            "after each block; gen_length 256 as the README's example (the CLI says 20480)"
+        ),
+        block_causal=True,
     ),
 }
 
