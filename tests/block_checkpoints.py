@@ -59,7 +59,11 @@ def write_sdar(folder: Path, *, seed: int = 5, block_size: int = 4, **overrides)
     cfg.update(overrides)
     write_json(folder / "config.json", cfg)
     d, hd = cfg["hidden_size"], cfg["head_dim"]
-    q, kv, ffn = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd, cfg["intermediate_size"]
+    q, kv, ffn = (
+        cfg["num_attention_heads"] * hd,
+        cfg["num_key_value_heads"] * hd,
+        cfg["intermediate_size"],
+    )
     shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], d)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."

@@ -56,7 +56,9 @@ class BlockRow:
 class BlockEngine:
     """add / step / abort over block-causal decodes in `slots` slots."""
 
-    def __init__(self, model, special, settings, committer=None, *, slots=8, admission="continuous", **_):
+    def __init__(
+        self, model, special, settings, committer=None, *, slots=8, admission="continuous", **_
+    ):
         family = family_of_model(model)
         if committer is not None:
             raise SettingsError(f"a guide model does not apply to {family.title}")
@@ -128,7 +130,9 @@ class BlockEngine:
         if row is None or row.request.status is not Status.RUNNING:
             return []
         end = row.block * self.rule.block  # edits may still change the active block
-        tokens = self.answer(row)[: None if self.rule.edit_threshold is None else max(0, end - row.prompt)]
+        tokens = self.answer(row)[
+            : None if self.rule.edit_threshold is None else max(0, end - row.prompt)
+        ]
         tokens = tokens.tolist()
         first = tokens.index(self.special.mask) if self.special.mask in tokens else len(tokens)
         return answer_tokens(tokens[:first], self.special.stop)
@@ -155,6 +159,8 @@ class BlockEngine:
         taken = {r.slot for r in self.live}
         free = [i for i in range(self.slots) if i not in taken]
         new = [self._row(self.queue.popleft(), slot) for slot in free[: len(self.queue)]]
+        if not new:
+            return
         if self.cached:
             self._reserve(max(r.blocks for r in new) * self.rule.block)
             self._prefill([r for r in new if r.block > 0])
@@ -197,7 +203,10 @@ class BlockEngine:
         ids = torch.full((len(rows), width), self.special.pad, dtype=torch.long, device=self.device)
         for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
             ids[i, :n] = r.x[:n]
-        valid = torch.arange(width, device=self.device)[None] < torch.tensor(lengths, device=self.device)[:, None]
+        valid = (
+            torch.arange(width, device=self.device)[None]
+            < torch.tensor(lengths, device=self.device)[:, None]
+        )
         own = block_causal(width, b, self.device)[None] & valid[:, None, :]
         ctx = BlockContext(self_mask=own)
         self.model(ids, None, ctx, logits_slice=slice(0, 0))

@@ -59,7 +59,9 @@ def check_block_settings(s: DecodeSettings, title: str, where=lambda k: "") -> B
     defaults = DecodeSettings()
     for key, why in NOT_HERE.items():
         if getattr(s, key) != getattr(defaults, key):
-            raise SettingsError(f"{key} {getattr(s, key)!r}{where(key)} does not apply to {title}: {why}")
+            raise SettingsError(
+                f"{key} {getattr(s, key)!r}{where(key)} does not apply to {title}: {why}"
+            )
     for key in GEMMA_FIELDS:
         if getattr(s, key) is not None:
             raise SettingsError(f"{key}{where(key)} applies to DiffusionGemma only (not {title})")

@@ -65,9 +65,7 @@ def block_step(e) -> StepOutput:
     e.live = [r for r in e.live if r.request.id not in done]
     step = e.steps
     e.steps += 1
-    return StepOutput(
-        step, finished, lambda: event(e, step, phases, commits, drafts, stored, done)
-    )
+    return StepOutput(step, finished, lambda: event(e, step, phases, commits, drafts, stored, done))
 
 
 def block_of(r, b: int) -> torch.Tensor:
@@ -100,7 +98,9 @@ def inputs(e, rows):
     ids = torch.full((len(rows), width), e.special.pad, dtype=torch.long, device=e.device)
     for i, (r, n) in enumerate(zip(rows, ends, strict=True)):
         ids[i, :n] = r.x[:n]
-    valid = torch.arange(width, device=e.device)[None] < torch.tensor(ends, device=e.device)[:, None]
+    valid = (
+        torch.arange(width, device=e.device)[None] < torch.tensor(ends, device=e.device)[:, None]
+    )
     own = block_causal(width, b, e.device)[None] & valid[:, None, :]
     positions = torch.arange(width, device=e.device).expand(len(rows), width)
     return BlockContext(self_mask=own), ids, positions, cols
@@ -190,7 +190,11 @@ def event(e, step, phases, commits, drafts, stored, done) -> StepEvent:
             picked = picked[picked + start < g]  # the last block's columns past the answer
             if picked.numel():
                 pos = (picked + start).tolist()
-                out.append(RowCommit(rid, tuple(pos), tuple(x0[picked].tolist()), tuple(p[picked].tolist())))
+                out.append(
+                    RowCommit(
+                        rid, tuple(pos), tuple(x0[picked].tolist()), tuple(p[picked].tolist())
+                    )
+                )
         return tuple(out)
 
     head = phases[0]
