@@ -221,6 +221,34 @@ FAMILIES: dict[str, Family] = {
         ),
         block_causal=True,
     ),
+    "llada2": Family(
+        name="llada2",
+        title="LLaDA2",
+        model_types=("llada2_moe",),
+        architectures=("LLaDA2MoeModelLM",),
+        config_class="dllm_cli.models.llada2:LLaDA2MoeConfig",
+        model_class="dllm_cli.models.llada2:LLaDA2MoeModelLM",
+        logit_shift=0,
+        sampler="block",
+        reference={
+            "gen_length": 2048,
+            "block_length": 32,
+            "steps": None,  # 32 steps per block of 32: one token per step at least
+            "cache": "prefix",  # exact; the reference recomputes the window (cache = "none")
+            "unmask": "threshold",
+            "threshold": 0.95,
+            "temperature": 0.0,
+            "early_stop": True,
+        },
+        source=(
+            "LLaDA2.0's modeling_llada2_moe.py generate: temperature 0, block_length 32, steps "
+            "32, gen_length 2048, threshold 0.95, minimal_topk 1, eos 156892, mask 156895; it "
+            "stops after the block holding eos. LLaDA2.1's editing (edit_threshold, "
+            "max_post_steps) is set by its profiles"
+        ),
+        mask_id=156895,  # <|mask|>: not in config.json
+        block_causal=True,
+    ),
 }
 
 

@@ -108,6 +108,15 @@ FLAGS: dict[str, Flag] = {
         "threshold", float, "threshold rule: commit tokens at least this confident, in (0, 1]."
     ),
     "factor": _decode("factor", float, "factor rule: commit the largest n with (n+1)(1-c_n) < f."),
+    "edit_threshold": _decode(
+        "edit_threshold",
+        float,
+        "LLaDA2.1 token editing: replace a committed token whose new draft is more likely than "
+        "this (unset: no editing).",
+    ),
+    "max_post_steps": _decode(
+        "max_post_steps", int, "LLaDA2.1: editing steps a block may take after its last mask."
+    ),
     "temperature": _decode("temperature", float, "0 = greedy."),
     "top_p": _decode("top_p", float, "Nucleus sampling mass."),
     "top_k": _decode(

@@ -30,7 +30,7 @@ def block_step(e) -> StepOutput:
     gone = {f.id for f in finished}
     e.live = rows = [r for r in e.live if r.request.id not in gone]
     if not rows:
-        return StepOutput(e.steps - 1 if finished else -1, finished)
+        return StepOutput(-1, finished)  # rows ended without a forward
     ctx, ids, positions, index = inputs(e, rows)
     logits = e.model(ids, positions, ctx, logits_slice=index)  # (N, B, V)
     e.forwards += 1
