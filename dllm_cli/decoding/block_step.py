@@ -175,8 +175,11 @@ def finish(e, r, finished) -> None:
 
 
 def place(e, r) -> RowPhase:
-    start = r.block * e.rule.block - r.prompt
-    return RowPhase(r.request.id, r.block, r.step, (start, start + e.rule.block), not e.cached)
+    """Where a row is: its answer block (0 = the block after the prompt's whole blocks)."""
+    b = e.rule.block
+    start = r.block * b - r.prompt
+    shown = min(r.block - r.prompt // b, -(-e.settings.gen_length // b) - 1)
+    return RowPhase(r.request.id, shown, r.step, (start, start + b), not e.cached)
 
 
 def event(e, step, phases, commits, drafts, stored, done) -> StepEvent:
