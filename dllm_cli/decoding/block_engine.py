@@ -216,8 +216,8 @@ class BlockEngine:
             r.cached = n
             r.request.forwards += 1
 
-    def write(self, ctx: BlockContext, i: int, row: BlockRow, start: int, end: int) -> None:
-        """Batch row i's fresh K/V for columns [start, end) into its slot's cache."""
+    def write(self, ctx: BlockContext, i: int, row: BlockRow, start: int, end: int, at=0) -> None:
+        """Batch row i's fresh K/V (its own columns from `at`) into cache columns [start, end)."""
         for layer, (k, v) in zip(self.kv, ctx.fresh, strict=True):
-            layer[0][row.slot, :, start:end] = k[i, :, : end - start]
-            layer[1][row.slot, :, start:end] = v[i, :, : end - start]
+            layer[0][row.slot, :, start:end] = k[i, :, at : at + end - start]
+            layer[1][row.slot, :, start:end] = v[i, :, at : at + end - start]

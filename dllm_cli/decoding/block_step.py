@@ -31,36 +31,36 @@ def block_step(e) -> StepOutput:
     e.live = rows = [r for r in e.live if r.request.id not in gone]
     if not rows:
         return StepOutput(-1, finished)  # rows ended without a forward
-    ctx, ids, positions, index = inputs(e, rows)
+    # A finished block's store rides with its next block's first decode (one forward).
+    storing = {i for i, r in enumerate(rows) if r.store}
+    previous = {i: block_of(rows[i], b).clone() for i in storing}
+    for i in storing:
+        stored.append(rows[i].block * b - rows[i].prompt)
+        advance(e, rows[i])
+    ctx, ids, positions, index = inputs(e, rows, previous)
     logits = e.model(ids, positions, ctx, logits_slice=index)  # (N, B, V)
+    for i in storing:
+        r = rows[i]
+        e.write(ctx, i, r, (r.block - 1) * b, r.block * b)
     e.forwards += 1
     e.served += len(rows)
     for r in rows:
         r.request.steps += 1
         r.request.forwards += 1
-    decoding = [i for i, r in enumerate(rows) if not r.store]
-    storing = [i for i, r in enumerate(rows) if r.store]  # before decisions set new ones
     phases = tuple(place(e, r) for r in rows)  # where each row was, before it moves on
-    at = [rows[i].block * b - rows[i].prompt for i in decoding]
-    commits, drafts = [], []
-    if decoding:
-        x0, p = draft(logits[decoding], e.settings, e.special.mask, e.real_vocab, e.generator)
-        block = torch.stack([block_of(rows[i], b) for i in decoding])  # (N, B)
-        active = block == e.special.mask
-        k = torch.tensor([rule.k(rows[i].step) for i in decoding], device=e.device)
-        cols = torch.stack([columns(rows[i], b) for i in decoding])
-        fixed = cols < torch.tensor([rows[i].prompt for i in decoding], device=e.device)[:, None]
-        fill, edit = fills(rule, active, p, k), edits(rule, block, active, x0, p, fixed)
-        for j, i in enumerate(decoding):
-            decide(e, rows[i], i, ctx, fill[j], edit[j], x0[j], active[j], finished)
-        ids = [rows[i].request.id for i in decoding]
-        commits = list(zip(ids, at, fill, x0, p, strict=True))
-        drafts = list(zip(ids, at, edit, x0, p, strict=True))
-    for i in storing:
-        r = rows[i]
-        e.write(ctx, i, r, r.block * b, (r.block + 1) * b)
-        stored.append(r.block * b - r.prompt)
-        advance(e, r)
+    at = [r.block * b - r.prompt for r in rows]
+    x0, p = draft(logits, e.settings, e.special.mask, e.real_vocab, e.generator)
+    block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
+    active = block == e.special.mask
+    k = torch.tensor([rule.k(r.step) for r in rows], device=e.device)
+    cols = torch.stack([columns(r, b) for r in rows])
+    fixed = cols < torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
+    fill, edit = fills(rule, active, p, k), edits(rule, block, active, x0, p, fixed)
+    for i, r in enumerate(rows):
+        decide(e, r, i, ctx, fill[i], edit[i], x0[i], active[i], finished)
+    ids = [r.request.id for r in rows]
+    commits = list(zip(ids, at, fill, x0, p, strict=True))
+    drafts = list(zip(ids, at, edit, x0, p, strict=True))
     done = {f.id for f in finished}
     e.live = [r for r in e.live if r.request.id not in done]
     step = e.steps
@@ -76,33 +76,50 @@ def columns(r, b: int) -> torch.Tensor:
     return torch.arange(r.block * b, (r.block + 1) * b, device=r.x.device)
 
 
-def inputs(e, rows):
-    """Context, ids (N, T), positions (N, T) and the logits' columns for this forward."""
-    b = e.rule.block
+def inputs(e, rows, previous: dict[int, torch.Tensor]):
+    """Context, ids (N, T), positions (N, T) and the logits' columns for this forward.
+
+    Cached: each row's active block against its cached K/V; rows in `previous` (index -> the
+    finished block's tokens) put that block before it, so the forward also computes its
+    final K/V (block-causal: the finished block never sees the new one). Recompute: each
+    row's whole window [0, end of its block) under the block-causal mask.
+    """
+    b, n = e.rule.block, len(rows)
     cols = torch.stack([columns(r, b) for r in rows])  # (N, B)
     if e.cached:
         ids = torch.stack([block_of(r, b) for r in rows])
-        lengths = torch.tensor([r.cached for r in rows], device=e.device)
+        lengths = torch.tensor(
+            [r.cached - b * (i in previous) for i, r in enumerate(rows)], device=e.device
+        )
+        ctx = BlockContext()
+        if previous:
+            ahead = torch.full_like(ids, e.special.pad)
+            for i, tokens in previous.items():
+                ahead[i] = tokens
+            ids = torch.cat([ahead, ids], dim=1)  # (N, 2B)
+            cols = torch.cat([(cols - b).clamp(min=0), cols], dim=1)
+            known = torch.zeros(n, 2 * b, dtype=torch.bool, device=e.device)
+            known[:, b:] = True
+            known[list(previous), :b] = True
+            ctx.self_mask = block_causal(2 * b, b, e.device)[None] & known[:, None, :]
+            ctx.offset = b
         width = int(lengths.max())
-        if width == 0:
-            return BlockContext(), ids, cols, None
-        slots = torch.tensor([r.slot for r in rows], device=e.device)
-        past = [(k[slots, :, :width], v[slots, :, :width]) for k, v in e.kv]
-        valid = None
-        if bool((lengths < width).any()):
-            valid = torch.arange(width, device=e.device)[None] < lengths[:, None]
-        return BlockContext(past=past, past_valid=valid), ids, cols, None
-    # Recompute: each row's whole window [0, end of its block) under the block-causal mask.
+        if width > 0:
+            slots = torch.tensor([r.slot for r in rows], device=e.device)
+            ctx.past = [(k[slots, :, :width], v[slots, :, :width]) for k, v in e.kv]
+            if bool((lengths < width).any()):
+                ctx.past_valid = torch.arange(width, device=e.device)[None] < lengths[:, None]
+        return ctx, ids, cols, slice(b, 2 * b) if previous else None
     ends = [(r.block + 1) * b for r in rows]
     width = max(ends)
-    ids = torch.full((len(rows), width), e.special.pad, dtype=torch.long, device=e.device)
-    for i, (r, n) in enumerate(zip(rows, ends, strict=True)):
-        ids[i, :n] = r.x[:n]
+    ids = torch.full((n, width), e.special.pad, dtype=torch.long, device=e.device)
+    for i, (r, end) in enumerate(zip(rows, ends, strict=True)):
+        ids[i, :end] = r.x[:end]
     valid = (
         torch.arange(width, device=e.device)[None] < torch.tensor(ends, device=e.device)[:, None]
     )
     own = block_causal(width, b, e.device)[None] & valid[:, None, :]
-    positions = torch.arange(width, device=e.device).expand(len(rows), width)
+    positions = torch.arange(width, device=e.device).expand(n, width)
     return BlockContext(self_mask=own), ids, positions, cols
 
 
@@ -113,7 +130,7 @@ def decide(e, r, i, ctx, fill, edit, x0, active, finished) -> None:
     if editing and not bool(active.any()) and not bool(edit.any()):
         # Settled: this forward saw the final tokens, so its K/V are the block's final K/V.
         if e.cached and not last(r):
-            e.write(ctx, i, r, r.block * b, (r.block + 1) * b)
+            e.write(ctx, i, r, r.block * b, (r.block + 1) * b, ctx.offset)
         settle(e, r, finished, stored=True)
         return
     change = fill | edit

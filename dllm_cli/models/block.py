@@ -32,6 +32,7 @@ class BlockContext:
     past_valid: torch.Tensor | None = None  # (B, S) bool: cached columns a row may attend
     self_mask: torch.Tensor | None = None  # (B, T, T) or (T, T) bool; None: all see all
     fresh: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    offset: int = 0  # where the active block starts among the forward's own columns
     _mask: torch.Tensor | None = None
 
     def mask(self, b: int, t: int) -> torch.Tensor | None:
@@ -42,9 +43,11 @@ class BlockContext:
             if own is None:
                 own = torch.ones(t, t, dtype=torch.bool, device=device)
             own = own.expand(b, t, t)
-            if self.past_valid is not None:
-                past = self.past_valid[:, None, :].expand(b, t, self.past_valid.shape[1])
-                own = torch.cat([past, own], dim=2)
+            valid = self.past_valid
+            if valid is None and self.past is not None:  # every row has every cached column
+                valid = torch.ones(b, self.past[0][0].shape[2], dtype=torch.bool, device=device)
+            if valid is not None:
+                own = torch.cat([valid[:, None, :].expand(b, t, valid.shape[1]), own], dim=2)
             self._mask = own[:, None]
         return self._mask
 
