@@ -283,8 +283,8 @@ def solo(result: DecodeResult) -> Finished:
     return Finished(
         id=0,
         key=None,
-        tokens=result.tokens[0],
-        commit_steps=result.commit_steps[0] if result.commit_steps else [],
+        answer=result.tokens[0],
+        marks=result.commit_steps[0] if result.commit_steps else [],
         prompt_length=result.prompt_lengths[0],
         steps=result.steps,
         forwards=result.forwards,

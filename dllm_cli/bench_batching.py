@@ -30,13 +30,20 @@ def mixed_shots(encode: Callable[[str], list[int]], n: int, most: int, start: in
 
 
 def run_pass(
-    runtime: Runtime, prompts: Sequence[list[int]], settings, size: int, admission: str
+    runtime: Runtime,
+    prompts: Sequence[list[int]],
+    settings,
+    size: int,
+    admission: str,
+    guided: bool = False,
 ) -> dict:
     """Every prompt through one engine of `size` slots under `admission` (static: whole
-    batches one after another; continuous: a slot refilled the step after its row ends)."""
+    batches one after another; continuous: a slot refilled the step after its row ends);
+    `guided`: the runtime's AR guide verifies the drafts."""
     model, special = runtime.loaded.model, runtime.loaded.special
     began = time.perf_counter()
-    engine = open_engine(model, special, settings, slots=size, admission=admission)
+    committer = runtime.committer() if guided else None
+    engine = open_engine(model, special, settings, committer, slots=size, admission=admission)
     for i, p in enumerate(prompts):
         engine.add(p, key=i)
     out: dict[int, list[int]] = {}
@@ -48,12 +55,12 @@ def run_pass(
     return summary(admission, tokens, engine.forwards, engine.served, seconds, runtime)
 
 
-def run_static(runtime: Runtime, prompts: Sequence[list[int]], settings, size: int) -> dict:
-    return run_pass(runtime, prompts, settings, size, "static")
+def run_static(runtime: Runtime, prompts, settings, size: int, guided: bool = False) -> dict:
+    return run_pass(runtime, prompts, settings, size, "static", guided)
 
 
-def run_continuous(runtime: Runtime, prompts: Sequence[list[int]], settings, size: int) -> dict:
-    return run_pass(runtime, prompts, settings, size, "continuous")
+def run_continuous(runtime: Runtime, prompts, settings, size: int, guided: bool = False) -> dict:
+    return run_pass(runtime, prompts, settings, size, "continuous", guided)
 
 
 PASSES: dict[str, Callable[..., dict]] = {"static": run_static, "continuous": run_continuous}
@@ -80,20 +87,21 @@ def compare_batching(
     batch_size: int,
     rounds: int = 1,
     on_record: Callable[[dict], None] | None = None,
+    guided: bool = False,
 ) -> list[dict]:
     """Static then continuous, `rounds` times; records carry the continuous/static ratio."""
-    reason = static_reason(runtime.loaded.model, guided=False)
+    reason = static_reason(runtime.loaded.model)
     if reason is not None:
         raise InputError(f"--batching-compare: {reason}")
     if batch_size < 1 or rounds < 1:
         raise InputError("--batching-compare needs --batch-size >= 1 and --rounds >= 1")
     short = replace(settings, gen_length=min(settings.block_length, settings.gen_length))
     for run in PASSES.values():  # warm-up: one-off setup costs nobody
-        run(runtime, prompts[:batch_size], short, batch_size)
+        run(runtime, prompts[:batch_size], short, batch_size, guided)
     records = []
     for r in range(rounds):
-        static = run_static(runtime, prompts, settings, batch_size)
-        continuous = run_continuous(runtime, prompts, settings, batch_size)
+        static = run_static(runtime, prompts, settings, batch_size, guided)
+        continuous = run_continuous(runtime, prompts, settings, batch_size, guided)
         same = sum(a == b for a, b in zip(static["tokens"], continuous["tokens"], strict=True))
         for rec in (static, continuous):
             rec.update(

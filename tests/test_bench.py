@@ -205,11 +205,16 @@ def test_batching_compare_times_both_batchings_on_the_same_prompts(profile, tmp_
     assert "| continuous |" in result.stdout
 
 
-def test_batching_compare_refuses_a_guided_strategy(profile):
-    args = ["bench", "-p", str(profile), "--batching-compare", "guided", "--n", "2"]
-    result = invoke(*args)
-    assert result.exit_code == InputError.exit_code
-    assert "unguided strategy" in result.stderr
+def test_batching_compare_takes_a_guided_strategy(profile, tmp_path):
+    """Guided decoding batches continuously: the same text as static batches."""
+    out = tmp_path / "guided.json"
+    args = ["bench", "-p", str(profile), "--n", "4", "--shots", "1", "--gen-length", "16"]
+    compare = ["--batching-compare", "freecache+guided+early-stop", "--batch-size", "2"]
+    result = invoke(*args, *compare, "--block-length", "8", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    records = json.loads(out.read_text())
+    assert [r["batching"] for r in records] == ["static", "continuous"]
+    assert all(r["identical"] == r["prompts"] == 4 for r in records)
 
 
 def test_mixed_shots_cycle_from_zero_to_the_most():

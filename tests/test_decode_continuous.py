@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 import torch
 from decode_fixtures import SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
 
-from dllm_cli.decoding import Engine, Finished, decode
+from dllm_cli.decoding import Engine, Finished, answer_tokens, decode
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError
 
@@ -142,3 +143,30 @@ def test_gemma_decodes_and_committers_without_admit_are_left_to_static_batches()
     with pytest.raises(InputError, match="continuous batching"):
         Engine(loaded.model, SPECIAL, settings(), Verifier(), slots=2, admission="continuous")
     Engine(loaded.model, SPECIAL, settings(), Verifier(), slots=2, admission="static")
+
+
+def test_abort_frees_a_slot_and_progress_is_a_growing_prefix():
+    """An aborted request (waiting or running) never answers and its slot takes the next
+    prompt; the others decode as alone, and `progress` only ever grows toward the answer."""
+    loaded = tiny("llada")
+    s = settings(cache="dual")
+    ps = prompts([4, 9, 2, 7], seed=3)
+    engine = Engine(loaded.model, SPECIAL, s, slots=2)
+    ids = [engine.add(p, key=i) for i, p in enumerate(ps)]
+    assert engine.abort(ids[3]) and engine.waiting == 3  # waiting: gone at once
+    engine.step()
+    assert engine.running == 2 and engine.waiting == 1
+    assert engine.abort(ids[0])  # running: leaves its slot on the next step
+    assert not engine.abort(ids[0]) and not engine.abort(99)
+    out, seen = {}, []
+    while engine.has_work:
+        step = engine.step()
+        assert ids[0] not in [r.id for r in engine.live]
+        seen.append(engine.progress(ids[1]))
+        out.update({f.key: f.tokens for f in step.finished})
+    assert sorted(out) == [1, 2]
+    assert [out[1], out[2]] == alone(loaded.model, [ps[1], ps[2]], s)
+    final = answer_tokens(out[1], SPECIAL.stop)
+    grown = [p for p in seen if p]
+    assert grown and all(a == b[: len(a)] for a, b in itertools.pairwise(grown))
+    assert all(p == final[: len(p)] for p in grown)

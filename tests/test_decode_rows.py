@@ -45,8 +45,10 @@ def test_rows_apart_equal_rows_alone(kind, cache, unmask, cfg):
     events, batch = apart(model, ps, s)
     assert rows_apart(events) > 0
     assert batch.forwards <= 2 * batch.steps  # at most two forwards a step
-    if cache in ("prefix", "dual"):  # a row's block-start refresh beside others' cached steps
+    if cache == "dual":  # a row's block-start refresh beside others' cached steps
         assert batch.forwards > batch.steps
+    elif cache == "prefix":  # ... which folds into windows that run to the canvas end
+        assert batch.forwards >= batch.steps
     else:  # none: every row full every step; freecache: only the first step is full
         assert batch.forwards == batch.steps
     for row, prompt in enumerate(ps):
@@ -116,3 +118,18 @@ def test_forward_with_per_row_columns_equals_each_row_alone(kind):
         torch.testing.assert_close(got[r, : e - s], want[0], rtol=1e-5, atol=1e-5)
         for layer in range(len(alone.k)):
             torch.testing.assert_close(full.k[layer][r, :, :12], alone.k[layer][0])
+
+
+def test_a_refresh_folds_into_the_windows_only_where_padding_costs_nothing():
+    """One forward for a full row and cached rows when it computes no more row-columns than
+    two would (wide Prefix windows), two when the windows are narrow (DualCache's block)."""
+    from dllm_cli.decoding.forwards import folds
+    from dllm_cli.decoding.policies import Forward
+
+    model = spread("llada")
+    full = Forward(0, 40, refresh=True)
+    wide = [full, *[Forward(8, 40, refresh=False)] * 3]  # windows to the canvas end
+    narrow = [full, *[Forward(8, 12, refresh=False)] * 3]  # one block of 4
+    spans = [(8, 12)] * 4
+    assert folds(wide, spans, [0], model)
+    assert not folds(narrow, spans, [0], model)

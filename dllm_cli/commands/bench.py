@@ -208,14 +208,16 @@ def bench_command(
         rt = load_runtime(choices)
         if batching_compare is not None:
             strategy = STRATEGIES.get(batching_compare)
-            if strategy is None or strategy.guided:
-                unguided = ", ".join(k for k, v in STRATEGIES.items() if not v.guided)
-                raise InputError(f"--batching-compare takes an unguided strategy: {unguided}")
+            usable = [k for k, v in STRATEGIES.items() if rt.guide is not None or not v.guided]
+            if strategy is None or batching_compare not in usable:
+                raise InputError(f"--batching-compare takes one of: {', '.join(usable)}")
             settings = settings_for(
                 rt.settings, batching_compare, lengths[0], block_length, suffix_window
             )
             prompts = mixed_shots(rt.encode, n, shots, start)
-            records = compare_batching(rt, prompts, settings, batch_size, rounds, report_pass)
+            records = compare_batching(
+                rt, prompts, settings, batch_size, rounds, report_pass, strategy.guided
+            )
             for r in records:
                 del r["tokens"]
             print(table(records), end="")

@@ -71,6 +71,7 @@ class Canvas:
     steps: torch.Tensor  # (B, G) long: step that committed each answer position (-1: not yet)
     prompt_width: int  # P: first answer column
     mask_id: int
+    any_pad: bool | None = None  # host copy of `(pad > 0).any()` (None: not known, ask)
 
     @classmethod
     def build(
@@ -84,7 +85,8 @@ class Canvas:
         pad = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
         rows = torch.arange(len(prompts))
         steps = torch.full((len(prompts), gen_length), -1, dtype=torch.long)
-        return cls(*(t.to(device) for t in (ids, pad, rows, steps)), width, mask_id)
+        padded = any(len(p) < width for p in prompts)
+        return cls(*(t.to(device) for t in (ids, pad, rows, steps)), width, mask_id, padded)
 
     @property
     def batch(self) -> int:
@@ -96,7 +98,9 @@ class Canvas:
 
     @property
     def padded(self) -> bool:
-        return bool((self.pad > 0).any())
+        if self.any_pad is None:
+            self.any_pad = bool((self.pad > 0).any())  # a device read; the engine knows
+        return self.any_pad
 
     def columns(self) -> torch.Tensor:
         return torch.arange(self.width, device=self.ids.device)  # (S,)

@@ -193,24 +193,21 @@ class Engine:
         fresh.rows = torch.tensor([r.id for r in new], device=self.device)
         for r in new:
             r.admit(self.steps)
-        taken = (
-            set(self.cache.live.tolist()) if self.cache is not None else set(range(len(self.live)))
-        )
-        free = [i for i in range(self.slots) if i not in taken][: len(new)]
-        slots = torch.cat([self._slots(), torch.tensor(free, dtype=torch.long, device=self.device)])
-        order = slots.argsort()
+            r.row.first = c.prompt_width  # its first mask: the answer's first column
+        taken = {r.slot for r in self.live}
+        free = [i for i in range(self.slots) if i not in taken]
+        for r, slot in zip(new, free, strict=False):
+            r.slot = slot
+        merged = self.live + new
+        ranks = sorted(range(len(merged)), key=lambda i: merged[i].slot)  # rows in slot order
+        order = torch.tensor(ranks, dtype=torch.long, device=self.device)
         self.canvas = cat_canvases(c, fresh).select(order)
         if self.on_admit is not None and not self.admission.whole_batches:
             self.on_admit(len(new), order)
-        merged = self.live + new
-        self.live = [merged[i] for i in order.tolist()]
+        self.live = [merged[i] for i in ranks]
+        self._note_padding()
         if self.cache is not None:
-            self.cache.live = slots[order]
-
-    def _slots(self) -> torch.Tensor:
-        if self.cache is not None:
-            return self.cache.live
-        return torch.arange(len(self.live), dtype=torch.long, device=self.device)
+            self.cache.live = torch.tensor([r.slot for r in self.live], device=self.device)
 
     def _width_for(self, longest: int) -> int:
         """The prompt width for a prompt of `longest` tokens: rounded up, within the context."""
@@ -241,47 +238,64 @@ class Engine:
         self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
         for r in self.live:
             r.row.shift(extra)
+        self._note_padding()
         if self.cache is not None:
             self.cache.widen(extra)
 
     # --- leaving -----------------------------------------------------------------------------
-    def retire(self) -> list[Finished]:
-        """Rows whose answer is final leave their slots; their Finished records."""
+    def done(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B,) rows whose answer is final, and (B,) where each answer ends, on the device."""
         c = self.canvas
         answer = c.answer()  # (B, G)
         done = ~(answer == c.mask_id).any(dim=1)
         cut = torch.full_like(c.rows, answer.shape[1])
         if self.settings.early_stop or self.frontier:  # guided: a stop token ends the row
             cut = first_stop(answer, self.stop_ids, c.mask_id)
-            done |= cut < answer.shape[1]
-        if not bool(done.any()):
-            return []
-        gone = done.nonzero().squeeze(1)
-        past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[gone][:, None]
-        tokens = answer[gone].masked_fill(past, self.special.eos).tolist()
-        marks = c.steps[gone].masked_fill(past, -1).tolist()
+            done = done | (cut < answer.shape[1])
+        return done, cut
+
+    def retire(self, done: list[int], cut: torch.Tensor) -> tuple[list[Finished], list[int]]:
+        """Rows whose answer is final (`done`, host flags) leave their slots; their Finished
+        records (tokens stay on the device until read) and the indices of the rows kept."""
+        gone = [i for i, d in enumerate(done) if d]
+        kept = [i for i, d in enumerate(done) if not d]
+        if not gone:
+            return [], kept
+        c = self.canvas
+        rows = torch.tensor(gone, device=self.device)
+        answer = c.answer()[rows]  # (R, G)
+        past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[rows][:, None]
+        tokens = answer.masked_fill(past, self.special.eos)
+        first = torch.tensor([self.live[i].first_step for i in gone], device=self.device)
+        marks = c.steps[rows]
+        marks = torch.where((marks >= 0) & ~past, marks - first[:, None], -1)
         finished = []
-        for i, row_tokens, row_marks in zip(gone.tolist(), tokens, marks, strict=True):
+        for j, i in enumerate(gone):
             r = self.live[i]
-            own = [m - r.first_step if m >= 0 else -1 for m in row_marks]
-            finished.append(r.finish(row_tokens, own, self.steps))
+            finished.append(r.finish(tokens[j], marks[j], self.steps))
             self.requests.pop(r.id, None)
-        self._keep((~done).nonzero().squeeze(1))
-        return finished
+        self._keep(kept)
+        return finished, kept
 
     def _drop_aborted(self) -> None:
         if any(r.status is Status.ABORTED for r in self.live):
-            keep = [i for i, r in enumerate(self.live) if r.status is not Status.ABORTED]
-            self._keep(torch.tensor(keep, dtype=torch.long, device=self.device))
+            self._keep([i for i, r in enumerate(self.live) if r.status is not Status.ABORTED])
 
-    def _keep(self, keep: torch.Tensor) -> None:
-        """Only live rows `keep` (indices) go on."""
+    def _keep(self, kept: list[int]) -> None:
+        """Only live rows `kept` (indices) go on."""
         whole = self.admission.whole_batches
+        keep = torch.tensor(kept, dtype=torch.long, device=self.device)
         if self.cache is not None:
             self.cache.keep(keep, compact=whole)
         if self.on_select is not None:
             self.on_select(keep)
+        self.live = [self.live[i] for i in kept]
         self.canvas = self.canvas.select(keep)
-        self.live = [self.live[i] for i in keep.tolist()]
+        self._note_padding()
         if whole and not self.live:  # the batch is over: its cache goes
             self.cache = None
+
+    def _note_padding(self) -> None:
+        """The canvas learns from the host whether any row is padded (no device read)."""
+        width = self.canvas.prompt_width
+        self.canvas.any_pad = any(len(r.prompt) < width for r in self.live)

@@ -39,6 +39,7 @@ class Request:
     forwards: int = 0  # model forwards of those steps
     guide_forwards: int = 0  # the AR guide's forwards of those steps (guided decoding)
     guide_seconds: float = 0.0
+    slot: int = -1  # its slot while running
     added_at: float = field(default_factory=time.perf_counter)
     admitted_at: float = 0.0
 
@@ -46,14 +47,14 @@ class Request:
         self.status, self.first_step = Status.RUNNING, step
         self.admitted_at = time.perf_counter()
 
-    def finish(self, tokens: list[int], commit_steps: list[int], step: int) -> Finished:
+    def finish(self, tokens, commit_steps, step: int) -> Finished:
         """Its answer is final at engine step `step`: the record clients read."""
         self.status = Status.FINISHED
         return Finished(
             id=self.id,
             key=self.key,
-            tokens=tokens,
-            commit_steps=commit_steps,
+            answer=tokens,
+            marks=commit_steps,
             prompt_length=len(self.prompt),
             steps=self.steps,
             forwards=self.forwards,
@@ -65,14 +66,18 @@ class Request:
         )
 
 
-@dataclass(frozen=True)
+@dataclass
 class Finished:
-    """A request's answer, handed on the step it became final; every count is its own."""
+    """A request's answer, handed on the step it became final; every count is its own.
+
+    `tokens` and `commit_steps` are read from the device when first asked for (the engine
+    hands them on as (G,) tensors, so a step that finishes a request reads nothing more).
+    """
 
     id: int
     key: Any  # what `add` was given with the prompt
-    tokens: list[int]  # gen_length ids; after an early stop, EOS fill
-    commit_steps: list[int]  # per position: its step (from admission) that committed it; -1
+    answer: Any  # gen_length ids (list, or a (G,) tensor until read); after a stop, EOS fill
+    marks: Any  # per position: its step (from admission) that committed it; -1: filled
     prompt_length: int
     steps: int  # steps it spent in a slot
     forwards: int  # model forwards that ran in those steps
@@ -81,3 +86,15 @@ class Finished:
     guide_seconds: float = 0.0
     finished_at: int = 0  # its 0-based step (from admission) at which the answer was final
     waited: float = 0.0  # seconds between `add` and admission
+
+    @property
+    def tokens(self) -> list[int]:
+        if not isinstance(self.answer, list):
+            self.answer = self.answer.tolist()
+        return self.answer
+
+    @property
+    def commit_steps(self) -> list[int]:
+        if not isinstance(self.marks, list):
+            self.marks = self.marks.tolist()
+        return self.marks

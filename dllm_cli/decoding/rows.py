@@ -34,6 +34,7 @@ class RowState:
     frozen_until: int = 0  # canvas column before which its K/V are final (FreeCache)
     fresh: bool = True  # no forward has served the row yet
     seen: int = 0  # canvas column before which its K/V were computed at least once
+    first: int = 0  # frontier walk: canvas column of its first mask (host copy)
 
     def place(
         self,
@@ -64,6 +65,7 @@ class RowState:
         """The canvas grew `extra` columns on the left (continuous batching)."""
         self.frozen_until += extra
         self.seen += extra
+        self.first += extra
 
     def enter(self, block: int) -> None:
         """Move to another block (step 0 there)."""
@@ -94,17 +96,21 @@ class BlockWalk:
         self.lockstep = lockstep
 
     def begin(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
-        """A row starting a block counts the block's masks (LLaDA's schedule needs them)."""
-        if any(row.step == 0 for row in rows):
-            counts = block_masks(canvas, rows, blocks)
-            for row, n in zip(rows, counts, strict=True):
-                if row.step == 0:
-                    row.masks_at_start = n
+        """A row starting a block counts the block's masks (LLaDA's schedule needs them): all
+        of its columns, as a block walk commits only inside the row's current block."""
+        for row in rows:
+            if row.step == 0:
+                row.masks_at_start = blocks[row.block].length
 
-    def advance(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
+    def pending(self, canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> torch.Tensor:
+        """(B,) on the device: masks left in each row's block (what `advance` reads)."""
+        return block_masks(canvas, rows, blocks)
+
+    def advance(self, rows: list[RowState], counts: list[int], blocks: list[Block]) -> None:
+        """Move rows on from `counts`, the host copy of `pending` after the step's commits."""
         if not rows:
             return
-        left = [n > 0 for n in block_masks(canvas, rows, blocks)]
+        left = [n > 0 for n in counts]
         if self.lockstep:
             move = not any(left)
             left = [not move] * len(rows)
@@ -123,10 +129,15 @@ class FrontierWalk:
     def begin(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
         pass
 
-    def advance(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
+    def pending(self, canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> torch.Tensor:
+        """(B,) on the device: each row's first masked column (what `advance` reads)."""
+        return first_masks(canvas)
+
+    def advance(self, rows: list[RowState], firsts: list[int], blocks: list[Block]) -> None:
         if not rows:
             return
-        for row, first in zip(rows, first_masks(canvas).tolist(), strict=True):
+        for row, first in zip(rows, firsts, strict=True):
+            row.first = first
             block = block_of(first, blocks)
             if block == row.block:
                 row.step += 1
@@ -134,17 +145,17 @@ class FrontierWalk:
                 row.enter(block)
 
 
-def block_masks(canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> list[int]:
-    """Masks left in each row's current block (one device sync for the batch)."""
+def block_masks(canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> torch.Tensor:
+    """(B,) masks left in each row's current block, on the device."""
     device = canvas.ids.device
     starts = torch.tensor([blocks[row.block].start for row in rows], device=device)
     ends = torch.tensor([blocks[row.block].end for row in rows], device=device)
     cols = canvas.columns()[None]
     inside = (cols >= starts[:, None]) & (cols < ends[:, None])  # (B, S)
-    return ((canvas.ids == canvas.mask_id) & inside).sum(dim=1).tolist()
+    return ((canvas.ids == canvas.mask_id) & inside).sum(dim=1)
 
 
 def same_place(rows: list[RowState]) -> bool:
     """Every row at the same block and step (one shared plan serves them all)."""
-    first = replace(rows[0], masks_at_start=0)
-    return all(replace(row, masks_at_start=0) == first for row in rows)
+    first = replace(rows[0], masks_at_start=0, first=0)
+    return all(replace(row, masks_at_start=0, first=0) == first for row in rows)

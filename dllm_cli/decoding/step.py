@@ -20,7 +20,7 @@ import torch
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
 from dllm_cli.decoding.forwards import Prediction
 from dllm_cli.decoding.request import Finished
-from dllm_cli.decoding.rows import first_masks, same_place
+from dllm_cli.decoding.rows import same_place
 from dllm_cli.decoding.unmask import Decision, StepContext
 
 
@@ -42,13 +42,17 @@ class StepOutput:
 
 
 def decode_step(e) -> StepOutput:
-    """At most two forwards, one commit decision, rows move on, finished rows retire."""
+    """At most two forwards, one commit decision, rows move on, finished rows retire.
+
+    Unguided, the step reads the device once: after the commits, one small tensor says which
+    rows are done and what the walk needs to move the others on (masks left in their block).
+    """
     c, s, model = e.canvas, e.settings, e.model
     rows = [r.row for r in e.live]
     e.walk.begin(rows, c, e.blocks)
     e.served += c.batch  # every live row is served by exactly one forward
     shift, every, suffix = model.logit_shift, s.refresh_interval, s.suffix_window
-    firsts = first_masks(c).tolist() if e.frontier else [None] * c.batch
+    firsts = [r.first for r in rows] if e.frontier else [None] * c.batch
     places = [
         r.place(e.blocks, c.width, shift, every, reach(e, f), suffix)
         for r, f in zip(rows, firsts, strict=True)
@@ -65,7 +69,7 @@ def decode_step(e) -> StepOutput:
     e.guide_seconds += decision.seconds
     commit = guard(e, decision, ctx, places)
     tokens = pred.drafts if decision.tokens is None else decision.tokens
-    written = apply(e, commit, tokens, confidence, pred.columns, decision.corrected)
+    write(c, commit, tokens, pred.columns, e.steps)
     for r in e.live:
         r.steps += 1
         r.forwards += pred.forwards
@@ -73,14 +77,18 @@ def decode_step(e) -> StepOutput:
         r.guide_seconds += decision.seconds
     for row, plan in zip(rows, plans, strict=True):
         row.served(plan)
+    done, cut = e.done()
+    walk = e.walk.pending(c, rows, e.blocks)
+    host = torch.stack([done.long(), walk]).tolist()  # the step's one read from the device
     numbers = c.rows  # request ids of this step's rows (the canvas is replaced on retire)
-    finished = e.retire()  # before moving on: lockstep waits only for live rows
-    e.walk.advance([r.row for r in e.live], e.canvas, e.blocks)
+    finished, kept = e.retire(host[0], cut)  # before moving on: lockstep waits for live rows
+    e.walk.advance([r.row for r in e.live], [host[1][i] for i in kept], e.blocks)
     step, forwards, guide_forwards = e.steps, e.forwards, e.guide_forwards
     e.steps += 1
+    p = c.prompt_width
 
     def build() -> StepEvent:
-        first, p = places[0], c.prompt_width
+        first = places[0]
         ids = numbers.tolist()
         phases = tuple(
             RowPhase(n, at.block.index, at.step, (f.start - p, f.end - p), f.refresh)
@@ -96,7 +104,7 @@ def decode_step(e) -> StepOutput:
             refresh=plans[0].refresh,
             frozen=None if plans[0].frozen is None else tuple(f - p for f in plans[0].frozen),
             forwards=forwards,
-            commits=written(ids),
+            commits=committed(commit, tokens, confidence, pred.columns, fixed, p, ids),
             finished=tuple(f.id for f in finished),
             accepted=decision.accepted,
             guide_forwards=guide_forwards,
@@ -127,14 +135,15 @@ def context(e, rows, pred: Prediction, confidence, candidates) -> StepContext:
     device = e.device
     masks = torch.tensor([r.masks_at_start for r in rows], device=device)
     if same_place(rows):  # one shared block and step (rows in lockstep)
-        block, step, planned = e.blocks[rows[0].block], rows[0].step, None
+        block, step, planned, host = e.blocks[rows[0].block], rows[0].step, None, None
     else:
         block = None
-        step = torch.tensor([r.step for r in rows], device=device)
-        planned = torch.tensor([e.blocks[r.block].steps for r in rows], device=device)
+        host = [(r.step, e.blocks[r.block].steps) for r in rows]
+        step = torch.tensor([k for k, _ in host], device=device)
+        planned = torch.tensor([n for _, n in host], device=device)
     return StepContext(
         pred.drafts, confidence, candidates, block, step, masks, e.canvas,
-        e.generator, pred.columns, planned,
+        e.generator, pred.columns, planned, host,
     )  # fmt: skip
 
 
@@ -151,17 +160,22 @@ def guard(e, decision: Decision, ctx: StepContext, places) -> torch.Tensor:
     return torch.where(force, ctx.candidates, commit)
 
 
-def apply(e, commit, tokens, confidence, columns, corrected):
-    """Write committed tokens into the canvas; returns ids -> the step's RowCommits."""
-    c, p = e.canvas, e.canvas.prompt_width
+def write(c, commit, tokens, columns, step: int) -> None:
+    """Committed tokens into the canvas, without asking the device which ones.
+
+    Padding slots repeat a span's first column, so per-column sums (each committed column
+    appears once among the committed slots; padding adds nothing) stand in for a scatter.
+    """
+    every = torch.zeros_like(c.ids)
+    hit = every.scatter_add(1, columns, commit.long()) > 0  # (B, S)
+    chosen = every.scatter_add(1, columns, torch.where(commit, tokens, 0))
+    c.ids.copy_(torch.where(hit, chosen, c.ids))
+    c.steps.masked_fill_(hit[:, c.prompt_width :], step)
+
+
+def committed(commit, tokens, confidence, columns, corrected, p: int, ids) -> tuple[RowCommit, ...]:
+    """The step's RowCommits (for an event: read from the device only when one is built)."""
     rows, slots = commit.nonzero(as_tuple=True)
     cols, toks = columns[rows, slots], tokens[rows, slots]
-    c.ids[rows, cols] = toks
-    c.steps[rows, cols - p] = e.steps
     flags = None if corrected is None else corrected[rows, slots]
-    every = (rows, cols - p, toks, confidence[rows, slots])
-
-    def written(ids: list[int]) -> tuple[RowCommit, ...]:
-        return row_commits(*every, flags, ids)
-
-    return written
+    return row_commits(rows, cols - p, toks, confidence[rows, slots], flags, ids)

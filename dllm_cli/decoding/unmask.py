@@ -38,6 +38,7 @@ class StepContext:
     generator: torch.Generator
     columns: torch.Tensor | None = None  # (B, L) long canvas columns (None: the block's)
     planned: torch.Tensor | None = None  # (B,) steps planned for each row's block
+    host_steps: list[tuple[int, int]] | None = None  # (block_step, planned) per row, on host
 
     @property
     def steps_planned(self) -> int | torch.Tensor:
@@ -116,10 +117,10 @@ def timesteps(ctx: StepContext, eps: float) -> tuple[torch.Tensor, torch.Tensor]
         return times[ctx.block_step], times[ctx.block_step + 1]
     # Each row's own linspace (blocks may plan different numbers of steps), so a row gets
     # exactly the numbers it would get decoded alone.
-    pairs = [
-        torch.linspace(1, eps, n + 1, device=device)[min(k, n - 1) :][:2]
-        for n, k in zip(ctx.planned.tolist(), ctx.block_step.tolist(), strict=True)
-    ]
+    host = ctx.host_steps
+    if host is None:  # a context built without host copies: read them (a device read)
+        host = list(zip(ctx.block_step.tolist(), ctx.planned.tolist(), strict=True))
+    pairs = [torch.linspace(1, eps, n + 1, device=device)[min(k, n - 1) :][:2] for k, n in host]
     both = torch.stack(pairs)  # (B, 2)
     return both[:, 0], both[:, 1]
 
