@@ -135,12 +135,18 @@ def test_continuous_equals_alone(loaded, cache):
     assert [done[i] for i in range(len(PROMPTS))] == alone
 
 
-def test_abort_frees_the_slot(loaded):
-    engine = open_engine(loaded.model, loaded.special, settings(), slots=1)
+def test_progress_is_a_prefix_and_abort_frees_the_slot(loaded):
+    s = settings()
+    want = decode(loaded.model, loaded.special, [PROMPTS[0]], s).tokens[0]
+    engine = open_engine(loaded.model, loaded.special, s, slots=1)
     a, b = engine.add(PROMPTS[0]), engine.add(PROMPTS[1])
-    engine.step()
-    assert engine.progress(a) == [] or isinstance(engine.progress(a), list)
-    assert engine.abort(a)
+    seen = []
+    for _ in range(4):
+        engine.step()
+        seen.append(engine.progress(a))
+    assert seen[-1] and all(p == want[: len(p)] for p in seen)
+    assert engine.progress(b) == []  # still waiting
+    assert engine.abort(a) and not engine.abort(a)
     finished = []
     while engine.has_work:
         finished += engine.step().finished
