@@ -105,8 +105,12 @@ def inputs(e, rows, previous: dict[int, torch.Tensor]):
             ctx.offset = b
         width = int(lengths.max())
         if width > 0:
-            slots = torch.tensor([r.slot for r in rows], device=e.device)
-            ctx.past = [(k[slots, :, :width], v[slots, :, :width]) for k, v in e.kv]
+            held = [r.slot for r in rows]
+            if held == list(range(len(held))):  # slots 0..N-1: views, no copy
+                ctx.past = [(k[: len(held), :, :width], v[: len(held), :, :width]) for k, v in e.kv]
+            else:
+                slots = torch.tensor(held, device=e.device)
+                ctx.past = [(k[slots, :, :width], v[slots, :, :width]) for k, v in e.kv]
             if bool((lengths < width).any()):
                 ctx.past_valid = torch.arange(width, device=e.device)[None] < lengths[:, None]
         return ctx, ids, cols, slice(b, 2 * b) if previous else None
