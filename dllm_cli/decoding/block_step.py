@@ -1,8 +1,10 @@
 """One step of the block-causal engine: one forward serves every live row's active block.
 
-A row's forward is either a decode (drafts, then the rule commits masks and, for LLaDA2.1,
-edits tokens) or a store (its block is final: the forward writes the block's K/V into the
-cache and the row moves to its next block). Both kinds ride in the same batched forward.
+Each row drafts its active block and the rule commits masks (and, for LLaDA2.1, edits
+tokens). A row whose block became final last step puts that block in front of its next one
+in the same forward, which so also computes the finished block's K/V (written to the cache
+afterwards): no forward of its own for a store. Host reads per row and step are a few
+`.any()` checks (CPU decoding; a GPU would want them batched).
 (`e` below is the BlockEngine of block_engine.py, which imports this module.)
 """
 
