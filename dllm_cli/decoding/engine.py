@@ -9,7 +9,7 @@
 
 The shape is nano-vllm's LLMEngine / Scheduler / Sequence: a `Request` (request.py) holds a
 prompt's ids and all its progress, an admission policy (slots.py: static | continuous, one
-code path) decides when a waiting request takes a free slot, and a step runs what decode.py
+code path) decides when a waiting request takes a free slot, and a step runs what step.py
 says: each live row's cache policy plans its columns, forwards.py serves all rows with at
 most two forwards, a committer picks which drafts become tokens, rows move on, and finished
 rows leave their slots. The engine prints nothing; a step's `StepEvent` (for a live view) is
@@ -203,7 +203,7 @@ class Engine:
         order = torch.tensor(ranks, dtype=torch.long, device=self.device)
         self.canvas = cat_canvases(c, fresh).select(order)
         if self.on_admit is not None and not self.admission.whole_batches:
-            self.on_admit(len(new), order)
+            self.on_admit([r.prompt for r in new], order)
         self.live = [merged[i] for i in ranks]
         self._note_padding()
         if self.cache is not None:

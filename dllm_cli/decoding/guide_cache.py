@@ -88,21 +88,48 @@ class GuideCache:
             layer.values = layer.values.gather(2, index)
         self.valid = torch.arange(width, device=v.device)[None] < n[:, None]
 
-    def admit(self, new: int, order: torch.Tensor) -> None:
-        """`new` rows with nothing cached join after the current ones; then rows `order`.
+    def admit(self, prompts: list[list[int]], order: torch.Tensor, pad_id: int) -> None:
+        """New rows join after the current ones, then rows are reordered as `order` says.
 
-        (Continuous batching: a newly admitted request's row, its prompt fed on its first
-        verification; the engine keeps canvas rows in slot order, and so does this cache.)
+        (Continuous batching.) Each new row's prompt but its last token is cached at once, by
+        one guide forward over the new rows only, so the next verification feeds every row
+        only its chunk instead of padding the whole batch to the longest new prompt.
         """
-        v = self.valid
-        self.valid = torch.cat([v, v.new_zeros((new, v.shape[1]))])[order]
-        if self.kv is None:
+        device = self.valid.device
+        longest = max(len(p) for p in prompts) - 1
+        valid = torch.zeros((len(prompts), max(longest, 0)), dtype=torch.bool, device=device)
+        fresh = None
+        if longest > 0:
+            ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long, device=device)
+            for r, p in enumerate(prompts):
+                ids[r, : len(p) - 1] = torch.tensor(p[:-1], device=device)
+                valid[r, : len(p) - 1] = True
+            ids = ids.masked_fill(ids >= self.table, pad_id)
+            positions = torch.arange(longest, device=device)[None].expand_as(ids)
+            out = self.model(
+                input_ids=ids, attention_mask=valid.long(), position_ids=positions, use_cache=True
+            )
+            self.forwards += 1
+            fresh = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
+        width = max(self.valid.shape[1], valid.shape[1])
+        self.valid = torch.cat([pad_to(self.valid, width), pad_to(valid, width)])[order]
+        if self.kv is None and fresh is None:
             return
-        for layer in self.kv.layers:
+        if self.kv is None:  # nothing cached before: the new rows' cache, the old rows empty
+            self.kv, old = fresh, len(self.valid) - len(prompts)
+            for layer in self.kv.layers:
+                for name in ("keys", "values"):
+                    t = pad_to(getattr(layer, name), width, dim=2)
+                    setattr(layer, name, torch.cat([t.new_zeros((old, *t.shape[1:])), t])[order])
+            return
+        for i, layer in enumerate(self.kv.layers):
             for name in ("keys", "values"):
                 t = getattr(layer, name)
-                fresh = t.new_zeros((new, *t.shape[1:]))
-                setattr(layer, name, torch.cat([t, fresh])[order])
+                if fresh is None:
+                    add = t.new_zeros((len(prompts), t.shape[1], width, t.shape[3]))
+                else:
+                    add = pad_to(getattr(fresh.layers[i], name), width, dim=2)
+                setattr(layer, name, torch.cat([pad_to(t, width, dim=2), add])[order])
 
     def select(self, keep: torch.Tensor) -> None:
         """Only rows `keep` go on."""
@@ -129,3 +156,13 @@ def accepts(model: torch.nn.Module, name: str) -> bool:
             if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
                 return False
     return False
+
+
+def pad_to(t: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
+    """`t` with zeros (False) appended along `dim` up to `width` slots."""
+    extra = width - t.shape[dim]
+    if extra <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t, t.new_zeros(shape)], dim=dim)

@@ -104,9 +104,11 @@ class GuidedCommitter:
     def select(self, keep: torch.Tensor) -> None:
         self.cache.select(keep)
 
-    def admit(self, new: int, order: torch.Tensor) -> None:
-        """`new` rows join (continuous batching), then rows are reordered as `order` says."""
-        self.cache.admit(new, order)
+    @torch.inference_mode()
+    def admit(self, prompts: list[list[int]], order: torch.Tensor) -> None:
+        """Rows for `prompts` join (continuous batching), then rows are reordered as `order`
+        says; the guide caches each new prompt at once (guide_cache.GuideCache.admit)."""
+        self.cache.admit(prompts, order, self.pad)
 
     @torch.inference_mode()
     def __call__(self, ctx: StepContext) -> Decision:

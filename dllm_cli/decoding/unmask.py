@@ -76,10 +76,10 @@ class Committer(Protocol):
     """Who decides which drafts become tokens (a rule, or a guide model).
 
     Optional hooks the engine calls when present: `start(batch)` when a decode of `batch`
-    rows begins, `select(keep)` when only the rows at indices `keep` go on, `admit(new,
-    order)` when `new` rows join after the current ones and rows are then reordered as
-    `order` says (continuous batching; a committer with `start` but no `admit` is served in
-    static batches only). A committer with
+    rows begins, `select(keep)` when only the rows at indices `keep` go on, `admit(prompts,
+    order)` when rows for `prompts` (token ids) join after the current ones and rows are then
+    reordered as `order` says (continuous batching; a committer with `start` but no `admit`
+    is served in static batches only). A committer with
     `frontier = True` walks each row's first mask (guided decoding, see guided.py) and may set
     `draft_window` (columns drafted from the first mask; None: to the canvas end).
     """
