@@ -163,6 +163,7 @@ def test_progress_is_a_prefix_and_abort_frees_the_slot(loaded):
         {"cfg_scale": 1.0},
         {"unmask": "factor"},
         {"confidence": "margin"},
+        {"schedule": "dream"},
     ],
 )
 def test_settings_that_do_not_apply_are_refused(loaded, kw):

@@ -28,6 +28,7 @@ NOT_HERE = {
     "cfg_scale": "no classifier-free guidance in the block-causal references",
     "eps": "Dream's timestep floor",
     "alg_temp": "Dream's position sampling",
+    "schedule": "a block's steps split it evenly, as the references do",
 }
 CACHES = {"prefix": "exact block KV cache", "none": "recompute every earlier block each step"}
 UNMASKS = ("threshold", "fixed")
