@@ -38,6 +38,8 @@ GEMMA_UNUSED = (
     "cfg_scale",
     "eps",
     "alg_temp",
+    "edit_threshold",
+    "max_post_steps",
 )
 GUIDED_STATIC = "guided decoding keeps one AR guide cache per batch"
 
