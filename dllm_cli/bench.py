@@ -89,6 +89,15 @@ STRATEGIES: dict[str, Strategy] = {
     ),
 }
 BASELINE = "baseline"
+# What applies to block-causal models (SDAR, LLaDA2.x): the baseline recomputes every earlier
+# block each step (LLaDA2.x's own loop); `prefix` is their exact block KV cache.
+BLOCK_STRATEGIES = (
+    "baseline",
+    "prefix",
+    "parallel",
+    "prefix+parallel",
+    "prefix+parallel+early-stop",
+)
 
 
 @dataclass(frozen=True)
@@ -186,7 +195,10 @@ def check_family(runtime: Runtime, plan: BenchPlan) -> None:
     """DiffusionGemma runs transformers' sampler: refuse other strategies before any decode."""
     from dllm_cli.decoding import gemma
 
-    if not FAMILIES[runtime.loaded.family].own_sampler:
+    family = FAMILIES[runtime.loaded.family]
+    if family.block_causal:
+        check_block_family(runtime, plan, family.title)
+    if not family.own_sampler:
         return
     canvas = runtime.loaded.model.canvas_length
     for name in plan.strategies:
@@ -195,6 +207,22 @@ def check_family(runtime: Runtime, plan: BenchPlan) -> None:
             gemma.check_settings(settings, canvas)
             if STRATEGIES[name].guided:
                 raise SettingsError(f"a guide model does not apply to {gemma.FAMILY}")
+        except SettingsError as e:
+            raise SettingsError(f"strategy {name!r}: {e}") from None
+
+
+def check_block_family(runtime: Runtime, plan: BenchPlan, title: str) -> None:
+    """Block-causal models: refuse approximate caches, pruning and guides before any decode."""
+    from dllm_cli.decoding.block_rules import check_block_settings
+
+    for name in plan.strategies:
+        try:
+            if STRATEGIES[name].guided:
+                raise SettingsError(f"a guide model does not apply to {title}")
+            settings = settings_for(
+                runtime.settings, name, plan.lengths[0], plan.block_length, plan.suffix_window
+            )
+            check_block_settings(settings, title)
         except SettingsError as e:
             raise SettingsError(f"strategy {name!r}: {e}") from None
 

@@ -39,6 +39,8 @@ GEMMA_UNUSED = (
     "cfg_scale",
     "eps",
     "alg_temp",
+    "edit_threshold",
+    "max_post_steps",
 )
 GUIDED_STATIC = "guided decoding keeps one AR guide cache per batch"
 
@@ -63,6 +65,7 @@ class Family:
     refuses: tuple[str, ...] = GEMMA_FIELDS  # settings this family cannot use
     static_batches: str | None = None  # why batch mode always runs whole static batches
     notes: tuple[str, ...] = field(default=())  # deviations and facts worth a line in docs
+    block_causal: bool = False  # decoded by the block-causal engine (exact block KV cache)
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now (the first model build pays for torch)."""
@@ -197,6 +200,63 @@ FAMILIES: dict[str, Family] = {
         own_sampler=True,
         refuses=GEMMA_UNUSED,
         static_batches="DiffusionGemma decodes whole batches with transformers' own sampler",
+    ),
+    "sdar": Family(
+        name="sdar",
+        title="SDAR",
+        model_types=("sdar",),
+        architectures=("SDARForCausalLM",),
+        config_class="dllm_cli.models.sdar:SDARConfig",
+        model_class="dllm_cli.models.sdar:SDARForCausalLM",
+        logit_shift=0,
+        sampler="block",
+        reference={
+            "gen_length": 256,
+            "block_length": 4,
+            "steps": None,  # 4 steps per block of 4: one token per step at least
+            "cache": "prefix",  # exact: the reference's DynamicCache with store_kv
+            "unmask": "threshold",  # low_confidence_dynamic
+            "threshold": 0.85,
+            "temperature": 1.0,
+            "top_k": 0,
+            "top_p": 1.0,
+            "early_stop": True,
+        },
+        source=(
+            "JetAstra/SDAR generate.py block_diffusion_generate and its CLI: block_length 4, "
+            "denoising_steps 4, low_confidence_dynamic with confidence_threshold 0.85, "
+            "temperature 1.0, top_k 0, top_p 1.0; stop at the generation_config eos ids "
+            "after each block; gen_length 256 as the README's example (the CLI says 20480)"
+        ),
+        block_causal=True,
+    ),
+    "llada2": Family(
+        name="llada2",
+        title="LLaDA2",
+        model_types=("llada2_moe",),
+        architectures=("LLaDA2MoeModelLM",),
+        config_class="dllm_cli.models.llada2:LLaDA2MoeConfig",
+        model_class="dllm_cli.models.llada2:LLaDA2MoeModelLM",
+        logit_shift=0,
+        sampler="block",
+        reference={
+            "gen_length": 2048,
+            "block_length": 32,
+            "steps": None,  # 32 steps per block of 32: one token per step at least
+            "cache": "prefix",  # exact; the reference recomputes the window (cache = "none")
+            "unmask": "threshold",
+            "threshold": 0.95,
+            "temperature": 0.0,
+            "early_stop": True,
+        },
+        source=(
+            "LLaDA2.0's modeling_llada2_moe.py generate: temperature 0, block_length 32, steps "
+            "32, gen_length 2048, threshold 0.95, minimal_topk 1, eos 156892, mask 156895; it "
+            "stops after the block holding eos. LLaDA2.1's editing (edit_threshold, "
+            "max_post_steps) is set by its profiles"
+        ),
+        mask_id=156895,  # <|mask|>: not in config.json
+        block_causal=True,
     ),
 }
 

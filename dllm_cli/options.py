@@ -143,6 +143,15 @@ FLAGS: dict[str, Flag] = {
         "below this for --kl-history steps.",
     ),
     "kl_history": _decode("kl_history", int, "klass rule: steps a mask's KL must stay low."),
+    "edit_threshold": _decode(
+        "edit_threshold",
+        float,
+        "LLaDA2.1 token editing: replace a committed token whose new draft is more likely than "
+        "this (unset: no editing).",
+    ),
+    "max_post_steps": _decode(
+        "max_post_steps", int, "LLaDA2.1: editing steps a block may take after its last mask."
+    ),
     "temperature": _decode("temperature", float, "0 = greedy."),
     "top_p": _decode("top_p", float, "Nucleus sampling mass."),
     "top_k": _decode(

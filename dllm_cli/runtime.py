@@ -130,7 +130,7 @@ def family_settings(
 ) -> tuple[DecodeSettings, list[str]]:
     """The profile's settings as the loaded model's family takes them, and notes to show;
     settings that mean nothing for the family are refused (SettingsError)."""
-    settings = prof.decode
+    settings, family = prof.decode, FAMILIES[loaded.family]
     notes = settings.adjustments()
     if FAMILIES[loaded.family].own_sampler:  # settings that mean nothing there are refused
         if use_guide and prof.guide is not None and prof.guide.path:
@@ -138,8 +138,19 @@ def family_settings(
         canvas = loaded.model.canvas_length
         settings = gemma.check_settings(settings, canvas, origin(provenance))
         notes = gemma.notes(settings, canvas)
+    elif FAMILIES[loaded.family].block_causal:  # SDAR, LLaDA2.x: refused in one line
+        from dllm_cli.decoding.block_rules import check_block_settings
+
+        if use_guide and prof.guide is not None and prof.guide.path:
+            raise SettingsError(f"a guide model does not apply to {family.title} (use --no-guide)")
+        check_block_settings(settings, family.title, origin(provenance))
     else:
-        gemma.check_masked(settings, FAMILIES[loaded.family].name, origin(provenance))
+        gemma.check_masked(settings, family.name, origin(provenance))
+        if settings.edit_threshold is not None:
+            raise SettingsError(
+                f"edit_threshold{origin(provenance)('edit_threshold')} applies to LLaDA2.x "
+                f"token editing only (this model is {family.name})"
+            )
     return settings, notes
 
 

@@ -42,6 +42,7 @@ MAX_CFG_SCALE = 100.0
 
 INT_FIELDS = (
     "gen_length", "block_length", "refresh_interval", "suffix_window", "seed", "kl_history",
+    "max_post_steps",
 )  # fmt: skip
 FLOAT_FIELDS = (
     "threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp", "eb_gamma",
@@ -83,6 +84,8 @@ class DecodeSettings:
     entropy_bound: float | None = None  # DiffusionGemma: entropy budget of accepted tokens
     stability_threshold: int | None = None  # DiffusionGemma: steps the draft must hold still
     confidence_threshold: float | None = None  # DiffusionGemma: mean entropy to stop below
+    edit_threshold: float | None = None  # LLaDA2.1 T2T: replace committed tokens above this p
+    max_post_steps: int = 16  # LLaDA2.1: editing steps a block may take after its last mask
 
     def __post_init__(self) -> None:
         self.validate()
@@ -216,6 +219,14 @@ class DecodeSettings:
             _bad(f"alg_temp must be >= 0 (got {self.alg_temp})")
         if self.seed < 0 or self.seed >= 2**63:
             _bad(f"seed must be in [0, 2**63) (got {self.seed})")
+        if self.edit_threshold is not None and not (
+            not isinstance(self.edit_threshold, bool)
+            and isinstance(self.edit_threshold, int | float)
+            and 0.0 <= self.edit_threshold < 1.0
+        ):
+            _bad(f"edit_threshold must be in [0, 1) or unset (got {self.edit_threshold!r})")
+        if self.max_post_steps < 0:
+            _bad(f"max_post_steps must be >= 0 (got {self.max_post_steps})")
         self._check_gemma_ranges()
 
     def _check_gemma_ranges(self) -> None:

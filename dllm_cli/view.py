@@ -102,6 +102,8 @@ class CanvasView:
         self.accepted: int | None = None
         self.corrected: int | None = None
         self.by_guide: set[int] = set()  # positions holding the guide's own token
+        self.edited: set[int] = set()  # positions whose token an edit replaced (LLaDA2.1)
+        self.edits = 0
         self.seconds = 0.0
         self.done = False
 
@@ -131,8 +133,10 @@ class CanvasView:
         mine = [p for c in event.commits if c.row == 0 for p in c.positions]
         self.block = max(event.block, self.block_of(max(mine))) if mine else event.block
         for draft in event.drafts:
-            if draft.row == 0:
+            if draft.row == 0 and self.uniform:
                 self._redraft(draft, event.step)
+            elif draft.row == 0:  # token editing (LLaDA2.1): committed tokens replaced
+                self._edit(draft, event.step)
         if event.block_step == 0:
             self.settled = None
         if 0 in event.settled:
@@ -144,6 +148,14 @@ class CanvasView:
         if event.corrected is not None:
             self.corrected = (self.corrected or 0) + event.corrected
         self.event, self.seconds = event, seconds
+
+    def _edit(self, edit: RowCommit, step: int) -> None:
+        """Token-to-token editing: these committed tokens were replaced by new drafts."""
+        for pos, tok, conf in zip(edit.positions, edit.tokens, edit.confidences, strict=True):
+            self.tokens[pos], self.steps[pos], self.confidence[pos] = tok, step, conf
+            self.edited.add(pos)
+        self.edits += len(edit.positions)
+        self.end = answer_end(self.tokens, self.stop_ids)
 
     def _redraft(self, draft: RowCommit, step: int) -> None:
         """Uniform-state diffusion: the denoiser replaced these draft tokens."""
@@ -189,6 +201,8 @@ class CanvasView:
             method.append("guided: left to right (--no-guide: diffusion order)")
         else:
             method.append(f"unmask {s.unmask}{rule}")
+        if s.edit_threshold is not None:
+            method.append(f"edit {s.edit_threshold:g}: {self.edits} tokens replaced")
         if self.accepted is not None:
             method.append(f"accepted {self.accepted}")
         if self.corrected is not None:
@@ -232,12 +246,15 @@ class CanvasView:
         return tok
 
     def token_style(self, pos: int) -> Style:
-        """Hue: commit step; underlined: this step's; inverse: the guide's own token."""
+        """Hue: commit step; underlined: this step's; inverse: the guide's own token; italic: an
+        edit replaced it."""
         style = step_style(self.steps[pos], self.confidence[pos])
         if self.event is not None and self.steps[pos] == self.event.step and not self.done:
             style += Style(underline=True)
         if pos in self.by_guide:
             style += Style(reverse=True)  # the guide's own token, not the diffusion draft
+        if pos in self.edited:
+            style += Style(italic=True)  # an edit replaced the token committed here
         return style
 
     def token_cell(self, pos: int) -> Text:
@@ -318,6 +335,8 @@ class CanvasView:
         )
         if self.uniform:
             legend.append(" · italic: draft (replaced until final), underlined: changed this step")
+        elif self.s.edit_threshold is not None:
+            legend.append(" · italic: replaced by a token edit")
         return Group(self.header(), table, legend)
 
     def summary(self) -> str:
@@ -329,7 +348,8 @@ class CanvasView:
         tail += f", corrected {self.corrected}" if self.corrected is not None else ""
         if self.uniform:
             tail += "" if self.settled is None else f", settled at step {self.settled + 1}"
-        replaced = f"~{e.replaced} replaced, " if self.uniform else ""
+        edited = self.s.edit_threshold is not None
+        replaced = f"~{e.replaced} replaced, " if self.uniform or edited else ""
         return (
             f"step {e.step + 1} block {self.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
             f"{replaced}"

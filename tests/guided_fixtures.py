@@ -20,8 +20,9 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
+from dllm_cli.folders import BUILTIN_DIR
 from dllm_cli.models import DreamModel, LLaDAConfig, LLaDAModelLM
-from dllm_cli.models.loading import BUILTIN_DIR, load_tokenizer, quiet_transformers
+from dllm_cli.models.loading import load_tokenizer, quiet_transformers
 
 VOCAB = 40
 BIAS = 50.0

@@ -23,6 +23,7 @@ DECODE = (
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop", "suffix_window",
     "t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold",
     "eb_gamma", "kl_threshold", "kl_history",
+    "edit_threshold", "max_post_steps",
 )  # fmt: skip
 GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
 BENCH = ("temperature", "seed", "cache", "early_stop", "top_k", "threshold", "kl_history")
@@ -77,6 +78,8 @@ CASES = {
         "decode.confidence_threshold",
         0.01,
     ),
+    "edit_threshold": (["--edit-threshold", "0.5"], "decode.edit_threshold", 0.5),
+    "max_post_steps": (["--max-post-steps", "3"], "decode.max_post_steps", 3),
     "guide": (["--no-guide"], "use_guide", False),
     "accept": (["--accept", "topk:3"], "guide.accept", "topk:3"),
     "on_reject": (["--on-reject", "draft"], "guide.on_reject", "draft"),

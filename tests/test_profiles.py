@@ -146,7 +146,7 @@ BAD = {
     "bad-dtype": ("[model]\ndtype = 'fp8'\n", "dtype in [model] must be one of auto, float32"),
     "bad-architecture": (
         "[model]\narchitecture = 'gpt9'\n",
-        "architecture in [model] must be one of llada, dream, llada_moe, diffusion_gemma (got 'gpt9')",
+        "architecture in [model] must be one of llada, dream, llada_moe, diffusion_gemma, sdar, llada2 (got 'gpt9')",
     ),
     "negative-id": ("[model.special]\nmask = -1\n", "mask in [model.special] must be >= 0"),
     "guide-no-path": ("[guide]\naccept = 'exact'\n", "[guide] needs a path"),
@@ -209,6 +209,7 @@ def test_every_decode_field_is_a_profile_key(tmp_path):
     values |= {"steps": 64, "top_p": 0.5, "top_k": 4, "gen_length": 64, "threshold": 1}
     values |= {"t_min": 0.4, "t_max": 0.8, "entropy_bound": 0.1, "stability_threshold": 1}
     values |= {"confidence_threshold": 0.005}  # DiffusionGemma's knobs (unset by default)
+    values |= {"edit_threshold": 0.5}  # LLaDA2.1 token editing (unset by default)
     lines = "\n".join(f"{k} = {_toml(v)}" for k, v in values.items())
     profile = load_profile(write(tmp_path, "all", f"[decode]\n{lines}\n"))
     assert dataclasses.asdict(profile.decode) == values | {"threshold": 1.0}

@@ -15,6 +15,7 @@ from dllm_cli import frontier
 from dllm_cli import options as opt
 from dllm_cli.bench import (
     BASELINE,
+    BLOCK_STRATEGIES,
     MARKDOWN_COLUMNS,
     STRATEGIES,
     SUFFIX_WINDOW,
@@ -55,6 +56,9 @@ def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> li
     if family in FAMILIES and FAMILIES[family].own_sampler:
         note(f"{family} decodes with transformers' own sampler: only the baseline applies")
         return [BASELINE]
+    if family in FAMILIES and FAMILIES[family].block_causal:
+        note(f"{family} is block-causal: its exact block cache (prefix) against recompute")
+        return list(BLOCK_STRATEGIES)
     names = [n for n, s in STRATEGIES.items() if has_guide or not s.guided]
     if not has_guide:
         note("no guide model loaded: skipping the guided strategies")

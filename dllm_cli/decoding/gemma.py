@@ -54,6 +54,8 @@ NOT_USED: dict[str, str] = {
     "cfg_scale": "it has no classifier-free guidance",
     "eps": "it is a timestep setting of Dream's schedule",
     "alg_temp": "it is a setting of Dream's position sampling",
+    "edit_threshold": "it is LLaDA2.1's token editing",
+    "max_post_steps": "it is LLaDA2.1's token editing",
 }
 USED: dict[str, str] = {
     "gen_length": "max_new_tokens",

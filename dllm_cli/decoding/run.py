@@ -39,6 +39,13 @@ class Decoder:
         self.model, self.special, self.committer = model, special, committer
 
     def engine(self, slots: int, admission: str, **options) -> Engine:
+        if family_of_model(self.model).block_causal:  # SDAR, LLaDA2.x
+            from dllm_cli.decoding.block_engine import BlockEngine
+
+            return BlockEngine(
+                self.model, self.special, self.settings, self.committer,
+                slots=slots, admission=admission,
+            )  # fmt: skip
         return Engine(
             self.model, self.special, self.settings, self.committer,
             slots=slots, admission=admission, **options,
@@ -125,6 +132,10 @@ def open_engine(
         from dllm_cli.decoding.gemma_engine import GemmaEngine
 
         return GemmaEngine(model, special, settings, committer, slots=slots)
+    if family_of_model(model).block_causal:  # SDAR, LLaDA2.x: the block-causal engine
+        from dllm_cli.decoding.block_engine import BlockEngine
+
+        return BlockEngine(model, special, settings, committer, slots=slots, admission=admission)
     return Engine(model, special, settings, committer, slots=slots, admission=admission)
 
 

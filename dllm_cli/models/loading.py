@@ -20,8 +20,6 @@ from transformers.utils import logging as hf_logging
 
 from dllm_cli.errors import DeviceError, ModelLoadError, SettingsError
 from dllm_cli.families import Family, family_for_config
-from dllm_cli.folders import BUILTIN_DIR as BUILTIN_DIR  # re-exported (older imports)
-from dllm_cli.folders import BUILTIN_PREFIX as BUILTIN_PREFIX
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.models import DiffusionLM
 from dllm_cli.models import quantize as quant

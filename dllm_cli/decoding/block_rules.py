@@ -1,0 +1,141 @@
+"""Drafts and commit decisions of the block-causal decode (SDAR, LLaDA2.0, LLaDA2.1).
+
+One block of B columns per row. A draft is every column's token and its probability
+(`draft`); which masks become tokens is the references' rule (`decide`):
+- `threshold` (SDAR's `low_confidence_dynamic`, LLaDA2.0's generate, LLaDA2.1's M2T): the
+  masks whose p passes the threshold when at least k do, else the k most confident;
+- `fixed` (SDAR's `low_confidence_static`): the k most confident;
+k is the step's share of the block (an even split of B over the block's steps, remainder
+first), capped at the masks left. LLaDA2.1 adds token-to-token editing (T2T): a committed,
+non-prompt column whose new draft differs and passes `edit_threshold` is replaced, in the
+same step as the mask fills.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_cli.decoding.sampling import top_k_filter, top_p_filter
+from dllm_cli.errors import SettingsError
+from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
+
+# Settings that make an approximate cache or belong to other decoders: refused with a reason.
+NOT_HERE = {
+    "refresh_interval": "the block cache is exact: nothing to refresh",
+    "suffix_window": "a block never attends to later blocks: there is no suffix to prune",
+    "cfg_scale": "no classifier-free guidance in the block-causal references",
+    "eps": "Dream's timestep floor",
+    "alg_temp": "Dream's position sampling",
+    "schedule": "a block's steps split it evenly, as the references do",
+}
+CACHES = {"prefix": "exact block KV cache", "none": "recompute every earlier block each step"}
+UNMASKS = ("threshold", "fixed")
+
+
+@dataclass(frozen=True)
+class BlockRule:
+    """The decode's rule, resolved once: tokens per step, thresholds, editing."""
+
+    block: int  # B
+    schedule: tuple[int, ...]  # tokens per step within a block (sums to B)
+    dynamic: bool  # threshold rule (else fixed top-k)
+    threshold: float
+    edit_threshold: float | None  # None: no token-to-token editing
+    max_post_steps: int
+
+    def k(self, step: int) -> int:
+        return self.schedule[min(step, len(self.schedule) - 1)]
+
+
+def schedule(block: int, steps: int) -> tuple[int, ...]:
+    """Tokens per step: B split evenly over `steps`, the first B % steps one more."""
+    base, extra = divmod(block, steps)
+    return tuple(base + (i < extra) for i in range(steps))
+
+
+def check_block_settings(s: DecodeSettings, title: str, where=lambda k: "") -> BlockRule:
+    """The settings as a BlockRule; anything that does not apply is refused in one line."""
+    defaults = DecodeSettings()
+    for key, why in NOT_HERE.items():
+        if getattr(s, key) != getattr(defaults, key):
+            raise SettingsError(
+                f"{key} {getattr(s, key)!r}{where(key)} does not apply to {title}: {why}"
+            )
+    for key in GEMMA_FIELDS:
+        if getattr(s, key) is not None:
+            raise SettingsError(f"{key}{where(key)} applies to DiffusionGemma only (not {title})")
+    if s.cache not in CACHES:
+        raise SettingsError(
+            f"cache {s.cache!r}{where('cache')} does not apply to {title}: its block cache is "
+            "exact, approximate caches are not offered (use prefix, or none to recompute)"
+        )
+    if s.unmask not in UNMASKS:
+        raise SettingsError(
+            f"unmask {s.unmask!r}{where('unmask')} does not apply to {title} (use threshold "
+            "or fixed)"
+        )
+    if s.confidence != "low_confidence":
+        raise SettingsError(
+            f"confidence {s.confidence!r}{where('confidence')} does not apply to {title}: "
+            "the references rank by the draft's probability (low_confidence)"
+        )
+    block = s.block_length
+    steps = max(1, min(block, block * s.total_steps // s.gen_length))
+    return BlockRule(
+        block=block,
+        schedule=schedule(block, steps),
+        dynamic=s.unmask == "threshold",
+        threshold=s.threshold,
+        edit_threshold=s.edit_threshold,
+        max_post_steps=s.max_post_steps,
+    )
+
+
+def draft(
+    logits: torch.Tensor,
+    s: DecodeSettings,
+    mask_id: int,
+    real_vocab: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, B, V) logits -> tokens (N, B) and their probabilities (N, B), as the references
+    sample: temperature 0 is argmax with p from the plain softmax; otherwise logits / T, top-k,
+    top-p, softmax, one multinomial draw. [MASK] and the embedding's padding rows are never
+    drafted (their logits are -inf before anything else)."""
+    logits = logits.float()
+    logits[..., real_vocab:] = float("-inf")
+    logits[..., mask_id] = float("-inf")
+    if s.temperature == 0:
+        probs = logits.softmax(dim=-1)
+        token = probs.argmax(dim=-1)
+        return token, probs.gather(-1, token[..., None])[..., 0]
+    n, b, v = logits.shape
+    flat = logits.view(n * b, v) / s.temperature
+    flat = top_p_filter(top_k_filter(flat, s.top_k), s.top_p)
+    probs = flat.softmax(dim=-1)
+    token = torch.multinomial(probs, 1, generator=generator)  # (N B, 1)
+    return token.view(n, b), probs.gather(-1, token).view(n, b)
+
+
+def fills(rule: BlockRule, active, p, k) -> torch.Tensor:
+    """(N, B) bool: the masks this step commits (threshold rule or fixed top-k)."""
+    conf = torch.where(active, p, torch.full_like(p, float("-inf")))
+    k = torch.minimum(k, active.sum(dim=1))  # never more than the masks left
+    top = torch.zeros_like(active)
+    most = int(k.max()) if k.numel() else 0
+    if most:
+        idx = conf.topk(most, dim=1).indices  # (N, most)
+        top.scatter_(1, idx, torch.arange(most, device=k.device)[None] < k[:, None])
+    if not rule.dynamic:
+        return top
+    high = (conf > rule.threshold) & active
+    return torch.where((high.sum(dim=1) >= k)[:, None], high, top) & active
+
+
+def edits(rule: BlockRule, block, active, x0, p, fixed) -> torch.Tensor:
+    """(N, B) bool: LLaDA2.1's T2T edits (committed, non-prompt, changed, p > threshold)."""
+    if rule.edit_threshold is None:
+        return torch.zeros_like(active)
+    return ~active & ~fixed & (x0 != block) & (p > rule.edit_threshold)

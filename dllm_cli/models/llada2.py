@@ -1,0 +1,290 @@
+"""LLaDA2.0 / LLaDA2.1 (inclusionAI, `LLaDA2MoeModelLM`): a block-causal BailingMoeV2 MoE.
+
+Per the released modeling code (`modeling_llada2_moe.py`; read in ZHZisZZ/dllm's copies of
+LLaDA2.0 and LLaDA2.1 at ca176752): pre-norm layers; attention with one fused
+`query_key_value` projection (H query, H_kv key and value heads), RMSNorm over the head
+dimension on queries and keys (`use_qk_norm`), then RoPE on the first
+`partial_rotary_factor` of each head (rotate-half, cos/sin in the model dtype), output
+`dense`; the first `first_k_dense_replace` layers have a dense SwiGLU MLP, the others a MoE:
+a float32 sigmoid router whose `expert_bias` decides only the selection, group-limited
+(each group scored by its top two, the best `topk_group` of `n_group` kept), top-k experts,
+weights renormalised (k > 1) and scaled by `routed_scaling_factor`, plus the shared experts
+on every token. Embeddings `model.word_embeddings`; no logit shift. The mask id (156895,
+`<|mask|>`) is not in config.json; the block length (32) is generate's default.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.layers import RMSNorm, swiglu
+
+
+class LLaDA2MoeConfig(PretrainedConfig):
+    """LLaDA2's config.json fields; defaults: LLaDA2.0-mini / LLaDA2.1-mini."""
+
+    model_type = "llada2_moe"
+
+    def __init__(
+        self,
+        vocab_size: int = 157184,
+        hidden_size: int = 2048,
+        intermediate_size: int = 5120,
+        num_hidden_layers: int = 20,
+        num_attention_heads: int = 16,
+        num_key_value_heads: int = 4,
+        head_dim: int | None = 128,
+        hidden_act: str = "silu",
+        use_qkv_bias: bool = False,
+        use_qk_norm: bool = True,
+        use_bias: bool = False,
+        norm_head: bool = False,
+        rms_norm_eps: float = 1e-6,
+        max_position_embeddings: int = 16384,
+        rope_theta: float = 600000.0,
+        rope_scaling: dict | None = None,
+        partial_rotary_factor: float = 0.5,
+        num_experts: int = 256,
+        num_shared_experts: int | None = 1,
+        num_experts_per_tok: int = 8,
+        n_group: int = 8,
+        topk_group: int = 4,
+        routed_scaling_factor: float = 2.5,
+        moe_intermediate_size: int = 512,
+        first_k_dense_replace: int = 1,
+        block_size: int = 32,  # not in config.json: generate's block_length
+        tie_word_embeddings: bool = False,
+        pad_token_id: int | None = 156892,
+        eos_token_id: int | None = 156892,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.hidden_act = hidden_act
+        self.use_qkv_bias, self.use_qk_norm, self.use_bias = use_qkv_bias, use_qk_norm, use_bias
+        self.norm_head = norm_head
+        self.rms_norm_eps = rms_norm_eps
+        self.max_position_embeddings = max_position_embeddings
+        self.rope_theta = rope_theta
+        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
+        self.partial_rotary_factor = partial_rotary_factor
+        self.num_experts = num_experts
+        self.num_shared_experts = num_shared_experts
+        self.num_experts_per_tok = num_experts_per_tok
+        self.n_group, self.topk_group = n_group, topk_group
+        self.routed_scaling_factor = routed_scaling_factor
+        self.moe_intermediate_size = moe_intermediate_size
+        self.first_k_dense_replace = first_k_dense_replace
+        self.block_size = block_size
+        super().__init__(
+            tie_word_embeddings=tie_word_embeddings,
+            pad_token_id=pad_token_id,
+            eos_token_id=eos_token_id,
+            **kwargs,
+        )
+
+    def unsupported(self) -> str | None:
+        """Why this config cannot run here, or None."""
+        scaling = self.rope_parameters or {}
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind != "default":
+            return f"rope_scaling {kind!r} (only default RoPE)"
+        if self.hidden_act != "silu":
+            return f"hidden_act {self.hidden_act!r}"
+        if self.norm_head:
+            return "norm_head (not in the released inference code)"
+        if self.num_attention_heads % self.num_key_value_heads:
+            return "num_attention_heads does not divide by num_key_value_heads"
+        if self.num_experts % self.n_group or self.num_experts // self.n_group < 2:
+            return "num_experts must split into n_group groups of at least 2"
+        if self.topk_group * (self.num_experts // self.n_group) < self.num_experts_per_tok:
+            return "topk_group groups hold fewer experts than num_experts_per_tok"
+        return None
+
+
+class LLaDA2MLP(nn.Module):
+    """A SwiGLU feed-forward: the dense layer, one expert, or the shared experts."""
+
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class LLaDA2Gate(nn.Module):
+    """The sigmoid, group-limited router (`mlp.gate.weight`, `mlp.gate.expert_bias`)."""
+
+    def __init__(self, cfg: LLaDA2MoeConfig):
+        super().__init__()
+        self.k, self.groups, self.keep = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
+        self.scale = cfg.routed_scaling_factor
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
+        self.register_buffer("expert_bias", torch.zeros(cfg.num_experts))
+
+    def forward(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, d) -> experts (N, k) and float32 weights (N, k)."""
+        scores = torch.sigmoid(flat.float() @ self.weight.float().T)  # (N, E)
+        biased = scores + self.expert_bias.float()  # the bias steers selection only
+        n = scores.shape[0]
+        groups = biased.view(n, self.groups, -1).topk(2, dim=-1).values.sum(dim=-1)  # (N, G)
+        kept = torch.zeros_like(groups).scatter_(
+            1, groups.topk(self.keep, dim=-1, sorted=False).indices, 1.0
+        )
+        allowed = kept.bool()[:, :, None].expand(-1, -1, biased.shape[1] // self.groups)
+        experts = biased.masked_fill(~allowed.reshape(n, -1), float("-inf")).topk(self.k).indices
+        w = scores.gather(1, experts)
+        if self.k > 1:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        return experts, w * self.scale
+
+
+class LLaDA2MoE(nn.Module):
+    """Router + experts (each run once on its tokens, grouped by one sort) + shared experts."""
+
+    def __init__(self, cfg: LLaDA2MoeConfig):
+        super().__init__()
+        d, ffn = cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate = LLaDA2Gate(cfg)
+        self.experts = nn.ModuleList(LLaDA2MLP(d, ffn) for _ in range(cfg.num_experts))
+        shared = cfg.num_shared_experts
+        self.shared_experts = LLaDA2MLP(d, ffn * shared) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (N, d)
+        experts, w = self.gate(flat)  # (N, k) each
+        k = experts.shape[1]
+        order = experts.reshape(-1).argsort()
+        rows = flat[order // k]  # (N k, d), grouped by expert
+        counts = torch.bincount(experts.reshape(-1), minlength=len(self.experts)).tolist()
+        outs = torch.empty_like(rows)
+        start = 0
+        for expert, n in zip(self.experts, counts, strict=True):
+            if n:
+                outs[start : start + n] = expert(rows[start : start + n])
+                start += n
+        back = torch.empty_like(outs)
+        back[order] = outs  # (N k, d) in (token, choice) order
+        y = (back.view(-1, k, shape[-1]).float() * w[..., None]).sum(dim=1).to(x.dtype)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(flat)
+        return y.view(shape)
+
+
+class LLaDA2Attention(nn.Module):
+    def __init__(self, cfg: LLaDA2MoeConfig):
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        width = (self.n_heads + 2 * self.n_kv) * hd
+        self.query_key_value = nn.Linear(d, width, bias=cfg.use_qkv_bias)
+        self.dense = nn.Linear(self.n_heads * hd, d, bias=cfg.use_bias)
+        self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.use_qk_norm else None
+        self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.use_qk_norm else None
+
+    def forward(self, x, rope, ctx: BlockContext, layer: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        heads = self.query_key_value(x).view(b, t, self.n_heads + 2 * self.n_kv, -1)
+        q, k, v = (h.transpose(1, 2) for h in heads.split([self.n_heads, self.n_kv, self.n_kv], 2))
+        if self.query_layernorm is not None:
+            q, k = self.query_layernorm(q), self.key_layernorm(k)
+        cos, sin = rope
+        q, k = rope_partial(q, cos, sin), rope_partial(k, cos, sin)
+        return self.dense(ctx.attend(layer, q, k, v))
+
+
+class LLaDA2Layer(nn.Module):
+    def __init__(self, cfg: LLaDA2MoeConfig, index: int):
+        super().__init__()
+        d = cfg.hidden_size
+        self.attention = LLaDA2Attention(cfg)
+        dense = index < cfg.first_k_dense_replace or not cfg.num_experts
+        self.mlp = LLaDA2MLP(d, cfg.intermediate_size) if dense else LLaDA2MoE(cfg)
+        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, ctx, layer):
+        x = x + self.attention(self.input_layernorm(x), rope, ctx, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LLaDA2Backbone(nn.Module):
+    """The `model.` level of LLaDA2's state dict."""
+
+    def __init__(self, cfg: LLaDA2MoeConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LLaDA2Layer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LLaDA2MoeModelLM(BlockDiffusionLM):
+    """LLaDA2.x mask predictor; logits at column i predict the token at column i."""
+
+    config_class = LLaDA2MoeConfig
+    base_model_prefix = "model"
+    _no_split_modules: ClassVar[list[str]] = ["LLaDA2Layer"]
+    logit_shift = 0
+    family = "llada2"  # families.py key
+
+    def __init__(self, config: LLaDA2MoeConfig):
+        super().__init__(config)
+        self.model = LLaDA2Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.word_embeddings.weight
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, LLaDA2Gate):
+            nn.init.normal_(module.weight, std=0.02)
+            nn.init.zeros_(module.expert_bias)
+
+    def embed(self, input_ids):
+        return self.model.word_embeddings(input_ids)
+
+    def blocks(self):
+        return self.model.layers
+
+    def head(self, h):
+        return self.lm_head(self.model.norm(h))
+
+    def kv_shape(self):
+        c = self.config
+        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        return int(self.config.head_dim * self.config.partial_rotary_factor)
+
+    @property
+    def rope_theta(self):
+        return self.config.rope_theta
+
+    @property
+    def context_length(self):
+        return self.config.max_position_embeddings
+
+    def get_input_embeddings(self):
+        return self.model.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.model.word_embeddings = value
+
+    def get_output_embeddings(self):
+        return self.lm_head

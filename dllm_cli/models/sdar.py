@@ -1,0 +1,198 @@
+"""SDAR (JetAstra/SDAR, arXiv 2510.06303): Qwen3 decoder layers trained block-causally.
+
+Per the released `modeling_sdar.py` (JetAstra/SDAR training/model/SDAR-4B-Chat): pre-norm
+layers; attention with split q/k/v/o projections, RMSNorm over the head dimension on queries
+and keys before RoPE, GQA, rotate-half RoPE in the model dtype; a SwiGLU MLP. Logits are
+position-aligned (no shift). The block size and the mask id are config.json's `block_size`
+and `mask_token_id`. Parameter names are Qwen3's, so real folders load as they are.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.layers import RMSNorm, swiglu
+
+
+class SDARConfig(PretrainedConfig):
+    """SDAR's config.json fields (the reference's `SDARConfig`); defaults: SDAR-4B-Chat."""
+
+    model_type = "sdar"
+
+    def __init__(
+        self,
+        vocab_size: int = 151936,
+        hidden_size: int = 2560,
+        intermediate_size: int = 9728,
+        num_hidden_layers: int = 36,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = 8,
+        head_dim: int | None = 128,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 32768,
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 1e6,
+        rope_scaling: dict | None = None,
+        attention_bias: bool = False,
+        use_sliding_window: bool = False,
+        tie_word_embeddings: bool = False,
+        block_size: int = 4,
+        mask_token_id: int | None = 151669,
+        bos_token_id: int | None = 151643,
+        eos_token_id: int | list | None = 151643,
+        pad_token_id: int | None = None,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
+        self.attention_bias = attention_bias
+        self.use_sliding_window = use_sliding_window
+        self.block_size = block_size
+        self.mask_token_id = mask_token_id
+        super().__init__(
+            tie_word_embeddings=tie_word_embeddings,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            **kwargs,
+        )
+
+    def unsupported(self) -> str | None:
+        """Why this config cannot run here, or None."""
+        scaling = self.rope_parameters or {}
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind != "default":
+            return f"rope_scaling {kind!r} (only default RoPE)"
+        if self.hidden_act != "silu":
+            return f"hidden_act {self.hidden_act!r}"
+        if self.use_sliding_window:
+            return "use_sliding_window (the reference decode never uses it)"
+        if self.num_attention_heads % self.num_key_value_heads:
+            return "num_attention_heads does not divide by num_key_value_heads"
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            return f"block_size {self.block_size!r}"
+        return None
+
+
+class SDARAttention(nn.Module):
+    def __init__(self, cfg: SDARConfig):
+        super().__init__()
+        d, hd = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            hd,
+        )
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, ctx: BlockContext, layer: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, -1)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, -1)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, -1).transpose(1, 2)  # (B, H_kv, T, D)
+        cos, sin = rope
+        q, k = rope_partial(q, cos, sin), rope_partial(k, cos, sin)
+        return self.o_proj(ctx.attend(layer, q, k, v))
+
+
+class SDARMLP(nn.Module):
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class SDARLayer(nn.Module):
+    def __init__(self, cfg: SDARConfig):
+        super().__init__()
+        self.self_attn = SDARAttention(cfg)
+        self.mlp = SDARMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, ctx, layer):
+        x = x + self.self_attn(self.input_layernorm(x), rope, ctx, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class SDARBackbone(nn.Module):
+    """The `model.` level of SDAR's state dict."""
+
+    def __init__(self, cfg: SDARConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(SDARLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class SDARForCausalLM(BlockDiffusionLM):
+    """SDAR mask predictor; logits at column i predict the token at column i."""
+
+    config_class = SDARConfig
+    base_model_prefix = "model"
+    _no_split_modules: ClassVar[list[str]] = ["SDARLayer"]
+    logit_shift = 0
+    family = "sdar"  # families.py key
+
+    def __init__(self, config: SDARConfig):
+        super().__init__(config)
+        self.model = SDARBackbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.post_init()
+
+    def embed(self, input_ids):
+        return self.model.embed_tokens(input_ids)
+
+    def blocks(self):
+        return self.model.layers
+
+    def head(self, h):
+        return self.lm_head(self.model.norm(h))
+
+    def kv_shape(self):
+        c = self.config
+        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+
+    @property
+    def rope_theta(self):
+        return self.config.rope_theta
+
+    @property
+    def context_length(self):
+        return self.config.max_position_embeddings
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head

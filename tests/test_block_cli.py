@@ -1,0 +1,71 @@
+"""Block-causal families at the CLI edge: one-line refusals, bench strategies, edits in the view."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from block_checkpoints import write_llada2
+from cli_fixtures import error_lines, invoke
+from rich.console import Console
+
+from dllm_cli.bench import BLOCK_STRATEGIES
+from dllm_cli.commands.bench import choose_strategies
+from dllm_cli.decoding import RowCommit, StepEvent
+from dllm_cli.settings import DecodeSettings
+from dllm_cli.view import CanvasView
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_llada2(tmp_path_factory.mktemp("cli") / "llada2").folder
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--cache", "dual"], "cache 'dual' (from the command line) does not apply to LLaDA2"),
+        (["--suffix-window", "8"], "suffix_window 8 (from the command line) does not apply"),
+        (["--unmask", "origin"], "unmask 'origin' (from the command line) does not apply"),
+    ],
+)
+def test_settings_that_do_not_apply_are_one_line(folder, flags, words):
+    result = invoke("generate", "--model", str(folder), "--gen-length", "8", *flags, "hi")
+    assert result.exit_code == 2, result.output
+    assert len(error_lines(result)) == 1 and words in error_lines(result)[0]
+    assert "Traceback" not in result.output
+
+
+def test_edit_threshold_is_refused_on_masked_families():
+    result = invoke("generate", "-p", "tiny-gsm", "--edit-threshold", "0.5", "hi")
+    assert result.exit_code == 2, result.output
+    assert "edit_threshold (from the command line) applies to LLaDA2.x" in result.stderr
+
+
+def test_generate_with_editing_prints_an_answer(folder):
+    result = invoke(
+        "generate", "--model", str(folder), "--gen-length", "8", "--block-length", "4",
+        "--edit-threshold", "0.0", "--max-post-steps", "2", "how many apples",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip()
+
+
+def test_bench_offers_the_block_strategies():
+    assert choose_strategies(None, False, "sdar") == list(BLOCK_STRATEGIES)
+    assert choose_strategies(None, False, "llada2") == list(BLOCK_STRATEGIES)
+
+
+def test_view_shows_edits_as_replaced_tokens():
+    s = DecodeSettings(gen_length=4, block_length=4, cache="prefix", edit_threshold=0.5)
+    view = CanvasView(s, {1: "one", 2: "two", 3: "three"}.get)
+    fill = RowCommit(0, (0, 1), (1, 2), (0.9, 0.8))
+    view.update(StepEvent(0, 0, 0, (0, 4), False, None, 1, (fill,)), seconds=0.1)
+    edit = RowCommit(0, (1,), (3,), (0.7,))
+    view.update(StepEvent(1, 0, 1, (0, 4), False, None, 2, (), drafts=(edit,)), seconds=0.2)
+    console = Console(record=True, width=100, file=io.StringIO(), force_terminal=True)
+    console.print(view.render())
+    text = console.export_text()
+    assert "three" in text and "two" not in text  # the edit replaced the committed token
+    assert "1 tokens replaced" in text and "replaced by a token edit" in text
+    assert "~1 replaced" in view.summary()
