@@ -58,7 +58,8 @@ def test_bench_offers_the_block_strategies():
 
 def test_view_shows_edits_as_replaced_tokens():
     s = DecodeSettings(gen_length=4, block_length=4, cache="prefix", edit_threshold=0.5)
-    view = CanvasView(s, {1: "one", 2: "two", 3: "three"}.get)
+    words = {1: "one", 2: "two", 3: "three"}
+    view = CanvasView(s, lambda ids: " ".join(words[i] for i in ids))  # a tokenizer's decode
     fill = RowCommit(0, (0, 1), (1, 2), (0.9, 0.8))
     view.update(StepEvent(0, 0, 0, (0, 4), False, None, 1, (fill,)), seconds=0.1)
     edit = RowCommit(0, (1,), (3,), (0.7,))
