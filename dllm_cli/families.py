@@ -39,6 +39,9 @@ GEMMA_UNUSED = (
     "cfg_scale",
     "eps",
     "alg_temp",
+    "eb_gamma",
+    "kl_threshold",
+    "kl_history",
     "edit_threshold",
     "max_post_steps",
 )

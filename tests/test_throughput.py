@@ -75,4 +75,4 @@ def test_pruned_strategies_take_the_bench_window(profile_file, tmp_path):
     plain, pruned = json.loads(out.read_text())
     assert plain["settings"]["suffix_window"] == 0 and pruned["settings"]["suffix_window"] == 4
     zero = invoke(*args[:-2], "--suffix-window", "0")
-    assert zero.exit_code == 4 and "suffix-window" in zero.stderr
+    assert zero.exit_code == 2 and "suffix-window" in zero.stderr
