@@ -119,3 +119,22 @@ class DiffusionLM(PreTrainedModel):
         elif logits_slice is not None:
             h = h[:, logits_slice]
         return self.head(h)
+
+
+class QwenLayout:
+    """The accessors of models laid out as `model.embed_tokens / model.layers / model.norm`
+    plus `lm_head` (Dream's Qwen2 names, SDAR's Qwen3 names, LLaDA-MoE); list it before the
+    DiffusionLM base so these override the base's."""
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model.norm(h))
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        c = self.config
+        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim

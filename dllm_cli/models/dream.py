@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.base import DiffusionLM, QwenLayout
 from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
 
@@ -166,7 +166,7 @@ class DreamBackbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class DreamModel(DiffusionLM):
+class DreamModel(QwenLayout, DiffusionLM):
     """Dream mask predictor; raw logits at column i predict column i + 1."""
 
     config_class = DreamConfig
@@ -182,19 +182,6 @@ class DreamModel(DiffusionLM):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.post_init()
-
-    def embed(self, input_ids):
-        return self.model.embed_tokens(input_ids)
-
-    def blocks(self):
-        return self.model.layers
-
-    def head(self, h):
-        return self.lm_head(self.model.norm(h))
-
-    def kv_shape(self):
-        c = self.config
-        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
 
     def rope_dtype(self, dtype):
         return dtype  # Qwen2 rotates in the model dtype

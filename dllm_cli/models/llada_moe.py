@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.base import DiffusionLM, QwenLayout
 from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv
 from dllm_cli.models.moe import LLaDAMoEMLP, LLaDAMoESparseBlock
@@ -238,7 +238,7 @@ class LLaDAMoEBackbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LLaDAMoEModelLM(DiffusionLM):
+class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
     """LLaDA-MoE mask predictor; logits at column i predict the token at column i."""
 
     config_class = LLaDAMoEConfig
@@ -261,19 +261,6 @@ class LLaDAMoEModelLM(DiffusionLM):
         for layer in self.model.layers:
             if isinstance(layer.mlp, LLaDAMoESparseBlock):
                 layer.mlp.stack_experts()
-
-    def embed(self, input_ids):
-        return self.model.embed_tokens(input_ids)
-
-    def blocks(self):
-        return self.model.layers
-
-    def head(self, h):
-        return self.lm_head(self.model.norm(h))
-
-    def kv_shape(self):
-        c = self.config
-        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
 
     def rope_dtype(self, dtype):
         return dtype  # the reference casts cos/sin to the activations' dtype

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from dllm_cli.models.base import QwenLayout
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.layers import RMSNorm, swiglu
 
@@ -150,7 +151,7 @@ class SDARBackbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class SDARForCausalLM(BlockDiffusionLM):
+class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
     """SDAR mask predictor; logits at column i predict the token at column i."""
 
     config_class = SDARConfig
@@ -166,19 +167,6 @@ class SDARForCausalLM(BlockDiffusionLM):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.post_init()
-
-    def embed(self, input_ids):
-        return self.model.embed_tokens(input_ids)
-
-    def blocks(self):
-        return self.model.layers
-
-    def head(self, h):
-        return self.lm_head(self.model.norm(h))
-
-    def kv_shape(self):
-        c = self.config
-        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
 
     @property
     def rope_theta(self):
