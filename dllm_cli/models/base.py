@@ -138,3 +138,20 @@ class QwenLayout:
     def kv_shape(self) -> tuple[int, int, int]:
         c = self.config
         return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+
+    @property
+    def rope_theta(self):
+        return self.config.rope_theta
+
+    @property
+    def context_length(self):
+        return self.config.max_position_embeddings
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head

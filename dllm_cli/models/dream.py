@@ -187,18 +187,5 @@ class DreamModel(QwenLayout, DiffusionLM):
         return dtype  # Qwen2 rotates in the model dtype
 
     @property
-    def rope_theta(self):
-        return self.config.rope_theta
-
-    @property
     def context_length(self):
         return min(self.config.max_position_embeddings, DREAM_CONTEXT)
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head

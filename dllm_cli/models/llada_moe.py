@@ -264,20 +264,3 @@ class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
 
     def rope_dtype(self, dtype):
         return dtype  # the reference casts cos/sin to the activations' dtype
-
-    @property
-    def rope_theta(self):
-        return self.config.rope_theta
-
-    @property
-    def context_length(self):
-        return self.config.max_position_embeddings
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head

@@ -167,20 +167,3 @@ class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.post_init()
-
-    @property
-    def rope_theta(self):
-        return self.config.rope_theta
-
-    @property
-    def context_length(self):
-        return self.config.max_position_embeddings
-
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head
