@@ -36,10 +36,16 @@ def answer_length(tokens: Sequence[int], stop: Iterable[int]) -> int:
 def first_stop(answer: torch.Tensor, stop_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
     """(B,) position of each row's first stop token if everything before it is committed, else G.
 
+    `stop_ids`: (K,) ids every row stops at, or (B, K) each row's own (padded with -1).
+
     Such a row's text is final: no later step can change a token before the stop.
     """
     g = answer.shape[1]
     span = torch.arange(g, device=answer.device)[None]
-    stop_at = torch.where(torch.isin(answer, stop_ids), span, g).min(dim=1).values
+    if stop_ids.dim() == 2:  # (B, K): each row's own stop ids (-1 padded)
+        hit = (answer[:, :, None] == stop_ids[:, None, :]).any(dim=-1)
+    else:
+        hit = torch.isin(answer, stop_ids)
+    stop_at = torch.where(hit, span, g).min(dim=1).values
     mask_at = torch.where(answer == mask_id, span, g).min(dim=1).values
     return torch.where(mask_at > stop_at, stop_at, torch.full_like(stop_at, g))

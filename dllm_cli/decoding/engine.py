@@ -30,6 +30,7 @@ from dllm_cli.decoding.canvas import Canvas, check_prompts, check_token_ids, pla
 from dllm_cli.decoding.forwards import Forwards
 from dllm_cli.decoding.policies import POLICIES
 from dllm_cli.decoding.request import Finished, Request, Status
+from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.slots import ADMISSIONS, SlotCache, cat_canvases, empty_canvas, pad_left
@@ -37,6 +38,7 @@ from dllm_cli.decoding.step import StepOutput, decode_step
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.families import with_family_defaults
+from dllm_cli.lifetimes import Sampling, request_sampling
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
@@ -87,7 +89,7 @@ class Engine:
         self.lockstep = policy.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
         self.device = next(model.parameters()).device
-        self.generator = torch.Generator(device=self.device).manual_seed(settings.seed)
+        self.sampling = Sampling.of(settings)  # a request's unless `add` is given its own
         self.branches = 2 if settings.cfg_scale > 0 else 1  # classifier-free guidance
         self.stop_ids = torch.tensor(special.stop, device=self.device)
         self.table = model.get_input_embeddings().num_embeddings
@@ -103,18 +105,27 @@ class Engine:
 
     # --- the public interface --------------------------------------------------------------
     def add(
-        self, prompt: list[int], key: Any = None, settings: DecodeSettings | None = None
+        self,
+        prompt: list[int],
+        key: Any = None,
+        settings: DecodeSettings | None = None,
+        sampling: Sampling | dict | None = None,
     ) -> int:
-        """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError)."""
-        if settings is not None and settings != self.settings:
-            raise SettingsError("per-request settings that differ from the engine's: not yet")
+        """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError).
+
+        `sampling` (or whole `settings`) gives the request its own temperature, top_p, top_k,
+        seed and stop ids (lifetimes.py); any other setting differing from the engine's is
+        refused (SettingsError naming it)."""
+        own = self.sampling
+        if settings is not None or sampling is not None:
+            own = request_sampling(self.settings, self.model.family, settings, sampling)
         ids = [int(t) for t in prompt]
         try:
             check_prompts([ids], self.settings.gen_length, self.model.context_length)
             check_token_ids([ids], self.table)
         except InputError as e:
             raise InputError(str(e).replace("prompt 0 ", "prompt ", 1)) from None
-        request = Request(self.next_id, ids, key)
+        request = Request(self.next_id, ids, key, sampling=own)
         self.next_id += 1
         self.queue.append(request)
         self.requests[request.id] = request
@@ -149,7 +160,7 @@ class Engine:
             return []
         row = self.canvas.answer()[self.live.index(request)].tolist()
         first = row.index(self.special.mask) if self.special.mask in row else len(row)
-        return answer_tokens(row[:first], self.special.stop)
+        return answer_tokens(row[:first], (*self.special.stop, *request.sampling.stop))
 
     def step(self) -> StepOutput:
         """Admit waiting requests into free slots, then one decoding step of every live row."""
@@ -194,6 +205,7 @@ class Engine:
         fresh.rows = torch.tensor([r.id for r in new], device=self.device)
         for r in new:
             r.admit(self.steps)
+            r.generator = torch.Generator(device=self.device).manual_seed(r.sampling.seed)
             r.row.first = c.prompt_width  # its first mask: the answer's first column
         taken = {r.slot for r in self.live}
         free = [i for i in range(self.slots) if i not in taken]
@@ -221,8 +233,6 @@ class Engine:
         self.canvas = empty_canvas(width, s.gen_length, self.special.mask, self.device)
         self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
         self.cache = None
-        if self.admission.whole_batches:  # a static batch is a decode of its own
-            self.generator.manual_seed(s.seed)
         if self.policy.uses_cache:
             # Rows apart need per-row columns, whose padding writes go to a scratch column.
             apart = self.frontier or not self.lockstep
@@ -243,6 +253,15 @@ class Engine:
         if self.cache is not None:
             self.cache.widen(extra)
 
+    def draws(self, spans: list[tuple[int, int]]) -> RowDraws:
+        """The live rows' sampling this step: own generators and values, spans, who draws."""
+        return RowDraws(
+            tuple(r.generator for r in self.live),
+            tuple(r.sampling for r in self.live),
+            tuple(e - a for a, e in spans),
+            tuple(not r.idle for r in self.live),
+        )
+
     # --- leaving -----------------------------------------------------------------------------
     def done(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(B,) rows whose answer is final, and (B,) where each answer ends, on the device."""
@@ -250,10 +269,22 @@ class Engine:
         answer = c.answer()  # (B, G)
         done = ~(answer == c.mask_id).any(dim=1)
         cut = torch.full_like(c.rows, answer.shape[1])
+        own = self.own_stops()
         if self.settings.early_stop or self.frontier:  # guided: a stop token ends the row
-            cut = first_stop(answer, self.stop_ids, c.mask_id)
+            cut = first_stop(answer, self.stop_ids if own is None else own, c.mask_id)
             done = done | (cut < answer.shape[1])
+        elif own is not None:  # a request's own stop ids cut its answer (EOS after them)
+            cut = first_stop(answer, own, c.mask_id)
         return done, cut
+
+    def own_stops(self) -> torch.Tensor | None:
+        """(B, K) each live row's stop ids (the model's and its own, -1 padded); None when no
+        request has its own (the model's `stop_ids` serve every row)."""
+        if not any(r.sampling.stop for r in self.live):
+            return None
+        rows = [(*self.special.stop, *r.sampling.stop) for r in self.live]
+        k = max(len(row) for row in rows)
+        return torch.tensor([[*row, *[-1] * (k - len(row))] for row in rows], device=self.device)
 
     def retire(self, done: list[int], cut: torch.Tensor) -> tuple[list[Finished], list[int]]:
         """Rows whose answer is final (`done`, host flags) leave their slots; their Finished
@@ -266,6 +297,8 @@ class Engine:
         rows = torch.tensor(gone, device=self.device)
         answer = c.answer()[rows]  # (R, G)
         past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[rows][:, None]
+        if any(self.live[i].sampling.stop for i in gone):  # own stop ids are not in the text
+            past = past | own_stop_at(answer, cut[rows], [self.live[i].sampling.stop for i in gone])
         tokens = answer.masked_fill(past, self.special.eos)
         first = torch.tensor([self.live[i].first_step for i in gone], device=self.device)
         marks = c.steps[rows]
@@ -300,3 +333,12 @@ class Engine:
         """The canvas learns from the host whether any row is padded (no device read)."""
         width = self.canvas.prompt_width
         self.canvas.any_pad = any(len(r.prompt) < width for r in self.live)
+
+
+def own_stop_at(answer: torch.Tensor, cut: torch.Tensor, stops: list[tuple[int, ...]]):
+    """(R, G) bool: the cut column of rows whose answer ends at one of their own stop ids."""
+    k = max(1, *(len(x) for x in stops))
+    own = torch.tensor([[*x, *[-1] * (k - len(x))] for x in stops], device=answer.device)
+    at = answer.gather(1, cut.clamp(max=answer.shape[1] - 1)[:, None])  # (R, 1)
+    hit = (at == own).any(dim=1, keepdim=True) & (cut < answer.shape[1])[:, None]
+    return hit & (torch.arange(answer.shape[1], device=answer.device)[None] == cut[:, None])

@@ -36,6 +36,7 @@ import torch
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.policies import Forward
+from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import Sampler
 
 
@@ -69,7 +70,7 @@ class Forwards:
         cache: KVCache | None,
         plans: list[Forward],
         spans: list[tuple[int, int]],
-        generator: torch.Generator,
+        generator: torch.Generator | RowDraws,  # RowDraws: each row's own (row_sampling.py)
     ) -> Prediction:
         device = canvas.ids.device
         starts = torch.tensor([a for a, _ in spans], device=device)
@@ -91,10 +92,12 @@ class Forwards:
             replace(p, start=a - shift, end=e, refresh=False) if p.refresh else p
             for p, (a, e) in zip(plans, spans, strict=True)
         ]
-        drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, generator)
+        draws = generator.without(full) if isinstance(generator, RowDraws) else generator
+        drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, draws)
         rows = torch.tensor(full, device=device)
         sub = ([plans[r] for r in full], [spans[r] for r in full])
-        d, conf, p = self._group(canvas, cache, *sub, rows, generator)
+        draws = generator.subset(full) if isinstance(generator, RowDraws) else generator
+        d, conf, p = self._group(canvas, cache, *sub, rows, draws)
         drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
         drafts[rows, : d.shape[1]] = d
         confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)

@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 from dllm_cli.decoding.rows import RowState
+from dllm_cli.lifetimes import Sampling
 
 
 class Status(Enum):
@@ -42,6 +43,9 @@ class Request:
     slot: int = -1  # its slot while running
     added_at: float = field(default_factory=time.perf_counter)
     admitted_at: float = 0.0
+    sampling: Sampling = field(default_factory=Sampling)  # its own temperature, seed, stops
+    generator: Any = None  # its torch.Generator, seeded from sampling.seed at admission
+    idle: bool = False  # waits in a finished block for its lockstep batch (draws nothing)
 
     def admit(self, step: int) -> None:
         self.status, self.first_step = Status.RUNNING, step

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm_cli.decoding.row_sampling import RowDraws, temperatures, top_k_rows, top_p_rows, uniform
 from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
 
@@ -66,7 +67,7 @@ def gumbel_argmax(scores: torch.Tensor, generator: torch.Generator) -> torch.Ten
     LLaDA takes argmax of exp(logits) / (-log U)^T; with scores = logits / T this is the same
     argmax in log space, which cannot overflow for large logits.
     """
-    u = torch.rand(scores.shape, generator=generator, dtype=torch.float64, device=scores.device)
+    u = uniform(generator, scores.shape, torch.float64, scores.device)
     return (scores.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
 
 
@@ -88,7 +89,7 @@ def negative_entropy(probs, tokens, generator) -> torch.Tensor:
 
 def uniform_confidence(probs, tokens, generator) -> torch.Tensor:
     """LLaDA random remasking: a uniform random confidence."""
-    return torch.rand(tokens.shape, generator=generator, dtype=probs.dtype, device=tokens.device)
+    return uniform(generator, tokens.shape, probs.dtype, tokens.device)
 
 
 CONFIDENCE_KINDS: dict[str, Callable[..., torch.Tensor]] = {
@@ -139,8 +140,12 @@ class Sampler:
         tokens, confidence, _ = self.draft(logits, generator)
         return tokens, confidence
 
-    def draft(self, logits: torch.Tensor, generator: torch.Generator):
-        """Drafts (B, L), confidences (B, L) and the distribution they come from (B, L, V)."""
+    def draft(self, logits: torch.Tensor, generator: torch.Generator | RowDraws):
+        """Drafts (B, L), confidences (B, L) and the distribution they come from (B, L, V).
+
+        With a RowDraws every row samples with its own request's values (row_sampling.py)."""
+        if isinstance(generator, RowDraws):
+            return self.draft_rows(logits, generator)
         raw = self.working_logits(logits)
         scores = raw / self.temperature if self.temperature > 0 else raw
         scores = top_k_filter(top_p_filter(scores, self.top_p), self.top_k)
@@ -149,3 +154,24 @@ class Sampler:
         greedy = self.temperature == 0
         tokens = probs.argmax(dim=-1) if greedy else gumbel_argmax(scores, generator)
         return tokens, self.confidence(probs, tokens, generator), probs
+
+    def draft_rows(self, logits: torch.Tensor, rows: RowDraws):
+        """`draft` with per-row temperature, top-p and top-k (scalars where rows agree)."""
+        raw = self.working_logits(logits)
+        temperature, top_p, top_k = (rows.value(k) for k in ("temperature", "top_p", "top_k"))
+        divisor = temperatures(temperature, raw)
+        scores = raw if isinstance(divisor, float) and divisor == 1.0 else raw / divisor
+        scores = (
+            top_p_rows(scores, top_p) if isinstance(top_p, list) else top_p_filter(scores, top_p)
+        )
+        scores = (
+            top_k_rows(scores, top_k) if isinstance(top_k, list) else top_k_filter(scores, top_k)
+        )
+        probs = (scores if self.family.tempered_confidence else raw).softmax(dim=-1)
+        if rows.all_greedy:
+            tokens = probs.argmax(dim=-1)
+        else:
+            tokens = gumbel_argmax(scores, rows.sampled())  # greedy rows draw nothing
+            if rows.any_greedy:
+                tokens = torch.where(rows.greedy_rows(raw.device), probs.argmax(dim=-1), tokens)
+        return tokens, self.confidence(probs, tokens, rows), probs

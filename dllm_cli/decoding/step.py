@@ -59,11 +59,13 @@ def decode_step(e) -> StepOutput:
     ]
     plans = [e.policy.plan(p) for p in places]
     cache = None if e.cache is None else e.cache.view()
-    pred = e.executor(c, cache, plans, spans(e, places, plans, firsts), e.generator)
+    columns = spans(e, places, plans, firsts)
+    draws = e.draws(columns)  # each row samples with its own request's values and generator
+    pred = e.executor(c, cache, plans, columns, draws)
     e.forwards += pred.forwards
     candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
     confidence = pred.confidence.masked_fill(~candidates, float("-inf"))
-    ctx = context(e, rows, pred, confidence, candidates)
+    ctx = context(e, rows, pred, confidence, candidates, draws)
     decision = e.committer(ctx)
     e.guide_forwards += decision.forwards
     e.guide_seconds += decision.seconds
@@ -83,6 +85,9 @@ def decode_step(e) -> StepOutput:
     numbers = c.rows  # request ids of this step's rows (the canvas is replaced on retire)
     finished, kept = e.retire(host[0], cut)  # before moving on: lockstep waits for live rows
     e.walk.advance([r.row for r in e.live], [host[1][i] for i in kept], e.blocks)
+    if not e.frontier:  # a row left waiting in an empty block (lockstep) draws nothing
+        for r, i in zip(e.live, kept, strict=True):
+            r.idle = host[1][i] == 0 and r.row.step > 0
     step, forwards, guide_forwards = e.steps, e.forwards, e.guide_forwards
     e.steps += 1
     p = c.prompt_width
@@ -131,7 +136,7 @@ def spans(e, places, plans, firsts) -> list[tuple[int, int]]:
     return [(f, min(f + window, plan.end)) for f, plan in zip(firsts, plans, strict=True)]
 
 
-def context(e, rows, pred: Prediction, confidence, candidates) -> StepContext:
+def context(e, rows, pred: Prediction, confidence, candidates, draws) -> StepContext:
     device = e.device
     masks = torch.tensor([r.masks_at_start for r in rows], device=device)
     if same_place(rows):  # one shared block and step (rows in lockstep)
@@ -143,7 +148,7 @@ def context(e, rows, pred: Prediction, confidence, candidates) -> StepContext:
         planned = torch.tensor([n for _, n in host], device=device)
     return StepContext(
         pred.drafts, confidence, candidates, block, step, masks, e.canvas,
-        e.generator, pred.columns, planned, host, pred.probs,
+        draws, pred.columns, planned, host, pred.probs,
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import torch
 from dllm_cli.decoding.canvas import Block, Canvas
 from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
 from dllm_cli.decoding.ranking import top_columns
+from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.rules import KlassMemory, eb_rule, klass_rule
 from dllm_cli.settings import DecodeSettings
 
@@ -38,7 +39,7 @@ class StepContext:
     block_step: int | torch.Tensor  # 0-based step within the block (per row: (B,) long)
     masks_at_start: torch.Tensor  # (B,) long: masks in the block when it began
     canvas: Canvas  # state before this step's commits (rows map to the original batch)
-    generator: torch.Generator
+    generator: torch.Generator | RowDraws  # RowDraws: each row draws from its own request's
     columns: torch.Tensor | None = None  # (B, L) long canvas columns (None: the block's)
     planned: torch.Tensor | None = None  # (B,) steps planned for each row's block
     host_steps: list[tuple[int, int]] | None = None  # (block_step, planned) per row, on host
@@ -163,7 +164,7 @@ def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     if p.alg_temp > 0:
         # Dream's alg_temp: positions sampled from softmax(conf / alg_temp) without replacement,
         # drawn here by Gumbel-top-k.
-        u = torch.rand(ctx.confidence.shape, generator=ctx.generator, device=ctx.drafts.device)
+        u = uniform(ctx.generator, ctx.confidence.shape, device=ctx.drafts.device)
         noisy = ctx.confidence.double() / p.alg_temp - torch.log(-torch.log(u.double()))
         return commit_top(ctx, counts, noisy)
     return commit_top(ctx, counts)
@@ -193,7 +194,11 @@ def origin_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     chance = 1 - s / t
     if isinstance(chance, torch.Tensor) and chance.dim() == 1:
         chance = chance[:, None]  # (B, 1)
-    u = torch.rand(ctx.candidates.shape, generator=ctx.generator, device=ctx.drafts.device)
+    draws = ctx.generator
+    if isinstance(draws, RowDraws) and ctx.host_steps is not None:
+        # a row at its block's last step reveals everything and draws nothing, as alone
+        draws = draws.without([r for r, (k, n) in enumerate(ctx.host_steps) if k >= n - 1])
+    u = uniform(draws, ctx.candidates.shape, device=ctx.drafts.device)
     return ((u < chance) | per_row(last, u)) & ctx.candidates
 
 

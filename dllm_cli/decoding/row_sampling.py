@@ -1,0 +1,122 @@
+"""Per-row sampling: every request samples with its own values and draws from its own generator.
+
+A request's `Sampling` (lifetimes.py: temperature, top-p, top-k, seed, stop ids) travels with
+it; each step the engine hands the sampler and the rules a `RowDraws` for its live rows. Row r
+draws its random numbers from its request's generator (seeded from the request's seed when it
+is admitted), exactly `lengths[r]` slots of its own span and only on steps where it has
+something to decode, so the numbers a request sees do not depend on what shares its batch: a
+sampled answer is the same alone, in a static batch, or beside other traffic. Alone, a request
+draws what one generator seeded with its seed draws for the whole (1, L, ...) batch, so batch
+size 1 is exactly the engine's earlier single-generator decode (and the references' replays).
+
+Values are host data, so nothing here reads the device: per-row temperatures, top-p and top-k
+become small tensors (B, 1, 1) only when rows differ; equal rows keep the scalar path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from dllm_cli.lifetimes import Sampling
+
+
+@dataclass(frozen=True)
+class RowDraws:
+    """A step's rows: their generators, sampling values, span lengths and who draws."""
+
+    generators: tuple[torch.Generator, ...]
+    samplings: tuple[Sampling, ...]
+    lengths: tuple[int, ...]  # real slots of each row's span (the rest is padding)
+    on: tuple[bool, ...]  # the row draws this step (an idle row in lockstep does not)
+
+    def subset(self, rows: list[int]) -> RowDraws:
+        """Only rows `rows` (a forward that serves some rows)."""
+        pick = lambda xs: tuple(xs[r] for r in rows)  # noqa: E731
+        return RowDraws(
+            pick(self.generators), pick(self.samplings), pick(self.lengths), pick(self.on)
+        )
+
+    def without(self, rows: list[int]) -> RowDraws:
+        """The same rows, `rows` drawing nothing (their drafts are replaced by a later forward)."""
+        skip = set(rows)
+        return replace(self, on=tuple(o and r not in skip for r, o in enumerate(self.on)))
+
+    def sampled(self) -> RowDraws:
+        """The same rows, greedy ones drawing nothing (alone they draw no Gumbel noise)."""
+        on = tuple(o and not s.greedy for o, s in zip(self.on, self.samplings, strict=True))
+        return replace(self, on=on)
+
+    def uniform(self, shape, dtype=torch.float32, device=None) -> torch.Tensor:
+        """(B, L, ...) uniforms in [0, 1): row r's first lengths[r] slots from its generator,
+        0.5 elsewhere (padding and rows that do not draw)."""
+        out = torch.full(tuple(shape), 0.5, dtype=dtype, device=device)
+        for r, (g, n, on) in enumerate(zip(self.generators, self.lengths, self.on, strict=True)):
+            n = min(n, shape[1])
+            if on and n > 0:
+                out[r, :n] = torch.rand((n, *shape[2:]), generator=g, dtype=dtype, device=device)
+        return out
+
+    def value(self, name: str):
+        """One sampling value when every row has it (a float or None), else the per-row list."""
+        values = [getattr(s, name) for s in self.samplings]
+        return values[0] if all(v == values[0] for v in values) else values
+
+    @property
+    def all_greedy(self) -> bool:
+        return all(s.greedy for s in self.samplings)
+
+    @property
+    def any_greedy(self) -> bool:
+        return any(s.greedy for s in self.samplings)
+
+    def greedy_rows(self, device) -> torch.Tensor:
+        """(B, 1) bool: rows that take the argmax."""
+        return torch.tensor([[s.greedy] for s in self.samplings], device=device)
+
+
+def uniform(generator, shape, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Uniform draws from a RowDraws (per row) or a plain torch.Generator (one stream)."""
+    if isinstance(generator, RowDraws):
+        return generator.uniform(shape, dtype, device)
+    return torch.rand(shape, generator=generator, dtype=dtype, device=device)
+
+
+def per_row(values: list, like: torch.Tensor, fill: float) -> torch.Tensor:
+    """(B, 1, ..., 1) tensor of per-row values in `like`'s dtype (None -> `fill`)."""
+    column = [fill if v is None else v for v in values]
+    shape = (len(column),) + (1,) * (like.dim() - 1)
+    return torch.tensor(column, dtype=like.dtype, device=like.device).view(shape)
+
+
+def temperatures(values, logits: torch.Tensor):
+    """Each row's divisor: its temperature, 1 for greedy rows (a scalar when rows agree)."""
+    if not isinstance(values, list):
+        return values if values > 0 else 1.0
+    return per_row([t if t > 0 else 1.0 for t in values], logits, 1.0)
+
+
+def top_p_rows(logits: torch.Tensor, top_p: list) -> torch.Tensor:
+    """Nucleus filtering with each row's own top_p (None: off), as sampling.top_p_filter."""
+    ordered, order = logits.sort(dim=-1, descending=True)
+    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative > per_row([p if p is not None and p < 1 else 2.0 for p in top_p], logits, 2.0)
+    drop[..., 1:] = drop[..., :-1].clone()  # keep the token that crosses top_p
+    drop[..., 0] = False
+    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+def top_k_rows(logits: torch.Tensor, top_k: list) -> torch.Tensor:
+    """Each row's k most likely tokens (ties kept, as sampling.top_k_filter); 0/None: all."""
+    ks = [min(k or 0, logits.shape[-1]) for k in top_k]
+    most = max(ks)
+    if most == 0:
+        return logits
+    values = logits.topk(most, dim=-1).values  # (B, L, most), descending
+    index = torch.tensor([max(k, 1) - 1 for k in ks], device=logits.device)
+    index = index.view(-1, *([1] * (logits.dim() - 1))).expand(*logits.shape[:-1], 1)
+    kth = values.gather(-1, index)
+    off = per_row([k == 0 for k in ks], kth, 0.0).bool()
+    kth = kth.masked_fill(off, float("-inf"))
+    return logits.masked_fill(logits < kth, float("-inf"))
