@@ -33,6 +33,7 @@ from dllm_cli.decoding.slots import ADMISSIONS
 from dllm_cli.decoding.step import StepOutput
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.families import family_of_model, with_family_defaults
+from dllm_cli.lifetimes import Sampling, request_sampling
 from dllm_cli.models.block import BlockContext, block_causal
 
 
@@ -72,7 +73,6 @@ class BlockEngine:
         self.admission = ADMISSIONS[admission]
         self.cached = settings.cache == "prefix"
         self.device = next(model.parameters()).device
-        self.generator = torch.Generator(device=self.device).manual_seed(settings.seed)
         self.real_vocab = special.real_vocab(model.vocab_size)
         self.stop_ids = torch.tensor(special.stop, device=self.device)
         self.table = model.get_input_embeddings().num_embeddings
@@ -86,17 +86,24 @@ class BlockEngine:
         self.canvas = None  # no shared canvas: every row has its own
 
     # --- the public interface --------------------------------------------------------------
-    def add(self, prompt: list[int], key: Any = None, settings=None) -> int:
-        """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError)."""
-        if settings is not None and settings != self.settings:
-            raise SettingsError("per-request settings that differ from the engine's: not yet")
+    def add(self, prompt: list[int], key: Any = None, settings=None, sampling=None) -> int:
+        """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError).
+        `sampling` / `settings`: the request's own temperature, top_p, top_k, seed (as Engine)."""
+        own = Sampling.of(self.settings)
+        if settings is not None or sampling is not None:
+            own = request_sampling(self.settings, self.model.family, settings, sampling)
+        if own.stop:
+            raise SettingsError(
+                "stop ids per request: not supported by the block-causal engine (SDAR, LLaDA2); "
+                "its early stop is the model's stop tokens"
+            )
         ids = [int(t) for t in prompt]
         try:
             check_prompts([ids], self.settings.gen_length, self.model.context_length)
             check_token_ids([ids], self.table)
         except InputError as e:
             raise InputError(str(e).replace("prompt 0 ", "prompt ", 1)) from None
-        request = Request(self.next_id, ids, key)
+        request = Request(self.next_id, ids, key, sampling=own)
         self.next_id += 1
         self.queue.append(request)
         self.requests[request.id] = request
@@ -154,8 +161,6 @@ class BlockEngine:
     def _admit(self) -> None:
         if not self.queue or (self.admission.whole_batches and self.live):
             return
-        if self.admission.whole_batches:
-            self.generator.manual_seed(self.settings.seed)  # a static batch decodes alone
         taken = {r.slot for r in self.live}
         free = [i for i in range(self.slots) if i not in taken]
         new = [self._row(self.queue.popleft(), slot) for slot in free[: len(self.queue)]]
@@ -173,6 +178,7 @@ class BlockEngine:
         x[:n] = torch.tensor(request.prompt, device=self.device)
         marks = torch.full_like(x, -1)
         request.admit(self.steps)
+        request.generator = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
         return BlockRow(request, slot, x, marks, n, blocks, block=n // b)
 
     def _reserve(self, width: int) -> None:

@@ -51,7 +51,7 @@ def block_step(e) -> StepOutput:
         r.request.forwards += 1
     phases = tuple(place(e, r) for r in rows)  # where each row was, before it moves on
     at = [r.block * b - r.prompt for r in rows]
-    x0, p = draft(logits, e.settings, e.special.mask, e.real_vocab, e.generator)
+    x0, p = draft_rows(e, rows, logits)
     block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
     active = block == e.special.mask
     k = torch.tensor([rule.k(r.step) for r in rows], device=e.device)
@@ -68,6 +68,20 @@ def block_step(e) -> StepOutput:
     step = e.steps
     e.steps += 1
     return StepOutput(step, finished, lambda: event(e, step, phases, commits, drafts, stored, done))
+
+
+def draft_rows(e, rows, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, B, V) -> tokens, p: each row samples with its own request's values and generator,
+    so a sampled row's draws do not depend on what shares the step (greedy: one call)."""
+    own = [r.request.sampling for r in rows]
+    mask, vocab = e.special.mask, e.real_vocab
+    if all(s.greedy for s in own):
+        return draft(logits, own[0], mask, vocab, None)
+    drafted = [
+        draft(logits[i : i + 1], s, mask, vocab, r.request.generator)
+        for i, (r, s) in enumerate(zip(rows, own, strict=True))
+    ]
+    return torch.cat([x for x, _ in drafted]), torch.cat([p for _, p in drafted])
 
 
 def block_of(r, b: int) -> torch.Tensor:
