@@ -12,7 +12,10 @@ Settings are the CLI's (`dllm generate --help`), by their bare names (`gen_lengt
 `threshold`, ...), and are validated exactly as the CLI validates them: a bad value raises the
 same `dllm_cli.errors` exception the CLI turns into its one-line message and exit code.
 Settings given to `LLM(...)` hold for every call; those given to a call, for that call only
-(the model and guide stay loaded, so they cannot change per call).
+(the model and guide stay loaded, so they cannot change per call). Per-request settings
+(lifetimes.py: temperature, top_p, top_k, seed, stop token ids) go to each request itself, so a
+call that changes only those decodes on the loaded engine settings and each answer is what the
+same request gets alone.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.lifetimes import split
 from dllm_cli.profiles import resolve
 from dllm_cli.runtime import Runtime, family_settings, open_runtime
 from dllm_cli.view import TextStream
@@ -61,12 +65,13 @@ class LLM:
     ) -> list[Completion]:
         """Answers in prompt order; prompts decode `batch_size` at a time (continuous
         batching unless the settings or the model ask for static batches)."""
-        rt = self._runtime(settings)
+        own, rest = split(settings)
+        rt = self._runtime(rest)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [rt.prepare(p) for p in texts]
         engine = self._engine(rt, batch_size, rt.admission())
         for i, x in enumerate(ids):
-            engine.add(x, key=i)
+            engine.add(x, key=i, sampling=own or None)
         done = {}
         while engine.has_work:
             for f in engine.step().finished:
@@ -81,9 +86,10 @@ class LLM:
 
     def stream(self, prompt: str, **settings: object) -> Iterator[str]:
         """The answer's text in pieces, each as soon as every position up to it is committed."""
-        rt = self._runtime(settings)
+        own, rest = split(settings)
+        rt = self._runtime(rest)
         engine = self._engine(rt, 1, "static")
-        rid = engine.add(rt.prepare(prompt))
+        rid = engine.add(rt.prepare(prompt), sampling=own or None)
         view = TextStream(rt.settings.gen_length, rt.text, row=rid)
         while engine.has_work:
             out = engine.step()

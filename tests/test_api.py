@@ -68,3 +68,18 @@ def test_importing_the_package_does_not_load_the_api():
     code = "import sys, dllm_cli; print('dllm_cli.api' in sys.modules, 'torch' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.stdout.split() == ["False", "False"]
+
+
+def test_per_call_sampling_is_each_requests_own(llm):
+    """temperature / seed per call go to each request: a batch answers as each prompt alone."""
+    prompts = ["What is 2 + 3?", "Tom has 3 apples and buys 2 more. How many?", "What is 9 - 4?"]
+    batch = llm.generate(prompts, batch_size=2, temperature=1.0, seed=4)
+    assert [c.token_ids for c in batch] == [
+        llm.generate(p, temperature=1.0, seed=4)[0].token_ids for p in prompts
+    ]
+    assert llm.runtime.settings.temperature == 0  # the loaded settings are untouched
+    assert batch[0].token_ids != llm.generate(prompts[0], temperature=1.0, seed=5)[0].token_ids
+    with pytest.raises(SettingsError, match="temperature must be 0"):
+        llm.generate("x", temperature=-1.0)
+    with pytest.raises(SettingsError, match="stop must be a list of token ids"):
+        llm.generate("x", stop="done")

@@ -317,3 +317,28 @@ def test_a_failing_engine_answers_500_and_the_server_goes_on(client, monkeypatch
     assert error["message"] == "internal error: ZeroDivisionError: division by zero"
     assert error["type"] == "server_error" and "Traceback" not in str(error)
     assert ask(client, QUESTIONS[0]).choices[0].message.content
+
+
+def test_sampling_is_per_request_on_one_engine(client):
+    """Requests that differ only in temperature / top_p / seed share an engine (no group of
+    their own) and each answer is `dllm generate`'s for that request alone."""
+    asks = [
+        (QUESTIONS[0], {"temperature": 1.0, "seed": 1}),
+        (QUESTIONS[1], {}),
+        (QUESTIONS[2], {"temperature": 0.8, "top_p": 0.9, "seed": 2}),
+        (QUESTIONS[0], {"temperature": 1.0, "seed": 2}),
+    ]
+
+    def flags(own: dict) -> list[str]:
+        return [x for k, v in own.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+
+    want = [generated("--no-guide", *flags(own), prompts=[q])[0] for q, own in asks]
+
+    def one(i: int) -> str:
+        q, own = asks[i]
+        return ask(client, q, extra_body=UNGUIDED, **own).choices[0].message.content
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(one, range(4)))
+    assert answers == want
+    assert want[0] != want[3]  # the seed is each request's own

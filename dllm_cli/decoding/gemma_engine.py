@@ -16,6 +16,7 @@ from dllm_cli.decoding.canvas import check_prompts
 from dllm_cli.decoding.request import Request, Status
 from dllm_cli.decoding.step import StepOutput
 from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.lifetimes import Sampling, request_sampling
 
 
 class GemmaEngine:
@@ -36,7 +37,14 @@ class GemmaEngine:
         self.steps = self.forwards = self.guide_forwards = self.served = 0
         self.seconds = self.guide_seconds = 0.0
 
-    def add(self, prompt: list[int], key: Any = None, settings=None) -> int:
+    def add(self, prompt: list[int], key: Any = None, settings=None, sampling=None) -> int:
+        if settings is not None or sampling is not None:
+            own = request_sampling(self.settings, self.model.family, settings, sampling)
+            if own != Sampling.of(self.settings):
+                raise SettingsError(
+                    "per-request sampling: not supported for DiffusionGemma (one generation "
+                    "config decodes its whole static batch)"
+                )
         ids = [int(t) for t in prompt]
         length = gemma.denoised_length(self.settings.gen_length, self.model.canvas_length)
         try:

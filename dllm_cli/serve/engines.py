@@ -1,21 +1,25 @@
 """Settings groups -> engines: which requests may share a canvas, and building the engine.
 
-A group is everything an engine is built with: the full DecodeSettings (the engine takes no
-per-request settings yet, so sampling settings are part of the group too) and whether the
-guide verifies drafts. Two requests share an engine, and so a batch, only when every setting
-is equal, which is what keeps each answer equal to `dllm generate`'s with those settings.
+A group is everything an engine is built with: the DecodeSettings less the per-request ones
+(lifetimes.py: temperature, top_p, top_k, seed go with each request to `Engine.add`, each row
+sampling with its own values and generator) and whether the guide verifies drafts. Two
+requests share an engine, and so a batch, when every engine and schedule setting is equal
+(max_tokens, the generation length, is one: a different canvas is a different model input);
+each answer is still what `dllm generate` gives that request alone. DiffusionGemma decodes a
+static batch with one generation config, so there its sampling stays part of the group.
 Every group refills a finished request's slot on the next step (continuous admission, guided
 decoding included), except where the model cannot (DiffusionGemma: whole batches).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 from dllm_cli.decoding import Engine, gemma, open_engine
 from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError
+from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.runtime import Runtime, origin
 from dllm_cli.serve.protocol import Job
 from dllm_cli.settings import DecodeSettings
@@ -44,8 +48,19 @@ class Counts:
     steps: int
 
 
-def group_of(job: Job) -> Group:
-    return Group(job.settings, job.guide)
+# The engine's own sampling values in a group (every request brings its own to `add`).
+ENGINE_SAMPLING = {f.name: f.default for f in fields(DecodeSettings) if f.name in SAMPLING_FIELDS}
+
+
+def group_of(job: Job, per_request: bool = True) -> Group:
+    """The engine a job decodes on: sampling is per request unless the family cannot."""
+    settings = replace(job.settings, **ENGINE_SAMPLING) if per_request else job.settings
+    return Group(settings, job.guide)
+
+
+def add(pool: Pool, ids: list[int], job: Job, key) -> int:
+    """The job into its group's engine, with its own sampling values."""
+    return pool.engine.add(ids, key=key, settings=job.settings)
 
 
 def check_settings(runtime: Runtime, settings: DecodeSettings) -> DecodeSettings:

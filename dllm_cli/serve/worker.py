@@ -5,8 +5,9 @@ thread drains before every step, so an engine is only ever used from one thread.
 also encodes prompts and decodes answers: a Hugging Face fast tokenizer flips shared state to
 split special tokens, which is not safe under concurrent calls.
 
-An engine decodes one canvas shape with one set of settings. Requests whose settings differ
-(max_tokens, block length, steps, cache, threshold, guide, temperature, ...) need engines of
+An engine decodes one canvas shape with one set of engine and schedule settings; sampling
+(temperature, top_p, top_k, seed) is each request's own (lifetimes.py). Requests whose other
+settings differ (max_tokens, block length, steps, cache, threshold, guide, ...) need engines of
 their own: one per distinct settings group, created on first use, at most `max_engines` at a
 time; a group without an engine waits until an engine falls idle and is dropped (least
 recently used first). Engines with work are stepped in turn, one step each.
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dllm_cli.chat import encode_plain
+from dllm_cli.decoding import gemma
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
@@ -175,7 +177,8 @@ class Worker:
     def on_add(self, ticket: Ticket) -> None:
         job = ticket.job
         try:
-            ticket.group = engines.group_of(job)
+            per_request = self.runtime.loaded.architecture != gemma.FAMILY
+            ticket.group = engines.group_of(job, per_request)
             ticket.ids = self.encode(job)
             engines.check_length(self.runtime, ticket.ids, job.settings)
         except InputError as e:
@@ -221,7 +224,7 @@ class Worker:
                 still.append(ticket)
                 continue
             try:
-                ticket.rid = pool.engine.add(ticket.ids, key=ticket)
+                ticket.rid = engines.add(pool, ticket.ids, ticket.job, ticket)
             except DllmError as e:
                 self.fail(ticket, input_error(e, ticket.job.kind))
                 continue
