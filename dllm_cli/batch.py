@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from dllm_cli.decoding import DecodeResult, Finished, answer_length, answer_tokens
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import DllmError, InputError, SettingsError
+from dllm_cli.lifetimes import LIFETIMES, PER_REQUEST, refusal
 from dllm_cli.prompt_text import decode_line, escape_bytes, strip_line_end
 from dllm_cli.runtime import Runtime
 
@@ -35,6 +36,7 @@ class Slot:
     ids: list[int] | None = None
     error: str | None = None
     output: str | None = None  # its stdout line, once finished (text mode, failed: "")
+    sampling: dict | None = None  # --json-input: the line's own temperature, seed, ... (or None)
 
 
 @dataclass
@@ -154,9 +156,9 @@ class Pipeline:
         order.pending.append(slot)
         if slot.error is None:
             try:
-                engine.add(slot.ids, key=slot)
+                engine.add(slot.ids, key=slot, sampling=slot.sampling)
                 return
-            except InputError as e:
+            except DllmError as e:  # a bad prompt, or a line's own sampling values
                 self.fail(slot, str(e))
         self.finished(slot)
         order.flush()
@@ -196,7 +198,7 @@ class Pipeline:
             return slot
         try:
             if self.json_input:
-                slot.prompt = prompt_from_json(slot.prompt)
+                slot.prompt, slot.sampling = json_line(slot.prompt)
             slot.ids = self.runtime.prepare(slot.prompt)
         except DllmError as e:
             self.fail(slot, str(e))
@@ -254,6 +256,13 @@ class Order:
 
 def prompt_from_json(text: str) -> str:
     """The "prompt" string of a JSON-lines input."""
+    return json_line(text)[0]
+
+
+def json_line(text: str) -> tuple[str, dict | None]:
+    """A JSON-lines input's "prompt" and its per-request settings (lifetimes.py: temperature,
+    top_p, top_k, seed, stop ids; None when it has none). Other keys are the line's own, except
+    settings that cannot change per request, refused by name."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -264,7 +273,11 @@ def prompt_from_json(text: str) -> str:
         raise InputError("not a JSON object: nested too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("prompt"), str):
         raise InputError('expected a JSON object with a string "prompt" field')
-    return data["prompt"]
+    for name in data:
+        if name in LIFETIMES and name not in PER_REQUEST:
+            raise SettingsError(refusal(name))
+    own = {k: v for k, v in data.items() if k in PER_REQUEST}
+    return data["prompt"], own or None
 
 
 def record(prompt: str, text: str, done: Finished, stop: Iterable[int], canvas: bool) -> dict:

@@ -91,6 +91,26 @@ def test_json_input_reads_the_prompt_field(profile_file):
     assert result.exit_code == InputError.exit_code
 
 
+def test_json_input_lines_bring_their_own_sampling(profile_file):
+    """A line's temperature / seed are its own: its answer is the single run's with those
+    flags, beside lines that sample otherwise; settings that cannot change per line are refused."""
+    own = [{"temperature": 1.0, "seed": 3}, {}, {"temperature": 1.0, "seed": 4}]
+    lines = [json.dumps({"prompt": PROMPTS[i % 2], **o}) for i, o in enumerate(own)]
+    lines.append(json.dumps({"prompt": PROMPTS[0], "cache": "dual"}))
+    result = invoke(
+        "generate", "-", "-p", str(profile_file), "--json", "--json-input", "--batch-size", "3",
+        input="\n".join(lines),
+    )  # fmt: skip
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    for i, o in enumerate(own):
+        flags = [x for k, v in o.items() for x in (f"--{k}", str(v))]
+        single = invoke("generate", PROMPTS[i % 2], "-p", str(profile_file), "--json", *flags)
+        assert records[i]["token_ids"] == json.loads(single.stdout)["token_ids"]
+    assert records[0]["token_ids"] != records[2]["token_ids"]
+    assert records[3]["error"].startswith("cache cannot change per request (engine setting")
+    assert result.exit_code == InputError.exit_code
+
+
 class FailingEngine:
     """A real engine that raises `exc` once, on the first step that decodes request `first`
     (0-based input order of the valid lines)."""
