@@ -8,13 +8,15 @@ the engine, the API and the server:
 |-----------|------------------------------------|-----------------------------------------------|
 | engine    | a loaded model and its engine      | cache, refresh interval, suffix window, slots, |
 |           |                                    | batching, compile, device, threads, quantize  |
-| request   | one request (rows sample apart)    | temperature, top_p, top_k, seed, stop ids     |
+| request   | one request (rows sample apart)    | temperature, top_p, top_k, seed, confidence,  |
+|           |                                    | stop ids                                      |
 | schedule  | an engine (rows walk one schedule) | gen_length, block length, steps, unmask rule, |
-|           |                                    | confidence, threshold, factor, rule knobs     |
+|           |                                    | threshold, factor, the rules' parameters      |
 | gemma     | DiffusionGemma's static batch      | t_min, t_max, entropy bound, stability, ...   |
 
 A request's sampling values are a `Sampling`: validated by building the DecodeSettings they
-make with the engine's (DecodeSettings validates in one place), with the family's unset
+make with the engine's (DecodeSettings validates in one place: a confidence that is not a
+probability is refused beside a threshold rule as on the command line), with the family's unset
 defaults applied by `families.with_family_defaults` (Dream's top_k 50), as the engine's own.
 `gen_length` is a schedule setting on purpose: a row's canvas is prompt + gen_length columns,
 and a shorter or longer canvas is a different model input, so a request decoding beside
@@ -73,6 +75,7 @@ LIFETIMES: dict[str, Entry] = {
     "top_p": Entry(Lifetime.REQUEST),
     "top_k": Entry(Lifetime.REQUEST),
     "seed": Entry(Lifetime.REQUEST),
+    "confidence": Entry(Lifetime.REQUEST),  # validated with the engine's rule (threshold: a p)
     "stop": Entry(Lifetime.REQUEST),
     # schedule
     "gen_length": Entry(Lifetime.SCHEDULE, _CANVAS),
@@ -80,7 +83,6 @@ LIFETIMES: dict[str, Entry] = {
     "steps": Entry(Lifetime.SCHEDULE, _SCHEDULE),
     "unmask": Entry(Lifetime.SCHEDULE, _SCHEDULE),
     "schedule": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "confidence": Entry(Lifetime.SCHEDULE, "the unmask rule compares it (threshold: with a p)"),
     "threshold": Entry(Lifetime.SCHEDULE, _SCHEDULE),
     "factor": Entry(Lifetime.SCHEDULE, _SCHEDULE),
     "eb_gamma": Entry(Lifetime.SCHEDULE, _SCHEDULE),
@@ -111,11 +113,12 @@ class Sampling:
     top_p: float | None = None
     top_k: int | None = None  # None: the family's default (families.py); 0: no top-k
     seed: int = 0
+    confidence: str = "low_confidence"  # which confidence ranks its drafts (sampling.py)
     stop: tuple[int, ...] = ()  # token ids that end this answer besides the model's own
 
     @classmethod
     def of(cls, settings: DecodeSettings, stop: tuple[int, ...] = ()) -> Sampling:
-        return cls(*(getattr(settings, k) for k in SAMPLING_FIELDS), stop=tuple(stop))
+        return cls(**{k: getattr(settings, k) for k in SAMPLING_FIELDS}, stop=tuple(stop))
 
     @property
     def greedy(self) -> bool:

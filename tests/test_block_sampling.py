@@ -69,5 +69,7 @@ def test_stop_ids_and_schedule_settings_per_request_are_refused(loaded):
     engine = open_engine(loaded.model, loaded.special, s, slots=2)
     with pytest.raises(SettingsError, match="stop ids per request: not supported"):
         engine.add([5, 6], sampling={"stop": [3]})
+    with pytest.raises(SettingsError, match="confidence per request: not supported"):
+        engine.add([5, 6], sampling={"confidence": "margin"})
     with pytest.raises(SettingsError, match="threshold cannot change per request"):
         engine.add([5, 6], sampling={"threshold": 0.5})

@@ -17,8 +17,8 @@ from dllm_cli.settings import DecodeSettings
 MIX = (
     {"temperature": 1.0, "seed": 3},
     {},
-    {"temperature": 0.7, "top_k": 5, "seed": 11},
-    {"temperature": 1.3, "top_p": 0.8, "seed": 5},
+    {"temperature": 0.7, "top_k": 5, "seed": 11, "confidence": "random"},
+    {"temperature": 1.3, "top_p": 0.8, "seed": 5, "confidence": "margin"},
     {"temperature": 1.0, "seed": 3},  # same values as the first: same generator stream
 )
 CASES = (
@@ -87,7 +87,7 @@ def test_own_stop_ids_end_that_request_only():
 def test_every_setting_has_one_lifetime():
     names = {f.name for f in dataclasses.fields(DecodeSettings)}
     assert names <= set(LIFETIMES)
-    assert set(PER_REQUEST) == {"temperature", "top_p", "top_k", "seed", "stop"}
+    assert set(PER_REQUEST) == {"temperature", "top_p", "top_k", "seed", "confidence", "stop"}
     assert all(LIFETIMES[k].why for k in LIFETIMES if LIFETIMES[k].lifetime is not Lifetime.REQUEST)
 
 
@@ -104,16 +104,17 @@ def test_every_setting_has_one_lifetime():
         ({"colour": 1}, "unknown sampling setting 'colour'"),
         ({"temperature": -1.0}, "temperature must be 0 (greedy)"),
         ({"stop": ["x"]}, "stop must be a list of token ids"),
+        ({"confidence": "entropy"}, "unmask=threshold compares confidences with a probability"),
     ],
 )
 def test_other_settings_per_request_are_refused_in_one_line(given, named):
-    model, s = tiny("llada").model, settings()
+    model, s = tiny("llada").model, settings(unmask="threshold")
     engine = Engine(model, SPECIAL, s, slots=2)
     with pytest.raises(SettingsError) as e:
         engine.add([5, 6], sampling=given)
     assert str(e.value).startswith(named) and "\n" not in str(e.value)
     with pytest.raises(SettingsError, match=r"^unmask cannot change per request"):
-        engine.add([5, 6], settings=dataclasses.replace(s, unmask="threshold"))
+        engine.add([5, 6], settings=dataclasses.replace(s, unmask="fixed"))
     assert not engine.has_work  # nothing queued
 
 
@@ -121,4 +122,6 @@ def test_whole_settings_differing_only_in_sampling_are_taken_and_family_defaults
     s = settings()
     own = request_sampling(s, "dream", dataclasses.replace(s, temperature=0.5, seed=9))
     assert own == Sampling(0.5, None, 50, 9)  # Dream's top_k 50 filled as for the engine
+    mixed = request_sampling(s, "llada", sampling={"confidence": "margin", "stop": [3]})
+    assert mixed == Sampling(confidence="margin", stop=(3,))
     assert request_sampling(s, "llada", sampling={"top_k": 0}).top_k == 0

@@ -97,6 +97,11 @@ class BlockEngine:
                 "stop ids per request: not supported by the block-causal engine (SDAR, LLaDA2); "
                 "its early stop is the model's stop tokens"
             )
+        if own.confidence != self.settings.confidence:
+            raise SettingsError(
+                "confidence per request: not supported by the block-causal engine (SDAR, "
+                "LLaDA2), whose rules rank the drafted tokens' probabilities"
+            )
         ids = [int(t) for t in prompt]
         try:
             check_prompts([ids], self.settings.gen_length, self.model.context_length)

@@ -51,6 +51,11 @@ class RowDraws:
     def uniform(self, shape, dtype=torch.float32, device=None) -> torch.Tensor:
         """(B, L, ...) uniforms in [0, 1): row r's first lengths[r] slots from its generator,
         0.5 elsewhere (padding and rows that do not draw)."""
+        rest = tuple(shape[2:])
+        if all(self.on) and all(n == shape[1] for n in self.lengths):  # every row, whole spans
+            rows = [torch.rand((n, *rest), generator=g, dtype=dtype, device=device)
+                    for g, n in zip(self.generators, self.lengths, strict=True)]  # fmt: skip
+            return torch.stack(rows)
         out = torch.full(tuple(shape), 0.5, dtype=dtype, device=device)
         for r, (g, n, on) in enumerate(zip(self.generators, self.lengths, self.on, strict=True)):
             n = min(n, shape[1])

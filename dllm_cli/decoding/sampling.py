@@ -8,7 +8,7 @@ Drafting follows LLaDA (arXiv 2502.09992, Gumbel-max in float64) and Dream (arXi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -174,4 +174,19 @@ class Sampler:
             tokens = gumbel_argmax(scores, rows.sampled())  # greedy rows draw nothing
             if rows.any_greedy:
                 tokens = torch.where(rows.greedy_rows(raw.device), probs.argmax(dim=-1), tokens)
-        return tokens, self.confidence(probs, tokens, rows), probs
+        return tokens, row_confidence(probs, tokens, rows), probs
+
+
+def row_confidence(probs, tokens, rows: RowDraws) -> torch.Tensor:
+    """(B, L) each row's own confidence kind (one call when rows agree; `random` rows draw)."""
+    kind = rows.value("confidence")
+    if not isinstance(kind, list):
+        return CONFIDENCE_KINDS[kind](probs, tokens, rows)
+    out = None
+    for name in dict.fromkeys(kind):  # each kind present, in row order
+        mine = [k == name for k in kind]
+        draws = replace(rows, on=tuple(o and m for o, m in zip(rows.on, mine, strict=True)))
+        conf = CONFIDENCE_KINDS[name](probs, tokens, draws)
+        where = torch.tensor(mine, device=conf.device)[:, None]
+        out = conf if out is None else torch.where(where, conf, out)
+    return out
