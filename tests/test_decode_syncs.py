@@ -60,6 +60,37 @@ def test_an_unguided_step_reads_the_device_at_most_once(monkeypatch, kind, cache
     assert all(len(r) <= 1 for r in per_step), [r for r in per_step if len(r) > 1][:3]
 
 
+# Per-request sampling beside greedy rows: per-row values, own generators, own stop ids.
+OWN = (
+    {"temperature": 1.0, "seed": 1, "stop": [9]},
+    {},
+    {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": 2, "confidence": "random"},
+    {"confidence": "margin"},
+    {"temperature": 1.2, "seed": 3},
+)
+
+
+@pytest.mark.parametrize("admission", ["static", "continuous"])
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("cache", CACHES)
+def test_per_request_sampling_reads_the_device_at_most_once(monkeypatch, cache, rule, admission):
+    loaded = tiny("dream", eos_from=6)
+    s = settings(cache=cache, early_stop=True, block_length=4, **RULES[rule])
+    engine = Engine(loaded.model, SPECIAL, s, slots=3, admission=admission, quantum=4)
+    for p, own in zip(prompts([3, 7, 2, 5, 4], seed=2), OWN, strict=True):
+        engine.add(p, sampling=own)
+    reads = count_reads(monkeypatch)
+    per_step, finished = [], 0
+    while engine.has_work:
+        before = len(reads)
+        out = engine.step()
+        per_step.append(reads[before:])
+        finished += len(out.finished)
+    monkeypatch.undo()
+    assert finished == 5 and len(per_step) >= 3
+    assert all(len(r) <= 1 for r in per_step), [r for r in per_step if len(r) > 1][:3]
+
+
 def test_events_and_answers_are_read_only_when_asked(monkeypatch):
     loaded = tiny("llada")
     engine = Engine(loaded.model, SPECIAL, settings(cache="dual"), slots=2)
