@@ -196,7 +196,7 @@ class OutOfOrderEngine:
     def __init__(self, *args, **kwargs):
         self.keys, self.calls = [], 0
 
-    def add(self, ids, key=None, settings=None):
+    def add(self, ids, key=None, settings=None, sampling=None):
         self.keys.append(key)
         return len(self.keys) - 1
 
