@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tinygsm",
         "folders",
         "families",
+        "lifetimes",
         "version",
     ),  # version: __version__ for any layer; tinygsm: the built-in model's files (no code)
     ("models",),
