@@ -151,6 +151,7 @@ def request_sampling(
     one must equal the engine's, else SettingsError naming it) or from per-request values;
     validated as DecodeSettings validates, the family's unset defaults applied."""
     if settings is not None:
+        settings = with_family_defaults(settings, family)  # as the engine's were filled
         for f in dataclasses.fields(DecodeSettings):
             if f.name not in PER_REQUEST and getattr(settings, f.name) != getattr(engine, f.name):
                 raise SettingsError(refusal(f.name))
