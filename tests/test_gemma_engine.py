@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+from gemma_checkpoint import CANVAS
 from gemma_fixtures import (  # noqa: F401
     SETTLING,
     TEXTS,
@@ -75,16 +76,18 @@ def generate_both(gemma, s, stop):
     [{}, SETTLING, {"stability_threshold": 0, "confidence_threshold": 100.0}],
     ids=["card-settings", "settling", "first-step-stops"],
 )
-@pytest.mark.parametrize("early_stop", [False, True])
-def test_the_loop_is_transformers_generate_call_for_call(gemma, knobs, early_stop):
+@pytest.mark.parametrize("stops", ["none", "row-1", "every-row"])
+def test_the_loop_is_transformers_generate_call_for_call(gemma, knobs, stops):
     """Four left-padded rows, transformers' own sampler and stopping rule: the same sequences
     (padding after a stop included) and the same streamer calls with the same tensors; one
-    yield per denoising step but the last."""
-    s = gemma_settings(gen_length=40, steps=6, seed=11, early_stop=early_stop, **knobs)
-    stop = gemma.special.stop
-    if early_stop:  # a stop token that does occur: row 1's 3rd token, so rows stop early
+    yield per denoising step but the last. Stop tokens taken from a free run: row 1's third
+    token (one row ends early, the rest go on), or every row's first (the decode ends there)."""
+    s = gemma_settings(gen_length=40, steps=6, seed=11, early_stop=stops != "none", **knobs)
+    stop, width = gemma.special.stop, batch(gemma, TEXTS)[0].shape[1]
+    if stops != "none":
         free = generate_both(gemma, dataclasses.replace(s, early_stop=False), stop)[0]
-        stop = (int(free[1, free.shape[1] - 40 + 2]),)
+        picks = [(1, 2)] if stops == "row-1" else [(r, 0) for r in range(len(TEXTS))]
+        stop = tuple(int(free[r, width + j]) for r, j in picks)
     want, theirs, got, ours, yields = generate_both(gemma, s, stop)
     assert torch.equal(got, want)
     assert [k for k, _ in ours.calls] == [k for k, _ in theirs.calls]
@@ -92,10 +95,12 @@ def test_the_loop_is_transformers_generate_call_for_call(gemma, knobs, early_sto
         assert torch.equal(a, b), kind
     drafts = sum(k == "draft" for k, _ in ours.calls)
     assert yields == drafts - 1
-    if early_stop:  # row 1 stopped: generate padded its answer after the stop, as we do
-        answer = want[1, batch(gemma, TEXTS)[0].shape[1] :].tolist()
+    if stops == "row-1":  # generate padded row 1 after its stop, as we do
+        answer = want[1, width:].tolist()
         after = answer[answer.index(stop[0]) + 1 :]
         assert after and set(after) == {gemma.special.pad}
+    if stops == "every-row":  # every row finished with the first canvas: no second one
+        assert want.shape[1] == width + CANVAS
 
 
 def engine_decode(gemma, s, texts, on_step=None):

@@ -1,4 +1,4 @@
-"""DiffusionGemma decoding through transformers' own `generate` (the reference implementation).
+"""DiffusionGemma decoding by transformers' own `generate` loop, stepped (gemma_loop.py).
 
 dllm's settings map onto its generation config where they mean the same thing (`USED`):
 gen_length -> max_new_tokens (whole canvases are denoised, the answer is cut at gen_length),
