@@ -118,7 +118,8 @@ def engine_decode(gemma, s, texts, on_step=None):
 
 
 def test_no_thread_is_started(gemma, monkeypatch):
-    """A decode through the engine and through decode() starts no thread: Thread.start fails."""
+    """A decode through the engine and through decode() starts no thread: Thread.start fails,
+    and between steps the caller's own grad mode is back."""
 
     def refuse(self):
         raise AssertionError(f"a thread was started: {self.name}")
@@ -129,6 +130,7 @@ def test_no_thread_is_started(gemma, monkeypatch):
 
     def check(engine, ids, out):
         assert threading.active_count() == threads
+        assert torch.is_grad_enabled()  # the loop's no_grad holds only while it runs
 
     engine, ids, done, _ = engine_decode(gemma, s, TEXTS[:2], check)
     assert sorted(done) == ids and engine.steps > 2
