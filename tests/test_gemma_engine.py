@@ -201,3 +201,20 @@ def test_aborting_the_whole_batch_stops_the_decode(gemma):
     while engine.has_work:
         answers = engine.step().finished or answers
     assert [f.id for f in answers] == [later]
+
+
+def test_a_failing_step_drops_its_batch(gemma, monkeypatch):
+    """An error inside a denoising step reaches the caller once; the batch is gone, the queue
+    goes on."""
+    s = gemma_settings(gen_length=16, steps=3)
+    engine = open_engine(gemma.model, gemma.special, s, slots=1, admission="static")
+    first, second = (engine.add(encode(gemma, t)) for t in TEXTS[:2])
+    forward = type(gemma.model).forward
+    monkeypatch.setattr(type(gemma.model), "forward", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        engine.step()
+    monkeypatch.setattr(type(gemma.model), "forward", forward)
+    answers = []
+    while engine.has_work:
+        answers += engine.step().finished
+    assert [f.id for f in answers] == [second] and engine.progress(first) == []

@@ -86,7 +86,14 @@ class GemmaEngine:
         if self.run is None and not self._start_run():
             return StepOutput(-1)
         before = self.run.seconds
-        event = next(self.events)  # one denoising step of the batch (one decoder forward)
+        try:
+            event = next(self.events)  # one denoising step of the batch (one decoder forward)
+        except BaseException:
+            for r in self.live:  # a failed decode is not resumed: its requests are dropped
+                self.requests.pop(r.id, None)
+                r.status = Status.ABORTED
+            self._end_run()
+            raise
         self.seconds += self.run.seconds - before
         self.steps += 1
         self.forwards += 1
