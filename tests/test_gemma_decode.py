@@ -4,9 +4,9 @@ transformers' `generate`, batch independence, events, stopping, early stop, refu
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import shutil
-import threading
 
 import pytest
 import torch
@@ -167,12 +167,14 @@ def test_early_stop_cuts_at_the_stop_token_and_skips_later_canvases(gemma):
     assert early.forwards == gemma_settings().steps < full.forwards  # canvas 2 and 3 skipped
 
 
-def test_closing_a_run_stops_generate(gemma):
+def test_closing_a_run_stops_the_decode(gemma):
+    """Two steps, then close: the stepping loop is closed there, nothing ran past step 2."""
     run = decode_steps(gemma.model, gemma.special, [encode(gemma, TEXTS[0])], gemma_settings())
     events = iter(run)
     next(events), next(events)
     events.close()
-    assert not [t for t in threading.enumerate() if t.name == "dllm-diffusion-gemma"]
+    assert inspect.getgeneratorstate(run.steps_left) == inspect.GEN_CLOSED
+    assert run.steps == run.forwards == 2 and not run.done
     with pytest.raises(Exception, match="stopped before it finished"):
         run.result()
 

@@ -23,10 +23,11 @@ Choices worth knowing (details in each module):
 - Guided diffusion (FlashDLM) is a frontier-walking committer: `GuidedCommitter(guide, vocab,
   special, GuideRules(...))` passed as `committer=`; each row is written left to right from its
   first mask, an AR guide verifying the drafts in chunks (guided.py says exactly how).
-- A DiffusionGemma model (uniform-state block diffusion) is decoded by transformers' own
-  `generate` behind the same run interface (gemma.py, gemma_stream.py) and the same engine
-  interface (gemma_engine.py: static batches); its events carry `drafts` (tokens replaced)
-  as well as commits.
+- A DiffusionGemma model (uniform-state block diffusion) is decoded by the steps of
+  transformers' own `generate` loop, one per engine step and in the caller's thread
+  (gemma_loop.py), behind the same run interface (gemma.py, gemma_stream.py) and the same
+  engine interface (gemma_engine.py: static batches); its events carry `drafts` (tokens
+  replaced) as well as commits.
 - Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch), so a
   row never depends on its batch; confidence ties go to the leftmost column.
 """

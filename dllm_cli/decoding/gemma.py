@@ -1,4 +1,4 @@
-"""DiffusionGemma decoding through transformers' own `generate` (the reference implementation).
+"""DiffusionGemma decoding by transformers' own `generate` loop, stepped (gemma_loop.py).
 
 dllm's settings map onto its generation config where they mean the same thing (`USED`):
 gen_length -> max_new_tokens (whole canvases are denoised, the answer is cut at gen_length),
@@ -17,7 +17,6 @@ cost nothing for the other families.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
@@ -174,14 +173,15 @@ def resolve_config(model, kwargs: dict):
 
 class GemmaRun:
     """One DiffusionGemma decode with DecodeRun's interface: iterate it for StepEvents, then
-    `result()`. transformers' `generate` runs in a worker thread and is paused at every step
-    until the consumer asks for the next event; `seconds` excludes that waiting."""
+    `result()`. Each event is one denoising step of transformers' loop (gemma_loop.denoise),
+    run in the caller's thread when the event is asked for; `seconds` counts only those steps."""
 
     def __init__(self, model, special, prompts: list[list[int]], settings: DecodeSettings):
         began = time.perf_counter()
+        from dllm_cli.decoding import gemma_loop
         from dllm_cli.decoding import gemma_stream as gs
 
-        self.gs, self.model = gs, model
+        self.model = model
         canvas = model.canvas_length
         self.settings = s = check_settings(settings.validate(), canvas)
         prompts = [list(map(int, p)) for p in prompts]
@@ -192,85 +192,55 @@ class GemmaRun:
         self.width = max(self.prompt_lengths)
         device = next(model.parameters()).device
         rows = [[special.pad] * (self.width - len(p)) + p for p in prompts]
-        self.ids = torch.tensor(rows, device=device)  # (B, W) left-padded
+        ids = torch.tensor(rows, device=device)  # (B, W) left-padded
         lengths = torch.tensor(self.prompt_lengths, device=device)
-        self.mask = torch.arange(self.width, device=device)[None] >= (self.width - lengths)[:, None]
-        self.kwargs = generation_kwargs(special.stop, special.pad, s)
-        self.config = resolve_config(model, self.kwargs)
-        self.generators = [torch.Generator(device=device).manual_seed(s.seed) for _ in prompts]
+        mask = torch.arange(self.width, device=device)[None] >= (self.width - lengths)[:, None]
+        self.config = config = resolve_config(
+            model, generation_kwargs(special.stop, special.pad, s)
+        )
+        generators = [torch.Generator(device=device).manual_seed(s.seed) for _ in prompts]
         self.stop, self.eos = frozenset(special.stop), special.eos
         plan = gs.CanvasPlan(
             canvas, s.gen_length, self.stop if s.early_stop else frozenset(), canvases
         )
-        self.observer = None
-        self.handoff = gs.Handoff()
-        self.streamer = gs.EventStreamer(plan, len(prompts), lambda: self.observer, self._send)
+        rule = model._prepare_diffusion_stopping_criteria(config)
+        self.observer = None if rule is None else gs.StopObserver(rule)
+        frozen = lambda: None if self.observer is None else self.observer.finished  # noqa: E731
+        sampler = gs.RowSampler(config.sampler_config, canvas, model.vocab_size,
+                                config.max_denoising_steps, generators, frozen)  # fmt: skip
+        self.outbox: list[StepEvent] = []
+        self.streamer = gs.EventStreamer(
+            plan, len(prompts), lambda: self.observer, self.outbox.append
+        )
+        self.steps_left = gemma_loop.denoise(model, ids, mask, config, sampler, self.observer,
+                                             self.streamer)  # fmt: skip
         self.sequences: torch.Tensor | None = None
         self.forwards = self.steps = 0
-        self.setup = time.perf_counter() - began
-        self.seconds = self.setup
-        self._began = 0.0
+        self.seconds = time.perf_counter() - began
         self._events = self._stream()
 
-    # --- DecodeHooks: what generate calls back -------------------------------------------
-    def sampler(self, reference, generation_config):
-        """transformers' sampler, drawing per row (gemma_stream.RowSampler)."""
-        return self.gs.RowSampler(
-            generation_config.sampler_config,
-            reference.canvas_length,
-            reference.vocab_size,
-            generation_config.max_denoising_steps,
-            self.generators,
-            lambda: None if self.observer is None else self.observer.finished,
-        )
-
-    def stopping(self, rule):
-        self.observer = self.gs.StopObserver(rule)
-        return self.observer
-
-    # --- the worker and the consumer -----------------------------------------------------
-    def _clock(self) -> None:
-        self.seconds = self.setup + time.perf_counter() - self._began - self.handoff.waited
-
-    def _send(self, event: StepEvent) -> None:
-        self.forwards = self.steps = event.step + 1
-        self._clock()
-        self.handoff.give(event)
-
-    def _work(self) -> None:
-        self._began = time.perf_counter()
-        try:
-            self.model.hooks = self  # read once, as generate sets up its sampler and stop rule
-            try:
-                out = self.model.generate(
-                    self.ids, attention_mask=self.mask, streamer=self.streamer, **self.kwargs
-                )
-            finally:
-                if self.model.hooks is self:  # a later run may have set its own meanwhile
-                    self.model.hooks = None
-            self.sequences = getattr(out, "sequences", out).cpu()
-            self._clock()
-            self.handoff.finish(self.gs.DONE)
-        except self.gs.Cancelled:
-            pass
-        except BaseException as e:  # re-raised in the consumer's thread
-            self.handoff.finish(e)
+    @property
+    def done(self) -> bool:
+        """The last step has run: `result()` reads no more of the model."""
+        return self.sequences is not None
 
     def _stream(self) -> Iterator[StepEvent]:
-        worker = threading.Thread(target=self._work, name="dllm-diffusion-gemma", daemon=True)
-        worker.start()
+        """Run one denoising step per event asked for; closing this stops the decode there."""
         try:
-            while True:
-                item = self.handoff.take()
-                if item is self.gs.DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                self.handoff.ask()
+            while self.sequences is None:
+                began = time.perf_counter()
+                try:
+                    next(self.steps_left)
+                except StopIteration as end:
+                    self.sequences = end.value.cpu()
+                self.streamer.flush()  # the canvas goes on: its step has no commits to wait for
+                self.seconds += time.perf_counter() - began
+                events, self.outbox[:] = list(self.outbox), []
+                for event in events:
+                    self.forwards = self.steps = event.step + 1
+                    yield event
         finally:
-            self.handoff.close()
-            worker.join()
+            self.steps_left.close()
 
     def __iter__(self) -> Iterator[StepEvent]:
         return self._events

@@ -1,19 +1,19 @@
-"""DiffusionGemma behind the engine's interface: static admission, one `generate` per batch.
+"""DiffusionGemma behind the engine's interface: static admission, one decode per batch.
 
-transformers' own sampler decodes a whole batch (gemma.py), so requests are admitted as
-static batches of up to `slots`: each `step()` hands on one of the batch's denoising steps,
-and the step after its last one hands on the batch's answers.
+transformers' own sampler decodes a whole batch, so requests are admitted as static batches of
+up to `slots`. Each `step()` runs one denoising step of that batch's decode (gemma_loop.py: the
+steps of transformers' `generate`, in this thread), and a request's answer is handed on the
+step its last canvas is final (a stop token, or its last canvas), not when the batch ends.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 from typing import Any
 
 from dllm_cli.decoding import gemma
 from dllm_cli.decoding.canvas import check_prompts
-from dllm_cli.decoding.request import Request, Status
+from dllm_cli.decoding.request import Finished, Request, Status
 from dllm_cli.decoding.step import StepOutput
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.lifetimes import Sampling, request_sampling
@@ -59,7 +59,8 @@ class GemmaEngine:
         return request.id
 
     def abort(self, rid: int) -> bool:
-        """A waiting request leaves the queue; a running one's answer is dropped at its end."""
+        """A waiting request leaves the queue; a running one is never answered, and once every
+        request of the batch is aborted the decode stops at the next step."""
         request = self.requests.pop(rid, None)
         if request is None:
             return False
@@ -81,36 +82,63 @@ class GemmaEngine:
         return len(self.live)
 
     def progress(self, rid: int) -> list[int]:
-        return []  # drafts are replaced until the batch ends: nothing is committed before
+        """The answer's finished canvases so far (cut at a stop token); drafts are not shown."""
+        for i, r in enumerate(self.live):
+            if r.id == rid and r.status is Status.RUNNING:
+                return list(self.run.streamer.answers[i])
+        return []
 
     def step(self) -> StepOutput:
-        if self.run is None:
-            if not self.queue:
-                return StepOutput(-1)
-            self.live = [self.queue.popleft() for _ in range(min(self.slots, len(self.queue)))]
-            for r in self.live:
-                r.admit(self.steps)
-            self.run = gemma.GemmaRun(
-                self.model, self.special, [r.prompt for r in self.live], self.settings
-            )
-            self.events = iter(self.run)
-        event = next(self.events, None)
-        if event is not None:
-            self.steps += 1
-            self.forwards += 1
-            self.served += len(self.live)
-            return StepOutput(self.steps - 1, [], lambda: event)
-        result, live = self.run.result(), self.live
-        self.seconds += result.seconds
+        if self.run is not None and all(r.status is Status.ABORTED for r in self.live):
+            self._end_run()  # nobody waits for this batch any more
+        if self.run is None and not self._start_run():
+            return StepOutput(-1)
+        before = self.run.seconds
+        try:
+            event = next(self.events)  # one denoising step of the batch (one decoder forward)
+        except BaseException:
+            for r in self.live:  # a failed decode is not resumed: its requests are dropped
+                self.requests.pop(r.id, None)
+                r.status = Status.ABORTED
+            self._end_run()
+            raise
+        self.seconds += self.run.seconds - before
+        self.steps += 1
+        self.forwards += 1
+        self.served += len(self.live)
+        finished = [self._answer(i, event.step) for i in event.finished]
+        finished = [f for f in finished if f is not None]
+        if self.run.done:
+            self._end_run()
+        return StepOutput(self.steps - 1, finished, lambda: event)
+
+    def _start_run(self) -> bool:
+        """The next static batch from the queue (False when the queue is empty)."""
+        if not self.queue:
+            return False
+        self.live = [self.queue.popleft() for _ in range(min(self.slots, len(self.queue)))]
+        for r in self.live:
+            r.admit(self.steps)
+        self.run = gemma.GemmaRun(
+            self.model, self.special, [r.prompt for r in self.live], self.settings
+        )
+        self.events = iter(self.run)
+        return True
+
+    def _end_run(self) -> None:
+        self.events.close()  # stops the decode where it is (nothing runs in the background)
         self.run = self.events = None
         self.live = []
-        finished = []
-        for i, r in enumerate(live):
-            if r.status is Status.ABORTED:
-                continue
-            r.steps = r.forwards = result.steps
-            done = r.finish(result.tokens[i], result.commit_steps[i], r.first_step)
-            at = result.finished_at[i] if result.finished_at else result.steps - 1
-            finished.append(replace(done, seconds=result.seconds, finished_at=at))
-            self.requests.pop(r.id, None)
-        return StepOutput(-1, finished)
+
+    def _answer(self, i: int, step: int) -> Finished | None:
+        """Row i's record: its committed canvases, EOS after a stop; None if it was aborted."""
+        r = self.live[i]
+        if r.status is not Status.RUNNING:
+            return None
+        g, canvas = self.settings.gen_length, self.model.canvas_length
+        answer = self.run.streamer.answers[i][:g]
+        ends = self.run.streamer.canvas_step  # per finished canvas: its last step
+        marks = [ends[p // canvas] if p < len(answer) else -1 for p in range(g)]
+        r.steps = r.forwards = step + 1
+        self.requests.pop(r.id, None)
+        return r.finish(answer + [self.special.eos] * (g - len(answer)), marks, r.first_step + step)

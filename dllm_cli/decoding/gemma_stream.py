@@ -1,21 +1,17 @@
-"""What dllm plugs into transformers' DiffusionGemma `generate`, and what it gets back as events.
+"""What dllm plugs into DiffusionGemma's denoising loop (gemma_loop.py), and what it gets back.
 
 - `RowSampler`: transformers' `EntropyBoundSampler` whose random draws come from one generator
   per row, so a prompt's output does not depend on the rest of its batch.
 - `StopObserver`: transformers' `StableAndConfidentStoppingCriteria`, passed through unchanged,
   keeping each step's verdict and each token's confidence for the events.
-- `EventStreamer`: the streamer protocol (`put` per finished canvas, `put_draft` per denoising
-  step) turned into StepEvents: a token the denoiser replaces is a draft, a finished canvas is
-  a commit. `Handoff` passes them from the thread running `generate` to the consumer, one at a
-  time, so the decode advances only as fast as its consumer reads (like the masked engine).
+- `EventStreamer`: transformers' streamer protocol (`put` per finished canvas, `put_draft` per
+  denoising step) turned into StepEvents: a token the denoiser replaces is a draft, a finished
+  canvas is a commit; it also keeps each row's committed answer so far (`answers`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import queue
-import threading
-import time
 from collections.abc import Callable
 
 import torch
@@ -99,48 +95,6 @@ class StopObserver:
         self.finished = None
 
 
-class Cancelled(Exception):
-    """The consumer stopped reading: unwinds `generate` in the worker thread."""
-
-
-DONE = object()
-
-
-class Handoff:
-    """One item at a time from a worker thread to the consumer, which sets the pace."""
-
-    def __init__(self):
-        self._items: queue.Queue = queue.Queue(maxsize=1)
-        self._more = threading.Semaphore(0)
-        self.closed = False
-        self.waited = 0.0  # seconds the worker spent waiting for the consumer
-
-    def give(self, item) -> None:
-        """Worker: hand one item over, then wait until the consumer asks for the next."""
-        began = time.perf_counter()
-        self._items.put(item)
-        self._more.acquire()
-        self.waited += time.perf_counter() - began
-        if self.closed:
-            raise Cancelled
-
-    def finish(self, item) -> None:
-        """Worker: the last item (DONE or an exception); nothing to wait for."""
-        self._items.put(item)
-
-    def take(self):
-        return self._items.get()
-
-    def ask(self) -> None:
-        """Consumer: ready for the next item."""
-        self._more.release()
-
-    def close(self) -> None:
-        """Consumer: no more items wanted; a waiting or later `give` raises Cancelled."""
-        self.closed = True
-        self._more.release()
-
-
 @dataclasses.dataclass
 class CanvasPlan:
     """Where each canvas sits in the answer, and what ends a row."""
@@ -152,10 +106,11 @@ class CanvasPlan:
 
 
 class EventStreamer:
-    """transformers' streamer protocol -> StepEvents (one per denoising step).
+    """transformers' streamer protocol -> StepEvents (one per denoising step), handed to `send`.
 
     A step event is held back until the next call: if that call is `put` (the canvas is final),
-    the event also carries the canvas's commits and the rows that finished with it.
+    the event also carries the canvas's commits and the rows that finished with it. A driver
+    that knows the canvas goes on (gemma_loop's caller) sends it at once with `flush`.
     """
 
     def __init__(self, plan: CanvasPlan, rows: int, observer: Callable[[], StopObserver | None],
@@ -168,12 +123,12 @@ class EventStreamer:
         self.previous: torch.Tensor | None = None  # (B, L) last draft of this canvas
         self.settled = torch.zeros(rows, dtype=torch.bool)
         self.pending: StepEvent | None = None
+        self.answers: list[list[int]] = [[] for _ in range(rows)]  # committed, cut at a stop
 
     # --- the streamer protocol ----------------------------------------------------------
     def put_draft(self, value: torch.Tensor, **_) -> None:
         """One denoising step: its argmax canvas (B, L)."""
-        if self.pending is not None:
-            self._flush(self.pending)
+        self.flush()
         self.pending = self._step_event(value.reshape(self.rows, -1))
         self.previous = value.reshape(self.rows, -1).clone()
         self.steps += 1
@@ -187,18 +142,20 @@ class EventStreamer:
         event, self.pending = self.pending, None
         commits, finished = self._finish_canvas(value.reshape(self.rows, -1), event.step)
         self.canvas_step.append(event.step)
-        self._flush(dataclasses.replace(event, commits=commits, finished=finished))
+        self.send(dataclasses.replace(event, commits=commits, finished=finished))
         self.previous, self.block_step = None, 0
         self.settled = torch.zeros(self.rows, dtype=torch.bool)
 
     def end(self) -> None:
-        if self.pending is not None:  # not reached by generate (a canvas always ends in put)
-            self._flush(self.pending)
-            self.pending = None
+        self.flush()  # nothing is pending here: a canvas always ends in put
+
+    def flush(self) -> None:
+        """Send the held-back step event, if any (the canvas goes on: no commits in it)."""
+        if self.pending is not None:
+            event, self.pending = self.pending, None
+            self.send(event)
 
     # --- building events ----------------------------------------------------------------
-    def _flush(self, event: StepEvent) -> None:
-        self.send(event)
 
     def _span(self) -> tuple[int, int]:
         """Answer positions of the current canvas, [start, end) within gen_length."""
@@ -256,6 +213,7 @@ class EventStreamer:
             scores = conf[r, :cut].tolist() if conf is not None else [1.0] * cut
             commits.append(RowCommit(r, tuple(range(start, start + cut)), tuple(tokens[:cut]),
                                      tuple(scores)))  # fmt: skip
+            self.answers[r] += tokens[:cut]
             if last or (cut > 0 and tokens[cut - 1] in self.plan.stop):
                 finished.append(r)
                 self.done.add(r)

@@ -3,20 +3,18 @@
 Google's block-diffusion Mixture-of-Experts (google/diffusiongemma-26B-A4B-it): a causal encoder
 reads the prompt and every finished canvas into a KV cache; a bidirectional decoder refines a
 fixed-length canvas that starts as uniform random tokens (no [MASK]), conditioned on its own
-previous logits. transformers (>= 5.11) ships the model and its sampler; dllm loads
-`DiffusionGemmaForBlockDiffusion` through the thin subclass below (no remote code) and decodes
-with the model's own `generate` (dllm_cli/decoding/gemma.py).
+previous logits. transformers (>= 5.24, see pyproject.toml) ships the model and its sampler;
+dllm loads `DiffusionGemmaForBlockDiffusion` through the thin subclass below (no remote code)
+and decodes with the steps of the model's own `generate` loop (dllm_cli/decoding/gemma_loop.py), one engine
+step at a time.
 
-The subclass adds only what dllm needs: the context length, and two hook points a running
-decode may fill: one swaps transformers' sampler for a copy that draws from per-row generators,
-one observes the stopping rule. Neither changes what the sampler or the rule computes.
+The subclass adds only what dllm reads: the context length, canvas length and vocabulary size.
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
@@ -28,19 +26,10 @@ FAMILY = "diffusion_gemma"
 EOT_NAMES = ("<turn|>", "<end_of_turn>")  # Gemma 4's end of turn; Gemma 1-3's
 
 
-class DecodeHooks(Protocol):
-    """What a running decode plugs into `generate` (dllm_cli/decoding/gemma.py implements it)."""
-
-    def sampler(self, sampler, generation_config): ...
-
-    def stopping(self, criteria): ...
-
-
 class DiffusionGemmaLM(DiffusionGemmaForBlockDiffusion):
-    """transformers' DiffusionGemma with dllm's two hook points; weights and algorithm unchanged."""
+    """transformers' DiffusionGemma with the sizes dllm reads; weights and algorithm unchanged."""
 
     family = FAMILY  # decode_steps hands this model to dllm_cli/decoding/gemma.py
-    hooks: DecodeHooks | None = None  # set by a decode for the length of one generate call
 
     @property
     def context_length(self) -> int:
@@ -54,16 +43,6 @@ class DiffusionGemmaLM(DiffusionGemmaForBlockDiffusion):
     def vocab_size(self) -> int:
         """Rows of the token embedding (the text vocabulary), as the other families report."""
         return self.config.text_config.vocab_size
-
-    def _prepare_sampler(self, generation_config):
-        sampler = super()._prepare_sampler(generation_config)
-        return sampler if self.hooks is None else self.hooks.sampler(sampler, generation_config)
-
-    def _prepare_diffusion_stopping_criteria(self, generation_config):
-        criteria = super()._prepare_diffusion_stopping_criteria(generation_config)
-        if self.hooks is None or criteria is None:
-            return criteria
-        return self.hooks.stopping(criteria)
 
 
 def read_config(raw: dict) -> DiffusionGemmaConfig:
