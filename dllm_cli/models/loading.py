@@ -329,6 +329,7 @@ def load_model(
     if scheme.bits:  # int8 layers of the fused groups, then the rest cast to the asked dtype
         quant.quantize_model(model, scheme)
         model.to(torch_dtype)
+        quant.refuse_float_groups(model)
         quant.release_freed_memory()
     else:
         model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names, memory unchanged
