@@ -172,6 +172,8 @@ def test_bfloat16_folder_read_as_stored_quantizes_as_float32_would(kind, tmp_pat
     f = load_model(folder, device="cpu")
     quantize_model(f.model, "int8")
     assert q.model.get_input_embeddings().weight.dtype == torch.float32
+    fusions = [m.fusion for m in q.model.modules() if m.__dict__.get("fusion") is not None]
+    assert fusions and all(f.intact() for f in fusions)  # the cast float group joined again
     ids = torch.tensor([[5, 6, 7, 8, q.special.mask, q.special.mask]])
     with torch.inference_mode():
         assert torch.equal(q.model(ids), f.model(ids))
