@@ -166,6 +166,7 @@ class DreamBackbone(nn.Module):
 
 class DreamModel(QwenLayout, DiffusionLM):
     """Dream mask predictor; raw logits at column i predict column i + 1."""
+
     config_class = DreamConfig
 
     logit_shift = 1

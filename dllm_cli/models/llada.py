@@ -193,6 +193,7 @@ class LLaDAInner(nn.Module):
 
 class LLaDAModelLM(DiffusionLM):
     """LLaDA mask predictor; logits at column i predict the token at column i."""
+
     config_class = LLaDAConfig
 
     logit_shift = 0

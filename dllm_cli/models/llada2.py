@@ -232,6 +232,7 @@ class LLaDA2Backbone(nn.Module):
 
 class LLaDA2MoeModelLM(BlockDiffusionLM):
     """LLaDA2.x mask predictor; logits at column i predict the token at column i."""
+
     config_class = LLaDA2MoeConfig
 
     logit_shift = 0

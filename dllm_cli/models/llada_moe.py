@@ -238,6 +238,7 @@ class LLaDAMoEBackbone(nn.Module):
 
 class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
     """LLaDA-MoE mask predictor; logits at column i predict the token at column i."""
+
     config_class = LLaDAMoEConfig
 
     logit_shift = 0

@@ -151,6 +151,7 @@ class SDARBackbone(nn.Module):
 
 class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
     """SDAR mask predictor; logits at column i predict the token at column i."""
+
     config_class = SDARConfig
 
     logit_shift = 0
