@@ -2,7 +2,7 @@
 
     python benchmarks/cpu_bench.py quant [--gen 128] [--reps 3]
     python benchmarks/cpu_bench.py profile [--width 512] [--quantize int8]
-    python benchmarks/cpu_bench.py startup
+    python benchmarks/cpu_bench.py startup [--reps 5]
 
 Every ratio is measured inside one process, the contenders interleaved, in CPU time
 (`time.process_time`, one thread), so other load on a shared machine barely moves it. Random
@@ -127,34 +127,46 @@ def quant(gen: int, reps: int) -> dict:
 
 
 STARTUP = """
-import time
+import json, os, sys, time
 t0 = (time.perf_counter(), time.process_time())
-marks = []
-def mark(name):
-    marks.append((name, time.perf_counter() - t0[0], time.process_time() - t0[1]))
 import torch
-mark("import torch")
-import transformers.modeling_utils
-mark("import transformers' model classes")
-from dllm_cli.runtime import open_runtime
-mark("import dllm_cli (decoding, models)")
-rt = open_runtime(None)
-mark("profile + model + tokenizer load")
-ids = rt.prepare("Tom has 3 apples and buys 4 more. How many apples does he have?")
-with torch.inference_mode():
-    rt.loaded.model(torch.tensor([ids + [rt.loaded.special.mask] * 32]))
-mark("first forward")
-for name, wall, cpu in marks:
-    print(f"{name}\t{wall:.2f}\t{cpu:.2f}")
+t1 = (time.perf_counter() - t0[0], time.process_time() - t0[1])
+
+def first_forward(module, args):
+    if any(c.__name__ == "DiffusionLM" for c in type(module).__mro__):
+        wall, cpu = time.perf_counter() - t0[0], time.process_time() - t0[1]
+        heavy = [m for m in ("transformers", "transformers.modeling_utils", "torch._dynamo")
+                 if m in sys.modules]
+        print(json.dumps({"torch": t1, "first_forward": (wall, cpu), "imported": heavy}))
+        sys.stdout.flush()
+        os._exit(0)
+
+torch.nn.modules.module.register_module_forward_pre_hook(first_forward)
+from dllm_cli import cli
+sys.argv = ["dllm", *json.loads(sys.argv[1])]
+cli.main()
 """
 
+STARTUP_PROMPT = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 
-def startup() -> None:
-    """Seconds (wall, CPU) from interpreter start to the default profile's first forward."""
-    out = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True)
-    print("| stage (cumulative) | wall s | CPU s |\n|---|---|---|")
-    for line in out.stdout.splitlines():
-        print("| " + " | ".join(line.split("\t")) + " |")
+
+def startup(reps: int = 5) -> None:
+    """Seconds (wall, CPU) from interpreter start to the first diffusion forward of a real
+    `dllm generate` (the CLI in-process; median of `reps` fresh interpreters), with and
+    without the default profile's AR guide (a transformers model, loaded before decoding)."""
+    print("| command | import torch s | first forward wall s | CPU s | heavy modules loaded |")
+    print("|---|---|---|---|---|")
+    for args in (["generate", "--no-guide", STARTUP_PROMPT], ["generate", STARTUP_PROMPT]):
+        runs = []
+        for _ in range(reps):
+            cmd = [sys.executable, "-c", STARTUP, json.dumps(args)]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        mid = sorted(runs, key=lambda r: r["first_forward"][0])[len(runs) // 2]
+        (tw, _), (fw, fc) = mid["torch"], mid["first_forward"]
+        shown = " ".join(args[:-1]) + ' "..."'
+        heavy = ", ".join(mid["imported"]) or "none"
+        print(f"| dllm {shown} | {tw:.2f} | {fw:.2f} | {fc:.2f} | {heavy} |", flush=True)
 
 
 def main() -> None:
@@ -169,7 +181,7 @@ def main() -> None:
     if args.what == "quant":
         quant(args.gen, args.reps)
     elif args.what == "startup":
-        startup()
+        startup(args.reps)
     else:
         from cpu_profile import profile_forward
 

@@ -14,10 +14,12 @@ token string: nothing changes for ordinary prompts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from dllm_cli.errors import InputError
+
+if TYPE_CHECKING:  # transformers loads with the tokenizer, not at import
+    from transformers import PreTrainedTokenizerBase
 
 # Private-use characters: no template trims them and no tokenizer gives them a meaning.
 PLACEHOLDER = "\ue000dllm-user-text\ue001"

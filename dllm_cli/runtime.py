@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,11 +19,13 @@ from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
 from dllm_cli.families import FAMILIES
 from dllm_cli.models.compiled import enable_compile
-from dllm_cli.models.guide import GuideModel, load_guide
 from dllm_cli.models.loading import LoadedModel, add_stop_tokens, load_model
 from dllm_cli.profiles import Profile, resolve
 from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
+
+if TYPE_CHECKING:  # the guide is a transformers model: imported when a profile uses one
+    from dllm_cli.models.guide import GuideModel
 
 
 @dataclass
@@ -200,6 +203,8 @@ def open_runtime(
     settings, notes = family_settings(prof, provenance, loaded, use_guide)
     guide = None
     if use_guide and prof.guide is not None and prof.guide.path:
+        from dllm_cli.models.guide import load_guide
+
         guide = load_guide(prof.guide.path, loaded)
     if prof.model.compile:
         why = enable_compile(loaded.model)  # None, or why the model stays eager

@@ -71,3 +71,30 @@ def test_help_version_profiles_and_usage_errors_import_no_torch(args, code):
     result = probe(*args)
     assert result["code"] == code, result["stderr"]
     assert result["heavy"] == [], result
+
+
+MODEL_STACK = ("transformers.modeling_utils", "torch._dynamo", "dllm_cli.models.guide")
+
+
+def test_unguided_generate_loads_no_transformers_model_code():
+    """The shipped model decodes as a plain torch module: transformers' model classes and
+    torch._dynamo (about 2 s of imports, issue 30) stay out; only its tokenizer is used."""
+    args = ["generate", "--no-guide", "--gen-length", "8", "--block-length", "8", "1 + 1"]
+    code = f"""
+import json, sys
+from dllm_cli import cli
+sys.argv = ["dllm", *{args!r}]
+try:
+    cli.main()
+except SystemExit as stop:
+    assert not stop.code, stop.code
+print("\\nPROBE", json.dumps([m for m in {MODEL_STACK!r} if m in sys.modules]), file=sys.__stderr__)
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stderr.splitlines() if x.startswith("PROBE "))
+    assert json.loads(line.removeprefix("PROBE ")) == []
+    assert out.stdout.strip()  # and it did decode an answer

@@ -6,15 +6,18 @@ from typing import ClassVar
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from dllm_cli.cache import CacheRows, Columns, KVCache
 from dllm_cli.models.fused import worth_fusing
 from dllm_cli.models.layers import RMSNorm, default_positions, rope_tables
 
 
-class DiffusionLM(PreTrainedModel):
+class DiffusionLM(nn.Module):
     """Base of LLaDA and Dream: embeddings -> blocks -> final norm -> LM head.
+
+    A plain torch module holding its `config` (models/config.py); loading.py fills it from a
+    folder's safetensors by parameter name, so transformers' model classes (about 2 s of
+    imports) stay off the start of a decode.
 
     `forward(input_ids, positions, cache, key_mask, columns)` computes only the given (active)
     canvas columns, writes their K/V into `cache` at those columns, and attends over every
@@ -28,8 +31,22 @@ class DiffusionLM(PreTrainedModel):
 
     logit_shift: int = 0
     family: ClassVar[str]  # its families.py key (sampler, reference settings)
-    supports_gradient_checkpointing = False
-    _no_split_modules: ClassVar[list[str]] = []
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+
+    def post_init(self) -> None:
+        """Random weights for a fresh model (tests, training); a load replaces every one."""
+        self.apply(self._init_weights)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(p for p in self.parameters() if p.is_floating_point()).dtype
 
     def _init_weights(self, module: nn.Module) -> None:
         """Random init for fresh models (tests, training); loading overwrites every weight."""

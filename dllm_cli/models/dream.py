@@ -7,13 +7,11 @@ per-column predictions for every cache policy.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from dllm_cli.models.base import DiffusionLM, QwenLayout
+from dllm_cli.models.config import ModelConfig
 from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
 
@@ -21,7 +19,7 @@ from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swigl
 DREAM_CONTEXT = 2048
 
 
-class DreamConfig(PretrainedConfig):
+class DreamConfig(ModelConfig):
     """Dream's config.json fields (Qwen2 names plus mask_token_id)."""
 
     model_type = "Dream"
@@ -170,8 +168,7 @@ class DreamModel(QwenLayout, DiffusionLM):
     """Dream mask predictor; raw logits at column i predict column i + 1."""
 
     config_class = DreamConfig
-    base_model_prefix = "model"
-    _no_split_modules: ClassVar[list[str]] = ["DreamLayer"]
+
     logit_shift = 1
     family = "dream"  # families.py key
 

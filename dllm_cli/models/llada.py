@@ -6,19 +6,17 @@ SwiGLU MLP whose gated branch is `ff_proj`; RoPE rotated in float32; fully bidir
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PretrainedConfig
 
 from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.config import ModelConfig
 from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
 
 
-class LLaDAConfig(PretrainedConfig):
+class LLaDAConfig(ModelConfig):
     """LLaDA's config.json fields (OLMo ModelConfig names); unused training fields pass through."""
 
     model_type = "llada"
@@ -197,8 +195,7 @@ class LLaDAModelLM(DiffusionLM):
     """LLaDA mask predictor; logits at column i predict the token at column i."""
 
     config_class = LLaDAConfig
-    base_model_prefix = "model"
-    _no_split_modules: ClassVar[list[str]] = ["LLaDABlock"]
+
     logit_shift = 0
     family = "llada"  # families.py key
 

@@ -15,17 +15,15 @@ on every token. Embeddings `model.word_embeddings`; no logit shift. The mask id 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.config import ModelConfig
 from dllm_cli.models.layers import RMSNorm, swiglu
 
 
-class LLaDA2MoeConfig(PretrainedConfig):
+class LLaDA2MoeConfig(ModelConfig):
     """LLaDA2's config.json fields; defaults: LLaDA2.0-mini / LLaDA2.1-mini."""
 
     model_type = "llada2_moe"
@@ -236,8 +234,7 @@ class LLaDA2MoeModelLM(BlockDiffusionLM):
     """LLaDA2.x mask predictor; logits at column i predict the token at column i."""
 
     config_class = LLaDA2MoeConfig
-    base_model_prefix = "model"
-    _no_split_modules: ClassVar[list[str]] = ["LLaDA2Layer"]
+
     logit_shift = 0
     family = "llada2"  # families.py key
 

@@ -15,19 +15,17 @@ the tokenizer's `<|mask|>` or the family table.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from dllm_cli.models.base import DiffusionLM, QwenLayout
+from dllm_cli.models.config import ModelConfig
 from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv
 from dllm_cli.models.moe import LLaDAMoEMLP, LLaDAMoESparseBlock
 
 
-class LLaDAMoEConfig(PretrainedConfig):
+class LLaDAMoEConfig(ModelConfig):
     """LLaDA-MoE's config.json fields (the reference's `LLaDAConfig`); defaults: 7B-A1B."""
 
     model_type = "llada"
@@ -242,8 +240,7 @@ class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
     """LLaDA-MoE mask predictor; logits at column i predict the token at column i."""
 
     config_class = LLaDAMoEConfig
-    base_model_prefix = "model"
-    _no_split_modules: ClassVar[list[str]] = ["LLaDAMoELayer"]
+
     logit_shift = 0
     family = "llada_moe"  # families.py key
 

@@ -8,21 +8,23 @@ and the tokenizer is loaded with
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
-from transformers.utils import logging as hf_logging
 
 from dllm_cli.errors import DeviceError, ModelLoadError, SettingsError
 from dllm_cli.families import Family, family_for_config
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.models import DiffusionLM
 from dllm_cli.models import quantize as quant
+from dllm_cli.models.weights import check_weights, meta_skeleton, read_weights, weight_files
+
+if TYPE_CHECKING:  # transformers is imported where a tokenizer is loaded, not at start-up
+    from transformers import PreTrainedTokenizerBase
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -69,6 +71,8 @@ class LoadedModel:
 
 def quiet_transformers() -> None:
     """No progress bars or advisory warnings from transformers on our stderr."""
+    from transformers.utils import logging as hf_logging
+
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
 
@@ -138,58 +142,6 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """The safetensors shards of a folder (via the index when there is one)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            data = json.loads(index.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ModelLoadError(f"{index} is not valid JSON: {e}") from None
-        weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(weight_map, dict) or not all(
-            isinstance(v, str) for v in weight_map.values()
-        ):
-            raise ModelLoadError(f"{index} has no valid weight_map (tensor name -> shard file)")
-        files = sorted({folder / name for name in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ModelLoadError(f"{folder}: shard(s) named in the index are missing: {missing}")
-        return files
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    raise ModelLoadError(
-        f"no weights in {folder} (expected model.safetensors or an index + shards)"
-    )
-
-
-def check_weights(folder: Path, model: DiffusionLM) -> None:
-    """Compare checkpoint tensor names and shapes with the model before loading anything."""
-    from safetensors import safe_open
-
-    found: dict[str, tuple[int, ...]] = {}
-    for f in weight_files(folder):
-        try:
-            with safe_open(str(f), framework="pt") as st:
-                for name in st.keys():  # noqa: SIM118 - safe_open has no __iter__
-                    found[name] = tuple(st.get_slice(name).get_shape())
-        except Exception as e:  # safetensors raises several types for a damaged file
-            raise ModelLoadError(f"cannot read weights {f}: {e}") from None
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    missing = [k for k in expected if k not in found and k not in tied]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ModelLoadError(f"{folder}: checkpoint is missing parameter {missing[0]}{more}")
-    for name, shape in expected.items():
-        if name in found and found[name] != shape:
-            raise ModelLoadError(
-                f"{folder}: parameter {name} has shape {list(found[name])} in the checkpoint, "
-                f"but the config implies {list(shape)}"
-            )
-
-
 def load_tokenizer(folder: Path, config=None) -> PreTrainedTokenizerBase:
     """AutoTokenizer without remote code; Dream's remote class falls back to Qwen2's BPE.
 
@@ -200,6 +152,8 @@ def load_tokenizer(folder: Path, config=None) -> PreTrainedTokenizerBase:
         raise ModelLoadError(
             f"no tokenizer in {folder} (expected tokenizer.json, or vocab.json + merges.txt)"
         )
+    from transformers import AutoTokenizer
+
     try:
         extra = {"config": config} if config is not None else {}
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, **extra)
@@ -309,26 +263,28 @@ def load_model(
         return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
     config, model_cls = config_from_json(raw, folder / "config.json", family)
     try:
-        with torch.device("meta"):
+        with meta_skeleton():
             skeleton = model_cls(config)
     except Exception as e:  # e.g. a zero or negative size in config.json
         raise ModelLoadError(
             f"{folder / 'config.json'}: cannot build a {config.model_type} model: {_one_line(e)}"
         ) from None
     check_weights(folder, skeleton)
-    del skeleton
     try:
-        # Weights stream shard by shard onto a meta-initialised model (transformers' low-memory
-        # path); device placement is a plain .to() so no accelerate dependency is needed.
+        # Weights stream shard by shard onto the meta-built model (models/weights.py);
+        # device placement is a plain .to() so no accelerate dependency is needed.
         read_as = quant.load_dtype(scheme, torch_dtype, weight_files(folder))  # bf16 under int8
-        model = model_cls.from_pretrained(str(folder), config=config, dtype=read_as)
+        model = read_weights(folder, skeleton, read_as)
         model.to(dev)
-    except Exception as e:  # anything transformers raises past our checks
+    except ModelLoadError:
+        raise
+    except Exception as e:  # a damaged shard past our checks (safetensors raises several)
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
     if scheme.bits:  # int8 layers of the fused groups, then the rest cast to the asked dtype
         quant.quantize_model(model, scheme)
         model.to(torch_dtype)
+        quant.refuse_float_groups(model)
         quant.release_freed_memory()
     else:
         model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names, memory unchanged

@@ -8,7 +8,8 @@ same way and multiplies int8 x int8 -> int32 with `torch._int_mm`, then rescales
 W8A8 arithmetic without the smoothing, Xiao et al. 2023). Measured on this project's 2-core CPU
 (one thread, 192 x 512 @ 512 x 1408): float32 2.1 ms, W8A8 1.0 ms, weight-only int8 through
 `aten._weight_int8pack_mm` 190 ms, so CPU runs W8A8 (docs/quantization.md has the tables).
-Embeddings, norms and MoE routers stay in the load dtype.
+Embeddings, norms, MoE routers and the first block's MLP output projection stay in the load
+dtype.
 
 int4 is refused: the maintained CPU kernel in torch (`_weight_int4pack_mm_for_cpu`) measured
 150x slower than float32 here, and the CUDA one was not validated on a GPU by this project.
@@ -24,7 +25,7 @@ from torch import nn
 
 from dllm_cli.errors import ModelLoadError
 from dllm_cli.models.base import DiffusionLM
-from dllm_cli.models.fused import Fusion
+from dllm_cli.models.fused import FusedLinear, Fusion
 
 INT8_MAX = 127
 
@@ -51,6 +52,12 @@ SCHEMES: dict[str, Scheme] = {
 
 # Linears kept in the load dtype: a MoE router's few logits decide which experts run.
 KEEP_FLOAT = ("gate",)
+# The first block's MLP output projection stays in the load dtype too: its input carries the
+# largest activation outliers of the network (the "massive activations" that early MLPs
+# create, Sun et al. 2024, arXiv:2402.17762), which one int8 scale per row flattens. On the
+# shipped model this one layer is 2/3 of int8's error in the logits (docs/quantization.md).
+FIRST_BLOCK_FLOAT = ("down",)  # the fused group (fused.py) of the MLP output projection
+MLP_OUT = ("down_proj", "ff_out")  # its linears' names in the families, fused or not
 
 
 def scheme_for(name: str) -> Scheme:
@@ -145,16 +152,23 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
     if scheme.bits == 0:
         return 0
     count = 0
-    for block in model.blocks():  # one block at a time: one block's float copy at most
+    kept: set[int] = set()  # the first block's MLP output linears
+    for i, block in enumerate(model.blocks()):  # one block at a time: one float copy at most
         block.fuse()  # float groups first: their weights joined, the linears views of them
+        skip = FIRST_BLOCK_FLOAT if i == 0 else ()
         owners = [m for m in block.modules() if isinstance(m.__dict__.get("fusion"), Fusion)]
-        count += sum(quantize_fusion(owner, owner.fusion) for owner in owners)
+        count += sum(quantize_fusion(owner, owner.fusion, skip) for owner in owners)
+        if i == 0:
+            kept = {id(m) for n, m in block.named_modules() if n.rpartition(".")[2] in MLP_OUT}
     tied = {id(p) for p in _embedding_weights(model)}
     targets = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear and name not in KEEP_FLOAT and id(child.weight) not in tied
+        if type(child) is nn.Linear
+        and name not in KEEP_FLOAT
+        and id(child.weight) not in tied
+        and id(child) not in kept
     ]
     for parent, name, child in targets:
         setattr(parent, name, Int8Linear.of(child.weight, child.bias))
@@ -162,11 +176,17 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
     return count + len(targets)
 
 
-def quantize_fusion(owner: nn.Module, fusion: Fusion) -> int:
-    """One int8 layer per fused group; the owner's linears become views of it (no float left)."""
+def quantize_fusion(owner: nn.Module, fusion: Fusion, skip: tuple[str, ...] = ()) -> int:
+    """One int8 layer per fused group but those in `skip` (kept float); the owner's linears
+    become views of it (no float copy left)."""
     names = {id(child): name for name, child in owner.named_children()}
-    views = []
+    views: list[nn.Module] = []
+    kept = 0
     for group, fused in list(fusion.groups.items()):
+        if group in skip:
+            views.extend(fused.linears)
+            kept += len(fused.linears)
+            continue
         joined = Int8Linear.of(fused.weight.t(), fused.bias)  # (sum out, in)
         fusion.groups[group] = joined
         start = 0
@@ -177,7 +197,21 @@ def quantize_fusion(owner: nn.Module, fusion: Fusion) -> int:
             start += lin.out_features
     fusion.linears = views
     fusion.pointers = fusion.current()
-    return len(views)
+    return len(views) - kept
+
+
+def refuse_float_groups(model: DiffusionLM) -> None:
+    """Join the float groups kept by `quantize_model` again after a dtype cast (`.to()` gives
+    their linears new storage, which would send the block back to its separate linears)."""
+    for block in model.blocks():
+        for owner in block.modules():
+            fusion = owner.__dict__.get("fusion")
+            if not isinstance(fusion, Fusion) or fusion.intact():
+                continue
+            for group, fused in list(fusion.groups.items()):
+                if isinstance(fused, FusedLinear):
+                    fusion.groups[group] = FusedLinear(*fused.linears)
+            fusion.pointers = fusion.current()
 
 
 def load_dtype(scheme: Scheme, dtype: torch.dtype, files: list[Path]) -> torch.dtype:

@@ -9,18 +9,16 @@ and `mask_token_id`. Parameter names are Qwen3's, so real folders load as they a
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from dllm_cli.models.base import QwenLayout
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.config import ModelConfig
 from dllm_cli.models.layers import RMSNorm, swiglu
 
 
-class SDARConfig(PretrainedConfig):
+class SDARConfig(ModelConfig):
     """SDAR's config.json fields (the reference's `SDARConfig`); defaults: SDAR-4B-Chat."""
 
     model_type = "sdar"
@@ -155,8 +153,7 @@ class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
     """SDAR mask predictor; logits at column i predict the token at column i."""
 
     config_class = SDARConfig
-    base_model_prefix = "model"
-    _no_split_modules: ClassVar[list[str]] = ["SDARLayer"]
+
     logit_shift = 0
     family = "sdar"  # families.py key
 

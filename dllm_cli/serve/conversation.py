@@ -15,12 +15,14 @@ message is refused with a one-line InputError rather than guessed at.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from dllm_cli.chat import _ids, _spans, special_ids
 from dllm_cli.errors import InputError
 from dllm_cli.prompt_text import check_text
+
+if TYPE_CHECKING:  # transformers loads with the tokenizer, not at import
+    from transformers import PreTrainedTokenizerBase
 
 ROLES = ("system", "user", "assistant")
 

@@ -1,0 +1,52 @@
+"""A config.json as attributes: the base of our architectures' configs, without transformers.
+
+transformers' `PretrainedConfig` costs its package import (about 1 s of a start-up) for what
+these configs use of it: the shared token-id and tying fields, every other config.json key kept
+as an attribute, and `to_dict` / `save_pretrained` for writing a folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+class ModelConfig:
+    """Named fields set by the subclass; every further config.json key kept as an attribute."""
+
+    model_type: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        tie_word_embeddings: bool = True,
+        pad_token_id: int | None = None,
+        eos_token_id: int | list[int] | None = None,
+        bos_token_id: int | None = None,
+        architectures: list[str] | None = None,
+        **kwargs: Any,
+    ):
+        self.tie_word_embeddings = tie_word_embeddings
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
+        self.architectures = architectures
+        for key, value in kwargs.items():  # e.g. rope_parameters, dtype, training-only fields
+            setattr(self, key, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json's content: every attribute, model_type first."""
+        fields = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return {"model_type": self.model_type, **fields}
+
+    def save_pretrained(self, folder: str | os.PathLike) -> None:
+        """Write `folder`/config.json (the file a checkpoint folder carries)."""
+        path = Path(folder)
+        path.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        (path / "config.json").write_text(text + "\n", encoding="utf-8")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({json.dumps(self.to_dict(), sort_keys=True)})"
