@@ -183,6 +183,7 @@ class CanvasView:
             "factor": f" {s.factor:g}",
             "eb": f" gamma {s.eb_gamma:g}",
             "klass": f" {s.threshold:g}, kl {s.kl_threshold:g}",
+            "wino": f" {s.threshold:g}, verify {s.wino_verify:g}",
         }.get(s.unmask, "")
         progress = [
             f"step {e.step + 1 if e else 0}" + (" (done)" if self.done else ""),

@@ -28,6 +28,7 @@ from dllm_cli.cache import KVCache
 from dllm_cli.decoding.answer import answer_tokens, first_stop
 from dllm_cli.decoding.canvas import Canvas, check_prompts, check_token_ids, plan_blocks
 from dllm_cli.decoding.forwards import Forwards
+from dllm_cli.decoding.wino import ShadowForwards
 from dllm_cli.decoding.policies import POLICIES
 from dllm_cli.decoding.request import Finished, Request, Status
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
@@ -83,7 +84,9 @@ class Engine:
             )
         self.policy = POLICIES[settings.cache]()
         probs = bool(getattr(self.committer, "needs_probs", False))  # eb, klass read them
-        self.executor = Forwards(model, self.sampler, settings.cfg_scale, self.frontier, probs)
+        # WINO's committer verifies earlier commits with a shadow block in the same forward.
+        kind = ShadowForwards if getattr(self.committer, "needs_shadow", False) else Forwards
+        self.executor = kind(model, self.sampler, settings.cfg_scale, self.frontier, probs)
         self.lockstep = policy.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
         self.device = next(model.parameters()).device
