@@ -250,6 +250,11 @@ class DecodeSettings:
             _bad(f"confidence_threshold must be > 0 (got {self.confidence_threshold})")
 
     def _check_combinations(self) -> None:
+        if self.unmask == "wino" and self.cfg_scale > 0:
+            _bad(
+                "unmask=wino does not combine with cfg_scale > 0: its shadow block verifies "
+                "against one (conditional) forward; use cfg_scale 0 or another rule"
+            )
         if self.unmask in STEP_RULES and self.total_steps < self.num_blocks:
             _bad(
                 f"steps ({self.total_steps}) is fewer than the number of blocks "

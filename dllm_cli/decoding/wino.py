@@ -92,7 +92,17 @@ class ShadowForwards(Forwards):
         return pred
 
     def _logits(self, c, cache, plans, spans, rows):
-        """One forward for `rows` with a shadow of each row's span; the span's logits."""
+        """The span's logits; each slot's shadow probability of its token is kept aside."""
+        drafts, shadows, span, valid = self.shadowed(c, cache, plans, spans, rows)
+        tokens = (c.ids if rows is None else c.ids[rows]).gather(1, span)  # (R, L) held now
+        p = torch.softmax(shadows.double(), dim=-1).gather(2, tokens[..., None])[..., 0]
+        earlier = valid & (tokens != c.mask_id)
+        self._verified.append((rows, torch.where(earlier, p, float("inf"))))
+        return drafts
+
+    def shadowed(self, c, cache, plans, spans, rows):
+        """One forward for `rows` with a shadow of each row's span: the span's logits, the
+        shadows' logits (R, L, V), each slot's canvas column and which slots are real."""
         model, shift, device = self.model, self.model.logit_shift, c.ids.device
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
         ids_all, pos_all = pick(c.ids), pick(c.positions())
@@ -122,12 +132,7 @@ class ShadowForwards(Forwards):
             columns=cols,
             logits_slice=both,
         )
-        drafts, shadows = logits[:, : main.shape[1]], logits[:, main.shape[1] :]
-        tokens = ids_all.gather(1, span)  # (R, L) what each slot holds now
-        p = torch.softmax(shadows.double(), dim=-1).gather(2, tokens[..., None])[..., 0]
-        earlier = valid & (tokens != c.mask_id)
-        self._verified.append((rows, torch.where(earlier, p, float("inf"))))
-        return drafts
+        return logits[:, : main.shape[1]], logits[:, main.shape[1] :], span, valid
 
 
 def span_slots(spans, device) -> tuple[torch.Tensor, torch.Tensor]:
