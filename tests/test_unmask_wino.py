@@ -182,3 +182,23 @@ def test_wino_settings_are_checked():
         DecodeSettings(**{**WINO, "threshold": 1.0})
     with pytest.raises(SettingsError, match="does not combine with cfg_scale"):
         DecodeSettings(**{**WINO, "cfg_scale": 1.0})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wino_progress_streams_only_tokens_no_step_can_revoke(kind, monkeypatch):
+    revoked = []
+    real = wino.revoke
+    monkeypatch.setattr(
+        "dllm_cli.decoding.step.revoke",
+        lambda c, remask, cols: (revoked.append(int(remask.sum())), real(c, remask, cols)),
+    )
+    model = tiny(kind, seed=2, head_scale=4.0).model
+    engine = Engine(model, SPECIAL, settings(cache="dual", gen_length=24, **WINO), slots=1)
+    rid = engine.add(prompts([5], seed=7)[0])
+    seen, final = [], None
+    while engine.has_work:
+        out = engine.step()
+        seen.append(engine.progress(rid))
+        final = next((f.tokens for f in out.finished), final)
+    assert sum(revoked) > 0 and final is not None and MASK not in final
+    assert any(seen) and all(final[: len(s)] == s for s in seen)  # never retracted

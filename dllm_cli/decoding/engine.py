@@ -85,7 +85,8 @@ class Engine:
         self.policy = POLICIES[settings.cache]()
         probs = bool(getattr(self.committer, "needs_probs", False))  # eb, klass read them
         # WINO's committer verifies earlier commits with a shadow block in the same forward.
-        kind = ShadowForwards if getattr(self.committer, "needs_shadow", False) else Forwards
+        self.revokes = bool(getattr(self.committer, "needs_shadow", False))
+        kind = ShadowForwards if self.revokes else Forwards
         self.executor = kind(model, self.sampler, settings.cfg_scale, self.frontier, probs)
         self.lockstep = policy.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
@@ -152,6 +153,8 @@ class Engine:
             return []
         row = self.canvas.answer()[self.live.index(request)].tolist()
         first = row.index(self.special.mask) if self.special.mask in row else len(row)
+        if self.revokes:  # WINO may mask a commit of the current block again: final before it
+            first = min(first, self.blocks[request.row.block].start - self.canvas.prompt_width)
         return answer_tokens(row[:first], self.special.stop)
 
     def step(self) -> StepOutput:

@@ -117,20 +117,26 @@ class ShadowForwards(Forwards):
             ids, pos = take(ids_all, cols, c.mask_id), take(pos_all, cols, 0)
         keys = self._keys(c, cache, rows, cols, [p.keys for p in plans])
         span, valid = span_slots(spans, device)  # (R, L) canvas columns, real slots
-        carried = (span - shift).clamp(min=0)  # the column whose output predicts the slot
-        shadow_ids = torch.full_like(span, c.mask_id) if shift == 0 else ids_all.gather(1, carried)
+        # The reference's shadow: a mask at each slot's position. A shifted model reads slot j
+        # from a second query, a copy of column j - shift (its token and position).
+        shadow_ids = torch.full_like(span, c.mask_id)
+        shadow_pos = pos_all.gather(1, span)
+        if shift:
+            carried = (span - shift).clamp(min=0)
+            shadow_ids = torch.cat([shadow_ids, ids_all.gather(1, carried)], dim=1)
+            shadow_pos = torch.cat([shadow_pos, pos_all.gather(1, carried)], dim=1)
         mask = shadow_mask(keys, ids.shape, span, valid, shift, cache, device)
         picks = span_picks(starts, spans, shift, device)
         main = picks if isinstance(picks, torch.Tensor) else expand(picks, span.shape[0], device)
-        t, n = ids.shape[1], span.shape[1]
-        both = torch.cat([main, t + torch.arange(n, device=device).expand_as(span)], dim=1)
+        t, n, m = ids.shape[1], shadow_ids.shape[1], span.shape[1]
+        read = t + n - m + torch.arange(m, device=device).expand_as(span)  # the last L queries
         logits = model(
             torch.cat([ids, shadow_ids], dim=1),
-            torch.cat([pos, pos_all.gather(1, carried)], dim=1),
+            torch.cat([pos, shadow_pos], dim=1),
             cache if cache is None or rows is None else cache.rows(rows),
             ShadowMask(mask, n),
             columns=cols,
-            logits_slice=both,
+            logits_slice=torch.cat([main, read], dim=1),
         )
         return logits[:, : main.shape[1]], logits[:, main.shape[1] :], span, valid
 
@@ -150,25 +156,27 @@ def expand(picks: slice, rows: int, device) -> torch.Tensor:
 
 
 def shadow_mask(keys, shape, span, valid, shift: int, cache, device) -> torch.Tensor:
-    """(R, T + L, K + L) what each query attends: canvas queries the canvas keys `keys` allows
-    and no shadow; shadow j the same keys but its own column span[j], and the real shadows
-    except one carrying that column's token (a shifted model's shadow k carries column k - 1)."""
+    """(R, T + n, K + n) what each query attends. Canvas queries: the canvas keys `keys`
+    allows, no shadow. Shadow j (a mask at slot j's position, n = L): the same keys but its
+    own column span[j], and every real shadow (the reference's mask). A shifted model adds L
+    readers (n = 2L): reader j, a copy of column span[j] - shift, attends the canvas keys but
+    span[j] and, in its place, shadow j: the canvas as it would be with column j masked."""
     r, t = shape
-    n = span.shape[1]
+    m = span.shape[1]
+    n = m * (2 if shift else 1)
     if keys is None:
         width = t if cache is None else cache_width(cache)
         keys = torch.ones(r, width, dtype=torch.bool, device=device)
     width = keys.shape[1]
-    canvas = keys[:, None, :].expand(r, t + n, width).clone()  # (R, T + L, K)
+    canvas = keys[:, None, :].expand(r, t + n, width).clone()  # (R, T + n, K)
     own = torch.arange(width, device=device)[None, None] == span[:, :, None]  # (R, L, K)
-    canvas[:, t:] &= ~own
-    tail = valid[:, None, :].expand(r, n, n).clone()  # (R, L, L) shadow -> shadow
+    canvas[:, t : t + m] &= ~own
+    tails = torch.zeros(r, t + n, n, dtype=torch.bool, device=device)
+    tails[:, t : t + m, :m] = valid[:, None, :].expand(r, m, m)  # shadow -> every shadow
     if shift:
-        carries = (span - shift)[:, None, :] == span[:, :, None]  # shadow k carries column j
-        tail &= ~carries
-    shadows = torch.zeros(r, t + n, n, dtype=torch.bool, device=device)
-    shadows[:, t:] = tail
-    return torch.cat([canvas, shadows], dim=2)
+        canvas[:, t + m :] &= ~own
+        tails[:, t + m :, :m] = torch.eye(m, dtype=torch.bool, device=device)  # reader j -> j
+    return torch.cat([canvas, tails], dim=2)
 
 
 def cache_width(cache) -> int:
