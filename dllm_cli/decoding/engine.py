@@ -28,7 +28,6 @@ from dllm_cli.cache import KVCache
 from dllm_cli.decoding.answer import answer_tokens, first_stop
 from dllm_cli.decoding.canvas import Canvas, check_prompts, check_token_ids, plan_blocks
 from dllm_cli.decoding.forwards import Forwards
-from dllm_cli.decoding.wino import ShadowForwards
 from dllm_cli.decoding.policies import POLICIES
 from dllm_cli.decoding.request import Finished, Request, Status
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
@@ -36,6 +35,7 @@ from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.slots import ADMISSIONS, SlotCache, cat_canvases, empty_canvas, pad_left
 from dllm_cli.decoding.step import StepOutput, decode_step
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
+from dllm_cli.decoding.wino import ShadowForwards
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.families import with_family_defaults
 from dllm_cli.models.base import DiffusionLM
