@@ -46,7 +46,8 @@ class TextStream:
                 for pos, tok in zip(commit.positions, commit.tokens, strict=True):
                     self.tokens[pos] = tok
         n = self.final
-        while n < len(self.tokens) and self.tokens[n] is not None:
+        held = dict(event.revocable).get(self.row, len(self.tokens))  # WINO: not final yet
+        while n < min(len(self.tokens), held) and self.tokens[n] is not None:
             n += 1
         if n == self.final:
             return ""

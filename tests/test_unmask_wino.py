@@ -17,7 +17,7 @@ from decode_fixtures import KINDS, MASK, SPECIAL, one_thread, prompts, settings,
 from test_decode_continuous import stream
 
 import dllm_cli.decoding.wino as wino
-from dllm_cli.decoding import Decoder, Engine, decode
+from dllm_cli.decoding import Decoder, Engine, decode, decode_steps
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.policies import Forward
 from dllm_cli.decoding.sampling import Sampler, family_of
@@ -202,3 +202,16 @@ def test_wino_progress_streams_only_tokens_no_step_can_revoke(kind, monkeypatch)
         final = next((f.tokens for f in out.finished), final)
     assert sum(revoked) > 0 and final is not None and MASK not in final
     assert any(seen) and all(final[: len(s)] == s for s in seen)  # never retracted
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wino_streamed_text_is_never_retracted(kind):
+    from dllm_cli.view import TextStream
+
+    model = tiny(kind, seed=2, head_scale=4.0).model
+    s = settings(cache="dual", gen_length=24, **WINO)
+    run = decode_steps(model, SPECIAL, prompts([5], seed=7), s)
+    stream = TextStream(s.gen_length, lambda tokens: " ".join(map(str, tokens)))
+    text = "".join(stream.feed(event) for event in run)
+    final = run.result().tokens[0]
+    assert text == " ".join(map(str, final))

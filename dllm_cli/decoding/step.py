@@ -113,9 +113,18 @@ def decode_step(e) -> StepOutput:
             guide_forwards=guide_forwards,
             corrected=corrected,
             phases=phases,
+            revocable=revocable(e, ids, places, finished, p),
         )
 
     return StepOutput(step, finished, build)
+
+
+def revocable(e, ids, places, finished, p: int) -> tuple[tuple[int, int], ...]:
+    """(row, answer position) from which a revoking rule may still mask a live row's commits."""
+    if not e.revokes:
+        return ()
+    done = {f.id for f in finished}
+    return tuple((n, at.block.start - p) for n, at in zip(ids, places, strict=True) if n not in done)
 
 
 def reach(e, first: int | None) -> int | None:
