@@ -124,7 +124,9 @@ def revocable(e, ids, places, finished, p: int) -> tuple[tuple[int, int], ...]:
     if not e.revokes:
         return ()
     done = {f.id for f in finished}
-    return tuple((n, at.block.start - p) for n, at in zip(ids, places, strict=True) if n not in done)
+    return tuple(
+        (n, at.block.start - p) for n, at in zip(ids, places, strict=True) if n not in done
+    )
 
 
 def reach(e, first: int | None) -> int | None:
