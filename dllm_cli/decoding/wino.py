@@ -11,7 +11,8 @@ more than one. Public code: Feng-Hong/WINO-DLLM, `decoding_wino` in LLaDA/decodi
 
 The shadow block is one forward's extra L queries (models/layers.ShadowMask): canvas queries
 never attend them and their K/V never reach the cache, so every cache policy serves WINO with
-one forward per step (each a block's worth of queries wider).
+one forward per step (each a block's worth of queries wider). A shifted model (Dream) adds L
+readers, copies of column j - 1 that see shadow j in column j's place (see shadow_mask).
 """
 
 from __future__ import annotations
