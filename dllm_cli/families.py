@@ -42,6 +42,7 @@ GEMMA_UNUSED = (
     "eb_gamma",
     "kl_threshold",
     "kl_history",
+    "wino_verify",
     "edit_threshold",
     "max_post_steps",
 )

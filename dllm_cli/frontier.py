@@ -43,6 +43,8 @@ SWEEPS: dict[str, Sweep] = {
     "eb": Sweep("eb_gamma", (0.01, 0.1, 0.3, 1.0, 3.0)),
     # KLASS at the run's confidence threshold (0.9 in the shipped profiles)
     "klass": Sweep("kl_threshold", (0.001, 0.01, 0.1, 1.0)),
+    # WINO's draft threshold at the run's --wino-verify (the reference: 0.6 and 0.9)
+    "wino": Sweep("threshold", (0.6, 0.7, 0.8, 0.9)),
 }
 REFERENCE = "one-per-step"  # the fixed rule, one token per step
 

@@ -120,7 +120,7 @@ FLAGS: dict[str, Flag] = {
         "Suffix pruning: compute and attend only W columns past the current block (0: off).",
     ),
     "unmask": _decode(
-        "unmask", str, "Commit rule: fixed | threshold | factor | origin | eb | klass."
+        "unmask", str, "Commit rule: fixed | threshold | factor | origin | eb | klass | wino."
     ),
     "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
     "schedule": _decode(
@@ -143,6 +143,12 @@ FLAGS: dict[str, Flag] = {
         "below this for --kl-history steps.",
     ),
     "kl_history": _decode("kl_history", int, "klass rule: steps a mask's KL must stay low."),
+    "wino_verify": _decode(
+        "wino_verify",
+        float,
+        "wino rule (WINO): drafts above --threshold are committed; an earlier commit of the "
+        "block whose shadow-block probability falls below this is masked again.",
+    ),
     "edit_threshold": _decode(
         "edit_threshold",
         float,

@@ -13,8 +13,8 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
   So LLaDA's divisible settings behave exactly as in its reference code, and other settings
   are adjusted rather than refused, except `steps` below the number of blocks (an error).
 - `steps` drives the `fixed` and `origin` schedules only (and `klass`'s steps with nothing
-  ready); `threshold`, `factor`, `eb` and `klass` commit by confidence and run each block
-  until it has no masks left.
+  ready); `threshold`, `factor`, `eb`, `klass` and `wino` commit by confidence and run each
+  block until it has no masks left (`wino` at most block_length steps: see decoding/wino.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from dllm_cli.errors import SettingsError
 
 CACHES = ("none", "prefix", "dual", "freecache")
-UNMASKS = ("fixed", "threshold", "factor", "origin", "eb", "klass")
+UNMASKS = ("fixed", "threshold", "factor", "origin", "eb", "klass", "wino")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
 STEP_RULES = ("fixed", "origin")  # the unmask rules that follow a step schedule
@@ -46,7 +46,7 @@ INT_FIELDS = (
 )  # fmt: skip
 FLOAT_FIELDS = (
     "threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp", "eb_gamma",
-    "kl_threshold",
+    "kl_threshold", "wino_verify",
 )  # fmt: skip
 # DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
 GEMMA_FIELDS = ("t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold")
@@ -62,7 +62,7 @@ class DecodeSettings:
     cache: str = "none"  # none | prefix | dual | freecache
     refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
     suffix_window: int = 0  # keep only W canvas columns past the current block (0: off; DPad)
-    unmask: str = "fixed"  # fixed | threshold | factor | origin | eb | klass
+    unmask: str = "fixed"  # fixed | threshold | factor | origin | eb | klass | wino
     schedule: str = "family"  # fixed rule's tokens per step: family | linear (LLaDA) | dream
     confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
     threshold: float = 0.9
@@ -70,6 +70,7 @@ class DecodeSettings:
     eb_gamma: float = 0.1  # eb (EB-Sampler): entropy budget of one step's commits, >= 0
     kl_threshold: float = 0.01  # klass: a mask is stable while its step-to-step KL is below
     kl_history: int = 2  # klass: ... for this many consecutive steps
+    wino_verify: float = 0.9  # wino: earlier commits whose shadow probability falls below go back
     temperature: float = 0.0
     top_p: float | None = None
     top_k: int | None = None  # None: the family's default (families.py); 0: no top-k
@@ -194,6 +195,10 @@ class DecodeSettings:
             _bad(f"kl_history must be >= 1 (got {self.kl_history})")
         if self.unmask == "klass" and not 0.0 <= self.threshold < 1.0:
             _bad(f"klass commits confidences above threshold, in [0, 1) (got {self.threshold})")
+        if self.unmask == "wino" and not 0.0 <= self.threshold < 1.0:
+            _bad(f"wino drafts confidences above threshold, in [0, 1) (got {self.threshold})")
+        if not 0.0 <= self.wino_verify <= 1.0:
+            _bad(f"wino_verify must be in [0, 1] (got {self.wino_verify})")
         if self.eb_gamma < 0:
             _bad(f"eb_gamma must be >= 0 (got {self.eb_gamma})")
         if self.factor <= 0:
@@ -245,6 +250,11 @@ class DecodeSettings:
             _bad(f"confidence_threshold must be > 0 (got {self.confidence_threshold})")
 
     def _check_combinations(self) -> None:
+        if self.unmask == "wino" and self.cfg_scale > 0:
+            _bad(
+                "unmask=wino does not combine with cfg_scale > 0: its shadow block verifies "
+                "against one (conditional) forward; use cfg_scale 0 or another rule"
+            )
         if self.unmask in STEP_RULES and self.total_steps < self.num_blocks:
             _bad(
                 f"steps ({self.total_steps}) is fewer than the number of blocks "
@@ -253,7 +263,7 @@ class DecodeSettings:
                 f"{self.num_blocks} or a longer block_length"
             )
         if (
-            self.unmask in ("threshold", "factor", "klass")
+            self.unmask in ("threshold", "factor", "klass", "wino")
             and self.confidence not in PROBABILITY_CONFIDENCES
         ):
             _bad(

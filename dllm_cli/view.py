@@ -46,7 +46,8 @@ class TextStream:
                 for pos, tok in zip(commit.positions, commit.tokens, strict=True):
                     self.tokens[pos] = tok
         n = self.final
-        while n < len(self.tokens) and self.tokens[n] is not None:
+        held = dict(event.revocable).get(self.row, len(self.tokens))  # WINO: not final yet
+        while n < min(len(self.tokens), held) and self.tokens[n] is not None:
             n += 1
         if n == self.final:
             return ""
@@ -183,6 +184,7 @@ class CanvasView:
             "factor": f" {s.factor:g}",
             "eb": f" gamma {s.eb_gamma:g}",
             "klass": f" {s.threshold:g}, kl {s.kl_threshold:g}",
+            "wino": f" {s.threshold:g}, verify {s.wino_verify:g}",
         }.get(s.unmask, "")
         progress = [
             f"step {e.step + 1 if e else 0}" + (" (done)" if self.done else ""),

@@ -21,6 +21,7 @@ RULES = {
     "threshold": {"unmask": "threshold", "threshold": 0.5},
     "factor": {"unmask": "factor", "factor": 2.0},
     "origin": {"unmask": "origin", "steps": 8},
+    "wino": {"unmask": "wino", "threshold": 0.5},
 }
 
 

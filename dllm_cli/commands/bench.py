@@ -176,6 +176,7 @@ def write(path: Path, text: str) -> None:
     "top_k",
     "threshold",
     "kl_history",
+    "wino_verify",
 )
 def bench_command(
     shots: opt.Shots = 5,

@@ -36,6 +36,7 @@ from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.slots import ADMISSIONS, SlotCache, cat_canvases, empty_canvas, pad_left
 from dllm_cli.decoding.step import StepOutput, decode_step
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
+from dllm_cli.decoding.wino import ShadowForwards
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.families import with_family_defaults
 from dllm_cli.lifetimes import Sampling, request_sampling
@@ -85,7 +86,10 @@ class Engine:
             )
         self.policy = POLICIES[settings.cache]()
         probs = bool(getattr(self.committer, "needs_probs", False))  # eb, klass read them
-        self.executor = Forwards(model, self.sampler, settings.cfg_scale, self.frontier, probs)
+        # WINO's committer verifies earlier commits with a shadow block in the same forward.
+        self.revokes = bool(getattr(self.committer, "needs_shadow", False))
+        kind = ShadowForwards if self.revokes else Forwards
+        self.executor = kind(model, self.sampler, settings.cfg_scale, self.frontier, probs)
         self.lockstep = policy.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
         self.device = next(model.parameters()).device
@@ -160,6 +164,8 @@ class Engine:
             return []
         row = self.canvas.answer()[self.live.index(request)].tolist()
         first = row.index(self.special.mask) if self.special.mask in row else len(row)
+        if self.revokes:  # WINO may mask a commit of the current block again: final before it
+            first = min(first, self.blocks[request.row.block].start - self.canvas.prompt_width)
         return answer_tokens(row[:first], (*self.special.stop, *request.sampling.stop))
 
     def step(self) -> StepOutput:

@@ -50,6 +50,7 @@ class Prediction:
     valid: torch.Tensor  # (B, L) bool: a real slot of the row's span
     forwards: int  # model forwards this step
     probs: torch.Tensor | None = None  # (B, L, V) the drafts' distributions, when asked for
+    verify: torch.Tensor | None = None  # (B, L) WINO's shadow check of earlier commits
 
 
 class Forwards:

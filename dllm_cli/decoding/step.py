@@ -22,6 +22,7 @@ from dllm_cli.decoding.forwards import Prediction
 from dllm_cli.decoding.request import Finished
 from dllm_cli.decoding.rows import same_place
 from dllm_cli.decoding.unmask import Decision, StepContext
+from dllm_cli.decoding.wino import revoke
 
 
 @dataclass
@@ -72,6 +73,8 @@ def decode_step(e) -> StepOutput:
     commit = guard(e, decision, ctx, places)
     tokens = pred.drafts if decision.tokens is None else decision.tokens
     write(c, commit, tokens, pred.columns, e.steps)
+    if decision.remask is not None:  # WINO: earlier commits the shadow no longer supports
+        revoke(c, decision.remask & ~ctx.candidates & ~forced(ctx, places), pred.columns)
     for r in e.live:
         r.steps += 1
         r.forwards += pred.forwards
@@ -115,9 +118,20 @@ def decode_step(e) -> StepOutput:
             guide_forwards=guide_forwards,
             corrected=corrected,
             phases=phases,
+            revocable=revocable(e, ids, places, finished, p),
         )
 
     return StepOutput(step, finished, build)
+
+
+def revocable(e, ids, places, finished, p: int) -> tuple[tuple[int, int], ...]:
+    """(row, answer position) from which a revoking rule may still mask a live row's commits."""
+    if not e.revokes:
+        return ()
+    done = {f.id for f in finished}
+    return tuple(
+        (n, at.block.start - p) for n, at in zip(ids, places, strict=True) if n not in done
+    )
 
 
 def reach(e, first: int | None) -> int | None:
@@ -148,7 +162,7 @@ def context(e, rows, pred: Prediction, confidence, candidates, draws) -> StepCon
         planned = torch.tensor([n for _, n in host], device=device)
     return StepContext(
         pred.drafts, confidence, candidates, block, step, masks, e.canvas,
-        draws, pred.columns, planned, host, pred.probs,
+        draws, pred.columns, planned, host, pred.probs, pred.verify,
     )  # fmt: skip
 
 
@@ -159,10 +173,14 @@ def guard(e, decision: Decision, ctx: StepContext, places) -> torch.Tensor:
         # A frontier walk commits a run from the first mask, at least that first column.
         commit[:, 0] |= ctx.candidates[:, 0]
         return commit.long().cumprod(dim=1).bool()
-    # Everything left once a block has had L steps (no-op for built-in rules).
+    return torch.where(forced(ctx, places), ctx.candidates, commit)
+
+
+def forced(ctx: StepContext, places) -> torch.Tensor:
+    """(B, 1) rows whose block has had L steps: everything left is committed (no-op for the
+    built-in rules but WINO, whose re-masking may otherwise keep a block open)."""
     late = [p.step >= p.block.length - 1 for p in places]
-    force = torch.tensor(late, device=commit.device)[:, None]
-    return torch.where(force, ctx.candidates, commit)
+    return torch.tensor(late, device=ctx.candidates.device)[:, None]
 
 
 def write(c, commit, tokens, columns, step: int) -> None:

@@ -18,6 +18,7 @@ from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
 from dllm_cli.decoding.ranking import top_columns
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.rules import KlassMemory, eb_rule, klass_rule
+from dllm_cli.decoding.wino import wino_rule
 from dllm_cli.settings import DecodeSettings
 
 
@@ -44,6 +45,7 @@ class StepContext:
     planned: torch.Tensor | None = None  # (B,) steps planned for each row's block
     host_steps: list[tuple[int, int]] | None = None  # (block_step, planned) per row, on host
     probs: torch.Tensor | None = None  # (B, L, V) each slot's distribution (rules that ask)
+    verify: torch.Tensor | None = None  # (B, L) WINO: shadow probability of earlier commits
 
     @property
     def steps_planned(self) -> int | torch.Tensor:
@@ -75,6 +77,7 @@ class Decision:
     corrected: torch.Tensor | None = None
     forwards: int = 0
     seconds: float = 0.0
+    remask: torch.Tensor | None = None  # (B, L) committed columns to mask again (WINO)
 
 
 class Committer(Protocol):
@@ -152,6 +155,7 @@ class RuleParams:
     kl_history: int = 2
     fallback: Callable | None = None  # klass: the rule of a step with nothing ready (fixed)
     memory: KlassMemory | None = None  # klass: the rows' KL histories
+    wino_verify: float = 0.9  # wino: earlier commits below this shadow probability go back
 
 
 def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -209,8 +213,10 @@ UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
     "origin": origin_rule,
     "eb": eb_rule,
     "klass": klass_rule,
+    "wino": wino_rule,
 }
 NEEDS_PROBS = ("eb", "klass")  # rules that read the drafts' whole distributions
+REMASKING = ("wino",)  # rules that return (commit, remask) and read a shadow block's `verify`
 
 
 class RuleCommitter:
@@ -232,8 +238,13 @@ class RuleCommitter:
             # KLASS's history; a row's restarts at each block's first step, so one memory
             # serves every decode (no `start` hook: continuous batching serves this committer).
             memory=KlassMemory() if settings.unmask == "klass" else None,
+            wino_verify=settings.wino_verify,
         )
         self.needs_probs = settings.unmask in NEEDS_PROBS
+        self.needs_shadow = settings.unmask in REMASKING
 
     def __call__(self, ctx: StepContext) -> Decision:
+        if self.needs_shadow:
+            commit, remask = self.rule(self.params, ctx)
+            return Decision(commit, remask=remask)
         return Decision(self.rule(self.params, ctx))

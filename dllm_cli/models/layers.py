@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -121,6 +123,8 @@ def attend(
         cos, sin = rope
         q = apply_rope(q, cos, sin, full_precision_rope)
         k = apply_rope(k, cos, sin, full_precision_rope)
+    if isinstance(key_mask, ShadowMask):
+        return attend_shadowed(q, k, v, cache, layer, columns, key_mask)
     if cache is not None:
         k, v = cache.update(layer, columns, k, v)  # (B, H_kv, S, D)
         if key_mask is not None and key_mask.shape[1] < k.shape[2]:
@@ -128,6 +132,34 @@ def attend(
     mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
     gqa = q.shape[1] != k.shape[1]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # (B,H,T,D)
+    b, h, t, d = out.shape
+    return out.transpose(1, 2).reshape(b, t, h * d)
+
+
+@dataclass(frozen=True)
+class ShadowMask:
+    """WINO's shadow block (arXiv 2507.18578): the last `n` queries of a forward are masked
+    copies of the current block that verify its committed tokens. Their K/V are attended only
+    by each other and never written to the cache; `mask` (B, T, K + n) says what every query
+    attends: the canvas keys (K: the cache's, or the forward's own columns) then the shadows'.
+    """
+
+    mask: torch.Tensor  # (B, T, K + n) bool
+    n: int
+
+
+def attend_shadowed(q, k, v, cache, layer: int, columns: Columns, shadow: ShadowMask):
+    """attend() for a forward ending in a shadow block: canvas queries write and read the cache
+    as usual; the shadows' K/V join the keys for this forward only."""
+    n = shadow.n
+    k_main, v_main, k_shadow, v_shadow = k[:, :, :-n], v[:, :, :-n], k[:, :, -n:], v[:, :, -n:]
+    if cache is not None:
+        k_main, v_main = cache.update(layer, columns, k_main, v_main)  # (B, H_kv, S, D)
+    width = shadow.mask.shape[2] - n  # canvas keys attended (suffix pruning cuts them)
+    k = torch.cat([k_main[:, :, :width], k_shadow], dim=2)  # (B, H_kv, K + n, D)
+    v = torch.cat([v_main[:, :, :width], v_shadow], dim=2)
+    gqa = q.shape[1] != k.shape[1]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=shadow.mask[:, None], enable_gqa=gqa)
     b, h, t, d = out.shape
     return out.transpose(1, 2).reshape(b, t, h * d)
 

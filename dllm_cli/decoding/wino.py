@@ -1,0 +1,186 @@
+"""WINO: Wide-In, Narrow-Out revokable decoding (Hong et al., arXiv 2507.18578).
+
+Each step drafts wide and verifies narrow, in one forward. Wide in: every mask of the block
+above a low draft threshold is committed (at most `max_accept`, at least the best one). Narrow
+out: the forward also runs a shadow block, a masked copy of the current block placed at the
+block's positions, whose column j attends to the whole canvas except column j (and to the other
+shadows). The shadow's probability of the token committed at j is a leave-one-out check of it;
+a token committed in an earlier step of this block that falls below `wino_verify` is masked
+again, at most one fewer than the previous step committed, and only in a step that commits
+more than one. Public code: Feng-Hong/WINO-DLLM, `decoding_wino` in LLaDA/decoding.py.
+
+The shadow block is one forward's extra L queries (models/layers.ShadowMask): canvas queries
+never attend them and their K/V never reach the cache, so every cache policy serves WINO with
+one forward per step (each a block's worth of queries wider). A shifted model (Dream) adds L
+readers, copies of column j - 1 that see shadow j in column j's place (see shadow_mask).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dllm_cli.decoding.forwards import Forwards, row_columns, span_picks, take
+from dllm_cli.decoding.ranking import top_columns
+from dllm_cli.models.layers import ShadowMask
+
+ACCEPT_SHARE, ACCEPT_MIN, ACCEPT_MAX = 0.7, 5, 20  # the reference's max_accept clamp
+
+
+def max_accept(masks: torch.Tensor) -> torch.Tensor:
+    """(B,) the reference's cap on a step's commits: int(masks * 0.7) clamped to [5, 20]."""
+    return (masks.double() * ACCEPT_SHARE).long().clamp(ACCEPT_MIN, ACCEPT_MAX)
+
+
+def wide_in(confidence, candidates, threshold: float) -> torch.Tensor:
+    """(B, L) WINO's draft: every candidate above `threshold`, capped at max_accept, the best
+    one when none is above; rows without candidates commit nothing."""
+    masks = candidates.sum(dim=1)
+    above = ((confidence > threshold) & candidates).sum(dim=1)
+    cap = max_accept(masks)
+    counts = torch.where(above > cap, cap, above.clamp(min=1)).minimum(masks)
+    return top_columns(confidence, candidates, counts)
+
+
+def last_accepted(ctx, committed: torch.Tensor) -> torch.Tensor:
+    """(B,) tokens the row's previous step committed in this block (the reference's
+    `last_accept`): the committed columns carrying the block's latest commit mark. Read from the
+    canvas's commit marks (re-masked columns lose theirs), so it needs no state between steps."""
+    c = ctx.canvas
+    marks = c.steps.gather(1, (ctx.columns - c.prompt_width).clamp(min=0))  # (B, L)
+    marks = marks.masked_fill(~committed, -1)
+    latest = marks.max(dim=1, keepdim=True).values
+    return ((marks == latest) & committed).sum(dim=1)
+
+
+def narrow_out(verify, accepted: torch.Tensor, last: torch.Tensor, bar: float) -> torch.Tensor:
+    """(B, L) earlier commits to mask again: shadow probability below `bar`, at most
+    last - 1 of the least supported, and only in rows that committed more than one now."""
+    low = verify < bar  # verify is +inf off the block's earlier commits
+    n = low.sum(dim=1)
+    counts = torch.where(n >= last, last - 1, n).clamp(min=0)
+    counts = torch.where(accepted > 1, counts, 0)
+    return top_columns(-verify, low, counts)
+
+
+def wino_rule(p, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """WINO's step: (commit, remask) over the row's block slots."""
+    commit = wide_in(ctx.confidence, ctx.candidates, p.threshold)
+    committed = torch.isfinite(ctx.verify)  # the block's columns committed in earlier steps
+    last = last_accepted(ctx, committed)
+    remask = narrow_out(ctx.verify, commit.sum(dim=1), last, p.wino_verify)
+    return commit, remask
+
+
+def revoke(c, remask: torch.Tensor, columns: torch.Tensor) -> None:
+    """Mask again the canvas columns marked in `remask` (B, L) and clear their commit marks."""
+    hit = torch.zeros_like(c.ids).scatter_add(1, columns, remask.long()) > 0  # (B, S)
+    c.ids.masked_fill_(hit, c.mask_id)
+    c.steps.masked_fill_(hit[:, c.prompt_width :], -1)
+
+
+class ShadowForwards(Forwards):
+    """Forwards whose every forward ends in WINO's shadow block; the Prediction's `verify`
+    (B, L) holds each earlier-committed slot's shadow probability (+inf elsewhere)."""
+
+    def __call__(self, canvas, cache, plans, spans, generator):
+        self._verified = []
+        pred = super().__call__(canvas, cache, plans, spans, generator)
+        (_, verify), *rest = self._verified
+        for rows, v in rest:  # the full forward's rows (the two-forward step)
+            verify[rows] = float("inf")
+            verify[rows, : v.shape[1]] = v
+        pred.verify = verify
+        return pred
+
+    def _logits(self, c, cache, plans, spans, rows):
+        """The span's logits; each slot's shadow probability of its token is kept aside."""
+        drafts, shadows, span, valid = self.shadowed(c, cache, plans, spans, rows)
+        tokens = (c.ids if rows is None else c.ids[rows]).gather(1, span)  # (R, L) held now
+        p = torch.softmax(shadows.double(), dim=-1).gather(2, tokens[..., None])[..., 0]
+        earlier = valid & (tokens != c.mask_id)
+        self._verified.append((rows, torch.where(earlier, p, float("inf"))))
+        return drafts
+
+    def shadowed(self, c, cache, plans, spans, rows):
+        """One forward for `rows` with a shadow of each row's span: the span's logits, the
+        shadows' logits (R, L, V), each slot's canvas column and which slots are real."""
+        model, shift, device = self.model, self.model.logit_shift, c.ids.device
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        ids_all, pos_all = pick(c.ids), pick(c.positions())
+        starts, ends = [p.start for p in plans], [p.end for p in plans]
+        if cache is None:
+            ends = [max(ends)] * len(ends)
+        if len(set(starts)) == 1 and len(set(ends)) == 1:
+            cols = slice(starts[0], ends[0])
+            ids, pos = ids_all[:, cols], pos_all[:, cols]
+        else:
+            cols = row_columns(starts, ends, c.width, device)  # (R, T)
+            ids, pos = take(ids_all, cols, c.mask_id), take(pos_all, cols, 0)
+        keys = self._keys(c, cache, rows, cols, [p.keys for p in plans])
+        span, valid = span_slots(spans, device)  # (R, L) canvas columns, real slots
+        # The reference's shadow: a mask at each slot's position. A shifted model reads slot j
+        # from a second query, a copy of column j - shift (its token and position).
+        shadow_ids = torch.full_like(span, c.mask_id)
+        shadow_pos = pos_all.gather(1, span)
+        if shift:
+            carried = (span - shift).clamp(min=0)
+            shadow_ids = torch.cat([shadow_ids, ids_all.gather(1, carried)], dim=1)
+            shadow_pos = torch.cat([shadow_pos, pos_all.gather(1, carried)], dim=1)
+        mask = shadow_mask(keys, ids.shape, span, valid, shift, cache, device)
+        picks = span_picks(starts, spans, shift, device)
+        main = picks if isinstance(picks, torch.Tensor) else expand(picks, span.shape[0], device)
+        t, n, m = ids.shape[1], shadow_ids.shape[1], span.shape[1]
+        read = t + n - m + torch.arange(m, device=device).expand_as(span)  # the last L queries
+        logits = model(
+            torch.cat([ids, shadow_ids], dim=1),
+            torch.cat([pos, shadow_pos], dim=1),
+            cache if cache is None or rows is None else cache.rows(rows),
+            ShadowMask(mask, n),
+            columns=cols,
+            logits_slice=torch.cat([main, read], dim=1),
+        )
+        return logits[:, : main.shape[1]], logits[:, main.shape[1] :], span, valid
+
+
+def span_slots(spans, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, L) canvas column of each slot (padding: the span's first) and which are real."""
+    starts = torch.tensor([a for a, _ in spans], device=device)
+    lengths = torch.tensor([e - a for a, e in spans], device=device)
+    slots = torch.arange(int(max(e - a for a, e in spans)), device=device)
+    valid = slots[None] < lengths[:, None]
+    return torch.where(valid, starts[:, None] + slots, starts[:, None]), valid
+
+
+def expand(picks: slice, rows: int, device) -> torch.Tensor:
+    """A shared logits slice as (R, L) per-row picks."""
+    return torch.arange(picks.start, picks.stop, device=device).expand(rows, -1)
+
+
+def shadow_mask(keys, shape, span, valid, shift: int, cache, device) -> torch.Tensor:
+    """(R, T + n, K + n) what each query attends. Canvas queries: the canvas keys `keys`
+    allows, no shadow. Shadow j (a mask at slot j's position, n = L): the same keys but its
+    own column span[j], and every real shadow (the reference's mask). A shifted model adds L
+    readers (n = 2L): reader j, a copy of column span[j] - shift, attends the canvas keys but
+    span[j] and, in its place, shadow j: the canvas as it would be with column j masked."""
+    r, t = shape
+    m = span.shape[1]
+    n = m * (2 if shift else 1)
+    if keys is None:
+        width = t if cache is None else cache_width(cache)
+        keys = torch.ones(r, width, dtype=torch.bool, device=device)
+    width = keys.shape[1]
+    canvas = keys[:, None, :].expand(r, t + n, width).clone()  # (R, T + n, K)
+    own = torch.arange(width, device=device)[None, None] == span[:, :, None]  # (R, L, K)
+    canvas[:, t : t + m] &= ~own
+    tails = torch.zeros(r, t + n, n, dtype=torch.bool, device=device)
+    tails[:, t : t + m, :m] = valid[:, None, :].expand(r, m, m)  # shadow -> every shadow
+    if shift:
+        canvas[:, t + m :] &= ~own
+        tails[:, t + m :, :m] = torch.eye(m, dtype=torch.bool, device=device)  # reader j -> j
+    return torch.cat([canvas, tails], dim=2)
+
+
+def cache_width(cache) -> int:
+    """Keys a cache holds (with its scratch column)."""
+    base = getattr(cache, "cache", cache)  # CacheRows wraps a KVCache
+    return base.width + int(base.scratch)
