@@ -58,7 +58,7 @@ def decode_step(e) -> StepOutput:
         for r, f in zip(rows, firsts, strict=True)
     ]
     plans = [e.policy.plan(p) for p in places]
-    cache = None if e.cache is None else e.cache.view()
+    cache = e.cache_view()
     pred = e.executor(c, cache, plans, spans(e, places, plans, firsts), e.generator)
     e.forwards += pred.forwards
     candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
