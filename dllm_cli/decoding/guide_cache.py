@@ -26,6 +26,7 @@ class GuideCache:
         self.kv = None  # the transformers Cache
         self.valid: torch.Tensor | None = None  # (B, T) bool: slots holding a row's token
         self.forwards = 0
+        self.row_columns = self.key_columns = 0  # tokens fed (rows x slots), query-key pairs
 
     def reset(self, batch: int, device) -> None:
         self.kv = None
@@ -55,10 +56,16 @@ class GuideCache:
             **{self.keyword: self.kv},
             **extra,
         )
-        self.forwards += 1
+        self.count(feed.shape, attend.shape[1])
         kv = out.get("cache")
         self.kv = kv if kv is not None else out.get("past_key_values")
         return out.logits[:, -last:]
+
+    def count(self, fed: tuple[int, int], keys: int) -> None:
+        """One forward of `fed` (rows, slots) over `keys` key slots: the arithmetic it did."""
+        self.forwards += 1
+        self.row_columns += fed[0] * fed[1]
+        self.key_columns += fed[0] * fed[1] * keys
 
     def keep(self, counts: torch.Tensor, fed: int) -> None:
         """Each row keeps the first `counts[r]` of the `fed` slots just added."""
@@ -109,7 +116,7 @@ class GuideCache:
             out = self.model(
                 input_ids=ids, attention_mask=valid.long(), position_ids=positions, use_cache=True
             )
-            self.forwards += 1
+            self.count(ids.shape, longest)
             fresh = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
         width = max(self.valid.shape[1], valid.shape[1])
         self.valid = torch.cat([pad_to(self.valid, width), pad_to(valid, width)])[order]
