@@ -76,6 +76,7 @@ def test_a_cache_view_writes_its_rows_and_reads_from_its_first_key():
     view = cache.view(torch.tensor([2, 0]), lo=2)
     fresh = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
     k, v = view.update(0, slice(3, 6), fresh, fresh + 100)
+    assert v.shape == k.shape
     assert k.shape == (2, 1, 4, 2)  # columns 2..5 of cache rows 2 and 0
     torch.testing.assert_close(cache.k[0][2, :, 3:6], fresh[0])
     torch.testing.assert_close(cache.v[0][0, :, 3:6], fresh[1] + 100)
