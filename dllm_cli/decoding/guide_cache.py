@@ -119,24 +119,25 @@ class GuideCache:
             self.count(ids.shape, longest)
             fresh = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
         width = max(self.valid.shape[1], valid.shape[1])
+        old = len(self.valid)
         self.valid = torch.cat([pad_to(self.valid, width), pad_to(valid, width)])[order]
         if self.kv is None and fresh is None:
             return
+        # Row i of (current rows, then new rows) lands at row at[i]: one copy per tensor.
+        at = torch.empty_like(order)
+        at[order] = torch.arange(len(order), device=order.device)
         if self.kv is None:  # nothing cached before: the new rows' cache, the old rows empty
-            self.kv, old = fresh, len(self.valid) - len(prompts)
-            for layer in self.kv.layers:
-                for name in ("keys", "values"):
-                    t = pad_to(getattr(layer, name), width, dim=2)
-                    setattr(layer, name, torch.cat([t.new_zeros((old, *t.shape[1:])), t])[order])
-            return
+            self.kv, sources = fresh, [(at[old:], None)]  # None: the layer's own tensor
+        else:
+            sources = [(at[:old], None)] + ([] if fresh is None else [(at[old:], fresh)])
         for i, layer in enumerate(self.kv.layers):
             for name in ("keys", "values"):
                 t = getattr(layer, name)
-                if fresh is None:
-                    add = t.new_zeros((len(prompts), t.shape[1], width, t.shape[3]))
-                else:
-                    add = pad_to(getattr(fresh.layers[i], name), width, dim=2)
-                setattr(layer, name, torch.cat([pad_to(t, width, dim=2), add])[order])
+                out = t.new_zeros((len(order), t.shape[1], width, t.shape[3]))
+                for rows, source in sources:
+                    x = t if source is None else getattr(source.layers[i], name)
+                    out[rows, :, : x.shape[2]] = x
+                setattr(layer, name, out)
 
     def select(self, keep: torch.Tensor) -> None:
         """Only rows `keep` go on."""
