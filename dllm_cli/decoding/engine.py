@@ -10,9 +10,9 @@
 The shape is nano-vllm's LLMEngine / Scheduler / Sequence: a `Request` (request.py) holds a
 prompt's ids and all its progress, an admission policy (slots.py: static | continuous, one
 code path) decides when a waiting request takes a free slot, and a step runs what step.py
-says: each live row's cache policy plans its columns, forwards.py serves all rows with at
-most two forwards, a committer picks which drafts become tokens, rows move on, and finished
-rows leave their slots. The engine prints nothing; a step's `StepEvent` (for a live view) is
+says: each live row's cache policy plans its columns, forwards.py serves all rows (one
+windowed forward; refreshes over their own columns), a committer picks which drafts become
+tokens, rows move on, and finished rows leave their slots. The engine prints nothing; a step's `StepEvent` (for a live view) is
 built only when a consumer asks for it. One thread owns an engine (it is not thread-safe).
 """
 

@@ -1,30 +1,33 @@
-"""One step's model forwards for rows at different places: at most two per step.
+"""One step's model forwards for rows at different places: usually one, a few at most.
 
 Each row brings its plan (the canvas columns its cache policy recomputes, policies.py) and its
-span (the columns it decodes: its block, or a guided row's draft window). Rows are served by
-at most two forwards per step, and usually one:
+span (the columns it decodes: its block, or a guided row's draft window):
 
 - rows whose plan is a full refresh (a decode's first step, a block start under Prefix/Dual
-  cache, a periodic refresh) share one full-canvas forward;
+  cache, a periodic refresh) are ragged: each computes only its own columns, from its first
+  prompt token (its left padding to the canvas's prompt width is left out). Under continuous
+  batching they run in groups of similar width, one forward each (`ragged_groups`: fewer
+  forwards where one costs less than two); a static batch, as LLaDA and Fast-dLLM decode one,
+  refreshes every row in one forward padded to its longest prompt;
 - every other row shares one windowed forward. When all their windows are equal (rows in
   lockstep, the common static batch) the window is one slice; otherwise each row feeds its own
   columns, padded to the longest window with queries aimed at the KV cache's scratch column.
   When both kinds are present, the windowed forward runs over every row (the full rows with
-  their span as a stand-in window, rewritten by their full forward right after), so it uses
-  the cache in place; only the full forward's few rows gather their K/V.
+  their span as a stand-in window, rewritten by their full forwards right after), so it uses
+  the cache in place; only the full forwards' few rows gather their K/V.
 
-Two, not one per distinct window: a full forward and a windowed one differ in length by the
-whole prompt, so padding them into one would cost the windowed rows a full forward each,
-while windows of cached rows differ little (a block's worth at most under Prefix/FreeCache).
-Where padding costs nothing extra, they are one: when one forward over every row's own
-columns (padded to the longest) computes no more row-columns than the two together (`folds`:
-wide Prefix/FreeCache windows beside a short prompt's prefill), a new row's prefill rides
-along in the cached rows' forward. (Measured on CPU, a forward's cost grows with its
-row-columns: 8 rows x 600 columns took 13.6x the time of 8 x 32 on the shipped Dream model,
-so padding a block-wide window to a full canvas never pays there; vLLM and SGLang fold
-without padding, by packing ragged rows into one varlen attention, which this does not do.)
-Logits are computed only for each row's span (per-row picks when spans differ), and the
-sampler runs on each group's logits, so memory stays at one group's (R, L, V).
+A full forward and a windowed one differ in length by the whole prompt, so padding them into
+one would cost the windowed rows a full forward each, while windows of cached rows differ
+little (a block's worth at most under Prefix/FreeCache). Where padding costs nothing extra
+they are one: when one forward over every row's own columns (padded to the longest) computes
+no more row-columns than the two together (`folds`: wide Prefix/FreeCache windows beside a
+short prompt's prefill), a new row's prefill rides along in the cached rows' forward. Every
+forward attends keys only from its rows' first real column. (Measured on CPU, a forward's
+cost grows with its row-columns and attended keys: 8 rows x 600 columns took 13.6x the time of
+8 x 32 on the shipped Dream model. vLLM and SGLang pack ragged rows into one varlen attention;
+this runs dense forwards per group, which is what CPU SDPA offers.) Logits are computed only
+for each row's span (per-row picks when spans differ), and the sampler runs on each group's
+logits, so memory stays at one group's (R, L, V).
 """
 
 from __future__ import annotations
