@@ -8,7 +8,7 @@ import torch
 from decode_fixtures import SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
 
 from dllm_cli.cache import KVCache
-from dllm_cli.decoding import Engine
+from dllm_cli.decoding import Engine, forwards
 from dllm_cli.decoding.forwards import ragged_groups
 from dllm_cli.decoding.policies import Forward
 
@@ -84,3 +84,30 @@ def test_a_cache_view_writes_its_rows_and_reads_from_its_first_key():
     assert cache.view() is cache and cache.whole and not view.whole
     again = view.view(torch.tensor([1]))  # rows of a view are the view's rows
     assert again.row_ids.tolist() == [0]
+
+
+@pytest.mark.parametrize("cache", ["none", "dual", "freecache"])
+def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache):
+    from test_decode_syncs import count_reads
+
+    model = tiny("dream", eos_from=6).model
+    s = settings(cache=cache, early_stop=True, refresh_interval=3 if cache != "none" else 0)
+    engine = Engine(model, SPECIAL, s, slots=3, admission="continuous", quantum=64)
+    for p in prompts([2, 190, 5, 230, 3], seed=2):
+        engine.add(p)
+    groups = []
+
+    def grouped(plans, full):
+        groups.append(ragged_groups(plans, full))
+        return groups[-1]
+
+    monkeypatch.setattr(forwards, "ragged_groups", grouped)  # the executor's own lookup
+    reads = count_reads(monkeypatch)
+    per_step = []
+    while engine.has_work:
+        before = len(reads)
+        engine.step()
+        per_step.append(reads[before:])
+    monkeypatch.undo()
+    assert max(len(g) for g in groups) >= 2  # refreshes ran in groups of their own widths
+    assert all(len(r) <= 1 for r in per_step), [r for r in per_step if len(r) > 1][:3]
