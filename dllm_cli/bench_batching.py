@@ -5,7 +5,11 @@ slowest row does); continuous batching refills a slot the step after its row fin
 (decoding/slots.py). Both passes decode the same prompts with the same settings and are
 timed by the wall clock around the whole pass; `rounds` > 1 alternates them (static,
 continuous, static, ...) so a noisy machine slows both alike. Each record also says how many
-prompts got exactly the same tokens from both (greedy decoding: all of them).
+prompts got exactly the same tokens from both (greedy decoding: all of them), and the work
+each pass did, counted, not timed, so passes compare on a busy machine too: steps, forwards,
+`row_columns` (columns forwarded: rows x columns) and `key_columns` (query-key pairs attended
+per layer) of the diffusion model, and the same for the guide when guided (its admission
+prefills included).
 """
 
 from __future__ import annotations
@@ -52,7 +56,17 @@ def run_pass(
             out[f.key] = f.tokens
     seconds = time.perf_counter() - began
     tokens = [out[i] for i in range(len(prompts))]
-    return summary(admission, tokens, engine.forwards, engine.served, seconds, runtime)
+    record = summary(admission, tokens, engine.forwards, engine.served, seconds, runtime)
+    guide = committer.arithmetic if committer is not None else (0, 0)
+    record.update(
+        steps=engine.steps,
+        row_columns=engine.row_columns,
+        key_columns=engine.key_columns,
+        guide_forwards=committer.forwards if committer is not None else 0,
+        guide_row_columns=guide[0],
+        guide_key_columns=guide[1],
+    )
+    return record
 
 
 def run_static(runtime: Runtime, prompts, settings, size: int, guided: bool = False) -> dict:
@@ -118,13 +132,19 @@ def compare_batching(
 
 
 def table(records: Sequence[dict]) -> str:
-    """Markdown: one row per pass."""
-    head = "| round | batching | prompts/s | seconds | forwards | rows/forward | identical |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    """Markdown: one row per pass (row- and key-columns: the diffusion model's, then the
+    guide's; thousands and millions)."""
+    head = (
+        "| round | batching | prompts/s | seconds | steps | forwards | rows/forward | "
+        "row-cols (k) | key-cols (M) | guide row-cols (k) | guide key-cols (M) | identical |"
+    )
+    lines = [head, "|" + "---|" * 12]
     for r in records:
         lines.append(
             f"| {r['round']} | {r['batching']} | {r['prompts_per_second']:.3f} | "
-            f"{r['seconds']:.1f} | {r['forwards']} | {r['occupancy']:.2f} | "
+            f"{r['seconds']:.1f} | {r['steps']} | {r['forwards']} | {r['occupancy']:.2f} | "
+            f"{r['row_columns'] / 1e3:.1f} | {r['key_columns'] / 1e6:.1f} | "
+            f"{r['guide_row_columns'] / 1e3:.1f} | {r['guide_key_columns'] / 1e6:.1f} | "
             f"{r['identical']}/{r['prompts']} |"
         )
     return "\n".join(lines) + "\n"

@@ -1,9 +1,13 @@
 """KVCache: per-layer keys/values over the whole canvas, read and written by column.
 
-Columns are either one slice shared by every row (the fast path: rows in lockstep) or a
-(B, T) long tensor of canvas columns per row (rows at different places of their decode). A
-per-row forward pads short rows with queries aimed at the scratch column: one extra column
-after the canvas that every key mask leaves out, so padding writes land where nothing reads.
+One type (gpt-fast's `KVCache` is the model): `update` writes a forward's fresh K/V and returns
+the K/V its queries attend; `view(rows, lo)` is the same cache seen by a forward that serves
+only some rows and attends keys from column `lo` on (a row's own columns: ragged rows, see
+decoding/forwards.py); `select_rows` and `pad_left` reshape it as rows leave and the canvas
+widens. Columns are either one slice shared by every row (rows in lockstep) or a (B, T) long
+tensor of canvas columns per row (rows at different places of their decode). A per-row forward
+pads short rows with queries aimed at the scratch column: one extra column after the canvas
+that every key mask leaves out, so padding writes land where nothing reads.
 """
 
 from __future__ import annotations
@@ -20,13 +24,23 @@ class KVCache:
     The cache is the only state a cache policy needs: a policy decides which columns a forward
     recomputes (the active window); every other column is read from here. With `scratch` the
     tensors hold one more column (index `width`) for padding queries; callers must then pass a
-    key mask that excludes it.
+    key mask that excludes it. A view (`row_ids`, `lo`) shares the tensors: its forward's row
+    i is cache row `row_ids[i]`, and it attends columns `lo` onwards (its key mask starts there).
     """
 
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], scratch: bool = False):
-        self.k = k  # per layer (B, H_kv, S (+1 scratch), D)
+    def __init__(
+        self,
+        k: list[torch.Tensor],
+        v: list[torch.Tensor],
+        scratch: bool = False,
+        row_ids: torch.Tensor | None = None,
+        lo: int = 0,
+    ):
+        self.k = k  # per layer (N, H_kv, S (+1 scratch), D)
         self.v = v
         self.scratch = scratch
+        self.row_ids = row_ids  # (R,) cache rows a forward serves (None: all, in order)
+        self.lo = lo  # first key column attended
 
     @classmethod
     def empty(
@@ -57,46 +71,54 @@ class KVCache:
         """Canvas columns held (the scratch column not counted); it is also the scratch index."""
         return self.k[0].shape[2] - int(self.scratch)
 
+    @property
+    def whole(self) -> bool:
+        """Every row in order, every column: what a recorded (CUDA-graph) step may replay on."""
+        return self.row_ids is None and self.lo == 0
+
+    def view(self, rows: torch.Tensor | None = None, lo: int = 0) -> KVCache:
+        """The cache as a forward over `rows` (this view's rows; None: all) attending keys from
+        column `lo` sees it; itself when that is all of it."""
+        if rows is not None and self.row_ids is not None:
+            rows = self.row_ids[rows]
+        elif rows is None:
+            rows = self.row_ids
+        if rows is None and lo == 0:
+            return KVCache(self.k, self.v, self.scratch) if not self.whole else self
+        return KVCache(self.k, self.v, self.scratch, rows, lo)
+
     def update(
         self, layer: int, columns: Columns, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write K/V of the active columns; return K/V of the whole canvas for attention."""
-        if isinstance(columns, slice):
-            self.k[layer][:, :, columns] = k  # (B, H_kv, T, D)
-            self.v[layer][:, :, columns] = v
+        """Write K/V of the active columns; return the K/V attention reads (its rows, from lo)."""
+        store_k, store_v, rows, lo = self.k[layer], self.v[layer], self.row_ids, self.lo
+        if rows is None and isinstance(columns, slice):
+            store_k[:, :, columns] = k  # (B, H_kv, T, D)
+            store_v[:, :, columns] = v
         else:
-            every = torch.arange(columns.shape[0], device=columns.device)
-            write_columns(self.k[layer], every, columns, k)
-            write_columns(self.v[layer], every, columns, v)
-        return self.k[layer], self.v[layer]
-
-    def rows(self, rows: torch.Tensor) -> CacheRows:
-        """A view of some batch rows for a forward that serves only those rows."""
-        return CacheRows(self, rows)
+            if rows is None:
+                rows = torch.arange(k.shape[0], device=k.device)
+            if isinstance(columns, slice):
+                span = torch.arange(store_k.shape[2], device=k.device)
+                columns = span[columns].expand(len(rows), -1)  # (R, T)
+            write_columns(store_k, rows, columns, k)
+            write_columns(store_v, rows, columns, v)
+        if self.row_ids is None:
+            return store_k[:, :, lo:], store_v[:, :, lo:]  # views, no copy
+        return store_k[rows, :, lo:], store_v[rows, :, lo:]
 
     def select_rows(self, rows: torch.Tensor) -> KVCache:
         """Keep only some batch rows (rows that finished early leave the batch)."""
         return KVCache([k[rows] for k in self.k], [v[rows] for v in self.v], self.scratch)
 
+    def pad_left(self, extra: int) -> KVCache:
+        """`extra` more columns before every row (the canvas grew its prompt width)."""
+        pad = torch.nn.functional.pad
+        k = [pad(t, (0, 0, extra, 0)) for t in self.k]
+        return KVCache(k, [pad(t, (0, 0, extra, 0)) for t in self.v], self.scratch)
+
     def clone(self) -> KVCache:
         return KVCache([k.clone() for k in self.k], [v.clone() for v in self.v], self.scratch)
-
-
-class CacheRows:
-    """Rows `rows` of a KVCache: writes go to those rows, attention reads only them."""
-
-    def __init__(self, cache: KVCache, rows: torch.Tensor):
-        self.cache, self.row_ids = cache, rows
-
-    def update(
-        self, layer: int, columns: Columns, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(columns, slice):
-            span = torch.arange(self.cache.width + int(self.cache.scratch), device=k.device)
-            columns = span[columns].expand(len(self.row_ids), -1)  # (R, T)
-        write_columns(self.cache.k[layer], self.row_ids, columns, k)
-        write_columns(self.cache.v[layer], self.row_ids, columns, v)
-        return self.cache.k[layer][self.row_ids], self.cache.v[layer][self.row_ids]
 
 
 def write_columns(

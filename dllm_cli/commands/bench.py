@@ -68,7 +68,8 @@ def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> li
 def report_pass(r: dict) -> None:
     stderr.print(
         f"{r['batching']:>10} round {r['round']}: {r['prompts_per_second']:.3f} prompts/s, "
-        f"{r['occupancy']:.2f} rows/forward, {r['identical']}/{r['prompts']} identical",
+        f"{r['steps']} steps, {r['forwards']} forwards, {r['row_columns'] / 1e3:.1f}k "
+        f"row-columns, {r['identical']}/{r['prompts']} identical",
         highlight=False,
     )
 

@@ -15,8 +15,9 @@ Choices worth knowing (details in each module):
 - Classifier-free guidance decodes the prompt-masked branch as extra batch rows with their own
   cache rows, so it composes with every cache policy (step.py, forwards.py).
 - [MASK] is never a draft and logits past the real vocabulary are ignored (sampling.py).
-- Every request keeps its own place (request.py, rows.py) and a step serves all rows with at
-  most two forwards (forwards.py); static batches move through the blocks in lockstep.
+- Every request keeps its own place (request.py, rows.py) and a step serves all rows with one
+  windowed forward and, under continuous batching, refreshes over each row's own columns
+  (ragged rows, forwards.py); static batches move through the blocks in lockstep.
 - Admission (slots.py): `static` admits whole batches, `continuous` admits into any free slot
   on the next step, a new request taking a finished one's slot and KV cache row; answers
   equal single-prompt decodes under greedy decoding.

@@ -10,9 +10,9 @@
 The shape is nano-vllm's LLMEngine / Scheduler / Sequence: a `Request` (request.py) holds a
 prompt's ids and all its progress, an admission policy (slots.py: static | continuous, one
 code path) decides when a waiting request takes a free slot, and a step runs what step.py
-says: each live row's cache policy plans its columns, forwards.py serves all rows with at
-most two forwards, a committer picks which drafts become tokens, rows move on, and finished
-rows leave their slots. The engine prints nothing; a step's `StepEvent` (for a live view) is
+says: each live row's cache policy plans its columns, forwards.py serves all rows (one
+windowed forward; refreshes over their own columns), a committer picks which drafts become
+tokens, rows move on, and finished rows leave their slots. The engine prints nothing; a step's `StepEvent` (for a live view) is
 built only when a consumer asks for it. One thread owns an engine (it is not thread-safe).
 """
 
@@ -33,7 +33,7 @@ from dllm_cli.decoding.request import Finished, Request, Status
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
-from dllm_cli.decoding.slots import ADMISSIONS, SlotCache, cat_canvases, empty_canvas, pad_left
+from dllm_cli.decoding.slots import ADMISSIONS, cat_canvases, empty_canvas, pad_left
 from dllm_cli.decoding.step import StepOutput, decode_step
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
 from dllm_cli.decoding.wino import ShadowForwards
@@ -89,7 +89,10 @@ class Engine:
         # WINO's committer verifies earlier commits with a shadow block in the same forward.
         self.revokes = bool(getattr(self.committer, "needs_shadow", False))
         kind = ShadowForwards if self.revokes else Forwards
-        self.executor = kind(model, self.sampler, settings.cfg_scale, self.frontier, probs)
+        ragged = not policy.whole_batches  # rows apart: each refresh over its own columns
+        self.executor = kind(
+            model, self.sampler, settings.cfg_scale, self.frontier, probs, ragged=ragged
+        )
         self.lockstep = policy.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
         self.device = next(model.parameters()).device
@@ -101,7 +104,8 @@ class Engine:
         self.live: list[Request] = []  # running, in canvas row order
         self.requests: dict[int, Request] = {}  # waiting or running, by id
         self.canvas: Canvas | None = None
-        self.cache: SlotCache | None = None
+        self.cache: KVCache | None = None  # `slots` rows per branch
+        self.slot_rows = torch.zeros(0, dtype=torch.long, device=self.device)  # live row -> slot
         self.blocks: list = []
         self.next_id = 0
         self.steps = self.forwards = self.guide_forwards = self.served = 0
@@ -156,6 +160,16 @@ class Engine:
     @property
     def running(self) -> int:
         return sum(r.status is Status.RUNNING for r in self.live)
+
+    @property
+    def row_columns(self) -> int:
+        """Columns forwarded over the engine's life (rows x columns; load-independent work)."""
+        return self.executor.row_columns
+
+    @property
+    def key_columns(self) -> int:
+        """Query-key pairs attended per layer over the engine's life."""
+        return self.executor.key_columns
 
     def progress(self, rid: int) -> list[int]:
         """A running request's committed answer so far, up to its first mask or stop token."""
@@ -213,6 +227,7 @@ class Engine:
             r.admit(self.steps)
             r.generator = torch.Generator(device=self.device).manual_seed(r.sampling.seed)
             r.row.first = c.prompt_width  # its first mask: the answer's first column
+            r.row.lead = c.prompt_width - len(r.prompt)  # its first prompt token
         taken = {r.slot for r in self.live}
         free = [i for i in range(self.slots) if i not in taken]
         for r, slot in zip(new, free, strict=False):
@@ -225,8 +240,7 @@ class Engine:
             self.on_admit([r.prompt for r in new], order)
         self.live = [merged[i] for i in ranks]
         self._note_padding()
-        if self.cache is not None:
-            self.cache.live = torch.tensor([r.slot for r in self.live], device=self.device)
+        self.slot_rows = torch.tensor([r.slot for r in self.live], device=self.device)
 
     def _width_for(self, longest: int) -> int:
         """The prompt width for a prompt of `longest` tokens: rounded up, within the context."""
@@ -244,8 +258,7 @@ class Engine:
             apart = self.frontier or not self.lockstep
             scratch = not self.admission.whole_batches or (slots > 1 and apart)
             rows = slots * self.branches
-            cache = KVCache.for_model(self.model, rows, width + s.gen_length, scratch)
-            self.cache = SlotCache(cache, slots, self.branches)
+            self.cache = KVCache.for_model(self.model, rows, width + s.gen_length, scratch)
 
     def _widen(self, width: int) -> None:
         """A longer prompt arrived: shift every live row right (canvas, cache, frozen marks)."""
@@ -257,7 +270,7 @@ class Engine:
             r.row.shift(extra)
         self._note_padding()
         if self.cache is not None:
-            self.cache.widen(extra)
+            self.cache = self.cache.pad_left(extra)
 
     def draws(self, spans: list[tuple[int, int]]) -> RowDraws:
         """The live rows' sampling this step: own generators and values, spans, who draws."""
@@ -325,8 +338,16 @@ class Engine:
         """Only live rows `kept` (indices) go on."""
         whole = self.admission.whole_batches
         keep = torch.tensor(kept, dtype=torch.long, device=self.device)
-        if self.cache is not None:
-            self.cache.keep(keep, compact=whole)
+        if self.cache is not None and whole:  # a static batch's cache shrinks with it
+            n = self.cache.k[0].shape[0] // self.branches
+            self.cache = self.cache.select_rows(
+                torch.cat([self.slot_rows[keep] + b * n for b in range(self.branches)])
+            )
+            self.slot_rows = torch.arange(len(kept), device=self.device)
+            for slot, i in enumerate(kept):
+                self.live[i].slot = slot
+        else:
+            self.slot_rows = self.slot_rows[keep]
         if self.on_select is not None:
             self.on_select(keep)
         self.live = [self.live[i] for i in kept]
@@ -334,6 +355,17 @@ class Engine:
         self._note_padding()
         if whole and not self.live:  # the batch is over: its cache goes
             self.cache = None
+
+    def cache_view(self) -> KVCache | None:
+        """The cache as this step's canvas rows see it: canvas row r (branch b) is cache row
+        `slot_rows[r] + b * slots`; the cache itself when every slot is busy (rows are kept in
+        slot order, so the mapping is then the identity)."""
+        if self.cache is None:
+            return None
+        n = self.cache.k[0].shape[0] // self.branches
+        if len(self.live) == n:
+            return self.cache
+        return self.cache.view(torch.cat([self.slot_rows + b * n for b in range(self.branches)]))
 
     def _note_padding(self) -> None:
         """The canvas learns from the host whether any row is padded (no device read)."""

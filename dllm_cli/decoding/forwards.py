@@ -1,30 +1,33 @@
-"""One step's model forwards for rows at different places: at most two per step.
+"""One step's model forwards for rows at different places: usually one, a few at most.
 
 Each row brings its plan (the canvas columns its cache policy recomputes, policies.py) and its
-span (the columns it decodes: its block, or a guided row's draft window). Rows are served by
-at most two forwards per step, and usually one:
+span (the columns it decodes: its block, or a guided row's draft window):
 
 - rows whose plan is a full refresh (a decode's first step, a block start under Prefix/Dual
-  cache, a periodic refresh) share one full-canvas forward;
+  cache, a periodic refresh) are ragged: each computes only its own columns, from its first
+  prompt token (its left padding to the canvas's prompt width is left out). Under continuous
+  batching they run in groups of similar width, one forward each (`ragged_groups`: fewer
+  forwards where one costs less than two); a static batch, as LLaDA and Fast-dLLM decode one,
+  refreshes every row in one forward padded to its longest prompt;
 - every other row shares one windowed forward. When all their windows are equal (rows in
   lockstep, the common static batch) the window is one slice; otherwise each row feeds its own
   columns, padded to the longest window with queries aimed at the KV cache's scratch column.
   When both kinds are present, the windowed forward runs over every row (the full rows with
-  their span as a stand-in window, rewritten by their full forward right after), so it uses
-  the cache in place; only the full forward's few rows gather their K/V.
+  their span as a stand-in window, rewritten by their full forwards right after), so it uses
+  the cache in place; only the full forwards' few rows gather their K/V.
 
-Two, not one per distinct window: a full forward and a windowed one differ in length by the
-whole prompt, so padding them into one would cost the windowed rows a full forward each,
-while windows of cached rows differ little (a block's worth at most under Prefix/FreeCache).
-Where padding costs nothing extra, they are one: when one forward over every row's own
-columns (padded to the longest) computes no more row-columns than the two together (`folds`:
-wide Prefix/FreeCache windows beside a short prompt's prefill), a new row's prefill rides
-along in the cached rows' forward. (Measured on CPU, a forward's cost grows with its
-row-columns: 8 rows x 600 columns took 13.6x the time of 8 x 32 on the shipped Dream model,
-so padding a block-wide window to a full canvas never pays there; vLLM and SGLang fold
-without padding, by packing ragged rows into one varlen attention, which this does not do.)
-Logits are computed only for each row's span (per-row picks when spans differ), and the
-sampler runs on each group's logits, so memory stays at one group's (R, L, V).
+A full forward and a windowed one differ in length by the whole prompt, so padding them into
+one would cost the windowed rows a full forward each, while windows of cached rows differ
+little (a block's worth at most under Prefix/FreeCache). Where padding costs nothing extra
+they are one: when one forward over every row's own columns (padded to the longest) computes
+no more row-columns than the two together (`folds`: wide Prefix/FreeCache windows beside a
+short prompt's prefill), a new row's prefill rides along in the cached rows' forward. Every
+forward attends keys only from its rows' first real column. (Measured on CPU, a forward's
+cost grows with its row-columns and attended keys: 8 rows x 600 columns took 13.6x the time of
+8 x 32 on the shipped Dream model. vLLM and SGLang pack ragged rows into one varlen attention;
+this runs dense forwards per group, which is what CPU SDPA offers.) Logits are computed only
+for each row's span (per-row picks when spans differ), and the sampler runs on each group's
+logits, so memory stays at one group's (R, L, V).
 """
 
 from __future__ import annotations
@@ -53,16 +56,40 @@ class Prediction:
     verify: torch.Tensor | None = None  # (B, L) WINO's shadow check of earlier commits
 
 
+# Ragged rows (continuous batching): what a forward costs on CPU, in row-columns (measured on
+# the shipped Dream model, one thread: ~12 ms per forward whatever its size, ~0.14 ms per
+# row-column, ~0.2 us per attended key of a column). A group of refresh rows costs
+# FORWARD_COST + rows * width * (1 + width / KEYS_PER_COLUMN).
+FORWARD_COST = 96
+KEYS_PER_COLUMN = 700
+
+
 class Forwards:
-    """Runs a step's forwards and turns their logits into drafts per row."""
+    """Runs a step's forwards and turns their logits into drafts per row.
+
+    `ragged` (rows at their own places: continuous batching): rows due a refresh are served by
+    forwards over their own columns only, grouped by width where one forward costs less than
+    two (`ragged_groups`); otherwise one forward serves them all, padded to the widest (a
+    static batch, as LLaDA and Fast-dLLM decode one). `row_columns` and `key_columns` count
+    the arithmetic done: columns forwarded (rows x columns, both CFG branches) and
+    query-key pairs attended per layer.
+    """
 
     def __init__(
-        self, model, sampler: Sampler, cfg_scale: float, greedy_drafts: bool, probs: bool = False
+        self,
+        model,
+        sampler: Sampler,
+        cfg_scale: float,
+        greedy_drafts: bool,
+        probs: bool = False,
+        ragged: bool = False,
     ):
         self.model, self.sampler = model, sampler
         self.cfg, self.branches = cfg_scale, 2 if cfg_scale > 0 else 1
         self.greedy = greedy_drafts  # guided: drafts are argmax whatever the temperature
         self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
+        self.ragged = ragged
+        self.row_columns = self.key_columns = 0
 
     @torch.inference_mode()
     def __call__(
@@ -80,32 +107,48 @@ class Forwards:
         valid = slots[None] < lengths[:, None]  # (B, L)
         columns = torch.where(valid, starts[:, None] + slots, starts[:, None])
         full, _ = split(plans)
-        if not full or len(full) == len(plans) or folds(plans, spans, full, self.model):
+        every = len(full) == len(plans)
+        groups = ragged_groups(plans, full) if self.ragged and full else [full]
+        if (
+            not full
+            or (every and len(groups) == 1)
+            or (not every and folds(plans, spans, full, self.model))
+        ):
             # one forward serves every row (full rows' prefills folded in with the windows)
             drafts, confidence, probs = self._group(canvas, cache, plans, spans, None, generator)
             return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
-        # The windowed forward serves every row, so it reads and writes the cache in place (a
-        # forward for some rows gathers their K/V: a copy of the whole canvas per layer). Rows
-        # due a full forward take their span as a stand-in window there; the full forward that
-        # follows rewrites all their columns and gives their drafts.
-        shift = self.model.logit_shift
-        stand = [
-            replace(p, start=a - shift, end=e, refresh=False) if p.refresh else p
-            for p, (a, e) in zip(plans, spans, strict=True)
-        ]
-        draws = generator.without(full) if isinstance(generator, RowDraws) else generator
-        drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, draws)
-        rows = torch.tensor(full, device=device)
-        sub = ([plans[r] for r in full], [spans[r] for r in full])
-        draws = generator.subset(full) if isinstance(generator, RowDraws) else generator
-        d, conf, p = self._group(canvas, cache, *sub, rows, draws)
-        drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
-        drafts[rows, : d.shape[1]] = d
-        confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)
-        if probs is not None:
-            probs[rows] = 0.0
-            probs[rows, : p.shape[1]] = p.to(probs.dtype)
-        return Prediction(drafts, confidence, columns, valid, forwards=2, probs=probs)
+        forwards = len(groups)
+        if every:  # only refreshes, in groups of their own widths
+            drafts = torch.full(valid.shape, canvas.mask_id, dtype=torch.long, device=device)
+            confidence = torch.full(valid.shape, float("-inf"), device=device)
+            probs = None
+        else:
+            # The windowed forward serves every row, so it reads and writes the cache in place
+            # (a forward for some rows gathers their K/V). Rows due a full forward take their
+            # span as a stand-in window there; the full forwards that follow rewrite all their
+            # columns and give their drafts.
+            shift = self.model.logit_shift
+            stand = [
+                replace(p, start=a - shift, end=e, refresh=False) if p.refresh else p
+                for p, (a, e) in zip(plans, spans, strict=True)
+            ]
+            draws = generator.without(full) if isinstance(generator, RowDraws) else generator
+            drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, draws)
+            forwards += 1
+        for group in groups:
+            rows = torch.tensor(group, device=device)
+            sub = ([plans[r] for r in group], [spans[r] for r in group])
+            draws = generator.subset(group) if isinstance(generator, RowDraws) else generator
+            d, conf, p = self._group(canvas, cache, *sub, rows, draws)
+            drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
+            drafts[rows, : d.shape[1]] = d
+            confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)
+            if p is not None:
+                if probs is None:
+                    probs = p.new_zeros((*valid.shape, p.shape[-1]))
+                probs[rows] = 0.0
+                probs[rows, : p.shape[1]] = p.to(probs.dtype)
+        return Prediction(drafts, confidence, columns, valid, forwards=forwards, probs=probs)
 
     def _group(self, canvas, cache, plans, spans, rows, generator):
         logits = self._logits(canvas, cache, plans, spans, rows)  # (R, L, V)
@@ -115,13 +158,20 @@ class Forwards:
         return tokens, confidence, probs if self.probs else None
 
     def _logits(self, c: Canvas, cache, plans, spans, rows) -> torch.Tensor:
-        """One forward for `rows` (None: every row), logits for each row's span."""
+        """One forward for `rows` (None: every row), logits for each row's span.
+
+        Keys before `lo`, the group's first real column, are every row's padding: the
+        forward neither computes nor attends them.
+        """
         model, width, shift = self.model, c.width, self.model.logit_shift
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
         ids_all, pos_all = pick(c.ids), pick(c.positions())
+        lo = min(p.lead for p in plans)
         starts = [p.start for p in plans]
         ends = [p.end for p in plans]
-        if cache is None:  # no cache: every plan is the canvas from column 0 (pruned per row)
+        if all(p.refresh for p in plans):  # refreshes share one slice from the group's lo
+            starts = [lo] * len(starts)
+        if cache is None:  # no cache: every plan is the canvas from lo (pruned per row)
             ends = [max(ends)] * len(ends)
         if len(set(starts)) == 1 and len(set(ends)) == 1:
             cols = slice(starts[0], ends[0])
@@ -131,11 +181,16 @@ class Forwards:
             cols = row_columns(starts, ends, width, c.ids.device)  # (R, T)
             ids = take(ids_all, cols, c.mask_id)
             pos, prompt = take(pos_all, cols, 0), take(pick(c.prompt_mask()), cols, False)
-        keys = self._keys(c, cache, rows, cols, [p.keys for p in plans])
+        keys = self._keys(c, cache, rows, cols, [p.keys for p in plans], lo)
         picks = span_picks(starts, spans, shift, c.ids.device)
         branch_cache = cache
-        if cache is not None and rows is not None:
-            branch_cache = cache.rows(torch.cat([rows + b * c.batch for b in range(self.branches)]))
+        if cache is not None:
+            every = (
+                None
+                if rows is None
+                else torch.cat([rows + b * c.batch for b in range(self.branches)])
+            )
+            branch_cache = cache.view(every, lo)
         if self.branches == 2:
             # Classifier-free guidance (LLaDA): a second branch with the prompt masked out.
             uncond = ids.masked_fill(prompt, c.mask_id)
@@ -145,34 +200,69 @@ class Forwards:
                 cols = torch.cat([cols, cols])
             if isinstance(picks, torch.Tensor):
                 picks = torch.cat([picks, picks])
+        self._count(ids, keys, cache, lo)
         logits = model(ids, pos, branch_cache, keys, columns=cols, logits_slice=picks)
         if self.branches == 2:
             cond, un = logits.chunk(2)
             logits = un + (self.cfg + 1) * (cond - un)
         return logits
 
-    def _keys(self, c: Canvas, cache: KVCache | None, rows, cols, limits) -> torch.Tensor | None:
-        """(R, S) key mask: padding off; with a scratch column, (R, S + 1) with it off.
+    def _count(self, ids: torch.Tensor, keys, cache: KVCache | None, lo: int) -> None:
+        """Add this forward's row-columns and query-key pairs (host shapes only)."""
+        n, t = ids.shape
+        if keys is not None:
+            attended = keys.shape[1]
+        else:
+            attended = t if cache is None else cache.width + int(cache.scratch) - lo
+        self.row_columns += n * t
+        self.key_columns += n * t * attended
 
-        Under suffix pruning (a row's plan has `keys`) the mask is (R, K), K the furthest
+    def _keys(self, c: Canvas, cache: KVCache | None, rows, cols, limits, lo: int):
+        """(R, S - lo) key mask from column lo: padding off; with a scratch column, (R, S + 1 -
+        lo) with it off.
+
+        Under suffix pruning (a row's plan has `keys`) the mask is (R, K - lo), K the furthest
         row's limit: attention reads no column from K on (models/layers.attend), and each row's
         columns past its own limit are off.
         """
         keys = c.key_mask()  # (B, S) or None
+        if keys is not None and rows is not None:
+            keys = keys[rows]
         if any(limit is not None for limit in limits):
             host = [c.width if n is None else n for n in limits]
             ends = torch.tensor(host, device=c.ids.device)
             inside = c.columns()[None] < ends[:, None]  # (R, S)
             if keys is not None:
-                inside &= keys if rows is None else keys[rows]
-            return inside[:, : max(host)]
+                inside &= keys
+            return inside[:, lo : max(host)]
         if cache is None:  # no cache: keys are the forward's own columns
             return None if keys is None else keys[:, cols]
         if cache.scratch:
             if keys is None:
-                keys = torch.ones_like(c.ids, dtype=torch.bool)
+                n = c.batch if rows is None else len(rows)
+                keys = torch.ones((n, c.width), dtype=torch.bool, device=c.ids.device)
             keys = torch.cat([keys, torch.zeros_like(keys[:, :1])], dim=1)
-        return keys if keys is None or rows is None else keys[rows]
+        return None if keys is None else keys[:, lo:]
+
+
+def ragged_groups(plans: list[Forward], full: list[int]) -> list[list[int]]:
+    """Rows `full` (due a refresh) in groups, one forward each, cheapest first-to-last split:
+    rows in order of their first real column, each group padded to its widest row."""
+    order = sorted(full, key=lambda r: plans[r].lead)
+    n = len(order)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            group = [plans[r] for r in order[i:j]]
+            wide = max(p.end for p in group) - min(p.lead for p in group)
+            cost = best[i] + FORWARD_COST + len(group) * wide * (1 + wide / KEYS_PER_COLUMN)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(sorted(order[cut[j] : j]))
+        j = cut[j]
+    return groups[::-1]
 
 
 def folds(plans: list[Forward], spans, full: list[int], model) -> bool:

@@ -26,6 +26,7 @@ class GuideCache:
         self.kv = None  # the transformers Cache
         self.valid: torch.Tensor | None = None  # (B, T) bool: slots holding a row's token
         self.forwards = 0
+        self.row_columns = self.key_columns = 0  # tokens fed (rows x slots), query-key pairs
 
     def reset(self, batch: int, device) -> None:
         self.kv = None
@@ -55,10 +56,16 @@ class GuideCache:
             **{self.keyword: self.kv},
             **extra,
         )
-        self.forwards += 1
+        self.count(feed.shape, attend.shape[1])
         kv = out.get("cache")
         self.kv = kv if kv is not None else out.get("past_key_values")
         return out.logits[:, -last:]
+
+    def count(self, fed: tuple[int, int], keys: int) -> None:
+        """One forward of `fed` (rows, slots) over `keys` key slots: the arithmetic it did."""
+        self.forwards += 1
+        self.row_columns += fed[0] * fed[1]
+        self.key_columns += fed[0] * fed[1] * keys
 
     def keep(self, counts: torch.Tensor, fed: int) -> None:
         """Each row keeps the first `counts[r]` of the `fed` slots just added."""
@@ -109,27 +116,28 @@ class GuideCache:
             out = self.model(
                 input_ids=ids, attention_mask=valid.long(), position_ids=positions, use_cache=True
             )
-            self.forwards += 1
+            self.count(ids.shape, longest)
             fresh = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
         width = max(self.valid.shape[1], valid.shape[1])
+        old = len(self.valid)
         self.valid = torch.cat([pad_to(self.valid, width), pad_to(valid, width)])[order]
         if self.kv is None and fresh is None:
             return
+        # Row i of (current rows, then new rows) lands at row at[i]: one copy per tensor.
+        at = torch.empty_like(order)
+        at[order] = torch.arange(len(order), device=order.device)
         if self.kv is None:  # nothing cached before: the new rows' cache, the old rows empty
-            self.kv, old = fresh, len(self.valid) - len(prompts)
-            for layer in self.kv.layers:
-                for name in ("keys", "values"):
-                    t = pad_to(getattr(layer, name), width, dim=2)
-                    setattr(layer, name, torch.cat([t.new_zeros((old, *t.shape[1:])), t])[order])
-            return
+            self.kv, sources = fresh, [(at[old:], None)]  # None: the layer's own tensor
+        else:
+            sources = [(at[:old], None)] + ([] if fresh is None else [(at[old:], fresh)])
         for i, layer in enumerate(self.kv.layers):
             for name in ("keys", "values"):
                 t = getattr(layer, name)
-                if fresh is None:
-                    add = t.new_zeros((len(prompts), t.shape[1], width, t.shape[3]))
-                else:
-                    add = pad_to(getattr(fresh.layers[i], name), width, dim=2)
-                setattr(layer, name, torch.cat([pad_to(t, width, dim=2), add])[order])
+                out = t.new_zeros((len(order), t.shape[1], width, t.shape[3]))
+                for rows, source in sources:
+                    x = t if source is None else getattr(source.layers[i], name)
+                    out[rows, :, : x.shape[2]] = x
+                setattr(layer, name, out)
 
     def select(self, keep: torch.Tensor) -> None:
         """Only rows `keep` go on."""

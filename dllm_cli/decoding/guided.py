@@ -95,6 +95,11 @@ class GuidedCommitter:
     def forwards(self) -> int:
         return self.cache.forwards
 
+    @property
+    def arithmetic(self) -> tuple[int, int]:
+        """The guide's (row-columns, key-columns) over its lifetime (admission prefills too)."""
+        return self.cache.row_columns, self.cache.key_columns
+
     def start(self, batch: int) -> None:
         """A decode begins: nothing is cached (the first verification feeds the prompts)."""
         device = next(self.guide.parameters()).device

@@ -1,7 +1,8 @@
 """Cache policies: each step, which canvas columns are recomputed (the active window).
 
 Every other column's K/V come from the KVCache as they were last written. A full forward
-(refresh) recomputes the whole canvas. Windows start one column early for models whose output
+(refresh) recomputes the whole canvas, from the row's first real column (its left padding is
+never computed: a ragged row, see forwards.py). Windows start one column early for models whose output
 at column i predicts column i + 1 (Dream), so the block's first column gets a fresh prediction.
 
 | policy    | refresh                  | window on other steps                              |
@@ -50,6 +51,7 @@ class Forward:
     refresh: bool  # a full forward over the whole (pruned) canvas
     frozen: tuple[int, int] | None = None  # canvas columns whose K/V are final from now on
     keys: int | None = None  # attend only keys before this column (suffix pruning; None: all)
+    lead: int = 0  # the row's first real column: keys before it are its left padding
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class StepPlace:
     reach: int | None = None  # guided draft window: no prediction needed from this column on
     limit: int | None = None  # suffix pruning: the row's canvas ends here (None: at width)
     seen: int = 0  # columns before this one hold K/V computed at least once
+    lead: int = 0  # the row's first real column (its left padding ends here)
 
     @property
     def last(self) -> int:
@@ -92,11 +95,12 @@ class StepPlace:
         return self.interval > 0 and self.step % self.interval == 0
 
     def full(self, frozen: tuple[int, int] | None = None) -> Forward:
-        return Forward(0, self.last, refresh=True, frozen=frozen, keys=self.keys)
+        """Every real column of the row: from its first token (not its padding) on."""
+        return Forward(self.lead, self.last, True, frozen, self.keys, self.lead)
 
     def window(self, start: int, end: int, frozen: tuple[int, int] | None = None) -> Forward:
         """A cached step recomputing [start, end), attending up to the limit."""
-        return Forward(start, end, refresh=False, frozen=frozen, keys=self.keys)
+        return Forward(start, end, False, frozen, self.keys, self.lead)
 
 
 class NoCache:

@@ -35,6 +35,7 @@ class RowState:
     fresh: bool = True  # no forward has served the row yet
     seen: int = 0  # canvas column before which its K/V were computed at least once
     first: int = 0  # frontier walk: canvas column of its first mask (host copy)
+    lead: int = 0  # canvas column of its first prompt token (left padding before it)
 
     def place(
         self,
@@ -50,7 +51,7 @@ class RowState:
         limit = block.end + suffix if suffix > 0 else None
         return StepPlace(
             block, self.step, width, shift, interval, self.fresh, self.frozen_until, reach,
-            limit, self.seen,
+            limit, self.seen, self.lead,
         )  # fmt: skip
 
     def served(self, plan: Forward) -> None:
@@ -58,7 +59,7 @@ class RowState:
         self.fresh = False
         if plan.frozen is not None:
             self.frozen_until = max(self.frozen_until, plan.frozen[1])
-        if plan.start <= self.seen:  # joined to what was computed (a refresh starts at 0)
+        if plan.refresh or plan.start <= self.seen:  # joined to what was computed
             self.seen = max(self.seen, plan.end)
 
     def shift(self, extra: int) -> None:
@@ -66,6 +67,7 @@ class RowState:
         self.frozen_until += extra
         self.seen += extra
         self.first += extra
+        self.lead += extra
 
     def enter(self, block: int) -> None:
         """Move to another block (step 0 there)."""
@@ -157,5 +159,5 @@ def block_masks(canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> to
 
 def same_place(rows: list[RowState]) -> bool:
     """Every row at the same block and step (one shared plan serves them all)."""
-    first = replace(rows[0], masks_at_start=0, first=0)
-    return all(replace(row, masks_at_start=0, first=0) == first for row in rows)
+    first = replace(rows[0], masks_at_start=0, first=0, lead=0)
+    return all(replace(row, masks_at_start=0, first=0, lead=0) == first for row in rows)

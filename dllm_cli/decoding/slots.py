@@ -14,8 +14,10 @@ a freshly seeded generator (a static batch is a decode of its own). Continuous b
 one canvas and one KV cache of B slots: its prompt width P is the longest prompt seen, rounded
 up to `quantum` columns (a longer prompt widens it, shifting every row right: at most once per
 quantum); a finished row leaves the canvas and the next prompt is written over its cache row
-(`SlotCache` maps live canvas rows to slots). Rows are left-padded to P and RoPE positions
-count from each row's first token, so a row decodes as it would alone.
+(the engine maps live canvas rows to their slots' cache rows). Rows are left-padded to P and
+RoPE positions count from each row's first token, so a row decodes as it would alone; its
+padding is never computed or attended where it can be left out (ragged rows: a refresh
+computes only the row's own columns, forwards.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_cli.cache import KVCache
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.families import batching_reason, family_of_model
 
@@ -45,62 +46,6 @@ ADMISSIONS: dict[str, Admission] = {
     "static": Admission("static", whole_batches=True, lockstep=True, quantum=1),
     "continuous": Admission("continuous", whole_batches=False, lockstep=False, quantum=QUANTUM),
 }
-
-
-class SlotCache:
-    """A KVCache with `slots` rows per branch, addressed through the live canvas rows.
-
-    Canvas row r (branch b) lives in cache row `live[r] + b * slots`. `live` is kept sorted,
-    so with every slot busy the mapping is the identity and forwards use the cache directly.
-    """
-
-    def __init__(self, cache: KVCache, slots: int, branches: int):
-        self.cache, self.slots, self.branches = cache, slots, branches
-        self.live = torch.zeros(0, dtype=torch.long, device=cache.k[0].device)
-
-    @property
-    def scratch(self) -> bool:
-        return self.cache.scratch
-
-    @property
-    def width(self) -> int:
-        return self.cache.width
-
-    def view(self) -> KVCache | SlotCache:
-        """What a forward reads: the KVCache itself while every slot is busy (its rows are the
-        canvas rows; compiled steps replay on it), else this mapping."""
-        return self.cache if len(self.live) == self.slots else self
-
-    def _map(self, rows: torch.Tensor) -> torch.Tensor:
-        n = len(self.live)
-        return self.live[rows % n] + torch.div(rows, n, rounding_mode="floor") * self.slots
-
-    def rows(self, rows: torch.Tensor):
-        """Canvas rows (branch-major, as forwards.py numbers them) -> their cache rows."""
-        return self.cache.rows(self._map(rows))
-
-    def update(self, layer: int, columns, k: torch.Tensor, v: torch.Tensor):
-        if len(self.live) == self.slots:  # every slot busy, in slot order: the cache itself
-            return self.cache.update(layer, columns, k, v)
-        every = torch.arange(len(self.live) * self.branches, device=k.device)
-        return self.rows(every).update(layer, columns, k, v)
-
-    def keep(self, keep: torch.Tensor, compact: bool) -> None:
-        """Only live rows `keep` go on: their slots stay (or, `compact`, the cache shrinks)."""
-        if not compact:
-            self.live = self.live[keep]
-            return
-        rows = torch.cat([self.live[keep] + b * self.slots for b in range(self.branches)])
-        self.cache = self.cache.select_rows(rows)
-        self.slots = len(keep)
-        self.live = torch.arange(self.slots, device=keep.device)
-
-    def widen(self, extra: int) -> None:
-        """`extra` more columns on the left (the canvas grew its prompt width)."""
-        old = self.cache
-        k = [torch.nn.functional.pad(t, (0, 0, extra, 0)) for t in old.k]
-        v = [torch.nn.functional.pad(t, (0, 0, extra, 0)) for t in old.v]
-        self.cache = KVCache(k, v, old.scratch)
 
 
 def empty_canvas(width: int, gen_length: int, mask_id: int, device) -> Canvas:

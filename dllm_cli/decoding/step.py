@@ -1,7 +1,7 @@
 """One decoding step over the engine's live rows: plan -> forwards -> drafts -> commit -> move on.
 
 Every row's cache policy plans the columns it recomputes from the row's own place (rows.py),
-forwards.py serves all rows with at most two forwards, the sampler drafts tokens, the
+forwards.py serves all rows (one windowed forward, refreshes in their own), the sampler drafts tokens, the
 committer picks which drafts become tokens, finished rows leave (engine.retire) and the rest
 move on. Rows decoded by an unmasking rule walk their blocks in lockstep under static
 admission (the whole batch leaves a block together, as LLaDA and Fast-dLLM do) and each on
@@ -43,7 +43,7 @@ class StepOutput:
 
 
 def decode_step(e) -> StepOutput:
-    """At most two forwards, one commit decision, rows move on, finished rows retire.
+    """The step's forwards, one commit decision, rows move on, finished rows retire.
 
     Unguided, the step reads the device once: after the commits, one small tensor says which
     rows are done and what the walk needs to move the others on (masks left in their block).
@@ -59,7 +59,7 @@ def decode_step(e) -> StepOutput:
         for r, f in zip(rows, firsts, strict=True)
     ]
     plans = [e.policy.plan(p) for p in places]
-    cache = None if e.cache is None else e.cache.view()
+    cache = e.cache_view()
     columns = spans(e, places, plans, firsts)
     draws = e.draws(columns)  # each row samples with its own request's values and generator
     pred = e.executor(c, cache, plans, columns, draws)

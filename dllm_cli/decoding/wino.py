@@ -85,10 +85,15 @@ class ShadowForwards(Forwards):
     def __call__(self, canvas, cache, plans, spans, generator):
         self._verified = []
         pred = super().__call__(canvas, cache, plans, spans, generator)
-        (_, verify), *rest = self._verified
-        for rows, v in rest:  # the full forward's rows (the two-forward step)
+        verify = torch.full(
+            pred.valid.shape, float("inf"), dtype=torch.float64, device=pred.valid.device
+        )
+        for rows, v in self._verified:  # every row (rows None), then each refresh group's
+            if rows is None:
+                verify = v.to(verify.dtype).clone()
+                continue
             verify[rows] = float("inf")
-            verify[rows, : v.shape[1]] = v
+            verify[rows, : v.shape[1]] = v.to(verify.dtype)
         pred.verify = verify
         return pred
 
@@ -108,6 +113,8 @@ class ShadowForwards(Forwards):
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
         ids_all, pos_all = pick(c.ids), pick(c.positions())
         starts, ends = [p.start for p in plans], [p.end for p in plans]
+        if all(p.refresh for p in plans):  # refreshes: the whole canvas, as before ragged rows
+            starts = [0] * len(starts)  # (the shadow mask reads keys by canvas column)
         if cache is None:
             ends = [max(ends)] * len(ends)
         if len(set(starts)) == 1 and len(set(ends)) == 1:
@@ -116,7 +123,7 @@ class ShadowForwards(Forwards):
         else:
             cols = row_columns(starts, ends, c.width, device)  # (R, T)
             ids, pos = take(ids_all, cols, c.mask_id), take(pos_all, cols, 0)
-        keys = self._keys(c, cache, rows, cols, [p.keys for p in plans])
+        keys = self._keys(c, cache, rows, cols, [p.keys for p in plans], 0)  # every key
         span, valid = span_slots(spans, device)  # (R, L) canvas columns, real slots
         # The reference's shadow: a mask at each slot's position. A shifted model reads slot j
         # from a second query, a copy of column j - shift (its token and position).
@@ -134,7 +141,7 @@ class ShadowForwards(Forwards):
         logits = model(
             torch.cat([ids, shadow_ids], dim=1),
             torch.cat([pos, shadow_pos], dim=1),
-            cache if cache is None or rows is None else cache.rows(rows),
+            None if cache is None else cache.view(rows, 0),
             ShadowMask(mask, n),
             columns=cols,
             logits_slice=torch.cat([main, read], dim=1),
@@ -182,5 +189,4 @@ def shadow_mask(keys, shape, span, valid, shift: int, cache, device) -> torch.Te
 
 def cache_width(cache) -> int:
     """Keys a cache holds (with its scratch column)."""
-    base = getattr(cache, "cache", cache)  # CacheRows wraps a KVCache
-    return base.width + int(base.scratch)
+    return cache.width + int(cache.scratch)

@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from dllm_cli.cache import CacheRows, Columns, KVCache
+from dllm_cli.cache import Columns, KVCache
 from dllm_cli.models.fused import worth_fusing
 from dllm_cli.models.layers import RMSNorm, default_positions, rope_tables
 
@@ -116,7 +116,7 @@ class DiffusionLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
-        cache: KVCache | CacheRows | None = None,
+        cache: KVCache | None = None,
         key_mask: torch.Tensor | None = None,
         columns: Columns | None = None,
         logits_slice: slice | torch.Tensor | None = None,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dllm_cli.cache import CacheRows, Columns, KVCache
+from dllm_cli.cache import Columns, KVCache
 
 
 class RMSNorm(nn.Module):
@@ -106,7 +106,7 @@ def attend(
     rope: tuple[torch.Tensor, torch.Tensor] | None,
     *,
     full_precision_rope: bool,
-    cache: KVCache | CacheRows | None,
+    cache: KVCache | None,
     layer: int,
     columns: Columns,
     key_mask: torch.Tensor | None,
