@@ -99,6 +99,7 @@ class Engine:
         self.blocks: list = []
         self.next_id = 0
         self.steps = self.forwards = self.guide_forwards = self.served = 0
+        self.step_tensors: dict = {}  # small host tuples -> device tensors (step.on_device)
         self.seconds = self.guide_seconds = 0.0  # time inside step(): admissions and steps
 
     # --- the public interface --------------------------------------------------------------

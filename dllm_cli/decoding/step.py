@@ -59,17 +59,25 @@ def decode_step(e) -> StepOutput:
     ]
     plans = [e.policy.plan(p) for p in places]
     cache = None if e.cache is None else e.cache.view()
-    pred = e.executor(c, cache, plans, spans(e, places, plans, firsts), e.generator)
+    decoded = spans(e, places, plans, firsts)
+    pred = e.executor(c, cache, plans, decoded, e.generator)
     e.forwards += pred.forwards
-    candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
-    confidence = pred.confidence.masked_fill(~candidates, float("-inf"))
+    shared = decoded[0] if len(set(decoded)) == 1 else None  # one span, no padding slots
+    if shared is None:
+        candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
+    else:
+        candidates = c.ids[:, shared[0] : shared[1]] == c.mask_id
+    confidence = torch.where(candidates, pred.confidence, float("-inf"))
     ctx = context(e, rows, pred, confidence, candidates)
     decision = e.committer(ctx)
     e.guide_forwards += decision.forwards
     e.guide_seconds += decision.seconds
     commit = guard(e, decision, ctx, places)
     tokens = pred.drafts if decision.tokens is None else decision.tokens
-    write(c, commit, tokens, pred.columns, e.steps)
+    if shared is None:
+        write(c, commit, tokens, pred.columns, e.steps)
+    else:
+        write_span(c, commit, tokens, shared, e.steps)
     for r in e.live:
         r.steps += 1
         r.forwards += pred.forwards
@@ -131,16 +139,26 @@ def spans(e, places, plans, firsts) -> list[tuple[int, int]]:
     return [(f, min(f + window, plan.end)) for f, plan in zip(firsts, plans, strict=True)]
 
 
+def on_device(e, kind: str, values: tuple) -> torch.Tensor:
+    """A tensor of host `values`, made once per distinct tuple (nothing writes into it): a
+    block's steps reuse it instead of building a tensor from a list every step."""
+    memo, key = e.step_tensors, (kind, values)
+    if key not in memo:
+        if len(memo) >= 256:
+            memo.clear()
+        memo[key] = torch.tensor(values, device=e.device)
+    return memo[key]
+
+
 def context(e, rows, pred: Prediction, confidence, candidates) -> StepContext:
-    device = e.device
-    masks = torch.tensor([r.masks_at_start for r in rows], device=device)
+    masks = on_device(e, "masks", tuple(r.masks_at_start for r in rows))
     if same_place(rows):  # one shared block and step (rows in lockstep)
         block, step, planned, host = e.blocks[rows[0].block], rows[0].step, None, None
     else:
         block = None
         host = [(r.step, e.blocks[r.block].steps) for r in rows]
-        step = torch.tensor([k for k, _ in host], device=device)
-        planned = torch.tensor([n for _, n in host], device=device)
+        step = on_device(e, "steps", tuple(k for k, _ in host))
+        planned = on_device(e, "planned", tuple(n for _, n in host))
     return StepContext(
         pred.drafts, confidence, candidates, block, step, masks, e.canvas,
         e.generator, pred.columns, planned, host, pred.probs,
@@ -155,8 +173,10 @@ def guard(e, decision: Decision, ctx: StepContext, places) -> torch.Tensor:
         commit[:, 0] |= ctx.candidates[:, 0]
         return commit.long().cumprod(dim=1).bool()
     # Everything left once a block has had L steps (no-op for built-in rules).
-    late = [p.step >= p.block.length - 1 for p in places]
-    force = torch.tensor(late, device=commit.device)[:, None]
+    late = tuple(p.step >= p.block.length - 1 for p in places)
+    if not any(late):
+        return commit
+    force = on_device(e, "late", late)[:, None]
     return torch.where(force, ctx.candidates, commit)
 
 
@@ -171,6 +191,15 @@ def write(c, commit, tokens, columns, step: int) -> None:
     chosen = every.scatter_add(1, columns, torch.where(commit, tokens, 0))
     c.ids.copy_(torch.where(hit, chosen, c.ids))
     c.steps.masked_fill_(hit[:, c.prompt_width :], step)
+
+
+def write_span(c, commit, tokens, span: tuple[int, int], step: int) -> None:
+    """`write` for rows that share one span with no padding slots: in place, by slices."""
+    a, b = span
+    p = c.prompt_width
+    block = c.ids[:, a:b]  # (B, L) view
+    block.copy_(torch.where(commit, tokens, block))
+    c.steps[:, a - p : b - p].masked_fill_(commit, step)
 
 
 def committed(commit, tokens, confidence, columns, corrected, p: int, ids) -> tuple[RowCommit, ...]:
