@@ -111,7 +111,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from dllm_cli.decoding.engine import Engine
+    from dllm_cli.decoding import decode
     from dllm_cli.models.loading import load_model
     from dllm_cli.settings import DecodeSettings
 
@@ -129,12 +129,8 @@ def main() -> None:
     )  # fmt: skip
 
     def run_dllm():
-        engine = Engine(loaded.model, special, s, slots=1, admission="static")
-        engine.add(prompt[0].tolist())
-        finished = []
-        while engine.has_work:
-            finished += engine.step().finished
-        return finished[0].tokens, engine.forwards
+        result = decode(loaded.model, special, [prompt[0].tolist()], s)
+        return result.tokens[0], result.forwards
 
     def run_peer():
         x, nfe = peer_generate.generate_with_dual_cache(

@@ -256,9 +256,10 @@ class Engine:
             done = done | (cut < answer.shape[1])
         return done, cut
 
-    def retire(self, done: list[int], cut: torch.Tensor) -> tuple[list[Finished], list[int]]:
+    def retire(self, done: list[int], cut: torch.Tensor | None) -> tuple[list[Finished], list[int]]:
         """Rows whose answer is final (`done`, host flags) leave their slots; their Finished
-        records (tokens stay on the device until read) and the indices of the rows kept."""
+        records (tokens stay on the device until read) and the indices of the rows kept.
+        `cut` (B,): where each answer ends (None: at gen_length, no stop token cuts it)."""
         gone = [i for i, d in enumerate(done) if d]
         kept = [i for i, d in enumerate(done) if not d]
         if not gone:
@@ -266,7 +267,10 @@ class Engine:
         c = self.canvas
         rows = torch.tensor(gone, device=self.device)
         answer = c.answer()[rows]  # (R, G)
-        past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[rows][:, None]
+        if cut is None:
+            past = torch.zeros_like(answer, dtype=torch.bool)
+        else:
+            past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[rows][:, None]
         tokens = answer.masked_fill(past, self.special.eos)
         first = torch.tensor([self.live[i].first_step for i in gone], device=self.device)
         marks = c.steps[rows]

@@ -63,7 +63,6 @@ class Forwards:
         self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
         self._span_memo: dict = {}  # spans -> (columns, valid), see _slots
 
-    @torch.inference_mode()
     def __call__(
         self,
         canvas: Canvas,
@@ -72,6 +71,9 @@ class Forwards:
         spans: list[tuple[int, int]],
         generator: torch.Generator,
     ) -> Prediction:
+        if not torch.is_inference_mode_enabled():  # (the engine's step already is)
+            with torch.inference_mode():
+                return self(canvas, cache, plans, spans, generator)
         device = canvas.ids.device
         columns, valid = self._slots(spans, device)
         full, _ = split(plans)

@@ -85,12 +85,17 @@ def decode_step(e) -> StepOutput:
         r.guide_seconds += decision.seconds
     for row, plan in zip(rows, plans, strict=True):
         row.served(plan)
-    done, cut = e.done()
     walk = e.walk.pending(c, rows, e.blocks)
-    host = torch.stack([done.long(), walk]).tolist()  # the step's one read from the device
+    if e.frontier or s.early_stop:  # a stop token may end a row: the device says which
+        done, cut = e.done()
+        flags, counts = torch.stack([done.long(), walk]).tolist()  # the step's one read
+    else:  # a block walk's answer is final once its last block has no masks left
+        counts, cut = walk.tolist(), None  # the step's one read from the device
+        last = len(e.blocks) - 1
+        flags = [n == 0 and r.block == last for n, r in zip(counts, rows, strict=True)]
     numbers = c.rows  # request ids of this step's rows (the canvas is replaced on retire)
-    finished, kept = e.retire(host[0], cut)  # before moving on: lockstep waits for live rows
-    e.walk.advance([r.row for r in e.live], [host[1][i] for i in kept], e.blocks)
+    finished, kept = e.retire(flags, cut)  # before moving on: lockstep waits for live rows
+    e.walk.advance([r.row for r in e.live], [counts[i] for i in kept], e.blocks)
     step, forwards, guide_forwards = e.steps, e.forwards, e.guide_forwards
     e.steps += 1
     p = c.prompt_width
