@@ -53,6 +53,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile-peer", action="store_true", help="keep Fast-dLLM's torch.compile")
     p.add_argument("--profile", action="store_true", help="cProfile one dllm decode")
+    p.add_argument(
+        "--breakdown", action="store_true", help="dllm's step: CPU and ops in/out of the forward"
+    )
     return p.parse_args()
 
 
@@ -102,6 +105,56 @@ def load_peer(llada: Path, folder: Path, compile_peer: bool):
     missing = model.load_state_dict(load_file(str(folder / "model.safetensors")), strict=True)
     assert not missing.missing_keys and not missing.unexpected_keys
     return model.float().eval(), peer_generate
+
+
+def breakdown(run, model, steps: int, reps: int) -> None:
+    """Per dllm step (one forward each here): CPU microseconds inside the model's forward and outside it (the
+    engine's own work), and top-level aten ops in each (torch.profiler, one more decode)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    forward, inside = type(model).forward, [0.0]
+
+    def timed_forward(self, *a, **k):
+        began = time.process_time()
+        with record_function("MODEL"):
+            out = forward(self, *a, **k)
+        inside[0] += time.process_time() - began
+        return out
+
+    type(model).forward = timed_forward
+    try:
+        began = time.process_time()
+        for _ in range(reps):
+            run()
+        total = time.process_time() - began
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run()
+    finally:
+        type(model).forward = forward
+    ops = {True: 0, False: 0}
+
+    def walk(event, under: bool) -> None:
+        for child in event.cpu_children:
+            if child.name == "MODEL":
+                walk(child, True)
+            elif child.name.startswith("aten::"):
+                ops[under] += 1
+            else:
+                walk(child, under)
+
+    for event in prof.events():
+        if event.cpu_parent is None:
+            if event.name.startswith("aten::"):
+                ops[False] += 1
+            else:
+                walk(event, event.name == "MODEL")
+    n = steps * reps
+    print(
+        f"dllm per step: {total / n * 1e6:.0f} us CPU = forward {inside[0] / n * 1e6:.0f} us",
+        end="",
+    )
+    print(f" + outside {(total - inside[0]) / n * 1e6:.0f} us; top-level aten ops: ", end="")
+    print(f"forward {ops[True] / steps:.1f}, outside {ops[False] / steps:.1f}")
 
 
 def main() -> None:
@@ -154,6 +207,8 @@ def main() -> None:
                 (tokens, _), cpu, wall = timed(fn)
                 same &= tokens == (ours if name == "dllm" else theirs)
                 times[name].append((cpu, wall))
+        if args.breakdown:
+            breakdown(run_dllm, loaded.model, n_ours, args.reps)
         if args.profile:
             prof = cProfile.Profile()
             prof.runcall(run_dllm)

@@ -77,8 +77,8 @@ def rotated_qkv(
     b, t, _ = qkv.shape
     heads = qkv.view(b, t, n_heads + 2 * n_kv, -1)  # (B, T, H + 2 H_kv, D)
     cos, sin = (table.transpose(1, 2) for table in rope)  # (B, T, 1, D)
-    qk, v = heads.split((n_heads + n_kv, n_kv), dim=2)
-    q, k = apply_rope(qk, cos, sin, full_precision).split((n_heads, n_kv), dim=2)
+    qk, v = heads.split_with_sizes((n_heads + n_kv, n_kv), dim=2)
+    q, k = apply_rope(qk, cos, sin, full_precision).split_with_sizes((n_heads, n_kv), dim=2)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
