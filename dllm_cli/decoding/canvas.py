@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -72,6 +72,9 @@ class Canvas:
     prompt_width: int  # P: first answer column
     mask_id: int
     any_pad: bool | None = None  # host copy of `(pad > 0).any()` (None: not known, ask)
+    # Index tensors that depend only on `pad` and the shape (never written in place), built
+    # once per canvas instead of once per step: the canvas is replaced when its rows change.
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -102,23 +105,34 @@ class Canvas:
             self.any_pad = bool((self.pad > 0).any())  # a device read; the engine knows
         return self.any_pad
 
+    def _kept(self, name: str, build):
+        """`build()` once per canvas (callers must not write into the tensor it returns)."""
+        if name not in self._memo:
+            self._memo[name] = build()
+        return self._memo[name]
+
     def columns(self) -> torch.Tensor:
-        return torch.arange(self.width, device=self.ids.device)  # (S,)
+        """(S,) canvas column indices."""
+        return self._kept("columns", lambda: torch.arange(self.width, device=self.ids.device))
 
     def positions(self) -> torch.Tensor:
         """RoPE positions (B, S): column minus the row's padding (padding itself sits at 0)."""
-        return (self.columns()[None] - self.pad[:, None]).clamp(min=0)
+        return self._kept(
+            "positions", lambda: (self.columns()[None] - self.pad[:, None]).clamp(min=0)
+        )
 
     def key_mask(self) -> torch.Tensor | None:
         """(B, S) True where a key may be attended; None when no row is padded (faster SDPA)."""
         if not self.padded:
             return None
-        return self.columns()[None] >= self.pad[:, None]
+        return self._kept("keys", lambda: self.columns()[None] >= self.pad[:, None])
 
     def prompt_mask(self) -> torch.Tensor:
         """(B, S) True on real prompt tokens (what classifier-free guidance masks out)."""
         cols = self.columns()[None]
-        return (cols >= self.pad[:, None]) & (cols < self.prompt_width)
+        return self._kept(
+            "prompt", lambda: (cols >= self.pad[:, None]) & (cols < self.prompt_width)
+        )
 
     def masked(self, block: Block) -> torch.Tensor:
         """(B, L) True where the block still holds a mask."""

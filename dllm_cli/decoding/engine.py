@@ -109,6 +109,7 @@ class Engine:
         self.blocks: list = []
         self.next_id = 0
         self.steps = self.forwards = self.guide_forwards = self.served = 0
+        self.step_tensors: dict = {}  # small host tuples -> device tensors (step.on_device)
         self.seconds = self.guide_seconds = 0.0  # time inside step(): admissions and steps
 
     # --- the public interface --------------------------------------------------------------
@@ -305,9 +306,10 @@ class Engine:
         k = max(len(row) for row in rows)
         return torch.tensor([[*row, *[-1] * (k - len(row))] for row in rows], device=self.device)
 
-    def retire(self, done: list[int], cut: torch.Tensor) -> tuple[list[Finished], list[int]]:
+    def retire(self, done: list[int], cut: torch.Tensor | None) -> tuple[list[Finished], list[int]]:
         """Rows whose answer is final (`done`, host flags) leave their slots; their Finished
-        records (tokens stay on the device until read) and the indices of the rows kept."""
+        records (tokens stay on the device until read) and the indices of the rows kept.
+        `cut` (B,): where each answer ends (None: at gen_length, no stop token cuts it)."""
         gone = [i for i, d in enumerate(done) if d]
         kept = [i for i, d in enumerate(done) if not d]
         if not gone:
@@ -315,7 +317,10 @@ class Engine:
         c = self.canvas
         rows = torch.tensor(gone, device=self.device)
         answer = c.answer()[rows]  # (R, G)
-        past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[rows][:, None]
+        if cut is None:
+            past = torch.zeros_like(answer, dtype=torch.bool)
+        else:
+            past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[rows][:, None]
         if any(self.live[i].sampling.stop for i in gone):  # own stop ids are not in the text
             past = past | own_stop_at(answer, cut[rows], [self.live[i].sampling.stop for i in gone])
         tokens = answer.masked_fill(past, self.special.eos)

@@ -90,8 +90,8 @@ class Forwards:
         self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
         self.ragged = ragged
         self.row_columns = self.key_columns = 0
+        self._span_memo: dict = {}  # spans -> (columns, valid), see _slots
 
-    @torch.inference_mode()
     def __call__(
         self,
         canvas: Canvas,
@@ -100,12 +100,11 @@ class Forwards:
         spans: list[tuple[int, int]],
         generator: torch.Generator | RowDraws,  # RowDraws: each row's own (row_sampling.py)
     ) -> Prediction:
+        if not torch.is_inference_mode_enabled():  # (the engine's step already is)
+            with torch.inference_mode():
+                return self(canvas, cache, plans, spans, generator)
         device = canvas.ids.device
-        starts = torch.tensor([a for a, _ in spans], device=device)
-        lengths = torch.tensor([e - a for a, e in spans], device=device)
-        slots = torch.arange(max(e - a for a, e in spans), device=device)  # (L,)
-        valid = slots[None] < lengths[:, None]  # (B, L)
-        columns = torch.where(valid, starts[:, None] + slots, starts[:, None])
+        columns, valid = self._slots(spans, device)
         full, _ = split(plans)
         every = len(full) == len(plans)
         groups = ragged_groups(plans, full) if self.ragged and full else [full]
@@ -150,6 +149,21 @@ class Forwards:
                 probs[rows, : p.shape[1]] = p.to(probs.dtype)
         return Prediction(drafts, confidence, columns, valid, forwards=forwards, probs=probs)
 
+    def _slots(self, spans: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L) canvas columns of each row's span and which slots are real, built once per
+        distinct set of spans (a block's steps reuse them; nothing writes into them)."""
+        key = (tuple(spans), device)
+        memo = self._span_memo
+        if key not in memo:
+            if len(memo) >= 64:
+                memo.clear()
+            starts = torch.tensor([a for a, _ in spans], device=device)
+            lengths = torch.tensor([e - a for a, e in spans], device=device)
+            slots = torch.arange(max(e - a for a, e in spans), device=device)  # (L,)
+            valid = slots[None] < lengths[:, None]  # (B, L)
+            memo[key] = (torch.where(valid, starts[:, None] + slots, starts[:, None]), valid)
+        return memo[key]
+
     def _group(self, canvas, cache, plans, spans, rows, generator):
         logits = self._logits(canvas, cache, plans, spans, rows)  # (R, L, V)
         if self.greedy:
@@ -176,11 +190,10 @@ class Forwards:
         if len(set(starts)) == 1 and len(set(ends)) == 1:
             cols = slice(starts[0], ends[0])
             ids, pos = ids_all[:, cols], pos_all[:, cols]
-            prompt = pick(c.prompt_mask())[:, cols]
         else:  # every row its own window, padding aimed at the scratch column `width`
             cols = row_columns(starts, ends, width, c.ids.device)  # (R, T)
             ids = take(ids_all, cols, c.mask_id)
-            pos, prompt = take(pos_all, cols, 0), take(pick(c.prompt_mask()), cols, False)
+            pos = take(pos_all, cols, 0)
         keys = self._keys(c, cache, rows, cols, [p.keys for p in plans], lo)
         picks = span_picks(starts, spans, shift, c.ids.device)
         branch_cache = cache
@@ -193,6 +206,8 @@ class Forwards:
             branch_cache = cache.view(every, lo)
         if self.branches == 2:
             # Classifier-free guidance (LLaDA): a second branch with the prompt masked out.
+            prompt = pick(c.prompt_mask())
+            prompt = prompt[:, cols] if isinstance(cols, slice) else take(prompt, cols, False)
             uncond = ids.masked_fill(prompt, c.mask_id)
             ids, pos = torch.cat([ids, uncond]), torch.cat([pos, pos])
             keys = None if keys is None else torch.cat([keys, keys])

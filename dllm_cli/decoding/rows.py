@@ -16,7 +16,7 @@ at different places, and a row's decode never depends on what else is in its bat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -53,6 +53,10 @@ class RowState:
             block, self.step, width, shift, interval, self.fresh, self.frozen_until, reach,
             limit, self.seen, self.lead,
         )  # fmt: skip
+
+    def where(self) -> tuple[int, int, int, bool, int]:
+        """Every field that places the row's next forward (not its mask count or first mask)."""
+        return self.block, self.step, self.frozen_until, self.fresh, self.seen
 
     def served(self, plan: Forward) -> None:
         """After a forward: the row is no longer fresh; frozen columns stay frozen."""
@@ -149,6 +153,8 @@ class FrontierWalk:
 
 def block_masks(canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> torch.Tensor:
     """(B,) masks left in each row's current block, on the device."""
+    if all(row.block == rows[0].block for row in rows):  # one shared block: a slice
+        return canvas.masked(blocks[rows[0].block]).sum(dim=1)
     device = canvas.ids.device
     starts = torch.tensor([blocks[row.block].start for row in rows], device=device)
     ends = torch.tensor([blocks[row.block].end for row in rows], device=device)
@@ -159,5 +165,5 @@ def block_masks(canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> to
 
 def same_place(rows: list[RowState]) -> bool:
     """Every row at the same block and step (one shared plan serves them all)."""
-    first = replace(rows[0], masks_at_start=0, first=0, lead=0)
-    return all(replace(row, masks_at_start=0, first=0, lead=0) == first for row in rows)
+    first = rows[0].where()
+    return all(row.where() == first for row in rows)

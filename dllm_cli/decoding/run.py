@@ -18,6 +18,7 @@ from dllm_cli.decoding.canvas import check_prompts, check_token_ids
 from dllm_cli.decoding.engine import Engine
 from dllm_cli.decoding.events import DecodeResult, StepEvent
 from dllm_cli.decoding.request import Finished
+from dllm_cli.decoding.step import StepOutput
 from dllm_cli.decoding.unmask import Committer
 from dllm_cli.families import family_of_model, with_family_defaults
 from dllm_cli.models.base import DiffusionLM
@@ -69,15 +70,16 @@ class DecodeRun:
         self.ids = [self.engine.add(p) for p in prompts]
         self.done: dict[int, Finished] = {}
         self.setup = time.perf_counter() - began
-        self._events = self._loop()
+        self._steps = self._loop()
+        self._events = (out.event for out in self._steps)  # built only for who iterates
 
-    def _loop(self) -> Iterator[StepEvent]:
+    def _loop(self) -> Iterator[StepOutput]:
         while self.engine.has_work:
             out = self.engine.step()
             for f in out.finished:
                 self.done[f.id] = f
             if out.step >= 0:
-                yield out.event
+                yield out
 
     def __iter__(self) -> Iterator[StepEvent]:
         return self._events
@@ -100,8 +102,8 @@ class DecodeRun:
         return self.setup + self.engine.seconds
 
     def result(self) -> DecodeResult:
-        """The finished decode (runs any remaining steps first)."""
-        for _ in self._events:
+        """The finished decode (runs any remaining steps first, building no StepEvents)."""
+        for _ in self._steps:
             pass
         e, rows = self.engine, [self.done[i] for i in self.ids]
         return DecodeResult(
@@ -166,7 +168,7 @@ def decode(
 ) -> DecodeResult:
     """Decode a batch of prompts to the end; `on_step` sees every StepEvent on the way."""
     run = decode_steps(model, special, prompts, settings, committer=committer)
-    for event in run:
-        if on_step is not None:
+    if on_step is not None:
+        for event in run:
             on_step(event)
     return run.result()

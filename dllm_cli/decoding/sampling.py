@@ -152,6 +152,9 @@ class Sampler:
         probs = (scores if self.family.tempered_confidence else raw).softmax(dim=-1)
         # Greedy: argmax of probabilities, as Dream does (equal to the logits' for LLaDA).
         greedy = self.temperature == 0
+        if greedy and self.confidence is chosen_probability:
+            confidence, tokens = probs.max(dim=-1)  # the first maximum, as argmax's
+            return tokens, confidence, probs
         tokens = probs.argmax(dim=-1) if greedy else gumbel_argmax(scores, generator)
         return tokens, self.confidence(probs, tokens, generator), probs
 

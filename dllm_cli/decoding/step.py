@@ -60,21 +60,30 @@ def decode_step(e) -> StepOutput:
     ]
     plans = [e.policy.plan(p) for p in places]
     cache = e.cache_view()
-    columns = spans(e, places, plans, firsts)
-    draws = e.draws(columns)  # each row samples with its own request's values and generator
-    pred = e.executor(c, cache, plans, columns, draws)
+    decoded = spans(e, places, plans, firsts)
+    draws = e.draws(decoded)  # each row samples with its own request's values and generator
+    pred = e.executor(c, cache, plans, decoded, draws)
     e.forwards += pred.forwards
-    candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
-    confidence = pred.confidence.masked_fill(~candidates, float("-inf"))
+    shared = decoded[0] if len(set(decoded)) == 1 else None  # one span, no padding slots
+    if shared is None:
+        candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
+    else:
+        candidates = c.ids[:, shared[0] : shared[1]] == c.mask_id
+    confidence = torch.where(candidates, pred.confidence, float("-inf"))
     ctx = context(e, rows, pred, confidence, candidates, draws)
     decision = e.committer(ctx)
     e.guide_forwards += decision.forwards
     e.guide_seconds += decision.seconds
     commit = guard(e, decision, ctx, places)
     tokens = pred.drafts if decision.tokens is None else decision.tokens
-    write(c, commit, tokens, pred.columns, e.steps)
+    if shared is None:
+        write(c, commit, tokens, pred.columns, e.steps)
+    else:
+        write_span(c, commit, tokens, shared, e.steps)
     if decision.remask is not None:  # WINO: earlier commits the shadow no longer supports
-        revoke(c, decision.remask & ~ctx.candidates & ~forced(ctx, places), pred.columns)
+        remask = decision.remask & ~ctx.candidates
+        force = forced(e, places)
+        revoke(c, remask if force is None else remask & ~force, pred.columns)
     for r in e.live:
         r.steps += 1
         r.forwards += pred.forwards
@@ -82,15 +91,21 @@ def decode_step(e) -> StepOutput:
         r.guide_seconds += decision.seconds
     for row, plan in zip(rows, plans, strict=True):
         row.served(plan)
-    done, cut = e.done()
     walk = e.walk.pending(c, rows, e.blocks)
-    host = torch.stack([done.long(), walk]).tolist()  # the step's one read from the device
+    if e.frontier or s.early_stop or any(r.sampling.stop for r in e.live):
+        # a stop token may end (or, a request's own, cut) a row: the device says which
+        done, cut = e.done()
+        flags, counts = torch.stack([done.long(), walk]).tolist()  # the step's one read
+    else:  # a block walk's answer is final once its last block has no masks left
+        counts, cut = walk.tolist(), None  # the step's one read from the device
+        last = len(e.blocks) - 1
+        flags = [n == 0 and r.block == last for n, r in zip(counts, rows, strict=True)]
     numbers = c.rows  # request ids of this step's rows (the canvas is replaced on retire)
-    finished, kept = e.retire(host[0], cut)  # before moving on: lockstep waits for live rows
-    e.walk.advance([r.row for r in e.live], [host[1][i] for i in kept], e.blocks)
+    finished, kept = e.retire(flags, cut)  # before moving on: lockstep waits for live rows
+    e.walk.advance([r.row for r in e.live], [counts[i] for i in kept], e.blocks)
     if not e.frontier:  # a row left waiting in an empty block (lockstep) draws nothing
         for r, i in zip(e.live, kept, strict=True):
-            r.idle = host[1][i] == 0 and r.row.step > 0
+            r.idle = counts[i] == 0 and r.row.step > 0
     step, forwards, guide_forwards = e.steps, e.forwards, e.guide_forwards
     e.steps += 1
     p = c.prompt_width
@@ -150,16 +165,26 @@ def spans(e, places, plans, firsts) -> list[tuple[int, int]]:
     return [(f, min(f + window, plan.end)) for f, plan in zip(firsts, plans, strict=True)]
 
 
+def on_device(e, kind: str, values: tuple) -> torch.Tensor:
+    """A tensor of host `values`, made once per distinct tuple (nothing writes into it): a
+    block's steps reuse it instead of building a tensor from a list every step."""
+    memo, key = e.step_tensors, (kind, values)
+    if key not in memo:
+        if len(memo) >= 256:
+            memo.clear()
+        memo[key] = torch.tensor(values, device=e.device)
+    return memo[key]
+
+
 def context(e, rows, pred: Prediction, confidence, candidates, draws) -> StepContext:
-    device = e.device
-    masks = torch.tensor([r.masks_at_start for r in rows], device=device)
+    masks = on_device(e, "masks", tuple(r.masks_at_start for r in rows))
     if same_place(rows):  # one shared block and step (rows in lockstep)
         block, step, planned, host = e.blocks[rows[0].block], rows[0].step, None, None
     else:
         block = None
         host = [(r.step, e.blocks[r.block].steps) for r in rows]
-        step = torch.tensor([k for k, _ in host], device=device)
-        planned = torch.tensor([n for _, n in host], device=device)
+        step = on_device(e, "steps", tuple(k for k, _ in host))
+        planned = on_device(e, "planned", tuple(n for _, n in host))
     return StepContext(
         pred.drafts, confidence, candidates, block, step, masks, e.canvas,
         draws, pred.columns, planned, host, pred.probs, pred.verify,
@@ -173,14 +198,17 @@ def guard(e, decision: Decision, ctx: StepContext, places) -> torch.Tensor:
         # A frontier walk commits a run from the first mask, at least that first column.
         commit[:, 0] |= ctx.candidates[:, 0]
         return commit.long().cumprod(dim=1).bool()
-    return torch.where(forced(ctx, places), ctx.candidates, commit)
+    force = forced(e, places)
+    return commit if force is None else torch.where(force, ctx.candidates, commit)
 
 
-def forced(ctx: StepContext, places) -> torch.Tensor:
+def forced(e, places) -> torch.Tensor | None:
     """(B, 1) rows whose block has had L steps: everything left is committed (no-op for the
-    built-in rules but WINO, whose re-masking may otherwise keep a block open)."""
-    late = [p.step >= p.block.length - 1 for p in places]
-    return torch.tensor(late, device=ctx.candidates.device)[:, None]
+    built-in rules but WINO, whose re-masking may otherwise keep a block open); None: none."""
+    late = tuple(p.step >= p.block.length - 1 for p in places)
+    if not any(late):
+        return None
+    return on_device(e, "late", late)[:, None]
 
 
 def write(c, commit, tokens, columns, step: int) -> None:
@@ -194,6 +222,15 @@ def write(c, commit, tokens, columns, step: int) -> None:
     chosen = every.scatter_add(1, columns, torch.where(commit, tokens, 0))
     c.ids.copy_(torch.where(hit, chosen, c.ids))
     c.steps.masked_fill_(hit[:, c.prompt_width :], step)
+
+
+def write_span(c, commit, tokens, span: tuple[int, int], step: int) -> None:
+    """`write` for rows that share one span with no padding slots: in place, by slices."""
+    a, b = span
+    p = c.prompt_width
+    block = c.ids[:, a:b]  # (B, L) view
+    block.copy_(torch.where(commit, tokens, block))
+    c.steps[:, a - p : b - p].masked_fill_(commit, step)
 
 
 def committed(commit, tokens, confidence, columns, corrected, p: int, ids) -> tuple[RowCommit, ...]:

@@ -176,8 +176,11 @@ def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
 
 def threshold_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     """Fast-dLLM (arXiv 2505.22618): every candidate with confidence >= tau, at least the best."""
-    best = commit_top(ctx, torch.ones_like(ctx.masks_now))
-    return ((ctx.confidence >= p.threshold) & ctx.candidates) | best
+    # The best is the leftmost maximum (argmax's first), as ranking would pick it; only a
+    # candidate, since confidence is -inf elsewhere and the result is cut to candidates.
+    best = ctx.confidence.argmax(dim=1, keepdim=True)  # (B, 1)
+    top = torch.zeros_like(ctx.candidates).scatter_(1, best, True)
+    return ((ctx.confidence >= p.threshold) | top) & ctx.candidates
 
 
 def factor_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:

@@ -109,7 +109,8 @@ class DiffusionLM(nn.Module):
             every = torch.arange(self.context_length, device=positions.device)[None]
             table = tuple(t[0, 0].to(dtype) for t in rope_tables(every, head_dim, self.rope_theta))
             self._rope_table = table  # (N, D) each
-        return tuple(t[positions][:, None] for t in table)
+        cos, sin = table
+        return cos[positions][:, None], sin[positions][:, None]
 
     # --- the one forward --------------------------------------------------------------
     def forward(

@@ -49,17 +49,19 @@ def apply_rope(
 ) -> torch.Tensor:
     """Rotate (B, H, T, D) by position; LLaDA rotates in float32, Qwen2/Dream in the model dtype."""
     dtype = x.dtype
-    if full_precision:
-        x = x.float()
-    else:
-        cos, sin = cos.to(dtype), sin.to(dtype)
-    half = x.shape[-1] // 2
-    # x * cos + rotate_half(x) * sin, in two buffers instead of five (every in-place op here
-    # writes a fresh buffer autograd does not keep, so gradients flow through it unchanged).
-    rotated = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    rotated[..., :half].neg_()
+    if dtype != cos.dtype:  # (casts that would change nothing are skipped: one op each)
+        if full_precision:
+            x = x.float()
+        else:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+    # x * cos + rotate_half(x) * sin, in three buffers instead of five (every in-place op
+    # here writes a fresh buffer autograd does not keep, so gradients flow through it
+    # unchanged); chunk and split below are one call for what two slices did.
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat((second.neg(), first), dim=-1)
     out = x * cos
-    return out.add_(rotated.mul_(sin)).to(dtype)
+    out = out.add_(rotated.mul_(sin))
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 def rotated_qkv(
@@ -77,10 +79,9 @@ def rotated_qkv(
     b, t, _ = qkv.shape
     heads = qkv.view(b, t, n_heads + 2 * n_kv, -1)  # (B, T, H + 2 H_kv, D)
     cos, sin = (table.transpose(1, 2) for table in rope)  # (B, T, 1, D)
-    qk = apply_rope(heads[:, :, : n_heads + n_kv], cos, sin, full_precision)
-    q = qk[:, :, :n_heads].transpose(1, 2)
-    k = qk[:, :, n_heads:].transpose(1, 2)
-    return q, k, heads[:, :, n_heads + n_kv :].transpose(1, 2)
+    qk, v = heads.split_with_sizes((n_heads + n_kv, n_kv), dim=2)
+    q, k = apply_rope(qk, cos, sin, full_precision).split_with_sizes((n_heads, n_kv), dim=2)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
