@@ -27,11 +27,12 @@ from dllm_cli.bench import (
     run_bench,
     settings_for,
 )
-from dllm_cli.commands.bench_peer import PEER_PROMPT, Peer, PeerBinary, PeerModel, PeerPrompt, run_peer
+from dllm_cli.commands.bench_peer import Peer, PeerBinary, PeerModel, PeerPrompt, run_peer
 from dllm_cli.commands.common import check_output, cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.families import FAMILIES
 from dllm_cli.frontier import SWEEPS, parse_frontier, run_frontier
+from dllm_cli.peer import PEER_PROMPT
 
 BENCH = "Benchmark"
 
@@ -297,7 +298,9 @@ def bench_command(
         from dllm_cli.throughput import bench_inputs
 
         if peer is not None:
-            run_peer(choices, peer, peer_binary, peer_model, peer_prompt, lengths, rounds, json_path)
+            run_peer(
+                choices, peer, peer_binary, peer_model, peer_prompt, lengths, rounds, json_path
+            )
             return
         rt = load_runtime(choices)
         if serve:

@@ -12,7 +12,7 @@ import typer
 from dllm_cli.commands.common import load_runtime, stderr
 from dllm_cli.errors import UsageError
 from dllm_cli.options import Choices
-from dllm_cli.peer import PEER_PROMPT, Timed, Work, check_peer, compare, markdown
+from dllm_cli.peer import Timed, Work, check_peer, compare, markdown
 
 PANEL = "Peer comparison"
 PEERS = ("llama-cpp",)  # the tools --peer can run
