@@ -3,8 +3,9 @@
 The fixture `llamacpp_diffusion_output.txt` is the real output (stdout and stderr together) of
 llama.cpp's `llama-diffusion-cli` built from ggml-org/llama.cpp's sources (the unslothai
 mirror, commit d32676d77426540327835040d5d3279728f0b4c8, CPU, Release, GGML_NATIVE) on a GGUF
-converted by benchmarks/peer_gguf.py from a random Dream folder (hidden 512, 8 layers), gen 16,
-1 thread: the command line is in the fixture's first line. A test that runs the real binary
+converted by benchmarks/peer_gguf.py from a random Dream folder (hidden 512, 8 layers), gen 16
+after the 125-token chat-wrapped default prompt, 1 thread, on this project's 2-core Xeon: the
+command line is the fixture's first line. A test that runs the real binary
 needs DLLM_PEER_BINARY, DLLM_PEER_GGUF and DLLM_PEER_FOLDER and is skipped without them.
 """
 
