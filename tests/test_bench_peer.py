@@ -27,7 +27,7 @@ FIXTURE = HERE / "fixtures" / "llamacpp_diffusion_output.txt"
 
 
 def test_the_decode_time_is_read_from_llamacpp_s_real_output():
-    text = FIXTURE.read_text()
+    text = FIXTURE.read_text(errors="replace")
     line = next(x for x in text.splitlines() if x.startswith("total time:"))
     ms = float(line.split("total time: ")[1].split("ms")[0])
     assert parse_llamacpp(text) == pytest.approx(ms / 1000)
@@ -109,7 +109,9 @@ def test_a_run_against_a_binary_replaying_llamacpp_s_output(tmp_path, dream_ckpt
     assert result.exit_code == 0, result.output
     (record,) = json.loads(out.read_text())
     assert record["gen_length"] == 8 and record["rounds"] == 2 and record["threads"] == 1
-    assert record["llamacpp_decode_s"] == pytest.approx(parse_llamacpp(FIXTURE.read_text()), 1e-3)
+    assert record["llamacpp_decode_s"] == pytest.approx(
+        parse_llamacpp(FIXTURE.read_text(errors="replace")), 1e-3
+    )
     assert record["dllm_decode_s"] > 0 and record["dllm_wall_s"] > record["dllm_decode_s"]
     assert record["decode_ratio"] == pytest.approx(
         record["llamacpp_decode_s"] / record["dllm_decode_s"], rel=0.01, abs=1e-3
