@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
         "view_export",
         "bench",
         "bench_batching",
+        "peer",  # bench --peer: llama.cpp beside dllm
         "frontier",
         "throughput",
         "doctor",

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from dllm_cli.commands.common import load_runtime, stderr
-from dllm_cli.errors import UsageError
+from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.options import Choices
 from dllm_cli.peer import Timed, Work, check_peer, compare, markdown
 
@@ -79,9 +79,10 @@ def run_peer(
     )
     typer.echo(markdown(records), nl=False)
     if json_path is not None:
-        from dllm_cli.commands.bench import write
-
-        write(json_path, json.dumps(records, indent=2) + "\n")
+        try:
+            json_path.write_text(json.dumps(records, indent=2) + "\n")
+        except OSError as e:
+            raise DllmError(f"cannot write {json_path}: {e.strerror or e}") from None
 
 
 def chat_ids(rt, prompt: str) -> list[int]:
