@@ -10,6 +10,7 @@ from decode_fixtures import SPECIAL, prompts, settings, tiny
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding import Decoder, decode
+from dllm_cli.models.fused import MKL_PACKED, FusedLinear
 from dllm_cli.models.layers import RMSNorm, rope_tables
 
 
@@ -119,3 +120,22 @@ def test_wide_models_stay_unfused_on_cpu():
     wide.get_input_embeddings = lambda: torch.nn.Embedding(1, CPU_FUSE_MAX_WIDTH + 1)
     wide.fuse_projections()
     assert wide.blocks()[0].fusion is None
+
+
+@pytest.mark.skipif(not MKL_PACKED, reason="torch built without MKL")
+@torch.no_grad()  # as decoding runs (inference mode would keep no count of weight writes)
+def test_packed_gemm_serves_a_repeated_row_count_and_follows_weight_writes():
+    """MKL's packed weight is made on the second call in a row at one row count, matches the
+    plain GEMM to float32 rounding, and is remade after an in-place write to the weight."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(1408, 96, bias=True)
+    fused = FusedLinear(lin)
+    plain = lambda x: torch.addmm(fused.bias, x, fused.weight)  # noqa: E731
+    x, other = torch.randn(24, 1408), torch.randn(5, 1408)
+    assert torch.equal(fused(x), plain(x)) and fused.packed.pack is None  # first call: plain
+    assert torch.allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+    assert fused.packed.rows == 24
+    assert torch.equal(fused(other), plain(other))  # a one-off row count: the plain GEMM
+    lin.weight.mul_(2)  # the view writes the fused storage
+    assert torch.allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+    assert fused.packed.version == fused.weight._version

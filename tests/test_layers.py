@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
         "view_export",
         "bench",
         "bench_batching",
+        "peer",  # bench --peer: llama.cpp beside dllm
         "frontier",
         "throughput",
         "doctor",

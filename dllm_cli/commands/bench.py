@@ -27,10 +27,12 @@ from dllm_cli.bench import (
     run_bench,
     settings_for,
 )
+from dllm_cli.commands.bench_peer import Peer, PeerBinary, PeerModel, PeerPrompt, run_peer
 from dllm_cli.commands.common import check_output, cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.families import FAMILIES
 from dllm_cli.frontier import SWEEPS, parse_frontier, run_frontier
+from dllm_cli.peer import PEER_PROMPT
 
 BENCH = "Benchmark"
 
@@ -258,7 +260,7 @@ def bench_command(
         ),
     ] = None,
     rounds: Annotated[
-        int, typer.Option(help="--batching-compare: alternating passes of each.", min=1)
+        int, typer.Option(help="--batching-compare, --peer: alternating passes of each.", min=1)
     ] = 1,
     serve: Annotated[
         bool,
@@ -272,6 +274,10 @@ def bench_command(
     concurrency: Annotated[
         int, typer.Option(help="--serve: requests in flight at once.", min=1, rich_help_panel=BENCH)
     ] = 8,
+    peer: Peer = None,
+    peer_binary: PeerBinary = None,
+    peer_model: PeerModel = None,
+    peer_prompt: PeerPrompt = PEER_PROMPT,
     cancel: Annotated[
         float,
         typer.Option(
@@ -293,6 +299,11 @@ def bench_command(
         from dllm_cli.bench_batching import compare_batching, mixed_shots, table
         from dllm_cli.throughput import bench_inputs
 
+        if peer is not None:
+            run_peer(
+                choices, peer, peer_binary, peer_model, peer_prompt, lengths, rounds, json_path
+            )
+            return
         rt = load_runtime(choices)
         if serve:
             bench_serve(rt, n, concurrency, cancel, batch_size, lengths[0], json_path)

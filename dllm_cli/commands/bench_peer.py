@@ -1,0 +1,91 @@
+"""`dllm bench --peer llama-cpp`: dllm against llama.cpp's diffusion CLI on the same work."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dllm_cli.commands.common import load_runtime, stderr
+from dllm_cli.errors import DllmError, UsageError
+from dllm_cli.options import Choices
+from dllm_cli.peer import Timed, Work, check_peer, compare, markdown
+
+PANEL = "Peer comparison"
+PEERS = ("llama-cpp",)  # the tools --peer can run
+
+Peer = Annotated[
+    str | None,
+    typer.Option(
+        help="Instead: the same no-cache, one-token-per-step work in llama.cpp's "
+        "llama-diffusion-cli (--peer-binary) on a GGUF of --model's folder (--peer-model), "
+        "then in dllm, alternating --rounds times; both decode and wall times and their ratio.",
+        rich_help_panel=PANEL,
+    ),
+]
+PeerBinary = Annotated[
+    Path | None, typer.Option(help="--peer: the llama-diffusion-cli binary.", rich_help_panel=PANEL)
+]
+PeerModel = Annotated[
+    Path | None,
+    typer.Option(help="--peer: the GGUF (float32) of --model's folder.", rich_help_panel=PANEL),
+]
+PeerPrompt = Annotated[
+    str, typer.Option(help="--peer: the prompt both decode (chat-wrapped).", rich_help_panel=PANEL)
+]
+
+
+def run_peer(
+    choices: Choices,
+    peer: str,
+    binary: Path | None,
+    gguf: Path | None,
+    prompt: str,
+    lengths: list[int],
+    rounds: int,
+    json_path: Path | None,
+) -> None:
+    """Check the peer's paths (exit 2), read the prompt's length, run both, print the table."""
+    if peer not in PEERS:
+        raise UsageError(f"--peer takes one of: {', '.join(PEERS)} (got {peer!r})")
+    if binary is None or gguf is None:
+        raise UsageError("--peer needs --peer-binary (llama-diffusion-cli) and --peer-model (GGUF)")
+    if "model.path" not in choices.overrides:
+        raise UsageError("--peer needs --model: the checkpoint folder the GGUF was converted from")
+    check_peer(binary, gguf)
+    threads = int(choices.overrides.get("model.threads") or 0) or os.cpu_count() or 1
+    rt = load_runtime(choices)
+    folder = str(rt.loaded.path)
+    n = len(chat_ids(rt, prompt))
+    works = [Work(prompt, n, gen, threads) for gen in lengths]
+    stderr.print(
+        f"peer: {n}-token chat-wrapped prompt, {threads} threads, {rounds} rounds", highlight=False
+    )
+
+    def report(name: str, work: Work, t: Timed) -> None:
+        stderr.print(
+            f"{name:>10} gen {work.gen}: decode {t.decode_s:.2f} s, wall {t.wall_s:.2f} s",
+            highlight=False,
+        )
+
+    records = compare(binary, gguf, folder, works, rounds, on_run=report)
+    typer.echo(
+        f"{folder} (float32) against {gguf}: no cache, one token per step, Dream's schedule, "
+        f"{n}-token prompt, {threads} threads, medians of {rounds}; ratio = llama.cpp's "
+        "seconds / dllm's (> 1: dllm faster)"
+    )
+    typer.echo(markdown(records), nl=False)
+    if json_path is not None:
+        try:
+            json_path.write_text(json.dumps(records, indent=2) + "\n")
+        except OSError as e:
+            raise DllmError(f"cannot write {json_path}: {e.strerror or e}") from None
+
+
+def chat_ids(rt, prompt: str) -> list[int]:
+    """The prompt's ids inside the chat template, as `generate --chat` encodes it."""
+    rt.chat = True
+    return rt.encode(prompt)

@@ -1,0 +1,197 @@
+"""dllm beside llama.cpp's `llama-diffusion-cli` on the same checkpoint and the same work.
+
+Both run as fresh processes, alternating, on the same chat-wrapped prompt and the same
+threads, with the work llama.cpp can do: no cache, every step forwards the whole sequence
+(prompt + canvas), Dream's timestep schedule with one step per generated token, confidence
+ranking, all steps (no early stop). Each reports its own decode time (llama.cpp: the
+`total time` line of `diffusion_generate`; dllm: `generate --json`'s `seconds`); wall time
+is the whole process, start-up included. docs/cpu.md has the recipe and numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dllm_cli.errors import DllmError, UsageError
+
+# A prompt that is ordinary text for any tokenizer.
+PEER_PROMPT = (
+    "Tom has 3 apples and buys 4 more. Then he gives 2 apples to his sister and eats one. "
+    "How many apples does Tom have now? Explain each step."
+)
+DREAM_EPS = 1e-3  # Dream's timestep schedule ends at t = eps (its generation_utils default)
+
+# diffusion.cpp: LOG_INF("\ntotal time: %0.2fms, time per step: %0.2fms, sampling time ...")
+TOTAL_TIME = re.compile(r"total time: ([0-9]+(?:\.[0-9]+)?)ms, time per step: ([0-9.]+)ms")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What both sides decode: the prompt, its chat-wrapped length, answer length, threads."""
+
+    prompt: str
+    prompt_tokens: int
+    gen: int
+    threads: int
+
+    @property
+    def total(self) -> int:
+        """Prompt + canvas: llama.cpp's batch, micro-batch and context size."""
+        return self.prompt_tokens + self.gen
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One process: its decode seconds (its own timer) and wall seconds (the whole process)."""
+
+    decode_s: float
+    wall_s: float
+
+
+def check_peer(binary: Path, gguf: Path) -> None:
+    """Refuse a missing or non-executable binary or a missing GGUF before anything loads."""
+    if not binary.is_file():
+        raise UsageError(f"--peer-binary {binary}: no such file (build llama-diffusion-cli)")
+    if not os.access(binary, os.X_OK):
+        raise UsageError(f"--peer-binary {binary}: not executable")
+    if not gguf.is_file():
+        raise UsageError(f"--peer-model {gguf}: no such file (a GGUF of the --model folder)")
+
+
+def parse_llamacpp(text: str) -> float:
+    """Seconds of `diffusion_generate` (its every forward and sampling step) from its log."""
+    found = TOTAL_TIME.findall(text)
+    if not found:
+        raise DllmError("llama-diffusion-cli printed no 'total time' line (see its output above)")
+    return float(found[-1][0]) / 1000.0
+
+
+def llamacpp_argv(binary: Path, gguf: Path, work: Work, seed: int = 0) -> list[str]:
+    """The peer's flags for the work (its --temp 0 samples at temperature 1; see docs/cpu.md)."""
+    n = str(work.total)
+    return [
+        str(binary),
+        "-m", str(gguf),
+        "-p", work.prompt,
+        "--diffusion-steps", str(work.gen),
+        "--diffusion-eps", str(DREAM_EPS),
+        "--diffusion-algorithm", "4",  # confidence: Dream's maskgit_plus
+        "--temp", "0", "--top-k", "0", "--top-p", "1.0", "--seed", str(seed),
+        "-ub", n, "-b", n, "-c", n,
+        "-t", str(work.threads), "-tb", str(work.threads),
+    ]  # fmt: skip
+
+
+def dllm_argv(folder: str, work: Work) -> list[str]:
+    """`dllm generate` doing the same work in float32 on the CPU."""
+    g = str(work.gen)
+    return [
+        sys.executable, "-m", "dllm_cli", "generate", work.prompt,
+        "--model", folder, "--device", "cpu", "--dtype", "float32", "--chat", "--no-guide",
+        "--cache", "none", "--gen-length", g, "--block-length", g, "--steps", g,
+        "--unmask", "fixed", "--schedule", "dream", "--confidence", "low_confidence",
+        "--temperature", "0", "--no-early-stop", "--threads", str(work.threads), "--json",
+    ]  # fmt: skip
+
+
+def run_process(argv: list[str], what: str) -> tuple[float, str, str]:
+    """(wall seconds, stdout, stderr) of one process; a failure is a DllmError (exit 1)."""
+    t = time.perf_counter()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, errors="replace")
+    except OSError as e:
+        raise DllmError(f"cannot run {what}: {e.strerror or e}") from None
+    wall = time.perf_counter() - t
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise DllmError(f"{what} exited {done.returncode}: {tail}")
+    return wall, done.stdout, done.stderr
+
+
+def run_llamacpp(binary: Path, gguf: Path, work: Work) -> Timed:
+    wall, out, err = run_process(llamacpp_argv(binary, gguf, work), "llama-diffusion-cli")
+    return Timed(parse_llamacpp(out + err), wall)
+
+
+def run_dllm(folder: str, work: Work) -> Timed:
+    wall, out, _ = run_process(dllm_argv(folder, work), "dllm generate")
+    try:
+        seconds = json.loads(out.strip().splitlines()[-1])["seconds"]
+    except (IndexError, KeyError, ValueError):
+        raise DllmError("dllm generate --json printed no record with 'seconds'") from None
+    return Timed(float(seconds), wall)
+
+
+def compare(
+    binary: Path,
+    gguf: Path,
+    folder: str,
+    works: Sequence[Work],
+    rounds: int,
+    on_run: Callable[[str, Work, Timed], None] = lambda *_: None,
+) -> list[dict]:
+    """Medians over `rounds` alternating runs (the first contender swaps every round)."""
+    contenders: dict[str, Callable[[Work], Timed]] = {
+        "llama.cpp": lambda w: run_llamacpp(binary, gguf, w),
+        "dllm": lambda w: run_dllm(folder, w),
+    }
+    records = []
+    for work in works:
+        runs: dict[str, list[Timed]] = {name: [] for name in contenders}
+        for r in range(rounds):
+            order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
+            for name in order:
+                timed = contenders[name](work)
+                runs[name].append(timed)
+                on_run(name, work, timed)
+        records.append(summary(work, runs))
+    return records
+
+
+def summary(work: Work, runs: dict[str, list[Timed]]) -> dict:
+    """One gen length's medians; ratios are llama.cpp's time over dllm's (> 1: dllm faster)."""
+
+    def median(name: str, field: str) -> float:
+        return statistics.median(getattr(t, field) for t in runs[name])
+
+    peer_decode, ours_decode = median("llama.cpp", "decode_s"), median("dllm", "decode_s")
+    peer_wall, ours_wall = median("llama.cpp", "wall_s"), median("dllm", "wall_s")
+    return {
+        "gen_length": work.gen,
+        "prompt_tokens": work.prompt_tokens,
+        "threads": work.threads,
+        "rounds": len(runs["dllm"]),
+        "llamacpp_decode_s": round(peer_decode, 3),
+        "dllm_decode_s": round(ours_decode, 3),
+        "decode_ratio": round(peer_decode / ours_decode, 3),
+        "llamacpp_wall_s": round(peer_wall, 3),
+        "dllm_wall_s": round(ours_wall, 3),
+        "wall_ratio": round(peer_wall / ours_wall, 3),
+    }
+
+
+COLUMNS = (
+    ("gen", "gen_length"),
+    ("llama.cpp decode s", "llamacpp_decode_s"),
+    ("dllm decode s", "dllm_decode_s"),
+    ("decode ratio", "decode_ratio"),
+    ("llama.cpp wall s", "llamacpp_wall_s"),
+    ("dllm wall s", "dllm_wall_s"),
+    ("wall ratio", "wall_ratio"),
+)
+
+
+def markdown(records: list[dict]) -> str:
+    """The medians as a markdown table (ratio: llama.cpp's seconds / dllm's, > 1: dllm faster)."""
+    lines = ["| " + " | ".join(h for h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(r[k]) for _, k in COLUMNS) + " |" for r in records]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,137 @@
+"""`dllm bench --peer llama-cpp`: llama.cpp's timing line, the matching work, bad paths.
+
+The fixture `llamacpp_diffusion_output.txt` is the real output (stdout and stderr together) of
+llama.cpp's `llama-diffusion-cli` built from ggml-org/llama.cpp's sources (the unslothai
+mirror, commit d32676d77426540327835040d5d3279728f0b4c8, CPU, Release, GGML_NATIVE) on a GGUF
+converted by benchmarks/peer_gguf.py from a random Dream folder (hidden 512, 8 layers), gen 16
+after the 125-token chat-wrapped default prompt, 1 thread, on this project's 2-core Xeon: the
+command line is the fixture's first line. A test that runs the real binary
+needs DLLM_PEER_BINARY, DLLM_PEER_GGUF and DLLM_PEER_FOLDER and is skipped without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from cli_fixtures import invoke, isolated_fixture  # noqa: F401
+
+from dllm_cli.errors import DllmError
+from dllm_cli.peer import Work, dllm_argv, llamacpp_argv, parse_llamacpp
+
+HERE = Path(__file__).resolve().parent
+FIXTURE = HERE / "fixtures" / "llamacpp_diffusion_output.txt"
+
+
+def test_the_decode_time_is_read_from_llamacpp_s_real_output():
+    text = FIXTURE.read_text(errors="replace")
+    line = next(x for x in text.splitlines() if x.startswith("total time:"))
+    ms = float(line.split("total time: ")[1].split("ms")[0])
+    assert parse_llamacpp(text) == pytest.approx(ms / 1000)
+    with pytest.raises(DllmError, match="no 'total time' line"):
+        parse_llamacpp(text.replace("total time", "total tiem"))
+
+
+def test_both_sides_get_the_same_work():
+    w = Work("hi", prompt_tokens=40, gen=24, threads=3)
+    peer, ours = llamacpp_argv(Path("llama"), Path("m.gguf"), w), dllm_argv("folder", w)
+
+    def after(argv: list[str], flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert [after(peer, f) for f in ("-ub", "-b", "-c")] == ["64"] * 3  # prompt + canvas
+    assert after(peer, "--diffusion-steps") == after(ours, "--steps") == "24"
+    assert after(peer, "-t") == after(peer, "-tb") == after(ours, "--threads") == "3"
+    assert after(peer, "--diffusion-algorithm") == "4"  # confidence: Dream's maskgit_plus
+    assert after(ours, "--confidence") == "low_confidence" and after(ours, "--cache") == "none"
+    assert after(ours, "--gen-length") == after(ours, "--block-length") == "24"
+    assert after(ours, "--schedule") == "dream" and "--no-early-stop" in ours
+    assert after(peer, "-p") == after(ours, "generate") == "hi"
+
+
+def executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda d: d / "absent", "--peer-binary"),
+        (lambda d: (d / "plain.txt", (d / "plain.txt").write_text("x"))[0], "not executable"),
+    ],
+    ids=["missing", "not-executable"],
+)
+def test_a_bad_binary_is_one_line_and_exit_2_before_loading(make, words, tmp_path, dream_ckpt):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    args = ["--peer-binary", str(make(tmp_path)), "--peer-model", str(gguf)]
+    result = invoke("bench", "--peer", "llama-cpp", "--model", str(dream_ckpt.folder), *args)
+    assert result.exit_code == 2, result.output
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dllm: error: ") and words in lines[0]
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--peer", "vllm"], "--peer takes one of: llama-cpp"),
+        (["--peer", "llama-cpp", "--peer-model", "m.gguf"], "--peer needs --peer-binary"),
+        (["--peer", "llama-cpp", "--peer-binary", "BIN", "--peer-model", "none.gguf"], "none.gguf"),
+    ],
+    ids=["unknown-peer", "no-binary", "missing-gguf"],
+)
+def test_peer_usage_errors(extra, words, tmp_path, dream_ckpt):
+    binary = executable(tmp_path / "llama-diffusion-cli", "#!/bin/sh\nexit 0\n")
+    extra = [str(binary) if x == "BIN" else x for x in extra]
+    result = invoke("bench", "--model", str(dream_ckpt.folder), *extra)
+    assert result.exit_code == 2, result.output
+    assert words in result.stderr and result.stderr.count("dllm: error:") == 1
+
+
+@pytest.mark.slow
+def test_a_run_against_a_binary_replaying_llamacpp_s_output(tmp_path, dream_ckpt):
+    """The whole pipeline (both processes, medians, table, JSON) with the fixture as the peer."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    replay = executable(tmp_path / "replay", f"#!/bin/sh\ncat '{FIXTURE}' >&2\n")
+    out = tmp_path / "peer.json"
+    args = ["--peer-binary", str(replay), "--peer-model", str(gguf), "--json", str(out)]
+    result = invoke(
+        "bench", "--peer", "llama-cpp", "--model", str(dream_ckpt.folder), "--threads", "1",
+        "--gen-length", "8", "--rounds", "2", *args,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (record,) = json.loads(out.read_text())
+    assert record["gen_length"] == 8 and record["rounds"] == 2 and record["threads"] == 1
+    assert record["llamacpp_decode_s"] == pytest.approx(
+        parse_llamacpp(FIXTURE.read_text(errors="replace")), 1e-3
+    )
+    assert record["dllm_decode_s"] > 0 and record["dllm_wall_s"] > record["dllm_decode_s"]
+    assert record["decode_ratio"] == pytest.approx(
+        record["llamacpp_decode_s"] / record["dllm_decode_s"], rel=0.01, abs=1e-3
+    )
+    assert "| 8 |" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not all(os.environ.get(k) for k in ("DLLM_PEER_BINARY", "DLLM_PEER_GGUF", "DLLM_PEER_FOLDER")),
+    reason="needs a built llama-diffusion-cli and a converted GGUF (docs/cpu.md)",
+)
+def test_the_real_llamacpp_binary(tmp_path):
+    out = tmp_path / "peer.json"
+    env = os.environ
+    result = invoke(
+        "bench", "--peer", "llama-cpp", "--peer-binary", env["DLLM_PEER_BINARY"],
+        "--peer-model", env["DLLM_PEER_GGUF"], "--model", env["DLLM_PEER_FOLDER"],
+        "--threads", "1", "--gen-length", "8", "--json", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (record,) = json.loads(out.read_text())
+    assert record["llamacpp_decode_s"] > 0 and record["dllm_decode_s"] > 0
