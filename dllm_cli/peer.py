@@ -170,13 +170,18 @@ def summary(work: Work, runs: dict[str, list[Timed]]) -> dict:
         "prompt_tokens": work.prompt_tokens,
         "threads": work.threads,
         "rounds": len(runs["dllm"]),
-        "llamacpp_decode_s": round(peer_decode, 3),
-        "dllm_decode_s": round(ours_decode, 3),
+        "llamacpp_decode_s": significant(peer_decode),
+        "dllm_decode_s": significant(ours_decode),
         "decode_ratio": round(peer_decode / ours_decode, 3),
-        "llamacpp_wall_s": round(peer_wall, 3),
-        "dllm_wall_s": round(ours_wall, 3),
+        "llamacpp_wall_s": significant(peer_wall),
+        "dllm_wall_s": significant(ours_wall),
         "wall_ratio": round(peer_wall / ours_wall, 3),
     }
+
+
+def significant(seconds: float) -> float:
+    """Four significant digits: a short decode keeps its precision (0.00412 s, not 0.004)."""
+    return float(f"{seconds:.4g}")
 
 
 COLUMNS = (
