@@ -131,10 +131,10 @@ def test_packed_gemm_serves_a_repeated_row_count_and_follows_weight_writes():
     lin = torch.nn.Linear(1408, 96, bias=True)
     fused = FusedLinear(lin)
     plain = lambda x: torch.addmm(fused.bias, x, fused.weight)  # noqa: E731
-    x, other = torch.randn(24, 1408), torch.randn(5, 1408)
+    x, other = torch.randn(32, 1408), torch.randn(5, 1408)  # 32 rows: over PACK_MIN_MACS
     assert torch.equal(fused(x), plain(x)) and fused.packed.pack is None  # first call: plain
     assert torch.allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
-    assert fused.packed.rows == 24
+    assert fused.packed.rows == 32
     assert torch.equal(fused(other), plain(other))  # a one-off row count: the plain GEMM
     lin.weight.mul_(2)  # the view writes the fused storage
     assert torch.allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)

@@ -29,6 +29,9 @@ CPU_FUSE_MAX_WIDTH = 512
 # peer's shape (192 rows, one thread, CPU time): q/k/v 1.85 -> 1.69 ms, gate/up 5.26 -> 4.34,
 # down 2.53 -> 2.02, o 0.91 -> 0.80; a whole forward 115 -> 103 ms (medians of 8, alternating).
 MKL_PACKED = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+# Below this many multiply-adds a GEMM costs less than the packed call's extra dispatch (a
+# d_model-64 block step: 32 x 64 x 192), so small products keep the one-call matmul.
+PACK_MIN_MACS = 1 << 22
 
 
 def worth_fusing(width: int, device: torch.device) -> bool:
@@ -58,14 +61,17 @@ class FusedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in) -> (..., sum out) in one GEMM (the one F.linear runs for 2-D input)."""
-        flat = x.reshape(-1, x.shape[-1])
-        out = self.packed(flat, self.bias) if self.packed is not None else None
-        if out is None:
-            if self.bias is None:
-                # matmul folds the leading dims into one mm, as the reshape does, in one call.
-                return torch.matmul(x, self.weight)
-            out = torch.addmm(self.bias, flat, self.weight)
-        return out.view(*x.shape[:-1], out.shape[-1])
+        inner, outer = self.weight.shape
+        if self.packed is not None and x.numel() * outer >= PACK_MIN_MACS:
+            flat = x.reshape(-1, inner)
+            out = self.packed(flat, self.bias)
+            if out is not None:
+                return out.view(*x.shape[:-1], outer)
+        if self.bias is None:
+            # matmul folds the leading dims into one mm, as a reshape would, in one call.
+            return torch.matmul(x, self.weight)
+        out = torch.addmm(self.bias, x.reshape(-1, inner), self.weight)
+        return out.view(*x.shape[:-1], outer)
 
 
 def packable(weight: torch.Tensor) -> bool:
