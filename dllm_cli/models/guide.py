@@ -10,9 +10,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from torch import nn
 
 from dllm_cli.errors import ModelLoadError
+from dllm_cli.folders import read_config_json
+from dllm_cli.models.causal import CausalLM, guide_config
 from dllm_cli.models.loading import (
     LoadedModel,
     load_tokenizer,
@@ -20,36 +22,62 @@ from dllm_cli.models.loading import (
     resolve_path,
     weight_files,
 )
+from dllm_cli.models.weights import check_weights, meta_skeleton, read_weights
 
 
 @dataclass
 class GuideModel:
     """A causal LM ready to verify drafts on the diffusion model's device."""
 
-    model: PreTrainedModel
+    model: nn.Module  # models.causal.CausalLM, or a transformers causal LM for other types
     path: Path
 
 
 def load_guide(path: str | os.PathLike, diffusion: LoadedModel) -> GuideModel:
     """Load a causal LM folder (no remote code) and check it shares the diffusion tokenizer."""
-    quiet_transformers()
     folder = resolve_path(path)
     if not folder.is_dir():
         raise ModelLoadError(f"guide model folder not found: {folder}")
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"no config.json in guide folder {folder}")
     weight_files(folder)  # a clear error when the weights are missing
+    config = guide_config_of(folder)
+    if config is None:
+        model = load_with_transformers(folder, diffusion)
+    else:
+        with meta_skeleton():
+            model = CausalLM(config)
+        check_weights(folder, model)
+        model = read_weights(folder, model, diffusion.dtype)
+    check_same_tokenizer(folder, diffusion)
+    model.to(diffusion.device).eval()
+    return GuideModel(model=model, path=folder)
+
+
+def guide_config_of(folder: Path):
+    """Our CausalLM's config for a llama/qwen2/qwen3 folder, None for any other."""
+    raw = read_config_json(folder)
+    try:
+        return guide_config(raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelLoadError(
+            f"cannot load guide model from {folder}: bad config.json ({e})"
+        ) from None
+
+
+def load_with_transformers(folder: Path, diffusion: LoadedModel) -> nn.Module:
+    """Any other causal LM folder (no remote code), through transformers' Auto classes."""
+    quiet_transformers()
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(
+        return AutoModelForCausalLM.from_pretrained(
             str(folder), config=config, dtype=diffusion.dtype, trust_remote_code=False
         )
     except Exception as e:  # transformers raises many kinds; the message is what matters
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"cannot load guide model from {folder}: {first}") from None
-    check_same_tokenizer(folder, diffusion)
-    model.to(diffusion.device).eval()
-    return GuideModel(model=model, path=folder)
 
 
 def check_same_tokenizer(folder: Path, diffusion: LoadedModel) -> None:
