@@ -125,7 +125,9 @@ def test_guide_cache_drives_ours_like_transformers(tmp_path):
             first = cache.forward(feed, positions, pad_id=0, last=3)
             cache.keep(torch.tensor([2, 1]), fed=3)
             cache.compact()
-            second = cache.forward(torch.tensor([[11, 13], [12, 14]]), positions[:, :2] + 2, 0, last=2)
+            second = cache.forward(
+                torch.tensor([[11, 13], [12, 14]]), positions[:, :2] + 2, 0, last=2
+            )
         outs.append((first, second))
     torch.testing.assert_close(outs[1][0][0], outs[0][0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[1][0][1, :2], outs[0][0][1, :2], rtol=1e-5, atol=1e-5)
@@ -145,5 +147,29 @@ def test_other_types_and_rope_scalings_go_to_transformers(tmp_path):
 
 def test_a_config_missing_a_field_is_one_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ModelLoadError, match="bad config.json"):
+    with pytest.raises(ModelLoadError, match=r"bad config\.json"):
         guide_config_of(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name", ["dream", "llada", "llada_moe", "tiny-gsm", "tiny-gsm-dream", "tiny-gsm-ar"]
+)
+def test_guide_vocab_equals_autotokenizers(tmp_path, name):
+    """The guide's vocabulary read by `tokenizers` is AutoTokenizer's get_vocab()."""
+    import checkpoints
+
+    from dllm_cli.folders import BUILTIN_DIR
+    from dllm_cli.models.guide import guide_vocab
+    from dllm_cli.models.loading import load_tokenizer
+
+    writers = {
+        "dream": checkpoints.write_dream_tokenizer,
+        "llada": checkpoints.write_llada_tokenizer,
+        "llada_moe": checkpoints.write_llada_moe_tokenizer,
+    }
+    if name in writers:
+        writers[name](tmp_path)
+        folder = tmp_path
+    else:
+        folder = BUILTIN_DIR / name  # the shipped folders
+    assert guide_vocab(folder) == load_tokenizer(folder).get_vocab()
