@@ -2,7 +2,7 @@
 
     python benchmarks/cpu_bench.py quant [--gen 128] [--reps 3]
     python benchmarks/cpu_bench.py profile [--width 512] [--quantize int8]
-    python benchmarks/cpu_bench.py startup [--reps 5]
+    python benchmarks/cpu_bench.py startup [--reps 5] [--against OTHER_CHECKOUT]
 
 Every ratio is measured inside one process, the contenders interleaved, in CPU time
 (`time.process_time`, one thread), so other load on a shared machine barely moves it. Random
@@ -150,23 +150,28 @@ cli.main()
 STARTUP_PROMPT = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 
 
-def startup(reps: int = 5) -> None:
+def startup(reps: int = 5, against: str | None = None) -> None:
     """Seconds (wall, CPU) from interpreter start to the first diffusion forward of a real
     `dllm generate` (the CLI in-process; median of `reps` fresh interpreters), with and
-    without the default profile's AR guide (a transformers model, loaded before decoding)."""
-    print("| command | import torch s | first forward wall s | CPU s | heavy modules loaded |")
-    print("|---|---|---|---|---|")
+    without the default profile's AR guide. `against`: another checkout (e.g. an extracted
+    older commit) run interleaved with this one, run by run, so both see the same load."""
+    roots = {"this": ROOT} | ({"against": Path(against)} if against else {})
+    print("| checkout | command | import torch s | first forward wall s | CPU s (runs) | heavy |")
+    print("|---|---|---|---|---|---|")
     for args in (["generate", "--no-guide", STARTUP_PROMPT], ["generate", STARTUP_PROMPT]):
-        runs = []
+        runs = {name: [] for name in roots}
         for _ in range(reps):
-            cmd = [sys.executable, "-c", STARTUP, json.dumps(args)]
-            out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True)
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        mid = sorted(runs, key=lambda r: r["first_forward"][0])[len(runs) // 2]
-        (tw, _), (fw, fc) = mid["torch"], mid["first_forward"]
-        shown = " ".join(args[:-1]) + ' "..."'
-        heavy = ", ".join(mid["imported"]) or "none"
-        print(f"| dllm {shown} | {tw:.2f} | {fw:.2f} | {fc:.2f} | {heavy} |", flush=True)
+            for name, root in roots.items():
+                cmd = [sys.executable, "-c", STARTUP, json.dumps(args)]
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=root, check=True)
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        for name, rs in runs.items():
+            mid = sorted(rs, key=lambda r: r["first_forward"][1])[len(rs) // 2]
+            (tw, _), (fw, fc) = mid["torch"], mid["first_forward"]
+            every = " ".join(f"{r['first_forward'][1]:.2f}" for r in rs)
+            shown = " ".join(args[:-1]) + ' "..."'
+            heavy = ", ".join(mid["imported"]) or "none"
+            print(f"| {name} | dllm {shown} | {tw:.2f} | {fw:.2f} | {fc:.2f} ({every}) | {heavy} |")
 
 
 def main() -> None:
@@ -176,12 +181,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--quantize", default="none")
+    parser.add_argument("--against", default=None, help="startup: another checkout, interleaved")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.what == "quant":
         quant(args.gen, args.reps)
     elif args.what == "startup":
-        startup(args.reps)
+        startup(args.reps, args.against)
     else:
         from cpu_profile import profile_forward
 

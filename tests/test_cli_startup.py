@@ -73,13 +73,20 @@ def test_help_version_profiles_and_usage_errors_import_no_torch(args, code):
     assert result["heavy"] == [], result
 
 
-MODEL_STACK = ("transformers.modeling_utils", "torch._dynamo", "dllm_cli.models.guide")
+MODEL_STACK = ("transformers.modeling_utils", "torch._dynamo")
 
 
-def test_unguided_generate_loads_no_transformers_model_code():
-    """The shipped model decodes as a plain torch module: transformers' model classes and
-    torch._dynamo (about 2 s of imports, issue 30) stay out; only its tokenizer is used."""
-    args = ["generate", "--no-guide", "--gen-length", "8", "--block-length", "8", "1 + 1"]
+@pytest.mark.parametrize(
+    ("flags", "used"),
+    [(["--no-guide"], []), ([], ["dllm_cli.models.causal"])],
+    ids=["unguided", "guided"],
+)
+def test_generate_loads_no_transformers_model_code(flags, used):
+    """The shipped model and its Llama guide decode as plain torch modules: transformers' model
+    classes and torch._dynamo (about 2 s of imports, issue 30) stay out; only its tokenizer is
+    used. The default (guided) run does load our guide module."""
+    args = ["generate", *flags, "--gen-length", "8", "--block-length", "8", "1 + 1"]
+    watched = (*MODEL_STACK, "dllm_cli.models.guide", "dllm_cli.models.causal")
     code = f"""
 import json, sys
 from dllm_cli import cli
@@ -88,7 +95,7 @@ try:
     cli.main()
 except SystemExit as stop:
     assert not stop.code, stop.code
-print("\\nPROBE", json.dumps([m for m in {MODEL_STACK!r} if m in sys.modules]), file=sys.__stderr__)
+print("\\nPROBE", json.dumps([m for m in {watched!r} if m in sys.modules]), file=sys.__stderr__)
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
@@ -96,5 +103,7 @@ print("\\nPROBE", json.dumps([m for m in {MODEL_STACK!r} if m in sys.modules]), 
     )
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stderr.splitlines() if x.startswith("PROBE "))
-    assert json.loads(line.removeprefix("PROBE ")) == []
+    loaded = json.loads(line.removeprefix("PROBE "))
+    assert [m for m in loaded if m in MODEL_STACK] == []
+    assert ("dllm_cli.models.causal" in loaded) == bool(used)
     assert out.stdout.strip()  # and it did decode an answer

@@ -15,6 +15,7 @@ from guided_fixtures import (
     random_guide,
     target,
 )
+from transformers import LlamaForCausalLM
 
 from dllm_cli.decoding import Engine, decode, decode_steps
 from dllm_cli.decoding.guided import ACCEPT_RULES
@@ -265,15 +266,23 @@ def test_committer_is_told_when_a_decode_starts():
 @pytest.mark.slow
 def test_shipped_pair_guided_decoding_is_the_shipped_guides_greedy_decode():
     """On the shipped Dream pair (real tokenizer, chat template, 2-shot prompts), a batch of three
-    guided FreeCache decodes under `exact` equals the guide's own `generate`, row by row."""
+    guided FreeCache decodes under `exact` equals the guide's own `generate` (transformers'
+    LlamaForCausalLM on the same folder), row by row, and the same decode guided by that
+    transformers model commits the same tokens as with our CausalLM (models/causal.py)."""
     from dllm_cli.evaluate import held_out
+    from dllm_cli.models.causal import CausalLM
     from dllm_cli.runtime import open_runtime
 
     rt = open_runtime("tiny-gsm-dream", {"decode.cache": "freecache", "decode.gen_length": 96})
+    assert isinstance(rt.guide.model, CausalLM)
     tasks = held_out(rt.encode, 3, 2, start=40)
-    special, guide = rt.loaded.special, rt.guide.model
-    g = rt.committer()
-    result = decode(rt.loaded.model, special, [t.prompt for t in tasks], rt.settings, committer=g)
+    special = rt.loaded.special
+    guide = LlamaForCausalLM.from_pretrained(str(rt.guide.path), dtype=torch.float32).eval()
+    prompts = [t.prompt for t in tasks]
+    result = decode(rt.loaded.model, special, prompts, rt.settings, committer=rt.committer())
+    rt.guide.model = guide  # the same profile's committer, on transformers' model
+    ref = decode(rt.loaded.model, special, prompts, rt.settings, committer=rt.committer())
+    assert result.tokens == ref.tokens
     for row, task in enumerate(tasks):
         out = guide.generate(
             input_ids=torch.tensor([task.prompt]),
