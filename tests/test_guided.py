@@ -132,6 +132,7 @@ def cached_logits(g, row: int, token: int, position: int) -> torch.Tensor:
     """The guide's next-token logits for `token` fed on top of row `row`'s cache (a copy)."""
     kv = copy.deepcopy(g.cache.kv)
     valid = g.cache.valid
+    row = g.cache.rows[row]  # the canvas row's cache row
     kv.batch_select_indices(torch.tensor([row]))
     mask = torch.cat([valid[row : row + 1], torch.ones((1, 1), dtype=torch.bool)], dim=1)
     out = g.guide(
