@@ -19,6 +19,8 @@ import inspect
 
 import torch
 
+HOLES = 4  # repack once that narrows the cache by over 1/HOLES of its width
+
 
 class GuideCache:
     """Per-row committed-token cache of a transformers causal LM (DynamicCache underneath)."""
@@ -92,12 +94,16 @@ class GuideCache:
             self.valid = self.valid[:, :-drop]
 
     def compact(self) -> None:
-        """Move every row's cached tokens to the front (holes left only at the end)."""
+        """Move every row's cached tokens to the front once that narrows the cache by a
+        quarter (a repack copies it all, as a forward's append does; until then holes cost
+        only the attention over them, which the mask zeroes)."""
         v = self.valid
-        if v.numel() == 0 or bool(v.all()):
+        if v.numel() == 0:
             return
         n = v.sum(dim=1)  # (R,)
         width = int(n.max())
+        if (v.shape[1] - width) * HOLES < v.shape[1]:  # repacking would save too little
+            return
         if bool((v[:, :width] == (torch.arange(width, device=v.device)[None] < n[:, None])).all()):
             if width < v.shape[1]:  # already packed: only trailing holes to drop
                 self.kv.crop(-(v.shape[1] - width))
@@ -116,54 +122,50 @@ class GuideCache:
 
         (Continuous batching.) Each new request takes a cache row no canvas row uses (a
         finished request's, else a new one) and keeps it; its prompt but the last token is
-        cached at once, by one guide forward over the new rows only, and written over that
-        row, so the next verification feeds every row only its chunk. Other rows stay put.
+        cached at once, by a guide forward over that prompt alone (no padding to compute),
+        and written over that row, so the next verification feeds every row only its chunk.
+        Other rows stay put.
         """
-        device = self.valid.device
         taken = set(self.rows)
         free = [i for i in range(len(self.valid)) if i not in taken][: len(prompts)]
         grow = len(prompts) - len(free)
         free += range(len(self.valid), len(self.valid) + grow)
         self.rows = [(self.rows + free)[i] for i in order.tolist()]
-        valid, fresh = self._prefill(prompts, pad_id, device)
-        width = max(self.valid.shape[1], valid.shape[1])
+        width = max(self.valid.shape[1], max(len(p) for p in prompts) - 1)
         self.valid = pad_to(pad_rows(self.valid, grow), width)
-        at = torch.tensor(free, dtype=torch.long, device=device)
-        self.valid[at] = pad_to(valid, width)
-        if fresh is None:
-            return
+        for row, p in zip(free, prompts, strict=True):
+            self.valid[row] = False
+            if len(p) > 1:
+                self._write(row, self._prefill(p[:-1], pad_id), width)
+                self.valid[row, : len(p) - 1] = True
+
+    def _prefill(self, ids: list[int], pad_id: int):
+        """The guide's cache (one row) of `ids` alone."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.valid.device)
+        x = x.masked_fill(x >= self.table, pad_id)
+        positions = torch.arange(len(ids), device=x.device)[None]
+        out = self.model(
+            input_ids=x, attention_mask=torch.ones_like(x), position_ids=positions, use_cache=True
+        )
+        self.count(x.shape, len(ids))
+        return out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
+
+    def _write(self, row: int, fresh, width: int) -> None:
+        """Cache row `row` starts with `fresh`'s one row (the cache widened to `width` slots,
+        grown to every row `valid` has, when it is narrower or shorter)."""
         rows = len(self.valid)
-        for i, layer in enumerate(fresh.layers if self.kv is None else self.kv.layers):
+        for i, layer in enumerate((fresh if self.kv is None else self.kv).layers):
             for name in ("keys", "values"):
-                x = getattr(fresh.layers[i], name)  # (N, H, L, D)
+                x = getattr(fresh.layers[i], name)  # (1, H, L, D)
                 if self.kv is None:  # nothing cached before: every other row empty
                     t = x.new_zeros((rows, x.shape[1], width, x.shape[3]))
                 else:
-                    t = pad_to(pad_rows(getattr(layer, name), grow), width, dim=2)
-                t[at, :, : x.shape[2]] = x
+                    t = getattr(layer, name)
+                    t = pad_to(pad_rows(t, rows - t.shape[0]), width, dim=2)
+                t[row, :, : x.shape[2]] = x[0]
                 setattr(layer, name, t)
         if self.kv is None:
             self.kv = fresh
-
-    def _prefill(self, prompts: list[list[int]], pad_id: int, device):
-        """Valid slots (N, L) and the guide's cache (None if empty) of each prompt but its
-        last token, right-padded to the longest (padding is never attended by real slots)."""
-        longest = max(len(p) for p in prompts) - 1
-        valid = torch.zeros((len(prompts), max(longest, 0)), dtype=torch.bool, device=device)
-        if longest <= 0:
-            return valid, None
-        ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long, device=device)
-        for r, p in enumerate(prompts):
-            ids[r, : len(p) - 1] = torch.tensor(p[:-1], device=device)
-            valid[r, : len(p) - 1] = True
-        ids = ids.masked_fill(ids >= self.table, pad_id)
-        positions = torch.arange(longest, device=device)[None].expand_as(ids)
-        out = self.model(
-            input_ids=ids, attention_mask=valid.long(), position_ids=positions, use_cache=True
-        )
-        self.count(ids.shape, longest)
-        fresh = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
-        return valid, fresh
 
     def select(self, keep: torch.Tensor) -> None:
         """Only canvas rows `keep` go on; the cache rows of the others wait for a new
