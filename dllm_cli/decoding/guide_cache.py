@@ -4,7 +4,8 @@ A guide forward feeds every live row a run of tokens (rows that have nothing to 
 padding); afterwards each row keeps some of its fed tokens (those now committed, minus the
 last one, which is fed again to judge the next draft) and the rest become holes that the
 attention mask hides. Trailing slots no row keeps are cropped at once; at the end of a step
-the cache is repacked so every row's tokens sit left-aligned and holes do not pile up.
+the cache is repacked (every row's tokens left-aligned) once holes would otherwise widen it
+by a quarter, so they never pile up (a repack copies the whole cache).
 Positions are explicit, so a row's tokens keep their true positions wherever they sit.
 
 Continuous batching: a request keeps one cache row for its whole life (`rows` maps canvas
@@ -47,6 +48,7 @@ class GuideCache:
         return self.valid.sum(dim=1)[self._index()]
 
     def _index(self) -> torch.Tensor:
+        """(B,) each canvas row's cache row."""
         return torch.tensor(self.rows, dtype=torch.long, device=self.valid.device)
 
     def forward(
