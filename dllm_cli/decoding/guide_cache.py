@@ -4,8 +4,14 @@ A guide forward feeds every live row a run of tokens (rows that have nothing to 
 padding); afterwards each row keeps some of its fed tokens (those now committed, minus the
 last one, which is fed again to judge the next draft) and the rest become holes that the
 attention mask hides. Trailing slots no row keeps are cropped at once; at the end of a step
-the cache is repacked so every row's tokens sit left-aligned and holes do not pile up.
+the cache is repacked (every row's tokens left-aligned) once holes would otherwise widen it
+by a quarter, so they never pile up (a repack copies the whole cache).
 Positions are explicit, so a row's tokens keep their true positions wherever they sit.
+
+Continuous batching: a request keeps one cache row for its whole life (`rows` maps canvas
+rows to cache rows), so rows joining or the canvas reordering never move cached tokens; a
+new request's prompt is written into the row a finished one left. A finished row that no
+request takes is dropped just before the next forward.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import inspect
 
 import torch
+
+HOLES = 4  # repack once that narrows the cache by over 1/HOLES of its width
 
 
 class GuideCache:
@@ -23,19 +31,25 @@ class GuideCache:
         self.keyword = cache_keyword(model)
         self.trims = accepts(model, "logits_to_keep")
         self.table = model.get_input_embeddings().num_embeddings
-        self.kv = None  # the transformers Cache
-        self.valid: torch.Tensor | None = None  # (B, T) bool: slots holding a row's token
+        self.kv = None  # the transformers Cache, one row per cache row
+        self.valid: torch.Tensor | None = None  # (R, T) bool: slots holding a row's token
+        self.rows: list[int] = []  # canvas row -> cache row (fixed for a request's life)
         self.forwards = 0
         self.row_columns = self.key_columns = 0  # tokens fed (rows x slots), query-key pairs
 
     def reset(self, batch: int, device) -> None:
         self.kv = None
         self.valid = torch.zeros((batch, 0), dtype=torch.bool, device=device)
+        self.rows = list(range(batch))
 
     @property
     def cached(self) -> torch.Tensor:
-        """(B,) tokens cached per row: its first `cached` real tokens."""
-        return self.valid.sum(dim=1)
+        """(B,) tokens cached per canvas row: its first `cached` real tokens."""
+        return self.valid.sum(dim=1)[self._index()]
+
+    def _index(self) -> torch.Tensor:
+        """(B,) each canvas row's cache row."""
+        return torch.tensor(self.rows, dtype=torch.long, device=self.valid.device)
 
     def forward(
         self, feed: torch.Tensor, positions: torch.Tensor, pad_id: int, last: int
@@ -45,6 +59,9 @@ class GuideCache:
         Every fed slot may be attended (causally), so padding at the end of a short row only
         ever attends to itself and what precedes it, never the other way round.
         """
+        self._drop_unused()
+        at = self._index()  # canvas row r is fed as cache row at[r] (a permutation now)
+        feed, positions = scatter_rows(feed, self.rows), scatter_rows(positions, self.rows)
         feed = feed.masked_fill(feed >= self.table, pad_id)  # ids the guide cannot embed
         attend = torch.cat([self.valid, torch.ones_like(feed, dtype=torch.bool)], dim=1)
         extra = {"logits_to_keep": last} if self.trims else {}
@@ -59,7 +76,8 @@ class GuideCache:
         self.count(feed.shape, attend.shape[1])
         kv = out.get("cache")
         self.kv = kv if kv is not None else out.get("past_key_values")
-        return out.logits[:, -last:]
+        logits = out.logits[:, -last:]
+        return logits if self.rows == list(range(len(self.rows))) else logits[at]
 
     def count(self, fed: tuple[int, int], keys: int) -> None:
         """One forward of `fed` (rows, slots) over `keys` key slots: the arithmetic it did."""
@@ -68,8 +86,9 @@ class GuideCache:
         self.key_columns += fed[0] * fed[1] * keys
 
     def keep(self, counts: torch.Tensor, fed: int) -> None:
-        """Each row keeps the first `counts[r]` of the `fed` slots just added."""
-        slots = torch.arange(fed, device=counts.device)[None] < counts[:, None]  # (B, F)
+        """Each canvas row r keeps the first `counts[r]` of the `fed` slots just added."""
+        counts = scatter_rows(counts, self.rows)
+        slots = torch.arange(fed, device=counts.device)[None] < counts[:, None]  # (R, F)
         self.valid = torch.cat([self.valid, slots], dim=1)
         drop = fed - int(counts.max()) if counts.numel() else fed
         if drop > 0:
@@ -77,18 +96,22 @@ class GuideCache:
             self.valid = self.valid[:, :-drop]
 
     def compact(self) -> None:
-        """Move every row's cached tokens to the front (holes left only at the end)."""
+        """Move every row's cached tokens to the front once that narrows the cache by a
+        quarter (a repack copies it all, as a forward's append does; until then holes cost
+        only the attention over them, which the mask zeroes)."""
         v = self.valid
-        if v.numel() == 0 or bool(v.all()):
+        if v.numel() == 0:
             return
-        n = v.sum(dim=1)  # (B,)
+        n = v.sum(dim=1)  # (R,)
         width = int(n.max())
+        if (v.shape[1] - width) * HOLES < v.shape[1]:  # repacking would save too little
+            return
         if bool((v[:, :width] == (torch.arange(width, device=v.device)[None] < n[:, None])).all()):
             if width < v.shape[1]:  # already packed: only trailing holes to drop
                 self.kv.crop(-(v.shape[1] - width))
                 self.valid = v[:, :width]
             return
-        order = torch.sort((~v).to(torch.int8), dim=1, stable=True).indices[:, :width]  # (B, W)
+        order = torch.sort((~v).to(torch.int8), dim=1, stable=True).indices[:, :width]  # (R, W)
         for layer in self.kv.layers:
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, index)
@@ -96,54 +119,85 @@ class GuideCache:
         self.valid = torch.arange(width, device=v.device)[None] < n[:, None]
 
     def admit(self, prompts: list[list[int]], order: torch.Tensor, pad_id: int) -> None:
-        """New rows join after the current ones, then rows are reordered as `order` says.
+        """New canvas rows join after the current ones, then canvas rows are reordered as
+        `order` says.
 
-        (Continuous batching.) Each new row's prompt but its last token is cached at once, by
-        one guide forward over the new rows only, so the next verification feeds every row
-        only its chunk instead of padding the whole batch to the longest new prompt.
+        (Continuous batching.) Each new request takes a cache row no canvas row uses (a
+        finished request's, else a new one) and keeps it; its prompt but the last token is
+        cached at once, by a guide forward over that prompt alone (no padding to compute),
+        and written over that row, so the next verification feeds every row only its chunk.
+        Other rows stay put.
         """
-        device = self.valid.device
-        longest = max(len(p) for p in prompts) - 1
-        valid = torch.zeros((len(prompts), max(longest, 0)), dtype=torch.bool, device=device)
-        fresh = None
-        if longest > 0:
-            ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long, device=device)
-            for r, p in enumerate(prompts):
-                ids[r, : len(p) - 1] = torch.tensor(p[:-1], device=device)
-                valid[r, : len(p) - 1] = True
-            ids = ids.masked_fill(ids >= self.table, pad_id)
-            positions = torch.arange(longest, device=device)[None].expand_as(ids)
-            out = self.model(
-                input_ids=ids, attention_mask=valid.long(), position_ids=positions, use_cache=True
-            )
-            self.count(ids.shape, longest)
-            fresh = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
-        width = max(self.valid.shape[1], valid.shape[1])
-        old = len(self.valid)
-        self.valid = torch.cat([pad_to(self.valid, width), pad_to(valid, width)])[order]
-        if self.kv is None and fresh is None:
-            return
-        # Row i of (current rows, then new rows) lands at row at[i]: one copy per tensor.
-        at = torch.empty_like(order)
-        at[order] = torch.arange(len(order), device=order.device)
-        if self.kv is None:  # nothing cached before: the new rows' cache, the old rows empty
-            self.kv, sources = fresh, [(at[old:], None)]  # None: the layer's own tensor
-        else:
-            sources = [(at[:old], None)] + ([] if fresh is None else [(at[old:], fresh)])
-        for i, layer in enumerate(self.kv.layers):
+        taken = set(self.rows)
+        free = [i for i in range(len(self.valid)) if i not in taken][: len(prompts)]
+        grow = len(prompts) - len(free)
+        free += range(len(self.valid), len(self.valid) + grow)
+        self.rows = [(self.rows + free)[i] for i in order.tolist()]
+        width = max(self.valid.shape[1], max(len(p) for p in prompts) - 1)
+        self.valid = pad_to(pad_rows(self.valid, grow), width)
+        for row, p in zip(free, prompts, strict=True):
+            self.valid[row] = False
+            if len(p) > 1:
+                self._write(row, self._prefill(p[:-1], pad_id), width)
+                self.valid[row, : len(p) - 1] = True
+
+    def _prefill(self, ids: list[int], pad_id: int):
+        """The guide's cache (one row) of `ids` alone."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.valid.device)
+        x = x.masked_fill(x >= self.table, pad_id)
+        positions = torch.arange(len(ids), device=x.device)[None]
+        out = self.model(
+            input_ids=x, attention_mask=torch.ones_like(x), position_ids=positions, use_cache=True
+        )
+        self.count(x.shape, len(ids))
+        return out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
+
+    def _write(self, row: int, fresh, width: int) -> None:
+        """Cache row `row` starts with `fresh`'s one row (the cache widened to `width` slots,
+        grown to every row `valid` has, when it is narrower or shorter)."""
+        rows = len(self.valid)
+        for i, layer in enumerate((fresh if self.kv is None else self.kv).layers):
             for name in ("keys", "values"):
-                t = getattr(layer, name)
-                out = t.new_zeros((len(order), t.shape[1], width, t.shape[3]))
-                for rows, source in sources:
-                    x = t if source is None else getattr(source.layers[i], name)
-                    out[rows, :, : x.shape[2]] = x
-                setattr(layer, name, out)
+                x = getattr(fresh.layers[i], name)  # (1, H, L, D)
+                if self.kv is None:  # nothing cached before: every other row empty
+                    t = x.new_zeros((rows, x.shape[1], width, x.shape[3]))
+                else:
+                    t = getattr(layer, name)
+                    t = pad_to(pad_rows(t, rows - t.shape[0]), width, dim=2)
+                t[row, :, : x.shape[2]] = x[0]
+                setattr(layer, name, t)
+        if self.kv is None:
+            self.kv = fresh
 
     def select(self, keep: torch.Tensor) -> None:
-        """Only rows `keep` go on."""
-        self.valid = self.valid[keep]
+        """Only canvas rows `keep` go on; the cache rows of the others wait for a new
+        request (`admit`) or are dropped at the next forward."""
+        self.rows = [self.rows[i] for i in keep.tolist()]
+
+    def _drop_unused(self) -> None:
+        """Cache rows no canvas row uses go (one copy), so a forward feeds live rows only."""
+        if len(self.rows) == len(self.valid):
+            return
+        live = sorted(self.rows)
+        self.rows = [live.index(r) for r in self.rows]
+        index = torch.tensor(live, dtype=torch.long, device=self.valid.device)
+        self.valid = self.valid[index]
         if self.kv is not None:
-            self.kv.batch_select_indices(keep)
+            self.kv.batch_select_indices(index)
+
+
+def scatter_rows(t: torch.Tensor, at: list[int]) -> torch.Tensor:
+    """`t` with row i moved to row at[i] (`at` a permutation of range(len(t)))."""
+    if at == list(range(len(at))):
+        return t
+    out = torch.empty_like(t)
+    out[torch.tensor(at, dtype=torch.long, device=t.device)] = t
+    return out
+
+
+def pad_rows(t: torch.Tensor, extra: int) -> torch.Tensor:
+    """`t` with `extra` rows of zeros (False) appended."""
+    return pad_to(t, t.shape[0] + extra, dim=0)
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
