@@ -18,7 +18,6 @@ a step admits (and prefills) new rows, then one forward serves every live row's 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,7 @@ from dllm_cli.decoding import block_rules
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.decoding.block_step import block_step
 from dllm_cli.decoding.canvas import check_prompts, check_token_ids
-from dllm_cli.decoding.request import Request, Status
+from dllm_cli.decoding.request import Request, RequestQueue, Status, one_prompt
 from dllm_cli.decoding.slots import ADMISSIONS
 from dllm_cli.decoding.step import StepOutput
 from dllm_cli.errors import InputError, SettingsError
@@ -54,7 +53,7 @@ class BlockRow:
     store: bool = False  # the next forward writes the active block's final K/V
 
 
-class BlockEngine:
+class BlockEngine(RequestQueue):
     """add / step / abort over block-causal decodes in `slots` slots."""
 
     def __init__(
@@ -76,11 +75,9 @@ class BlockEngine:
         self.real_vocab = special.real_vocab(model.vocab_size)
         self.stop_ids = torch.tensor(special.stop, device=self.device)
         self.table = model.get_input_embeddings().num_embeddings
-        self.queue: deque[Request] = deque()
-        self.requests: dict[int, Request] = {}
+        super().__init__()  # the queue and requests by id
         self.live: list[BlockRow] = []
         self.kv: list[list[torch.Tensor]] | None = None  # per layer [k, v] (slots, H, S, D)
-        self.next_id = 0
         self.steps = self.forwards = self.guide_forwards = self.served = 0
         self.seconds = self.guide_seconds = 0.0
         self.canvas = None  # no shared canvas: every row has its own
@@ -102,35 +99,17 @@ class BlockEngine:
                 "confidence per request: not supported by the block-causal engine (SDAR, "
                 "LLaDA2), whose rules rank the drafted tokens' probabilities"
             )
-        ids = [int(t) for t in prompt]
-        try:
-            check_prompts([ids], self.settings.gen_length, self.model.context_length)
-            check_token_ids([ids], self.table)
-        except InputError as e:
-            raise InputError(str(e).replace("prompt 0 ", "prompt ", 1)) from None
-        request = Request(self.next_id, ids, key, sampling=own)
-        self.next_id += 1
-        self.queue.append(request)
-        self.requests[request.id] = request
-        return request.id
-
-    def abort(self, rid: int) -> bool:
-        """Drop a waiting or running request (False: it was not there); no Finished for it."""
-        request = self.requests.pop(rid, None)
-        if request is None:
-            return False
-        if request.status is Status.WAITING:
-            self.queue.remove(request)
-        request.status = Status.ABORTED
-        return True
+        s, context = self.settings, self.model.context_length
+        ids = one_prompt(
+            prompt,
+            lambda batch: check_prompts(batch, s.gen_length, context),
+            lambda batch: check_token_ids(batch, self.table),
+        )
+        return self.enqueue(ids, key, own)
 
     @property
     def has_work(self) -> bool:
         return bool(self.requests)
-
-    @property
-    def waiting(self) -> int:
-        return len(self.queue)
 
     @property
     def running(self) -> int:

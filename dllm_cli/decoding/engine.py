@@ -19,7 +19,6 @@ built only when a consumer asks for it. One thread owns an engine (it is not thr
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Any
 
 import torch
@@ -29,7 +28,7 @@ from dllm_cli.decoding.answer import answer_tokens, first_stop
 from dllm_cli.decoding.canvas import Canvas, check_prompts, check_token_ids, plan_blocks
 from dllm_cli.decoding.forwards import Forwards
 from dllm_cli.decoding.policies import POLICIES
-from dllm_cli.decoding.request import Finished, Request, Status
+from dllm_cli.decoding.request import Finished, Request, RequestQueue, Status, one_prompt
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
@@ -45,7 +44,7 @@ from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
 
 
-class Engine:
+class Engine(RequestQueue):
     """A loaded model decoding requests in `slots` slots; `add`, `step`, `abort`."""
 
     def __init__(
@@ -95,19 +94,17 @@ class Engine:
         )
         self.lockstep = policy.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
+        super().__init__()  # the queue and requests by id
         self.device = next(model.parameters()).device
         self.sampling = Sampling.of(settings)  # a request's unless `add` is given its own
         self.branches = 2 if settings.cfg_scale > 0 else 1  # classifier-free guidance
         self.stop_ids = torch.tensor(special.stop, device=self.device)
         self.table = model.get_input_embeddings().num_embeddings
-        self.queue: deque[Request] = deque()  # waiting, in arrival order
         self.live: list[Request] = []  # running, in canvas row order
-        self.requests: dict[int, Request] = {}  # waiting or running, by id
         self.canvas: Canvas | None = None
         self.cache: KVCache | None = None  # `slots` rows per branch
         self.slot_rows = torch.zeros(0, dtype=torch.long, device=self.device)  # live row -> slot
         self.blocks: list = []
-        self.next_id = 0
         self.steps = self.forwards = self.guide_forwards = self.served = 0
         self.step_tensors: dict = {}  # small host tuples -> device tensors (step.on_device)
         self.seconds = self.guide_seconds = 0.0  # time inside step(): admissions and steps
@@ -128,35 +125,17 @@ class Engine:
         own = self.sampling
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
-        ids = [int(t) for t in prompt]
-        try:
-            check_prompts([ids], self.settings.gen_length, self.model.context_length)
-            check_token_ids([ids], self.table)
-        except InputError as e:
-            raise InputError(str(e).replace("prompt 0 ", "prompt ", 1)) from None
-        request = Request(self.next_id, ids, key, sampling=own)
-        self.next_id += 1
-        self.queue.append(request)
-        self.requests[request.id] = request
-        return request.id
-
-    def abort(self, rid: int) -> bool:
-        """Drop a waiting or running request (False: it was not there); no Finished for it."""
-        request = self.requests.pop(rid, None)
-        if request is None:
-            return False
-        if request.status is Status.WAITING:
-            self.queue.remove(request)
-        request.status = Status.ABORTED  # a running one leaves its slot on the next step
-        return True
+        s, context = self.settings, self.model.context_length
+        ids = one_prompt(
+            prompt,
+            lambda batch: check_prompts(batch, s.gen_length, context),
+            lambda batch: check_token_ids(batch, self.table),
+        )
+        return self.enqueue(ids, key, own)
 
     @property
     def has_work(self) -> bool:
         return bool(self.requests)
-
-    @property
-    def waiting(self) -> int:
-        return len(self.queue)
 
     @property
     def running(self) -> int:

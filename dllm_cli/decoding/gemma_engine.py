@@ -8,19 +8,19 @@ step its last canvas is final (a stop token, or its last canvas), not when the b
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from dllm_cli.decoding import gemma
 from dllm_cli.decoding.canvas import check_prompts
-from dllm_cli.decoding.request import Finished, Request, Status
+from dllm_cli.decoding.request import Finished, Request, RequestQueue, Status, one_prompt
 from dllm_cli.decoding.step import StepOutput
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.lifetimes import Sampling, request_sampling
 
 
-class GemmaEngine:
-    """add / step / abort / has_work over DiffusionGemma decodes of whole batches."""
+class GemmaEngine(RequestQueue):
+    """add / step / abort / has_work over DiffusionGemma decodes of whole batches; an abort of
+    every request of the running batch stops its decode at the next step."""
 
     def __init__(self, model, special, settings, committer=None, *, slots: int = 8, **_):
         if committer is not None:
@@ -29,11 +29,9 @@ class GemmaEngine:
             raise InputError(f"batch size must be at least 1 (got {slots})")
         self.model, self.special, self.slots = model, special, slots
         self.settings = gemma.check_settings(settings.validate(), model.canvas_length)
-        self.queue: deque[Request] = deque()
-        self.requests: dict[int, Request] = {}
+        super().__init__()  # the queue and requests by id
         self.live: list[Request] = []
         self.run = self.events = None
-        self.next_id = 0
         self.steps = self.forwards = self.guide_forwards = self.served = 0
         self.seconds = self.guide_seconds = 0.0
 
@@ -45,37 +43,18 @@ class GemmaEngine:
                     "per-request sampling: not supported for DiffusionGemma (one generation "
                     "config decodes its whole static batch)"
                 )
-        ids = [int(t) for t in prompt]
         length = gemma.denoised_length(self.settings.gen_length, self.model.canvas_length)
-        try:
-            check_prompts([ids], length, self.model.context_length)
-            gemma.check_vocabulary([ids], self.model.config.text_config.vocab_size)
-        except InputError as e:
-            raise InputError(str(e).replace("prompt 0 ", "prompt ", 1)) from None
-        request = Request(self.next_id, ids, key)
-        self.next_id += 1
-        self.queue.append(request)
-        self.requests[request.id] = request
-        return request.id
-
-    def abort(self, rid: int) -> bool:
-        """A waiting request leaves the queue; a running one is never answered, and once every
-        request of the batch is aborted the decode stops at the next step."""
-        request = self.requests.pop(rid, None)
-        if request is None:
-            return False
-        if request.status is Status.WAITING:
-            self.queue.remove(request)
-        request.status = Status.ABORTED
-        return True
+        context, vocab = self.model.context_length, self.model.config.text_config.vocab_size
+        ids = one_prompt(
+            prompt,
+            lambda batch: check_prompts(batch, length, context),
+            lambda batch: gemma.check_vocabulary(batch, vocab),
+        )
+        return self.enqueue(ids, key)
 
     @property
     def has_work(self) -> bool:
         return bool(self.requests) or self.run is not None
-
-    @property
-    def waiting(self) -> int:
-        return len(self.queue)
 
     @property
     def running(self) -> int:

@@ -11,11 +11,14 @@ own, whatever shared its batch.
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from dllm_cli.decoding.rows import RowState
+from dllm_cli.errors import InputError
 from dllm_cli.lifetimes import Sampling
 
 
@@ -102,3 +105,48 @@ class Finished:
         if not isinstance(self.marks, list):
             self.marks = self.marks.tolist()
         return self.marks
+
+
+class RequestQueue:
+    """The requests an engine holds (every engine's: masked, block-causal, DiffusionGemma):
+    queued in arrival order, found by id, aborted; `__init__` sets them up."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Request] = deque()  # waiting, in arrival order
+        self.requests: dict[int, Request] = {}  # waiting or running, by id
+        self.next_id = 0
+
+    def enqueue(self, ids: list[int], key: Any, sampling: Sampling | None = None) -> int:
+        """Queue a checked prompt; its id."""
+        own = Sampling() if sampling is None else sampling
+        request = Request(self.next_id, ids, key, sampling=own)
+        self.next_id += 1
+        self.queue.append(request)
+        self.requests[request.id] = request
+        return request.id
+
+    def abort(self, rid: int) -> bool:
+        """Drop a waiting or running request (False: it was not there); no Finished for it. A
+        running one leaves its slot on the engine's next step."""
+        request = self.requests.pop(rid, None)
+        if request is None:
+            return False
+        if request.status is Status.WAITING:
+            self.queue.remove(request)
+        request.status = Status.ABORTED
+        return True
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue)
+
+
+def one_prompt(prompt: list[int], *checks: Callable[[list[list[int]]], None]) -> list[int]:
+    """A prompt's ids, run through batch checks as a batch of one (errors name no index)."""
+    ids = [int(t) for t in prompt]
+    try:
+        for check in checks:
+            check([ids])
+    except InputError as e:
+        raise InputError(str(e).replace("prompt 0 ", "prompt ", 1)) from None
+    return ids
