@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -137,6 +138,40 @@ class DiffusionLM(nn.Module):
         elif logits_slice is not None:
             h = h[:, logits_slice]
         return self.head(h)
+
+
+class Backbone(nn.Module):
+    """The `model.` level of a Qwen-style state dict: embeddings, the layers, the final norm."""
+
+    def __init__(
+        self,
+        vocab: int,
+        hidden: int,
+        eps: float,
+        layers: int,
+        layer: Callable[[int], nn.Module],
+        embeddings: str = "embed_tokens",
+    ):
+        super().__init__()
+        setattr(self, embeddings, nn.Embedding(vocab, hidden))
+        self.layers = nn.ModuleList(layer(i) for i in range(layers))
+        self.norm = RMSNorm(hidden, eps)
+
+
+def output_head(embeddings: nn.Embedding, tied: bool) -> nn.Linear:
+    """The LM head, sharing the embedding matrix when config.json ties them."""
+    vocab, hidden = embeddings.weight.shape
+    head = nn.Linear(hidden, vocab, bias=False)
+    if tied:
+        head.weight = embeddings.weight
+    return head
+
+
+def qwen_backbone(cfg, layer: Callable[[int], nn.Module], embeddings: str = "embed_tokens"):
+    """A Backbone sized by a diffusion config's Qwen field names."""
+    return Backbone(
+        cfg.vocab_size, cfg.hidden_size, cfg.rms_norm_eps, cfg.num_hidden_layers, layer, embeddings
+    )
 
 
 class QwenLayout:

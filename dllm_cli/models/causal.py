@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dllm_cli.models.base import Backbone, output_head
 from dllm_cli.models.layers import RMSNorm, apply_rope, swiglu
 
 
@@ -227,24 +228,14 @@ class Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Backbone(nn.Module):
-    def __init__(self, c: GuideConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab, c.hidden)
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.layers))
-        self.norm = RMSNorm(c.hidden, c.eps)
-
-
 class CausalLM(nn.Module):
     """A Llama / Qwen2 / Qwen3 causal LM with transformers' parameter names and cache call."""
 
     def __init__(self, c: GuideConfig):
         super().__init__()
         self.config = c
-        self.model = Backbone(c)
-        self.lm_head = nn.Linear(c.hidden, c.vocab, bias=False)
-        if c.tied:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.model = Backbone(c.vocab, c.hidden, c.eps, c.layers, lambda i: Layer(c))
+        self.lm_head = output_head(self.model.embed_tokens, c.tied)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens

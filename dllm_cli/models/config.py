@@ -50,3 +50,16 @@ class ModelConfig:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({json.dumps(self.to_dict(), sort_keys=True)})"
+
+
+def unsupported_basics(cfg: ModelConfig) -> str | None:
+    """The checks every Qwen-style config shares: default RoPE, SiLU, whole KV-head groups."""
+    scaling = cfg.rope_parameters or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind != "default":
+        return f"rope_scaling {kind!r} (only default RoPE)"
+    if cfg.hidden_act != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        return "num_attention_heads does not divide by num_key_value_heads"
+    return None

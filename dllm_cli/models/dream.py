@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_cli.models.base import DiffusionLM, QwenLayout
-from dllm_cli.models.config import ModelConfig
+from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
+from dllm_cli.models.config import ModelConfig, unsupported_basics
 from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
 
@@ -70,16 +70,10 @@ class DreamConfig(ModelConfig):
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
-        scaling = self.rope_parameters or {}
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind != "default":
-            return f"rope_scaling {kind!r} (only default RoPE)"
-        if self.hidden_act != "silu":
-            return f"hidden_act {self.hidden_act!r}"
+        if basics := unsupported_basics(self):
+            return basics
         if self.hidden_size % self.num_attention_heads:
             return "hidden_size does not divide by num_attention_heads"
-        if self.num_attention_heads % self.num_key_value_heads:
-            return "num_attention_heads does not divide by num_key_value_heads"
         return None
 
 
@@ -154,16 +148,6 @@ class DreamLayer(nn.Module):
         return residual(x, self.mlp(self.post_attention_layernorm(x)))
 
 
-class DreamBackbone(nn.Module):
-    """The `model.` level of Dream's state dict."""
-
-    def __init__(self, cfg: DreamConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DreamLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
 class DreamModel(QwenLayout, DiffusionLM):
     """Dream mask predictor; raw logits at column i predict column i + 1."""
 
@@ -174,10 +158,8 @@ class DreamModel(QwenLayout, DiffusionLM):
 
     def __init__(self, config: DreamConfig):
         super().__init__(config)
-        self.model = DreamBackbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.model = qwen_backbone(config, lambda i: DreamLayer(config))
+        self.lm_head = output_head(self.model.embed_tokens, config.tie_word_embeddings)
         self.post_init()
 
     def rope_dtype(self, dtype):

@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dllm_cli.models.base import output_head, qwen_backbone
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
-from dllm_cli.models.config import ModelConfig
+from dllm_cli.models.config import ModelConfig, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, swiglu
 
 
@@ -93,16 +94,10 @@ class LLaDA2MoeConfig(ModelConfig):
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
-        scaling = self.rope_parameters or {}
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind != "default":
-            return f"rope_scaling {kind!r} (only default RoPE)"
-        if self.hidden_act != "silu":
-            return f"hidden_act {self.hidden_act!r}"
+        if basics := unsupported_basics(self):
+            return basics
         if self.norm_head:
             return "norm_head (not in the released inference code)"
-        if self.num_attention_heads % self.num_key_value_heads:
-            return "num_attention_heads does not divide by num_key_value_heads"
         if self.num_experts % self.n_group or self.num_experts // self.n_group < 2:
             return "num_experts must split into n_group groups of at least 2"
         if self.topk_group * (self.num_experts // self.n_group) < self.num_experts_per_tok:
@@ -220,16 +215,6 @@ class LLaDA2Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LLaDA2Backbone(nn.Module):
-    """The `model.` level of LLaDA2's state dict."""
-
-    def __init__(self, cfg: LLaDA2MoeConfig):
-        super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LLaDA2Layer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
 class LLaDA2MoeModelLM(BlockDiffusionLM):
     """LLaDA2.x mask predictor; logits at column i predict the token at column i."""
 
@@ -240,10 +225,8 @@ class LLaDA2MoeModelLM(BlockDiffusionLM):
 
     def __init__(self, config: LLaDA2MoeConfig):
         super().__init__(config)
-        self.model = LLaDA2Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.word_embeddings.weight
+        self.model = qwen_backbone(config, lambda i: LLaDA2Layer(config, i), "word_embeddings")
+        self.lm_head = output_head(self.model.word_embeddings, config.tie_word_embeddings)
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_cli.models.base import DiffusionLM, QwenLayout
-from dllm_cli.models.config import ModelConfig
+from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
+from dllm_cli.models.config import ModelConfig, unsupported_basics
 from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv
 from dllm_cli.models.moe import LLaDAMoEMLP, LLaDAMoESparseBlock
@@ -106,23 +106,17 @@ class LLaDAMoEConfig(ModelConfig):
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None (what the reference would do otherwise)."""
-        scaling = self.rope_parameters or {}
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
         sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
         sizes += ("num_experts", "num_experts_per_tok", "expert_intermediate_size")
         unset = [name for name in sizes if getattr(self, name) <= 0]
         if unset:
             return f"{unset[0]} is not set (the reference's -1 placeholder)"
-        if kind != "default":
-            return f"rope_scaling {kind!r} (only default RoPE)"
+        if basics := unsupported_basics(self):
+            return basics
         if self.partial_rotary_factor != 1:
             return f"partial_rotary_factor {self.partial_rotary_factor} (only full RoPE)"
-        if self.hidden_act != "silu":
-            return f"hidden_act {self.hidden_act!r}"
         if self.hidden_size % self.num_attention_heads:
             return "hidden_size does not divide by num_attention_heads"
-        if self.num_attention_heads % self.num_key_value_heads:
-            return "num_attention_heads does not divide by num_key_value_heads"
         if self.num_experts_per_tok > self.num_experts:
             return "num_experts_per_tok exceeds num_experts"
         if len(self.moe_layer_freq) != self.num_hidden_layers:
@@ -226,16 +220,6 @@ class LLaDAMoELayer(nn.Module):
         return residual(x, out)
 
 
-class LLaDAMoEBackbone(nn.Module):
-    """The `model.` level of LLaDA-MoE's state dict."""
-
-    def __init__(self, cfg: LLaDAMoEConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LLaDAMoELayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
 class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
     """LLaDA-MoE mask predictor; logits at column i predict the token at column i."""
 
@@ -246,10 +230,8 @@ class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
 
     def __init__(self, config: LLaDAMoEConfig):
         super().__init__(config)
-        self.model = LLaDAMoEBackbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.model = qwen_backbone(config, lambda i: LLaDAMoELayer(config, i))
+        self.lm_head = output_head(self.model.embed_tokens, config.tie_word_embeddings)
         self.post_init()
 
     def fuse_projections(self) -> None:

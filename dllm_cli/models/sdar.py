@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_cli.models.base import QwenLayout
+from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
-from dllm_cli.models.config import ModelConfig
+from dllm_cli.models.config import ModelConfig, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, swiglu
 
 
@@ -73,16 +73,10 @@ class SDARConfig(ModelConfig):
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
-        scaling = self.rope_parameters or {}
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind != "default":
-            return f"rope_scaling {kind!r} (only default RoPE)"
-        if self.hidden_act != "silu":
-            return f"hidden_act {self.hidden_act!r}"
+        if basics := unsupported_basics(self):
+            return basics
         if self.use_sliding_window:
             return "use_sliding_window (the reference decode never uses it)"
-        if self.num_attention_heads % self.num_key_value_heads:
-            return "num_attention_heads does not divide by num_key_value_heads"
         if not isinstance(self.block_size, int) or self.block_size < 1:
             return f"block_size {self.block_size!r}"
         return None
@@ -139,16 +133,6 @@ class SDARLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class SDARBackbone(nn.Module):
-    """The `model.` level of SDAR's state dict."""
-
-    def __init__(self, cfg: SDARConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(SDARLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-
 class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
     """SDAR mask predictor; logits at column i predict the token at column i."""
 
@@ -159,8 +143,6 @@ class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
 
     def __init__(self, config: SDARConfig):
         super().__init__(config)
-        self.model = SDARBackbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.model = qwen_backbone(config, lambda i: SDARLayer(config))
+        self.lm_head = output_head(self.model.embed_tokens, config.tie_word_embeddings)
         self.post_init()
