@@ -179,8 +179,10 @@ class QwenLayout:
     plus `lm_head` (Dream's Qwen2 names, SDAR's Qwen3 names, LLaDA-MoE); list it before the
     DiffusionLM base so these override the base's."""
 
+    embeddings_name: ClassVar[str] = "embed_tokens"  # LLaDA2 calls them `word_embeddings`
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
+        return self.get_input_embeddings()(input_ids)
 
     def blocks(self) -> nn.ModuleList:
         return self.model.layers
@@ -200,11 +202,11 @@ class QwenLayout:
     def context_length(self):
         return self.config.max_position_embeddings
 
-    def get_input_embeddings(self):
-        return self.model.embed_tokens
+    def get_input_embeddings(self) -> nn.Embedding:
+        return getattr(self.model, self.embeddings_name)
 
     def set_input_embeddings(self, value):
-        self.model.embed_tokens = value
+        setattr(self.model, self.embeddings_name, value)
 
     def get_output_embeddings(self):
         return self.lm_head

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_cli.models.base import output_head, qwen_backbone
+from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import ModelConfig, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, swiglu
@@ -215,18 +215,19 @@ class LLaDA2Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LLaDA2MoeModelLM(BlockDiffusionLM):
+class LLaDA2MoeModelLM(QwenLayout, BlockDiffusionLM):
     """LLaDA2.x mask predictor; logits at column i predict the token at column i."""
 
     config_class = LLaDA2MoeConfig
 
     logit_shift = 0
     family = "llada2"  # families.py key
+    embeddings_name = "word_embeddings"
 
     def __init__(self, config: LLaDA2MoeConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: LLaDA2Layer(config, i), "word_embeddings")
-        self.lm_head = output_head(self.model.word_embeddings, config.tie_word_embeddings)
+        self.model = qwen_backbone(config, lambda i: LLaDA2Layer(config, i), self.embeddings_name)
+        self.lm_head = output_head(self.get_input_embeddings(), config.tie_word_embeddings)
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -235,36 +236,6 @@ class LLaDA2MoeModelLM(BlockDiffusionLM):
             nn.init.normal_(module.weight, std=0.02)
             nn.init.zeros_(module.expert_bias)
 
-    def embed(self, input_ids):
-        return self.model.word_embeddings(input_ids)
-
-    def blocks(self):
-        return self.model.layers
-
-    def head(self, h):
-        return self.lm_head(self.model.norm(h))
-
-    def kv_shape(self):
-        c = self.config
-        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
-
     @property
     def rope_dim(self) -> int:
         return int(self.config.head_dim * self.config.partial_rotary_factor)
-
-    @property
-    def rope_theta(self):
-        return self.config.rope_theta
-
-    @property
-    def context_length(self):
-        return self.config.max_position_embeddings
-
-    def get_input_embeddings(self):
-        return self.model.word_embeddings
-
-    def set_input_embeddings(self, value):
-        self.model.word_embeddings = value
-
-    def get_output_embeddings(self):
-        return self.lm_head
