@@ -16,8 +16,10 @@ imported only when a model is built, so `dllm --help` and `dllm profiles` stay l
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 
 from dllm_cli.errors import ModelLoadError
 from dllm_cli.folders import read_config_json, resolve_path
@@ -61,7 +63,7 @@ class Family:
     model_class: str
     logit_shift: int  # 0: column i predicts itself; 1: it predicts column i + 1
     sampler: str  # key of decoding/sampling.py FAMILIES (how drafts and confidences are made)
-    reference: dict[str, object]  # DecodeSettings values of the family's own generate code
+    reference: Mapping[str, object]  # DecodeSettings values of the family's own generate code
     source: str  # where `reference` was read
     whole_answer: bool = False  # the reference has no blocks: block_length = gen_length
     mask_id: int | None = None  # when neither config.json nor the tokenizer names the mask
@@ -100,6 +102,21 @@ LLADA_SOURCE = (
     "ML-GSAI/LLaDA generate.py main() and chat.py: gen_length 128, steps 128, block_length 32, "
     "temperature 0, cfg_scale 0, remasking low_confidence; no cache, no early stop"
 )
+# LLaDA's generate() as its repository and the LLaDA-MoE model card call it.
+LLADA_REFERENCE: Mapping[str, object] = MappingProxyType(
+    {
+        "gen_length": 128,
+        "steps": None,  # one token per step: the reference's 128 steps for 128 tokens
+        "block_length": 32,
+        "cache": "none",
+        "unmask": "fixed",
+        "schedule": "linear",
+        "confidence": "low_confidence",
+        "temperature": 0.0,
+        "cfg_scale": 0.0,
+        "early_stop": False,
+    }
+)
 FAMILIES: dict[str, Family] = {
     "llada": Family(
         name="llada",
@@ -110,18 +127,7 @@ FAMILIES: dict[str, Family] = {
         model_class="dllm_cli.models.llada:LLaDAModelLM",
         logit_shift=0,
         sampler="llada",
-        reference={
-            "gen_length": 128,
-            "steps": None,  # one token per step: the reference's 128 steps for 128 tokens
-            "block_length": 32,
-            "cache": "none",
-            "unmask": "fixed",
-            "schedule": "linear",
-            "confidence": "low_confidence",
-            "temperature": 0.0,
-            "cfg_scale": 0.0,
-            "early_stop": False,
-        },
+        reference=LLADA_REFERENCE,
         source=LLADA_SOURCE,
     ),
     "dream": Family(
@@ -169,18 +175,7 @@ FAMILIES: dict[str, Family] = {
         model_class="dllm_cli.models.llada_moe:LLaDAMoEModelLM",
         logit_shift=0,
         sampler="llada",
-        reference={
-            "gen_length": 128,
-            "steps": None,  # one token per step: the reference's 128 steps for 128 tokens
-            "block_length": 32,
-            "cache": "none",
-            "unmask": "fixed",
-            "schedule": "linear",
-            "confidence": "low_confidence",
-            "temperature": 0.0,
-            "cfg_scale": 0.0,
-            "early_stop": False,
-        },
+        reference=LLADA_REFERENCE,
         source=(
             "the LLaDA-MoE-7B-A1B model card runs LLaDA's generate with steps 128, gen_length "
             "128, block_length 32, temperature 0, cfg_scale 0, remasking low_confidence"
