@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from dllm_cli.decoding.canvas import Block, Canvas
+from dllm_cli.decoding.position_rules import prefix_rule
 from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
 from dllm_cli.decoding.ranking import top_columns
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
@@ -156,6 +157,7 @@ class RuleParams:
     fallback: Callable | None = None  # klass: the rule of a step with nothing ready (fixed)
     memory: object | None = None  # the rule's state across steps (klass: KL histories)
     wino_verify: float = 0.9  # wino: earlier commits below this shadow probability go back
+    jump_threshold: float = 1.0  # prefix: masks past the left run committed above this
 
 
 def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -242,6 +244,7 @@ UNMASK_RULES: dict[str, UnmaskRule] = {
         memory=KlassMemory,
     ),
     "wino": UnmaskRule(wino_rule, ("threshold", "wino_verify"), remasking=True),
+    "prefix": UnmaskRule(prefix_rule, ("threshold", "jump_threshold")),
 }
 
 
@@ -264,6 +267,7 @@ class RuleCommitter:
             fallback=fixed_rule,
             memory=None if entry.memory is None else entry.memory(),
             wino_verify=settings.wino_verify,
+            jump_threshold=settings.jump_threshold,
         )
         self.needs_probs = entry.needs_probs
         self.needs_shadow = entry.remasking
