@@ -45,6 +45,7 @@ GEMMA_UNUSED = (
     "kl_threshold",
     "kl_history",
     "wino_verify",
+    "jump_threshold",
     "edit_threshold",
     "max_post_steps",
 )

@@ -89,6 +89,7 @@ LIFETIMES: dict[str, Entry] = {
     "kl_threshold": Entry(Lifetime.SCHEDULE, _SCHEDULE),
     "kl_history": Entry(Lifetime.SCHEDULE, _SCHEDULE),
     "wino_verify": Entry(Lifetime.SCHEDULE, _SCHEDULE),
+    "jump_threshold": Entry(Lifetime.SCHEDULE, _SCHEDULE),
     "eps": Entry(Lifetime.SCHEDULE, _SCHEDULE),
     "alg_temp": Entry(Lifetime.SCHEDULE, _SCHEDULE),
     "edit_threshold": Entry(Lifetime.SCHEDULE, _SCHEDULE),

@@ -120,7 +120,9 @@ FLAGS: dict[str, Flag] = {
         "Suffix pruning: compute and attend only W columns past the current block (0: off).",
     ),
     "unmask": _decode(
-        "unmask", str, "Commit rule: fixed | threshold | factor | origin | eb | klass | wino."
+        "unmask",
+        str,
+        "Commit rule: fixed | threshold | factor | origin | eb | klass | wino | prefix.",
     ),
     "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
     "schedule": _decode(
@@ -148,6 +150,12 @@ FLAGS: dict[str, Flag] = {
         float,
         "wino rule (WINO): drafts above --threshold are committed; an earlier commit of the "
         "block whose shadow-block probability falls below this is masked again.",
+    ),
+    "jump_threshold": _decode(
+        "jump_threshold",
+        float,
+        "prefix rule (SDLM): the run of masks from the block's leftmost above --threshold is "
+        "committed; a mask past it only when more confident than this (1: never).",
     ),
     "edit_threshold": _decode(
         "edit_threshold",

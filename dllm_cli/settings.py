@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from dllm_cli.errors import SettingsError
 
 CACHES = ("none", "prefix", "dual", "freecache")
-UNMASKS = ("fixed", "threshold", "factor", "origin", "eb", "klass", "wino")
+UNMASKS = ("fixed", "threshold", "factor", "origin", "eb", "klass", "wino", "prefix")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
 STEP_RULES = ("fixed", "origin")  # the unmask rules that follow a step schedule
@@ -46,7 +46,7 @@ INT_FIELDS = (
 )  # fmt: skip
 FLOAT_FIELDS = (
     "threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp", "eb_gamma",
-    "kl_threshold", "wino_verify",
+    "kl_threshold", "wino_verify", "jump_threshold",
 )  # fmt: skip
 # DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
 GEMMA_FIELDS = ("t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold")
@@ -62,7 +62,7 @@ class DecodeSettings:
     cache: str = "none"  # none | prefix | dual | freecache
     refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
     suffix_window: int = 0  # keep only W canvas columns past the current block (0: off; DPad)
-    unmask: str = "fixed"  # fixed | threshold | factor | origin | eb | klass | wino
+    unmask: str = "fixed"  # fixed | threshold | factor | origin | eb | klass | wino | prefix
     schedule: str = "family"  # fixed rule's tokens per step: family | linear (LLaDA) | dream
     confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
     threshold: float = 0.9
@@ -71,6 +71,7 @@ class DecodeSettings:
     kl_threshold: float = 0.01  # klass: a mask is stable while its step-to-step KL is below
     kl_history: int = 2  # klass: ... for this many consecutive steps
     wino_verify: float = 0.9  # wino: earlier commits whose shadow probability falls below go back
+    jump_threshold: float = 1.0  # prefix: masks past the left run committed above this (1: none)
     temperature: float = 0.0
     top_p: float | None = None
     top_k: int | None = None  # None: the family's default (families.py); 0: no top-k
@@ -197,6 +198,10 @@ class DecodeSettings:
             _bad(f"klass commits confidences above threshold, in [0, 1) (got {self.threshold})")
         if self.unmask == "wino" and not 0.0 <= self.threshold < 1.0:
             _bad(f"wino drafts confidences above threshold, in [0, 1) (got {self.threshold})")
+        if self.unmask == "prefix" and not 0.0 <= self.threshold < 1.0:
+            _bad(f"prefix commits confidences above threshold, in [0, 1) (got {self.threshold})")
+        if not 0.0 <= self.jump_threshold <= 1.0:
+            _bad(f"jump_threshold must be in [0, 1] (got {self.jump_threshold})")
         if not 0.0 <= self.wino_verify <= 1.0:
             _bad(f"wino_verify must be in [0, 1] (got {self.wino_verify})")
         if self.eb_gamma < 0:
@@ -263,7 +268,7 @@ class DecodeSettings:
                 f"{self.num_blocks} or a longer block_length"
             )
         if (
-            self.unmask in ("threshold", "factor", "klass", "wino")
+            self.unmask in ("threshold", "factor", "klass", "wino", "prefix")
             and self.confidence not in PROBABILITY_CONFIDENCES
         ):
             _bad(

@@ -22,13 +22,13 @@ DECODE = (
     "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "schedule", "threshold",
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop", "suffix_window",
     "t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold",
-    "eb_gamma", "kl_threshold", "kl_history", "wino_verify",
+    "eb_gamma", "kl_threshold", "kl_history", "wino_verify", "jump_threshold",
     "edit_threshold", "max_post_steps",
 )  # fmt: skip
 GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
 BENCH = (
     "temperature", "seed", "cache", "early_stop", "top_k", "threshold", "kl_history",
-    "wino_verify",
+    "wino_verify", "jump_threshold",
 )  # fmt: skip
 TAKES = {
     "generate": (*MODEL, *DECODE, *GUIDE, "batching"),
@@ -65,6 +65,7 @@ CASES = {
     "kl_threshold": (["--kl-threshold", "0.02"], "decode.kl_threshold", 0.02),
     "kl_history": (["--kl-history", "3"], "decode.kl_history", 3),
     "wino_verify": (["--wino-verify", "0.95"], "decode.wino_verify", 0.95),
+    "jump_threshold": (["--jump-threshold", "0.99"], "decode.jump_threshold", 0.99),
     "temperature": (["--temperature", "0.7"], "decode.temperature", 0.7),
     "top_p": (["--top-p", "0.8"], "decode.top_p", 0.8),
     "top_k": (["--top-k", "5"], "decode.top_k", 5),

@@ -10,7 +10,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from dllm_cli.decoding import Decision, StepContext, answer_tokens, decode, decode_steps
-from dllm_cli.decoding.unmask import REMASKING
+from dllm_cli.decoding.unmask import UNMASK_RULES
 from dllm_cli.errors import SettingsError
 from dllm_cli.settings import CACHES, CONFIDENCES, UNMASKS, DecodeSettings
 
@@ -29,7 +29,9 @@ def check_run(lm, ps, s: DecodeSettings) -> None:
             for pos, tok, conf in zip(c.positions, c.tokens, c.confidences, strict=True):
                 assert e.block * size <= pos < (e.block + 1) * size, "committed outside block"
                 # a revoking rule (WINO) may commit a position again after masking it
-                assert s.unmask in REMASKING or (c.row, pos) not in seen, "committed twice"
+                assert UNMASK_RULES[s.unmask].remasking or (c.row, pos) not in seen, (
+                    "committed twice"
+                )
                 assert tok != MASK and conf == conf  # a real token, confidence not NaN
                 seen[(c.row, pos)] = (e.step, tok)
     for row, tokens in enumerate(result.tokens):

@@ -21,12 +21,22 @@ from dllm_cli.decoding import Decoder, decode
 from dllm_cli.decoding.canvas import Block
 from dllm_cli.decoding.ranking import top_columns
 from dllm_cli.decoding.rules import entropy_bounded_counts
-from dllm_cli.decoding.unmask import RuleCommitter, StepContext
+from dllm_cli.decoding.unmask import UNMASK_RULES, RuleCommitter, StepContext
 from dllm_cli.errors import SettingsError
 from dllm_cli.frontier import REFERENCE, parse_frontier, settings_at
-from dllm_cli.settings import CACHES, DecodeSettings
+from dllm_cli.settings import CACHES, UNMASKS, DecodeSettings
 
 EB = {"unmask": "eb", "eb_gamma": 2.0}
+
+
+def test_every_unmask_choice_is_one_declared_rule_whose_settings_exist():
+    assert tuple(UNMASK_RULES) == UNMASKS
+    fields = set(DecodeSettings().to_dict())
+    for name, rule in UNMASK_RULES.items():
+        assert set(rule.settings) <= fields, name
+        c = RuleCommitter(DecodeSettings(unmask=name), "linear")
+        assert (c.needs_probs, c.needs_shadow) == (rule.needs_probs, rule.remasking)
+        assert (c.params.memory is None) == (rule.memory is None)
 
 
 def reference_eb_count(entropy: torch.Tensor, gamma: float) -> int:

@@ -180,6 +180,7 @@ def write(path: Path, text: str) -> None:
     "threshold",
     "kl_history",
     "wino_verify",
+    "jump_threshold",
 )
 def bench_command(
     shots: opt.Shots = 5,

@@ -40,6 +40,7 @@ NOT_USED: dict[str, str] = {
     "kl_threshold": "an unmask rule's parameter (transformers' sampler picks the tokens)",
     "kl_history": "an unmask rule's parameter (transformers' sampler picks the tokens)",
     "wino_verify": "an unmask rule's parameter (transformers' sampler picks the tokens)",
+    "jump_threshold": "an unmask rule's parameter (transformers' sampler picks the tokens)",
     "cache": _CACHE,
     "refresh_interval": _CACHE,
     "suffix_window": "it decodes one canvas at a time and attends to no masked suffix past it",

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from dllm_cli.decoding.canvas import Block, Canvas
+from dllm_cli.decoding.position_rules import prefix_rule
 from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
 from dllm_cli.decoding.ranking import top_columns
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
@@ -154,8 +155,9 @@ class RuleParams:
     kl_threshold: float = 0.01
     kl_history: int = 2
     fallback: Callable | None = None  # klass: the rule of a step with nothing ready (fixed)
-    memory: KlassMemory | None = None  # klass: the rows' KL histories
+    memory: object | None = None  # the rule's state across steps (klass: KL histories)
     wino_verify: float = 0.9  # wino: earlier commits below this shadow probability go back
+    jump_threshold: float = 1.0  # prefix: masks past the left run committed above this
 
 
 def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -209,24 +211,49 @@ def origin_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     return ((u < chance) | per_row(last, u)) & ctx.candidates
 
 
-UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
-    "fixed": fixed_rule,
-    "threshold": threshold_rule,
-    "factor": factor_rule,
-    "origin": origin_rule,
-    "eb": eb_rule,
-    "klass": klass_rule,
-    "wino": wino_rule,
+@dataclass(frozen=True)
+class UnmaskRule:
+    """One `--unmask` choice: its step and what it asks of the engine.
+
+    `select(params, ctx)` returns the (B, L) columns to commit, or (commit, remask) for a
+    re-masking rule; `settings` names the DecodeSettings fields it reads; `needs_probs`: it
+    reads each slot's whole distribution (`StepContext.probs`); `remasking`: it masks earlier
+    commits again and reads a shadow block's `StepContext.verify` (WINO); `memory` builds the
+    state it keeps across steps (None: stateless).
+    """
+
+    select: Callable[[RuleParams, StepContext], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+    settings: tuple[str, ...] = ()
+    needs_probs: bool = False
+    remasking: bool = False
+    memory: Callable[[], object] | None = None
+
+
+UNMASK_RULES: dict[str, UnmaskRule] = {
+    "fixed": UnmaskRule(fixed_rule, ("steps", "schedule", "eps", "alg_temp")),
+    "threshold": UnmaskRule(threshold_rule, ("threshold",)),
+    "factor": UnmaskRule(factor_rule, ("factor",)),
+    "origin": UnmaskRule(origin_rule, ("steps", "eps")),
+    "eb": UnmaskRule(eb_rule, ("eb_gamma",), needs_probs=True),
+    # KLASS's history; a row's restarts at each block's first step, so one memory serves
+    # every decode (no `start` hook: continuous batching serves this committer).
+    "klass": UnmaskRule(
+        klass_rule,
+        ("threshold", "kl_threshold", "kl_history", "steps", "schedule", "eps"),
+        needs_probs=True,
+        memory=KlassMemory,
+    ),
+    "wino": UnmaskRule(wino_rule, ("threshold", "wino_verify"), remasking=True),
+    "prefix": UnmaskRule(prefix_rule, ("threshold", "jump_threshold")),
 }
-NEEDS_PROBS = ("eb", "klass")  # rules that read the drafts' whole distributions
-REMASKING = ("wino",)  # rules that return (commit, remask) and read a shadow block's `verify`
 
 
 class RuleCommitter:
     """The default committer: one of UNMASK_RULES with this run's parameters."""
 
     def __init__(self, settings: DecodeSettings, family_schedule: str):
-        self.rule = UNMASK_RULES[settings.unmask]
+        entry = UNMASK_RULES[settings.unmask]
+        self.rule = entry.select
         schedule = family_schedule if settings.schedule == "family" else settings.schedule
         self.params = RuleParams(
             threshold=settings.threshold,
@@ -238,13 +265,12 @@ class RuleCommitter:
             kl_threshold=settings.kl_threshold,
             kl_history=settings.kl_history,
             fallback=fixed_rule,
-            # KLASS's history; a row's restarts at each block's first step, so one memory
-            # serves every decode (no `start` hook: continuous batching serves this committer).
-            memory=KlassMemory() if settings.unmask == "klass" else None,
+            memory=None if entry.memory is None else entry.memory(),
             wino_verify=settings.wino_verify,
+            jump_threshold=settings.jump_threshold,
         )
-        self.needs_probs = settings.unmask in NEEDS_PROBS
-        self.needs_shadow = settings.unmask in REMASKING
+        self.needs_probs = entry.needs_probs
+        self.needs_shadow = entry.remasking
 
     def __call__(self, ctx: StepContext) -> Decision:
         if self.needs_shadow:
