@@ -43,6 +43,9 @@ GEMMA_UNUSED = (
     "kl_threshold",
     "kl_history",
     "wino_verify",
+    "credit_alpha",
+    "credit_boost",
+    "credit_decay",
     "edit_threshold",
     "max_post_steps",
 )

@@ -45,6 +45,8 @@ SWEEPS: dict[str, Sweep] = {
     "klass": Sweep("kl_threshold", (0.001, 0.01, 0.1, 1.0)),
     # WINO's draft threshold at the run's --wino-verify (the reference: 0.6 and 0.9)
     "wino": Sweep("threshold", (0.6, 0.7, 0.8, 0.9)),
+    # dInfer's credit decoding: its threshold at the run's --credit-alpha/-boost/-decay
+    "credit": Sweep("threshold", (0.9, 0.95, 0.99)),
 }
 REFERENCE = "one-per-step"  # the fixed rule, one token per step
 

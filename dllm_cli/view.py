@@ -185,6 +185,7 @@ class CanvasView:
             "eb": f" gamma {s.eb_gamma:g}",
             "klass": f" {s.threshold:g}, kl {s.kl_threshold:g}",
             "wino": f" {s.threshold:g}, verify {s.wino_verify:g}",
+            "credit": f" {s.threshold:g}, alpha {s.credit_alpha:g}",
         }.get(s.unmask, "")
         progress = [
             f"step {e.step + 1 if e else 0}" + (" (done)" if self.done else ""),

@@ -180,6 +180,9 @@ def write(path: Path, text: str) -> None:
     "threshold",
     "kl_history",
     "wino_verify",
+    "credit_alpha",
+    "credit_boost",
+    "credit_decay",
 )
 def bench_command(
     shots: opt.Shots = 5,

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from dllm_cli.decoding.canvas import Block, Canvas
+from dllm_cli.decoding.credit import CreditMemory, credit_rule
 from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
 from dllm_cli.decoding.ranking import top_columns
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
@@ -156,6 +157,7 @@ class RuleParams:
     fallback: Callable | None = None  # klass: the rule of a step with nothing ready (fixed)
     memory: KlassMemory | None = None  # klass: the rows' KL histories
     wino_verify: float = 0.9  # wino: earlier commits below this shadow probability go back
+    credit: CreditMemory | None = None  # credit: the rows' credits and dInfer's parameters
 
 
 def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -217,9 +219,11 @@ UNMASK_RULES: dict[str, Callable[[RuleParams, StepContext], torch.Tensor]] = {
     "eb": eb_rule,
     "klass": klass_rule,
     "wino": wino_rule,
+    "credit": credit_rule,
 }
-NEEDS_PROBS = ("eb", "klass")  # rules that read the drafts' whole distributions
+NEEDS_PROBS = ("eb", "klass", "credit")  # rules that read the drafts' whole distributions
 REMASKING = ("wino",)  # rules that return (commit, remask) and read a shadow block's `verify`
+REDRAFTING = ("credit",)  # rules that return (commit, tokens): their own drafts
 
 
 class RuleCommitter:
@@ -242,12 +246,22 @@ class RuleCommitter:
             # serves every decode (no `start` hook: continuous batching serves this committer).
             memory=KlassMemory() if settings.unmask == "klass" else None,
             wino_verify=settings.wino_verify,
+            credit=credit_memory(settings) if settings.unmask == "credit" else None,
         )
         self.needs_probs = settings.unmask in NEEDS_PROBS
         self.needs_shadow = settings.unmask in REMASKING
+        self.redrafts = settings.unmask in REDRAFTING
 
     def __call__(self, ctx: StepContext) -> Decision:
         if self.needs_shadow:
             commit, remask = self.rule(self.params, ctx)
             return Decision(commit, remask=remask)
+        if self.redrafts:
+            commit, tokens = self.rule(self.params, ctx)
+            return Decision(commit, tokens=tokens)
         return Decision(self.rule(self.params, ctx))
+
+
+def credit_memory(s: DecodeSettings) -> CreditMemory:
+    """Credit decoding's state: one per decoder, a row's reset at each of its blocks."""
+    return CreditMemory(s.credit_alpha, s.credit_boost, s.credit_decay, s.block_length)
