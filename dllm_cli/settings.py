@@ -271,13 +271,8 @@ class DecodeSettings:
                 f"{self.block_length})): every block needs at least one step; use steps >= "
                 f"{self.num_blocks} or a longer block_length"
             )
-        if self.unmask == "credit" and self.confidence != "low_confidence":
-            _bad(
-                "unmask=credit measures each draft's credit-fused probability (dInfer's); "
-                f"confidence={self.confidence} does not apply (use low_confidence)"
-            )
         if (
-            self.unmask in ("threshold", "factor", "klass", "wino")
+            self.unmask in ("threshold", "factor", "klass", "wino", "credit")
             and self.confidence not in PROBABILITY_CONFIDENCES
         ):
             _bad(

@@ -22,6 +22,7 @@ RULES = {
     "factor": {"unmask": "factor", "factor": 2.0},
     "origin": {"unmask": "origin", "steps": 8},
     "wino": {"unmask": "wino", "threshold": 0.5},
+    "credit": {"unmask": "credit", "threshold": 0.5},
 }
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_cli.decoding.row_sampling import RowDraws
+from dllm_cli.decoding.sampling import row_confidence
 
 TIE = 1e-5  # dInfer: with no mask above the threshold, every mask within 1e-5 of the best
 
@@ -85,17 +86,17 @@ class CreditMemory:
 
 def fused_drafts(ctx, credit: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, L) drafts and confidences under softmax(log p + alpha log(1 + credit)): the fused
-    argmax for greedy rows; a sampled row keeps its draw and takes its fused probability."""
+    argmax for greedy rows (a sampled row keeps its draw), each row's confidence kind measured
+    on the fused distribution (low_confidence: the draft's fused probability, dInfer's)."""
     probs = ctx.probs
     fused = (probs.log() + alpha * torch.log1p(credit).to(probs.dtype)).softmax(dim=-1)
     confidence, tokens = fused.max(dim=-1)  # the first maximum, as argmax's
     draws = ctx.generator
-    if isinstance(draws, RowDraws) and not draws.all_greedy:
-        greedy = draws.greedy_rows(probs.device)  # (B, 1)
-        drawn = fused.gather(-1, ctx.drafts[..., None]).squeeze(-1)
-        tokens = torch.where(greedy, tokens, ctx.drafts)
-        confidence = torch.where(greedy, confidence, drawn)
-    return tokens, confidence
+    if not isinstance(draws, RowDraws):  # a bare context (greedy, low_confidence)
+        return tokens, confidence
+    if not draws.all_greedy:
+        tokens = torch.where(draws.greedy_rows(probs.device), tokens, ctx.drafts)
+    return tokens, row_confidence(fused, tokens, draws)
 
 
 def credit_rule(p, ctx) -> tuple[torch.Tensor, torch.Tensor]:
