@@ -77,7 +77,12 @@ def context(probs, candidates, step, rows, start=0, columns=None) -> StepContext
 
 def test_selection_and_drafts_equal_the_reference_transcription_step_for_step():
     gen = torch.Generator().manual_seed(0)
-    params = [(0.7, 0.2, 0.8, 0.9), (0.7, 0.2, 0.8, 0.6), (1.5, 0.5, 0.9, 0.95), (0.3, 1.0, 0.5, 0.8)]
+    params = [
+        (0.7, 0.2, 0.8, 0.9),
+        (0.7, 0.2, 0.8, 0.6),
+        (1.5, 0.5, 0.9, 0.95),
+        (0.3, 1.0, 0.5, 0.8),
+    ]
     vocab, mask = 12, 12  # [MASK] outside the real vocabulary, as the sampler excludes it
     changed = 0
     for trial in range(120):
