@@ -46,6 +46,9 @@ GEMMA_UNUSED = (
     "kl_history",
     "wino_verify",
     "jump_threshold",
+    "credit_alpha",
+    "credit_boost",
+    "credit_decay",
     "edit_threshold",
     "max_post_steps",
 )

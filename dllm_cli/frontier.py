@@ -47,6 +47,8 @@ SWEEPS: dict[str, Sweep] = {
     "wino": Sweep("threshold", (0.6, 0.7, 0.8, 0.9)),
     # SDLM's longest-prefix bar at the run's --jump-threshold
     "prefix": Sweep("threshold", (0.8, 0.85, 0.9, 0.95)),
+    # dInfer's credit decoding: its threshold at the run's --credit-alpha/-boost/-decay
+    "credit": Sweep("threshold", (0.9, 0.95, 0.99)),
 }
 REFERENCE = "one-per-step"  # the fixed rule, one token per step
 

@@ -157,6 +157,18 @@ FLAGS: dict[str, Flag] = {
         "prefix rule (SDLM): the run of masks from the block's leftmost above --threshold is "
         "committed; a mask past it only when more confident than this (1: never).",
     ),
+    "credit_alpha": _decode(
+        "credit_alpha",
+        float,
+        "credit rule (dInfer): the threshold rule on logits + alpha * log(1 + credit), where a "
+        "mask's top-1 token earns credit each step it stays the favourite.",
+    ),
+    "credit_boost": _decode(
+        "credit_boost", float, "credit rule: a step's top-1 token earns its probability ** this."
+    ),
+    "credit_decay": _decode(
+        "credit_decay", float, "credit rule: credits are multiplied by this each step."
+    ),
     "edit_threshold": _decode(
         "edit_threshold",
         float,

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from dllm_cli.errors import SettingsError
 
 CACHES = ("none", "prefix", "dual", "freecache")
-UNMASKS = ("fixed", "threshold", "factor", "origin", "eb", "klass", "wino", "prefix")
+UNMASKS = ("fixed", "threshold", "factor", "origin", "eb", "klass", "wino", "prefix", "credit")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
 STEP_RULES = ("fixed", "origin")  # the unmask rules that follow a step schedule
@@ -46,7 +46,8 @@ INT_FIELDS = (
 )  # fmt: skip
 FLOAT_FIELDS = (
     "threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp", "eb_gamma",
-    "kl_threshold", "wino_verify", "jump_threshold",
+    "kl_threshold", "wino_verify", "jump_threshold", "credit_alpha", "credit_boost",
+    "credit_decay",
 )  # fmt: skip
 # DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
 GEMMA_FIELDS = ("t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold")
@@ -62,7 +63,9 @@ class DecodeSettings:
     cache: str = "none"  # none | prefix | dual | freecache
     refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
     suffix_window: int = 0  # keep only W canvas columns past the current block (0: off; DPad)
-    unmask: str = "fixed"  # fixed | threshold | factor | origin | eb | klass | wino | prefix
+    unmask: str = (
+        "fixed"  # fixed | threshold | factor | origin | eb | klass | wino | prefix | credit
+    )
     schedule: str = "family"  # fixed rule's tokens per step: family | linear (LLaDA) | dream
     confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
     threshold: float = 0.9
@@ -72,6 +75,9 @@ class DecodeSettings:
     kl_history: int = 2  # klass: ... for this many consecutive steps
     wino_verify: float = 0.9  # wino: earlier commits whose shadow probability falls below go back
     jump_threshold: float = 1.0  # prefix: masks past the left run committed above this (1: none)
+    credit_alpha: float = 0.7  # credit (dInfer): weight of log(1 + credit) added to the logits
+    credit_boost: float = 0.2  # credit: a step's top-1 token gains its probability ** this
+    credit_decay: float = 0.8  # credit: credits are multiplied by this each step
     temperature: float = 0.0
     top_p: float | None = None
     top_k: int | None = None  # None: the family's default (families.py); 0: no top-k
@@ -188,7 +194,7 @@ class DecodeSettings:
             _bad(f"block_length must be >= 1 (got {self.block_length})")
         if self.steps is not None and self.steps < 1:
             _bad(f"steps must be >= 1 (got {self.steps})")
-        if self.unmask == "threshold" and not 0.0 < self.threshold <= 1.0:
+        if self.unmask in ("threshold", "credit") and not 0.0 < self.threshold <= 1.0:
             _bad(f"threshold must be in (0, 1] (got {self.threshold})")
         if self.kl_threshold <= 0:
             _bad(f"kl_threshold must be > 0 (got {self.kl_threshold})")
@@ -204,6 +210,12 @@ class DecodeSettings:
             _bad(f"jump_threshold must be in [0, 1] (got {self.jump_threshold})")
         if not 0.0 <= self.wino_verify <= 1.0:
             _bad(f"wino_verify must be in [0, 1] (got {self.wino_verify})")
+        if self.credit_alpha < 0:
+            _bad(f"credit_alpha must be >= 0 (got {self.credit_alpha})")
+        if self.credit_boost < 0:
+            _bad(f"credit_boost must be >= 0 (got {self.credit_boost})")
+        if not 0.0 <= self.credit_decay <= 1.0:
+            _bad(f"credit_decay must be in [0, 1] (got {self.credit_decay})")
         if self.eb_gamma < 0:
             _bad(f"eb_gamma must be >= 0 (got {self.eb_gamma})")
         if self.factor <= 0:
@@ -268,7 +280,7 @@ class DecodeSettings:
                 f"{self.num_blocks} or a longer block_length"
             )
         if (
-            self.unmask in ("threshold", "factor", "klass", "wino", "prefix")
+            self.unmask in ("threshold", "factor", "klass", "wino", "prefix", "credit")
             and self.confidence not in PROBABILITY_CONFIDENCES
         ):
             _bad(

@@ -186,6 +186,7 @@ class CanvasView:
             "klass": f" {s.threshold:g}, kl {s.kl_threshold:g}",
             "wino": f" {s.threshold:g}, verify {s.wino_verify:g}",
             "prefix": f" {s.threshold:g}, jump {s.jump_threshold:g}",
+            "credit": f" {s.threshold:g}, alpha {s.credit_alpha:g}",
         }.get(s.unmask, "")
         progress = [
             f"step {e.step + 1 if e else 0}" + (" (done)" if self.done else ""),

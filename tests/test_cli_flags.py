@@ -23,12 +23,13 @@ DECODE = (
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop", "suffix_window",
     "t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold",
     "eb_gamma", "kl_threshold", "kl_history", "wino_verify", "jump_threshold",
+    "credit_alpha", "credit_boost", "credit_decay",
     "edit_threshold", "max_post_steps",
 )  # fmt: skip
 GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
 BENCH = (
     "temperature", "seed", "cache", "early_stop", "top_k", "threshold", "kl_history",
-    "wino_verify", "jump_threshold",
+    "wino_verify", "jump_threshold", "credit_alpha", "credit_boost", "credit_decay",
 )  # fmt: skip
 TAKES = {
     "generate": (*MODEL, *DECODE, *GUIDE, "batching"),
@@ -66,6 +67,9 @@ CASES = {
     "kl_history": (["--kl-history", "3"], "decode.kl_history", 3),
     "wino_verify": (["--wino-verify", "0.95"], "decode.wino_verify", 0.95),
     "jump_threshold": (["--jump-threshold", "0.99"], "decode.jump_threshold", 0.99),
+    "credit_alpha": (["--credit-alpha", "1.5"], "decode.credit_alpha", 1.5),
+    "credit_boost": (["--credit-boost", "0.5"], "decode.credit_boost", 0.5),
+    "credit_decay": (["--credit-decay", "0.9"], "decode.credit_decay", 0.9),
     "temperature": (["--temperature", "0.7"], "decode.temperature", 0.7),
     "top_p": (["--top-p", "0.8"], "decode.top_p", 0.8),
     "top_k": (["--top-k", "5"], "decode.top_k", 5),

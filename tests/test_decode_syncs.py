@@ -23,6 +23,7 @@ RULES = {
     "origin": {"unmask": "origin", "steps": 8},
     "wino": {"unmask": "wino", "threshold": 0.5},
     "prefix": {"unmask": "prefix", "threshold": 0.5, "jump_threshold": 0.9},
+    "credit": {"unmask": "credit", "threshold": 0.5},
 }
 
 

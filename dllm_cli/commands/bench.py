@@ -181,6 +181,9 @@ def write(path: Path, text: str) -> None:
     "kl_history",
     "wino_verify",
     "jump_threshold",
+    "credit_alpha",
+    "credit_boost",
+    "credit_decay",
 )
 def bench_command(
     shots: opt.Shots = 5,

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from dllm_cli.decoding.canvas import Block, Canvas
+from dllm_cli.decoding.credit import credit_memory, credit_rule
 from dllm_cli.decoding.position_rules import prefix_rule
 from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
 from dllm_cli.decoding.ranking import top_columns
@@ -218,15 +219,17 @@ class UnmaskRule:
     `select(params, ctx)` returns the (B, L) columns to commit, or (commit, remask) for a
     re-masking rule; `settings` names the DecodeSettings fields it reads; `needs_probs`: it
     reads each slot's whole distribution (`StepContext.probs`); `remasking`: it masks earlier
-    commits again and reads a shadow block's `StepContext.verify` (WINO); `memory` builds the
-    state it keeps across steps (None: stateless).
+    commits again and reads a shadow block's `StepContext.verify` (WINO); `redrafts`: it
+    returns (commit, tokens), its own drafts (credit); `memory(settings)` builds the state it
+    keeps across steps (None: stateless).
     """
 
     select: Callable[[RuleParams, StepContext], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
     settings: tuple[str, ...] = ()
     needs_probs: bool = False
     remasking: bool = False
-    memory: Callable[[], object] | None = None
+    redrafts: bool = False
+    memory: Callable[[DecodeSettings], object] | None = None
 
 
 UNMASK_RULES: dict[str, UnmaskRule] = {
@@ -241,10 +244,17 @@ UNMASK_RULES: dict[str, UnmaskRule] = {
         klass_rule,
         ("threshold", "kl_threshold", "kl_history", "steps", "schedule", "eps"),
         needs_probs=True,
-        memory=KlassMemory,
+        memory=lambda s: KlassMemory(),
     ),
     "wino": UnmaskRule(wino_rule, ("threshold", "wino_verify"), remasking=True),
     "prefix": UnmaskRule(prefix_rule, ("threshold", "jump_threshold")),
+    "credit": UnmaskRule(
+        credit_rule,
+        ("threshold", "credit_alpha", "credit_boost", "credit_decay", "block_length"),
+        needs_probs=True,
+        redrafts=True,
+        memory=credit_memory,
+    ),
 }
 
 
@@ -265,15 +275,19 @@ class RuleCommitter:
             kl_threshold=settings.kl_threshold,
             kl_history=settings.kl_history,
             fallback=fixed_rule,
-            memory=None if entry.memory is None else entry.memory(),
+            memory=None if entry.memory is None else entry.memory(settings),
             wino_verify=settings.wino_verify,
             jump_threshold=settings.jump_threshold,
         )
         self.needs_probs = entry.needs_probs
         self.needs_shadow = entry.remasking
+        self.redrafts = entry.redrafts
 
     def __call__(self, ctx: StepContext) -> Decision:
         if self.needs_shadow:
             commit, remask = self.rule(self.params, ctx)
             return Decision(commit, remask=remask)
+        if self.redrafts:
+            commit, tokens = self.rule(self.params, ctx)
+            return Decision(commit, tokens=tokens)
         return Decision(self.rule(self.params, ctx))

@@ -1,0 +1,118 @@
+"""Credit decoding (dInfer, arXiv 2510.08666): a prediction that holds still earns credit.
+
+dInfer's `CreditThresholdParallelDecoder` (inclusionAI/dInfer,
+python/dinfer/decoding/parallel_strategy.py) keeps, per block, a credit for every (slot,
+token): each step the credits decay by `decay` and every masked slot's top-1 token gains its
+probability raised to `boost` (p^0.2: even a shaky favourite earns nearly a full point). The
+step then runs Fast-dLLM's threshold rule on the fused logits `logits + alpha * log(1 +
+credit)`: a token that stayed the favourite over several steps is committed at a lower raw
+confidence, and the draft itself is the fused argmax (a long-held favourite may beat a
+one-step newcomer). A block's credits start at zero.
+
+Here the credits of a row live in its block's slots as the top-1 token and its decayed gain
+of each of the block's last `depth` steps (a step commits at least one mask, so a block of L
+slots takes at most L steps: depth = block length keeps every step). A token's credit is the
+sum of its entries, which is dInfer's running `credit = decay * credit + gain`. State is
+matched to the canvas rows by request id and block start on the device, so rows join, leave
+and move through blocks at their own pace without the step reading the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_cli.decoding.row_sampling import RowDraws
+from dllm_cli.decoding.sampling import row_confidence
+
+TIE = 1e-5  # dInfer: with no mask above the threshold, every mask within 1e-5 of the best
+
+
+@dataclass
+class Credits:
+    """The rows' credits after a step, on the device (canvas row order of that step)."""
+
+    rows: torch.Tensor  # (B,) request ids
+    starts: torch.Tensor  # (B,) canvas column of each row's block
+    tokens: torch.Tensor  # (B, L, S) long: a slot's top-1 token at each of the last S steps
+    gains: torch.Tensor  # (B, L, S) float32: what that step gained, decayed since
+
+
+class CreditMemory:
+    """One decoder's credit state and parameters (alpha, boost gamma, decay beta)."""
+
+    def __init__(self, alpha: float, boost: float, decay: float, depth: int):
+        self.alpha, self.boost, self.decay, self.depth = alpha, boost, decay, depth
+        self.held: Credits | None = None
+
+    def carried(self, ctx, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, ...]:
+        """(B, L, S) tokens and gains each current row brings from its last step in this block
+        (zeros for a row at its block's first step, a new request or a new block)."""
+        rows = ctx.canvas.rows
+        shape = (rows.shape[0], length, self.depth)
+        old = self.held
+        if old is None:
+            return (torch.zeros(shape, dtype=torch.long, device=rows.device),
+                    torch.zeros(shape, dtype=torch.float32, device=rows.device))  # fmt: skip
+        fresh = torch.as_tensor(ctx.block_step, device=rows.device).reshape(-1) == 0
+        same = (rows[:, None] == old.rows[None, :]) & (starts[:, None] == old.starts[None, :])
+        same &= ~fresh[:, None]  # (B, B_old)
+        which = same.long().argmax(dim=1)  # (B,) the row's previous canvas row
+        keep = same.any(dim=1)[:, None, None]
+        width = min(length, old.tokens.shape[1])  # rows apart: padded spans may change width
+        tokens = torch.zeros(shape, dtype=torch.long, device=rows.device)
+        gains = torch.zeros(shape, dtype=torch.float32, device=rows.device)
+        tokens[:, :width] = old.tokens[which, :width]
+        gains[:, :width] = torch.where(keep, old.gains[which, :width], 0.0)
+        return tokens, gains
+
+    def update(self, ctx, top: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
+        """(B, L, V) each slot's credit after this step: decay, then the masks' top-1 tokens
+        gain top^boost (dInfer's `_apply_credit_fusion`)."""
+        probs = ctx.probs
+        if ctx.columns is not None:
+            starts = ctx.columns[:, 0]
+        else:
+            starts = torch.full_like(ctx.canvas.rows, ctx.block.start)
+        tokens, gains = self.carried(ctx, starts, probs.shape[1])
+        gain = top.float().pow(self.boost) * ctx.candidates  # (B, L): masked slots only
+        tokens = torch.cat([tokens[..., 1:], best[..., None]], dim=-1)
+        gains = torch.cat([gains[..., 1:] * self.decay, gain[..., None]], dim=-1)
+        self.held = Credits(ctx.canvas.rows, starts, tokens, gains)
+        credit = torch.zeros(probs.shape, dtype=torch.float32, device=probs.device)
+        return credit.scatter_add_(2, tokens, gains)  # (B, L, V)
+
+
+def fused_drafts(ctx, credit: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L) drafts and confidences under softmax(log p + alpha log(1 + credit)): the fused
+    argmax for greedy rows (a sampled row keeps its draw), each row's confidence kind measured
+    on the fused distribution (low_confidence: the draft's fused probability, dInfer's)."""
+    probs = ctx.probs
+    fused = (probs.log() + alpha * torch.log1p(credit).to(probs.dtype)).softmax(dim=-1)
+    confidence, tokens = fused.max(dim=-1)  # the first maximum, as argmax's
+    draws = ctx.generator
+    if not isinstance(draws, RowDraws):  # a bare context (greedy, low_confidence)
+        return tokens, confidence
+    if not draws.all_greedy:
+        tokens = torch.where(draws.greedy_rows(probs.device), tokens, ctx.drafts)
+    return tokens, row_confidence(fused, tokens, draws)
+
+
+def credit_rule(p, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """dInfer's credit step: the threshold rule on credit-fused confidences, with the fused
+    drafts; returns (commit, tokens)."""
+    memory = p.memory
+    top, best = ctx.probs.max(dim=-1)  # (B, L): the unfused favourite and its probability
+    credit = memory.update(ctx, top, best)
+    tokens, confidence = fused_drafts(ctx, credit, memory.alpha)
+    confidence = confidence.masked_fill(~ctx.candidates, float("-inf"))
+    # dInfer's bar: the threshold, or just under the best mask when none reaches it
+    best_mask = confidence.max(dim=1, keepdim=True).values
+    bar = (best_mask - TIE).clamp(-1000.0, p.threshold)
+    return (confidence >= bar) & ctx.candidates, tokens
+
+
+def credit_memory(s) -> CreditMemory:
+    """Credit decoding's state: one per decoder, a row's reset at each of its blocks."""
+    return CreditMemory(s.credit_alpha, s.credit_boost, s.credit_decay, s.block_length)
