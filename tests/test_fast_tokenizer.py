@@ -28,7 +28,8 @@ from gemma_checkpoint import write_gemma_tokenizer
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from dllm_cli.models.loading import load_tokenizer, load_with_transformers
-from dllm_cli.models.tokenizer import FastTokenizer, refusal
+from dllm_cli.models.tokenizer import FastTokenizer
+from dllm_cli.models.tokenizer_files import refusal
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "dllm_cli" / "tinygsm" / "weights"
 SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"]
@@ -41,6 +42,7 @@ TEXTS = [
     "apples <|eot_id|> and<|mdm_mask|>pears <|im_end|>\n<|im_start|>assistant\n",
     "<role>HUMAN</role>x<|role_end|><|startoftext|><|endoftext|><|start_header_id|>",
     "héllo wörld, 日本語 🍎🍏 naïve café — “quotes” \u00a0nbsp",
+    "cafe\u0301 n\u0303 \ufb01 Å\u212b",  # decomposed accents, ligature: NFC changes them
     "a  b\n\n c\t\td   \n",
     "don't , . ? ! I'm it's we've they're ' x ' n't",
     "apples pears " * 400,
@@ -123,6 +125,27 @@ def features_folder(folder: Path) -> None:
     (folder / "chat_template.jinja").write_text(FEATURE_TEMPLATE)
 
 
+def sdar_folder(folder: Path) -> None:
+    """SDAR's: Dream's BPE files under `Qwen2Tokenizer` (tests/block_checkpoints.py)."""
+    write_sdar(folder)
+
+
+def qwen2_json_folder(folder: Path) -> None:
+    """A Qwen2Tokenizer folder with tokenizer.json (what save_pretrained writes for Qwen2)."""
+    from transformers import Qwen2Tokenizer
+
+    source = folder / "bpe"
+    source.mkdir()
+    write_dream_tokenizer(source)
+    Qwen2Tokenizer.from_pretrained(str(source)).save_pretrained(str(folder))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    assert cfg.pop("tokenizer_class") == "Qwen2Tokenizer" and (folder / "tokenizer.json").is_file()
+    cfg.pop("auto_map")  # Dream's, carried over
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(cfg | {"tokenizer_class": "Qwen2Tokenizer"})
+    )
+
+
 def shipped(name: str):
     return lambda folder: WEIGHTS / name
 
@@ -136,7 +159,11 @@ FAMILIES = {
     "llada-byte-level": byte_level_folder,
     "llada-byte-level-cleanup": lambda f: byte_level_folder(f, clean_up_tokenization_spaces=True),
     "features": features_folder,
+    "dream": write_dream_tokenizer,  # vocab.json + merges.txt, remote DreamTokenizer
+    "sdar": sdar_folder,
+    "qwen2-tokenizer-json": qwen2_json_folder,
 }
+QWEN2_FAMILIES = ("dream", "sdar", "qwen2-tokenizer-json")
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -148,7 +175,8 @@ def pair(request, tmp_path_factory):
     fast = load_tokenizer(folder)
     assert isinstance(fast, FastTokenizer), refusal(folder)
     ref = load_with_transformers(folder)
-    assert type(ref).__name__ == "TokenizersBackend"
+    qwen2 = request.param in QWEN2_FAMILIES
+    assert type(ref).__name__ == ("Qwen2Tokenizer" if qwen2 else "TokenizersBackend")
     return fast, ref
 
 
@@ -239,15 +267,31 @@ def test_template_errors_are_transformers_errors(tmp_path):
 
 
 def test_other_folders_load_transformers_tokenizer(tmp_path):
-    """Dream's vocab.json + merges.txt (remote DreamTokenizer), SDAR's Qwen2Tokenizer (its class
-    rebuilds the pipeline), DiffusionGemma's GemmaTokenizer, a remote class and a folder without
-    tokenizer_config.json all go to transformers, with the reason on record."""
-    cases = {}
-    for name, write in (("dream", write_dream_tokenizer), ("gemma", write_gemma_tokenizer)):
-        (tmp_path / name).mkdir()
-        write(tmp_path / name)
+    """DiffusionGemma's GemmaTokenizer (a class with its own pipeline), a remote class, a folder
+    without tokenizer_config.json or tokenizer files, legacy token files, several templates:
+    transformers' tokenizer, with the reason on record."""
+    gemma = tmp_path / "gemma"
+    gemma.mkdir()
+    write_gemma_tokenizer(gemma)
+    cases = {"gemma": gemma}
+    for name, change in (
+        (
+            "legacy",
+            lambda cfg, f: (cfg.pop("added_tokens_decoder"), touch(f / "added_tokens.json")),
+        ),
+        (
+            "templates",
+            lambda cfg, f: cfg.update(chat_template=[{"name": "default", "template": "x"}]),
+        ),
+        ("mistral", lambda cfg, f: cfg.update(fix_mistral_regex=True)),
+        ("no-json", lambda cfg, f: (f / "tokenizer.json").unlink()),
+    ):
         cases[name] = tmp_path / name
-    cases["sdar"] = write_sdar(tmp_path / "sdar").folder
+        cases[name].mkdir()
+        write_llada_tokenizer(cases[name])
+        cfg = json.loads((cases[name] / "tokenizer_config.json").read_text())
+        change(cfg, cases[name])
+        (cases[name] / "tokenizer_config.json").write_text(json.dumps(cfg))
     remote = tmp_path / "remote"
     remote.mkdir()
     write_llada_tokenizer(remote)
@@ -260,11 +304,17 @@ def test_other_folders_load_transformers_tokenizer(tmp_path):
     (bare / "tokenizer_config.json").unlink()
     reasons = {name: refusal(folder) for name, folder in (cases | {"remote": remote}).items()}
     assert reasons == {
-        "dream": "no tokenizer.json",
         "gemma": "tokenizer_class 'GemmaTokenizer' (its class may rebuild the pipeline)",
-        "sdar": "no tokenizer.json",
+        "legacy": "special_tokens_map.json / added_tokens.json without added_tokens_decoder",
+        "templates": "several named chat templates",
+        "mistral": "fix_mistral_regex (transformers patches the pre-tokenizer)",
+        "no-json": "no tokenizer.json",
         "remote": "auto_map names a remote tokenizer class",
     }
     assert refusal(bare) == "no tokenizer_config.json (transformers picks the class by model type)"
-    for folder in cases.values():
-        assert not isinstance(load_tokenizer(folder), FastTokenizer)
+    for name in ("gemma", "legacy", "templates"):
+        assert not isinstance(load_tokenizer(cases[name]), FastTokenizer)
+
+
+def touch(path: Path) -> None:
+    path.write_text("{}")

@@ -156,7 +156,7 @@ def load_tokenizer(folder: Path, config=None) -> PreTrainedTokenizerBase | FastT
         raise ModelLoadError(
             f"no tokenizer in {folder} (expected tokenizer.json, or vocab.json + merges.txt)"
         )
-    from dllm_cli.models.tokenizer import NotFast, load_fast
+    from dllm_cli.models.tokenizer_files import NotFast, load_fast
 
     try:
         return load_fast(folder)

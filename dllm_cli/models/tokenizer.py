@@ -1,35 +1,22 @@
-"""A checkpoint's tokenizer on the `tokenizers` library, built as transformers 5 builds it.
+"""A checkpoint's tokenizer on the `tokenizers` library: transformers' tokenizer surface.
 
 `AutoTokenizer` costs transformers' package import (0.7-1.1 s of a start-up, issue 30) for a
-tokenizer.json that the `tokenizers` library reads by itself. `load_fast` repeats what
-transformers 5.24 does for a folder whose tokenizer_config.json names `PreTrainedTokenizerFast`
-or `TokenizersBackend` (tokenization_utils_base `_from_pretrained`, tokenization_utils_tokenizers
-`TokenizersBackend.__init__`), with the same calls into the same backend, so ids, offsets,
-added tokens and decoded text are transformers' own (tests/test_fast_tokenizer.py proves it
-family by family). Any folder it cannot express exactly raises `NotFast` with the reason, and
-the caller loads transformers' tokenizer instead (models/loading.py): a declared check, never
-a silent difference.
+tokenizer.json that the `tokenizers` library reads by itself. `FastTokenizer` is the part of
+transformers 5.24's `TokenizersBackend` that dllm uses (call, encode, decode, vocabulary, added
+and special tokens, chat templates), each a call into the same `tokenizers.Tokenizer` that
+transformers would make; models/tokenizer_files.py builds that backend from a folder exactly as
+transformers does (tests/test_fast_tokenizer.py compares the two family by family).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from tokenizers import AddedToken, Tokenizer, processors
+from tokenizers import AddedToken, Tokenizer
 
 # transformers' SPECIAL_TOKENS_ATTRIBUTES, in its order (ids of new tokens follow it).
 NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-# tokenizer_class values that transformers loads as the plain tokenizers backend.
-BACKEND_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
-# Files transformers would read in ways this module does not repeat.
-LEGACY_FILES = ("special_tokens_map.json", "added_tokens.json")
-
-
-class NotFast(Exception):
-    """This folder's tokenizer needs transformers (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -39,95 +26,12 @@ class Encoding:
     input_ids: list[int]
     offset_mapping: list[tuple[int, int]] | None = None
 
-
-def refusal(folder: Path) -> str | None:
-    """Why `load_fast` would refuse this folder (None: it loads it)."""
-    try:
-        read_settings(folder)
-    except NotFast as e:
-        return str(e)
-    return None
-
-
-def read_settings(folder: Path) -> dict[str, Any]:
-    """tokenizer_config.json as transformers' `_from_pretrained` hands it to the class."""
-    if not (folder / "tokenizer.json").is_file():
-        raise NotFast("no tokenizer.json")
-    cfg_file = folder / "tokenizer_config.json"
-    if not cfg_file.is_file():
-        raise NotFast("no tokenizer_config.json (transformers picks the class by model type)")
-    try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise NotFast(f"unreadable tokenizer_config.json ({e})") from None
-    if not isinstance(cfg, dict):
-        raise NotFast("tokenizer_config.json is not an object")
-    kind = cfg.get("tokenizer_class")
-    if kind not in BACKEND_CLASSES:
-        raise NotFast(f"tokenizer_class {kind!r} (its class may rebuild the pipeline)")
-    auto = cfg.get("auto_map")
-    if isinstance(auto, list | tuple) or (isinstance(auto, dict) and "AutoTokenizer" in auto):
-        raise NotFast("auto_map names a remote tokenizer class")
-    if (folder / "additional_chat_templates").is_dir() or not isinstance(
-        cfg.get("chat_template"), str | None
-    ):
-        raise NotFast("several named chat templates")
-    if "fix_mistral_regex" in cfg:
-        raise NotFast("fix_mistral_regex (transformers patches the pre-tokenizer)")
-    if "added_tokens_decoder" not in cfg and any((folder / f).is_file() for f in LEGACY_FILES):
-        raise NotFast("special_tokens_map.json / added_tokens.json without added_tokens_decoder")
-    cfg = {k: v for k, v in cfg.items() if k not in ("tokenizer_class", "init_inputs")}
-    cfg.pop("add_bos_token", None)  # transformers drops both when tokenizer.json is there
-    cfg.pop("add_eos_token", None)
-    template = folder / "chat_template.jinja"  # the file wins over the config's string
-    if template.is_file():
-        cfg["chat_template"] = template.read_text(encoding="utf-8")
-    if "additional_special_tokens" in cfg and not cfg.get("extra_special_tokens"):
-        cfg["extra_special_tokens"] = cfg.pop("additional_special_tokens")
-    return as_added_tokens(cfg)
-
-
-def as_added_tokens(obj: Any) -> Any:
-    """Serialized AddedTokens ({"__type": "AddedToken", ...}) back to objects, anywhere."""
-    if isinstance(obj, dict) and obj.get("__type") == "AddedToken":
-        return AddedToken(**{k: v for k, v in obj.items() if k != "__type"})
-    if isinstance(obj, list | tuple):
-        return [as_added_tokens(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: as_added_tokens(v) for k, v in obj.items()}
-    return obj
-
-
-def added_decoder(cfg: dict, tokenizer_json: Path) -> dict[int, AddedToken]:
-    """The `added_tokens_decoder` transformers passes on: the config's, else tokenizer.json's."""
-    if "added_tokens_decoder" in cfg:
-        entries = cfg["added_tokens_decoder"].items()
-        return {int(i): t if isinstance(t, AddedToken) else AddedToken(**t) for i, t in entries}
-    added = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("added_tokens", [])
-    return {t["id"]: AddedToken(**{k: v for k, v in t.items() if k != "id"}) for t in added}
-
-
-def special_roles(cfg: dict) -> tuple[dict[str, str | AddedToken], list]:
-    """(named special tokens in transformers' order, extra special tokens) from the config."""
-    named: dict[str, str | AddedToken] = {}
-    for key in NAMED:
-        value = cfg.get(key)
-        if value is not None and not isinstance(value, str | AddedToken):
-            raise NotFast(f"{key} is neither a string nor an AddedToken")
-        if value is not None:
-            named[key] = value
-    extra = cfg.get("extra_special_tokens") or []
-    specific = {
-        k: v
-        for k, v in cfg.items()
-        if k not in NAMED and k.endswith("_token") and isinstance(v, str | AddedToken)
-    }
-    if isinstance(extra, dict):  # model-specific named tokens (e.g. image_token)
-        specific |= extra
-        extra = []
-    if not isinstance(extra, list):
-        raise NotFast("extra_special_tokens is neither a list nor a dict")
-    return named | specific, list(extra)
+    def __getitem__(self, key: str):
+        """`enc["input_ids"]`, as a BatchEncoding reads."""
+        value = getattr(self, key, None) if key in ("input_ids", "offset_mapping") else None
+        if value is None:
+            raise KeyError(key)
+        return value
 
 
 class FastTokenizer:
@@ -277,55 +181,3 @@ def clean_up_spaces(text: str) -> str:
     for suffix in ("n't", "'m", "'s", "'ve", "'re"):
         text = text.replace(" " + suffix, suffix)
     return text
-
-
-def load_fast(folder: Path) -> FastTokenizer:
-    """The folder's tokenizer without transformers, or NotFast with the reason."""
-    cfg = read_settings(folder)
-    file = folder / "tokenizer.json"
-    decoder = added_decoder(cfg, file)
-    by_text = {str(t): t for t in decoder.values()}
-    for key in NAMED:  # a named token that is an added token carries its flags
-        if cfg.get(key) is not None:
-            cfg[key] = by_text.get(str(cfg[key]), cfg[key])
-    try:
-        backend = Tokenizer.from_file(str(file))
-    except Exception as e:  # tokenizers raises its own Exception type
-        raise NotFast(f"tokenizer.json does not load ({e})") from None
-    padding = backend.padding
-    if padding is not None:  # a padded tokenizer.json names the pad token when the config does not
-        cfg.setdefault("pad_token", padding["pad_token"])
-    backend.no_truncation()  # transformers turns both off for every unpadded, untruncated call
-    backend.no_padding()
-    had_processor = backend.post_processor is not None
-    named, extra = special_roles(cfg)
-    tok = FastTokenizer(backend, cfg, named, extra, folder)
-    backend.encode_special_tokens = tok.split_special_tokens
-    add_declared_tokens(backend, decoder, named, extra)
-    if not had_processor:  # transformers' update_post_processor without BOS/EOS
-        backend.post_processor = processors.TemplateProcessing(
-            single="$A:0", pair="$A:0 $B:1", special_tokens=[]
-        )
-    return tok
-
-
-def add_declared_tokens(backend: Tokenizer, decoder: dict, named: dict, extra: list) -> None:
-    """TokenizersBackend.__init__'s one `add_tokens` call: every config-declared added token
-    (transformers re-adds them all), then named and extra special tokens it does not know yet."""
-    to_add: list = [t for _, t in sorted(decoder.items(), key=lambda kv: kv[0])]
-    known = [t.content for t in backend.get_added_tokens_decoder().values()]
-    known += [str(t) for t in to_add]
-    for token in [*named.values(), *extra]:
-        if str(token) not in known and token not in to_add:
-            to_add.append(token)
-    if not to_add:
-        return
-    roles = [str(t) for t in named.values() if t]
-    tokens = []
-    for token in to_add:
-        if isinstance(token, str):
-            token = AddedToken(token, special=True)
-        elif not token.special and str(token) in roles:
-            token.special = True
-        tokens.append(token)
-    backend.add_tokens(tokens)
