@@ -318,3 +318,15 @@ def test_other_folders_load_transformers_tokenizer(tmp_path):
 
 def touch(path: Path) -> None:
     path.write_text("{}")
+
+
+def test_no_family_model_type_picks_another_tokenizer_class():
+    """AutoTokenizer overrides tokenizer_config.json's class for model types it registers; none
+    of the families the fast path serves is one (DiffusionGemma's GemmaTokenizer is declined)."""
+    from transformers.models.auto import tokenization_auto as auto
+
+    from dllm_cli.families import FAMILIES
+
+    served = {t for f in FAMILIES.values() if f.name != "diffusion_gemma" for t in f.model_types}
+    registered = set(auto.TOKENIZER_MAPPING_NAMES) | auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
+    assert served and not served & registered
