@@ -28,6 +28,8 @@ if TYPE_CHECKING:  # transformers is imported where a tokenizer needs it, not at
 
     from dllm_cli.models.tokenizer import FastTokenizer
 
+    AnyTokenizer = FastTokenizer | PreTrainedTokenizerBase
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Token strings that name the special roles in the folders we know.
@@ -62,7 +64,7 @@ class LoadedModel:
     """A ready-to-decode diffusion model and everything the decoder needs to know about it."""
 
     model: DiffusionLM
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: AnyTokenizer
     special: SpecialIds
     path: Path
     architecture: str  # config.json's model_type
@@ -144,7 +146,7 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def load_tokenizer(folder: Path, config=None) -> PreTrainedTokenizerBase | FastTokenizer:
+def load_tokenizer(folder: Path, config=None) -> AnyTokenizer:
     """The folder's tokenizer: on `tokenizers` alone where transformers would build the plain
     tokenizers backend (models/tokenizer.py, token-identical), else AutoTokenizer without remote
     code; Dream's remote class falls back to Qwen2's BPE.
@@ -187,7 +189,7 @@ def load_with_transformers(folder: Path, config=None) -> PreTrainedTokenizerBase
         raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(first)}") from None
 
 
-def _token_id(tokenizer: PreTrainedTokenizerBase, names: tuple[str, ...]) -> int | None:
+def _token_id(tokenizer: AnyTokenizer, names: tuple[str, ...]) -> int | None:
     vocab = tokenizer.get_vocab()
     for name in names:
         if name in vocab:
@@ -200,7 +202,7 @@ ROLES = ("mask", "eos", "pad", "bos", "eot")
 
 def special_ids(
     config,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: AnyTokenizer,
     overrides: dict | None = None,
     *,
     present: Collection[str] | None = None,
