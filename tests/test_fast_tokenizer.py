@@ -266,6 +266,20 @@ def test_template_errors_are_transformers_errors(tmp_path):
     )
 
 
+def test_options_that_are_not_template_data_are_refused():
+    """continue_final_message & co. change transformers' output: refused, not rendered as data."""
+    fast = load_tokenizer(WEIGHTS / "tiny-gsm-dream")
+    msgs = [{"role": "user", "content": "hi"}]
+    for option in ("continue_final_message", "return_assistant_tokens_mask", "padding"):
+        with pytest.raises(TypeError, match=option):
+            fast.apply_chat_template(msgs, **{option: True})
+    assert fast.apply_chat_template(msgs, tokenize=False, some_flag=True) == (
+        load_with_transformers(WEIGHTS / "tiny-gsm-dream").apply_chat_template(
+            msgs, tokenize=False, some_flag=True
+        )
+    )
+
+
 def test_other_folders_load_transformers_tokenizer(tmp_path):
     """DiffusionGemma's GemmaTokenizer (a class with its own pipeline), a remote class, a folder
     without tokenizer_config.json or tokenizer files, legacy token files, several templates:

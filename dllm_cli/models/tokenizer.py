@@ -17,6 +17,20 @@ from tokenizers import AddedToken, Tokenizer
 
 # transformers' SPECIAL_TOKENS_ATTRIBUTES, in its order (ids of new tokens follow it).
 NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# transformers' apply_chat_template options that dllm never passes (they are not template data).
+UNSUPPORTED_TEMPLATE_OPTIONS = frozenset(
+    {
+        "continue_final_message",
+        "sanitize_control_tokens",
+        "return_assistant_tokens_mask",
+        "return_dict",
+        "return_tensors",
+        "padding",
+        "truncation",
+        "max_length",
+        "tokenizer_kwargs",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -158,9 +172,15 @@ class FastTokenizer:
         chat_template: str | None = None,
         **kwargs,
     ):
-        """The conversation through the folder's chat template (models/chat_template.py)."""
+        """The conversation through the folder's chat template (models/chat_template.py).
+
+        transformers' options that change the output rather than feed the template are refused,
+        not passed to the template as variables."""
         from dllm_cli.models import chat_template as ct
 
+        unsupported = sorted(set(kwargs) & UNSUPPORTED_TEMPLATE_OPTIONS)
+        if unsupported:
+            raise TypeError(f"apply_chat_template: {', '.join(unsupported)} not supported here")
         source = chat_template or self.chat_template
         if source is None:
             raise ValueError("this tokenizer has no chat template")
