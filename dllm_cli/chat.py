@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from dllm_cli.errors import InputError
 
-if TYPE_CHECKING:  # transformers loads with the tokenizer, not at import
-    from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:  # ours (models/tokenizer.py) or, for folders it declines, transformers'
+    from dllm_cli.models.loading import AnyTokenizer
 
 # Private-use characters: no template trims them and no tokenizer gives them a meaning.
 PLACEHOLDER = "\ue000dllm-user-text\ue001"
@@ -42,12 +42,12 @@ class Frame:
     tail_ids: list[int]
 
 
-def special_ids(tok: PreTrainedTokenizerBase) -> set[int]:
+def special_ids(tok: AnyTokenizer) -> set[int]:
     """Ids of the special tokens the tokenizer reads from text (its special added tokens)."""
     return {i for i, t in tok.added_tokens_decoder.items() if t.special}
 
 
-def frame(tok: PreTrainedTokenizerBase) -> Frame:
+def frame(tok: AnyTokenizer) -> Frame:
     """Where the template puts one user message (the generation prompt included)."""
     around = render(tok, PLACEHOLDER)
     if around.count(PLACEHOLDER) != 1:
@@ -69,12 +69,12 @@ def frame(tok: PreTrainedTokenizerBase) -> Frame:
     )
 
 
-def render(tok: PreTrainedTokenizerBase, content: str) -> str:
+def render(tok: AnyTokenizer, content: str) -> str:
     messages = [{"role": "user", "content": content}]
     return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def encode_chat(tok: PreTrainedTokenizerBase, prompt: str, around: Frame) -> list[int]:
+def encode_chat(tok: AnyTokenizer, prompt: str, around: Frame) -> list[int]:
     """The template's ids around the user's text, which is tokenized as text only."""
     full = render(tok, prompt)
     head, tail = around.head, around.tail
@@ -85,18 +85,18 @@ def encode_chat(tok: PreTrainedTokenizerBase, prompt: str, around: Frame) -> lis
     return around.head_ids + middle + around.tail_ids
 
 
-def encode_plain(tok: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+def encode_plain(tok: AnyTokenizer, prompt: str) -> list[int]:
     """Raw text (no chat template): the tokenizer's own BOS/EOS if it adds any; text as text."""
     return tok(prompt, split_special_tokens=True).input_ids
 
 
-def _ids(tok: PreTrainedTokenizerBase, text: str, *, split: bool = False) -> list[int]:
+def _ids(tok: AnyTokenizer, text: str, *, split: bool = False) -> list[int]:
     if not text:
         return []
     return tok(text, add_special_tokens=False, split_special_tokens=split).input_ids
 
 
-def _spans(tok: PreTrainedTokenizerBase, text: str, specials: set[int]) -> list[tuple[int, int]]:
+def _spans(tok: AnyTokenizer, text: str, specials: set[int]) -> list[tuple[int, int]]:
     """(start, end) in `text` of each special token the tokenizer reads there."""
     if not text:
         return []
@@ -106,6 +106,6 @@ def _spans(tok: PreTrainedTokenizerBase, text: str, specials: set[int]) -> list[
     ]
 
 
-def pieces(tok: PreTrainedTokenizerBase, ids: list[int]) -> list[str]:
+def pieces(tok: AnyTokenizer, ids: list[int]) -> list[str]:
     """Each token's own text (special tokens as their strings), to show a prompt token by token."""
     return [tok.decode([i], skip_special_tokens=False) for i in ids]

@@ -11,6 +11,7 @@ even: both equally (the draft gets probability ~0.5).  every3: TARGET(p) unless 
 
 from __future__ import annotations
 
+import shutil
 from functools import cache
 from pathlib import Path
 
@@ -148,6 +149,8 @@ def committer(guide, rule: str = "exact", arg: float | None = None, **kw) -> Gui
 
 _WRITTEN: dict[str, tuple[Path, Path]] = {}
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
 
 def shared_tinygsm_pair(tmp_path_factory) -> tuple[Path, Path]:
     """One micro pair per test session, whichever module asks first (the tokenizer takes 3 s)."""
@@ -190,7 +193,8 @@ def write_tinygsm_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
         model.config.save_pretrained(str(folder))
         tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        tok.save_pretrained(str(folder))
+        for name in TOKENIZER_FILES:  # the shipped tokenizer, as the files it loads from
+            shutil.copy(BUILTIN_DIR / "tiny-gsm-dream" / name, folder / name)
     return folders
 
 

@@ -23,8 +23,12 @@ from dllm_cli.models import DiffusionLM
 from dllm_cli.models import quantize as quant
 from dllm_cli.models.weights import check_weights, meta_skeleton, read_weights, weight_files
 
-if TYPE_CHECKING:  # transformers is imported where a tokenizer is loaded, not at start-up
+if TYPE_CHECKING:  # transformers is imported where a tokenizer needs it, not at start-up
     from transformers import PreTrainedTokenizerBase
+
+    from dllm_cli.models.tokenizer import FastTokenizer
+
+    AnyTokenizer = FastTokenizer | PreTrainedTokenizerBase
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,7 +64,7 @@ class LoadedModel:
     """A ready-to-decode diffusion model and everything the decoder needs to know about it."""
 
     model: DiffusionLM
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: AnyTokenizer
     special: SpecialIds
     path: Path
     architecture: str  # config.json's model_type
@@ -142,8 +146,10 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def load_tokenizer(folder: Path, config=None) -> PreTrainedTokenizerBase:
-    """AutoTokenizer without remote code; Dream's remote class falls back to Qwen2's BPE.
+def load_tokenizer(folder: Path, config=None) -> AnyTokenizer:
+    """The folder's tokenizer: on `tokenizers` alone where transformers would build the plain
+    tokenizers backend (models/tokenizer.py, token-identical), else AutoTokenizer without remote
+    code; Dream's remote class falls back to Qwen2's BPE.
 
     `config`: the model's own config, so AutoTokenizer does not build one from config.json by
     model_type (for LLaDA-MoE that would be the dense LLaDA config)."""
@@ -152,8 +158,21 @@ def load_tokenizer(folder: Path, config=None) -> PreTrainedTokenizerBase:
         raise ModelLoadError(
             f"no tokenizer in {folder} (expected tokenizer.json, or vocab.json + merges.txt)"
         )
+    from dllm_cli.models.tokenizer_files import NotFast, load_fast
+
+    try:
+        return load_fast(folder)
+    except NotFast:  # a folder the fast path cannot express exactly: transformers' own
+        return load_with_transformers(folder, config)
+
+
+def load_with_transformers(folder: Path, config=None) -> PreTrainedTokenizerBase:
+    """transformers' AutoTokenizer (no remote code), else Qwen2's BPE for vocab.json + merges."""
     from transformers import AutoTokenizer
 
+    bpe = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
+
+    quiet_transformers()
     try:
         extra = {"config": config} if config is not None else {}
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, **extra)
@@ -170,7 +189,7 @@ def load_tokenizer(folder: Path, config=None) -> PreTrainedTokenizerBase:
         raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(first)}") from None
 
 
-def _token_id(tokenizer: PreTrainedTokenizerBase, names: tuple[str, ...]) -> int | None:
+def _token_id(tokenizer: AnyTokenizer, names: tuple[str, ...]) -> int | None:
     vocab = tokenizer.get_vocab()
     for name in names:
         if name in vocab:
@@ -183,7 +202,7 @@ ROLES = ("mask", "eos", "pad", "bos", "eot")
 
 def special_ids(
     config,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: AnyTokenizer,
     overrides: dict | None = None,
     *,
     present: Collection[str] | None = None,
@@ -250,7 +269,6 @@ def load_model(
     """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included).
 
     `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load."""
-    quiet_transformers()
     scheme = quant.scheme_for(quantize)
     folder = resolve_path(path)
     dev = resolve_device(device)
@@ -330,6 +348,7 @@ def load_diffusion_gemma(
     no mask role (uniform-state diffusion), the checkpoint's further stop tokens."""
     from dllm_cli.models import diffusion_gemma as dg
 
+    quiet_transformers()
     try:
         config = dg.read_config(raw)
     except Exception as e:  # strict dataclass validation raises several types

@@ -21,8 +21,8 @@ from dllm_cli.chat import _ids, _spans, special_ids
 from dllm_cli.errors import InputError
 from dllm_cli.prompt_text import check_text
 
-if TYPE_CHECKING:  # transformers loads with the tokenizer, not at import
-    from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:  # ours (models/tokenizer.py) or, for folders it declines, transformers'
+    from dllm_cli.models.loading import AnyTokenizer
 
 ROLES = ("system", "user", "assistant")
 
@@ -59,12 +59,12 @@ def check_messages(messages: list[Message]) -> None:
         raise InputError("empty prompt (the last user message has no text)")
 
 
-def render(tok: PreTrainedTokenizerBase, contents: list[str], roles: list[str]) -> str:
+def render(tok: AnyTokenizer, contents: list[str], roles: list[str]) -> str:
     messages = [{"role": r, "content": c} for r, c in zip(roles, contents, strict=True)]
     return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def segments(tok: PreTrainedTokenizerBase, roles: list[str]) -> list[str]:
+def segments(tok: AnyTokenizer, roles: list[str]) -> list[str]:
     """The template's text around the messages: len(roles) + 1 segments."""
     marks = [placeholder(i) for i in range(len(roles))]
     text = render(tok, marks, roles)
@@ -99,7 +99,7 @@ def written(full: str, parts: list[str], contents: list[str]) -> list[str]:
     return out
 
 
-def encode_messages(tok: PreTrainedTokenizerBase, messages: list[Message]) -> list[int]:
+def encode_messages(tok: AnyTokenizer, messages: list[Message]) -> list[int]:
     """Prompt ids for answering the conversation; message texts are tokenized as text only."""
     check_messages(messages)
     if not tok.chat_template:
