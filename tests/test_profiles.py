@@ -62,8 +62,9 @@ def test_default_profile_is_the_guided_tiny_dream_model():
     assert profile.guide is not None and profile.guide.path == "builtin:tiny-gsm-ar"
     assert (profile.guide.accept, profile.guide.draft_window) == ("exact", 32)
     d = profile.decode
-    assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "freecache", "threshold")
-    assert d.threshold == 0.99 and d.early_stop is True  # unguided: docs/decoding-rules.md
+    assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "freecache", "prefix")
+    assert (d.threshold, d.jump_threshold) == (0.8, 0.99)  # unguided: docs/decoding-rules.md
+    assert d.early_stop is True
     assert provenance["decode.cache"].startswith("profile ")
     assert provenance["decode.seed"] == "default"
 
@@ -224,9 +225,9 @@ def test_cli_settings_are_built_once_from_the_profiles():
     """CLI overrides build new settings (validated then); the profile's own are never changed."""
     plain, _ = resolve("tiny-gsm", {})
     changed, _ = resolve("tiny-gsm", {"gen_length": 64, "threshold": 0.5})
-    assert (plain.decode.gen_length, plain.decode.threshold) == (256, 0.9)
+    assert (plain.decode.gen_length, plain.decode.threshold) == (256, 0.7)
     assert (changed.decode.gen_length, changed.decode.threshold) == (64, 0.5)
-    assert dataclasses.replace(changed.decode, gen_length=256, threshold=0.9) == plain.decode
+    assert dataclasses.replace(changed.decode, gen_length=256, threshold=0.7) == plain.decode
 
 
 # --- precedence and provenance --------------------------------------------------------------

@@ -48,7 +48,13 @@ def eval_report(profile: str, *extra: str) -> dict:
 @pytest.mark.parametrize("profile", ["tiny-gsm", "tiny-gsm-dream"])
 def test_shipped_diffusion_model_stays_above_its_floor(profile):
     """Each diffusion model with dual cache, threshold 0.9 and early stop, no guide."""
-    report = eval_report(profile, "--no-guide", "--cache", "dual")
+    rule = (
+        "--unmask",
+        "threshold",
+        "--threshold",
+        "0.9",
+    )  # the floors' rule, whatever the profile's
+    report = eval_report(profile, "--no-guide", "--cache", "dual", *rule)
     assert report["settings"]["cache"] == "dual" and report["settings"]["early_stop"]
     assert report["accuracy"] >= FLOORS[profile], report["correct"]
 
