@@ -120,7 +120,9 @@ FLAGS: dict[str, Flag] = {
         "Suffix pruning: compute and attend only W columns past the current block (0: off).",
     ),
     "unmask": _decode(
-        "unmask", str, "Commit rule: fixed | threshold | factor | origin | eb | klass | wino."
+        "unmask",
+        str,
+        "Commit rule: fixed | threshold | factor | origin | eb | klass | wino | credit.",
     ),
     "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
     "schedule": _decode(
