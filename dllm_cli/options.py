@@ -122,7 +122,7 @@ FLAGS: dict[str, Flag] = {
     "unmask": _decode(
         "unmask",
         str,
-        "Commit rule: fixed | threshold | factor | origin | eb | klass | wino | prefix.",
+        "Commit rule: fixed | threshold | factor | origin | eb | klass | wino | prefix | credit.",
     ),
     "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
     "schedule": _decode(

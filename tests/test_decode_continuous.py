@@ -19,6 +19,7 @@ RULES = (
     {"unmask": "threshold", "threshold": 0.5},
     {"unmask": "factor", "factor": 2.0},
     {"unmask": "fixed", "steps": 8},
+    {"unmask": "credit", "threshold": 0.5},
 )  # deterministic rules only: origin (and confidence "random") draw from the run's generator
 
 
