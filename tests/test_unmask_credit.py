@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from decode_fixtures import KINDS, MASK, SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
-from test_decode_continuous import stream
+from rule_properties import assert_rows_decode_alone, assert_stops_prunes_and_batches_continuously
 
-from dllm_cli.decoding import Decoder, decode
+from dllm_cli.decoding import decode
 from dllm_cli.decoding.canvas import Block
 from dllm_cli.decoding.unmask import RuleCommitter, StepContext
 from dllm_cli.errors import SettingsError
@@ -151,31 +151,14 @@ def test_credits_reset_at_a_block_start_and_follow_their_row_not_its_slot():
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("cache", CACHES)
 def test_credit_every_cache_batch_equals_single_no_mask_deterministic(kind, cache):
-    model, ps = tiny(kind, seed=2, head_scale=4.0).model, prompts([3, 8, 5], seed=3)
-    s = settings(cache=cache, gen_length=12, **CREDIT)
-    batch = decode(model, SPECIAL, ps, s)
-    assert batch.tokens == decode(model, SPECIAL, ps, s).tokens  # deterministic
-    assert all(MASK not in row for row in batch.tokens)
-    assert batch.steps < 12  # commits several tokens in some step
-    apart = Decoder(model, SPECIAL, s).run(ps, lockstep=False).result()
-    for row, prompt in enumerate(ps):
-        alone = decode(model, SPECIAL, [prompt], s).tokens[0]
-        assert batch.tokens[row] == alone == apart.tokens[row], row
+    assert_rows_decode_alone(kind, cache, CREDIT)
 
 
 @pytest.mark.parametrize(
     ("kind", "cache", "window"), list(itertools.product(KINDS, ("dual", "freecache"), (0, 4)))
 )
 def test_credit_with_early_stop_suffix_pruning_and_continuous_batching(kind, cache, window):
-    model = tiny(kind, seed=1, head_scale=4.0, eos_from=9).model
-    ps = prompts([3, 9, 5, 1], seed=1)
-    s = settings(cache=cache, gen_length=16, early_stop=True, suffix_window=window, **CREDIT)
-    want = [decode(model, SPECIAL, [p], s).tokens[0] for p in ps]
-    assert decode(model, SPECIAL, ps, s).tokens == want
-    out, refused, _ = stream(model, ps, s, slots=2)
-    assert not refused
-    assert [out[i].tokens for i in range(len(ps))] == want
-    assert all(MASK not in row for row in want)
+    assert_stops_prunes_and_batches_continuously(kind, cache, window, CREDIT)
 
 
 def test_sampled_rows_keep_their_draw_and_stay_equal_alone():

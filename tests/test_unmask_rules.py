@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from decode_fixtures import KINDS, MASK, SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
+from rule_properties import assert_rows_decode_alone, assert_stops_prunes_and_batches_continuously
 from test_decode_continuous import stream
 
 from dllm_cli.decoding import Decoder, decode
@@ -133,17 +134,7 @@ def test_eb_gamma_zero_commits_one_uncertain_token_per_step():
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("cache", CACHES)
 def test_eb_every_cache_batch_equals_single_no_mask_deterministic(kind, cache):
-    model, ps = tiny(kind, seed=2, head_scale=4.0).model, prompts([3, 8, 5], seed=3)
-    s = settings(cache=cache, gen_length=12, **EB)
-    batch = decode(model, SPECIAL, ps, s)
-    assert batch.tokens == decode(model, SPECIAL, ps, s).tokens  # deterministic
-    assert all(MASK not in row for row in batch.tokens)
-    assert batch.steps < 12  # commits several tokens in some step
-    for row, prompt in enumerate(ps):
-        alone = decode(model, SPECIAL, [prompt], s).tokens[0]
-        assert batch.tokens[row] == alone, row
-        apart = Decoder(model, SPECIAL, s).run(ps, lockstep=False).result()
-        assert apart.tokens[row] == alone, row
+    assert_rows_decode_alone(kind, cache, EB)
 
 
 @pytest.mark.parametrize(
@@ -151,15 +142,7 @@ def test_eb_every_cache_batch_equals_single_no_mask_deterministic(kind, cache):
     list(itertools.product(KINDS, ("dual", "freecache"), (0, 4))),
 )
 def test_eb_with_early_stop_suffix_pruning_and_continuous_batching(kind, cache, window):
-    model = tiny(kind, seed=1, head_scale=4.0, eos_from=9).model
-    ps = prompts([3, 9, 5, 1], seed=1)
-    s = settings(cache=cache, gen_length=16, early_stop=True, suffix_window=window, **EB)
-    want = [decode(model, SPECIAL, [p], s).tokens[0] for p in ps]
-    assert decode(model, SPECIAL, ps, s).tokens == want
-    out, refused, _ = stream(model, ps, s, slots=2)
-    assert not refused
-    assert [out[i].tokens for i in range(len(ps))] == want
-    assert all(MASK not in row for row in want)
+    assert_stops_prunes_and_batches_continuously(kind, cache, window, EB)
 
 
 def test_frontier_points_and_settings():

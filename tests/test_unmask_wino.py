@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 from decode_fixtures import KINDS, MASK, SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
-from test_decode_continuous import stream
+from rule_properties import assert_stops_prunes_and_batches_continuously
 
 import dllm_cli.decoding.wino as wino
 from dllm_cli.decoding import Decoder, Engine, decode, decode_steps
@@ -155,15 +155,7 @@ def test_wino_cache_refreshed_every_step_equals_no_cache(kind):
     ("kind", "cache", "window"), list(itertools.product(KINDS, ("dual", "none"), (0, 4)))
 )
 def test_wino_with_early_stop_suffix_pruning_and_continuous_batching(kind, cache, window):
-    model = tiny(kind, seed=1, head_scale=4.0, eos_from=9).model
-    ps = prompts([3, 9, 5, 1], seed=1)
-    s = settings(cache=cache, gen_length=16, early_stop=True, suffix_window=window, **WINO)
-    want = [decode(model, SPECIAL, [p], s).tokens[0] for p in ps]
-    assert decode(model, SPECIAL, ps, s).tokens == want
-    out, refused, _ = stream(model, ps, s, slots=2)
-    assert not refused
-    assert [out[i].tokens for i in range(len(ps))] == want
-    assert all(MASK not in row for row in want)
+    assert_stops_prunes_and_batches_continuously(kind, cache, window, WINO)
 
 
 def test_wino_verifies_in_the_drafting_forward():
