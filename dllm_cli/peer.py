@@ -147,13 +147,16 @@ def compare(
     records = []
     for work in works:
         runs: dict[str, list[Timed]] = {name: [] for name in contenders}
+        load_start = os.getloadavg()[0]
         for r in range(rounds):
             order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
             for name in order:
                 timed = contenders[name](work)
                 runs[name].append(timed)
                 on_run(name, work, timed)
-        records.append(summary(work, runs))
+        record = summary(work, runs)
+        record["load_average"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+        records.append(record)
     return records
 
 
@@ -168,11 +171,15 @@ def summary(work: Work, runs: dict[str, list[Timed]]) -> dict:
     return {
         "gen_length": work.gen,
         "prompt_tokens": work.prompt_tokens,
+        "columns": work.total,
         "threads": work.threads,
         "rounds": len(runs["dllm"]),
         "llamacpp_decode_s": significant(peer_decode),
         "dllm_decode_s": significant(ours_decode),
         "decode_ratio": round(peer_decode / ours_decode, 3),
+        # One forward over every column per step: decode time per step is per forward.
+        "llamacpp_step_ms": significant(peer_decode * 1e3 / work.gen),
+        "dllm_step_ms": significant(ours_decode * 1e3 / work.gen),
         "llamacpp_wall_s": significant(peer_wall),
         "dllm_wall_s": significant(ours_wall),
         "wall_ratio": round(peer_wall / ours_wall, 3),
@@ -186,17 +193,26 @@ def significant(seconds: float) -> float:
 
 COLUMNS = (
     ("gen", "gen_length"),
+    ("columns", "columns"),
     ("llama.cpp decode s", "llamacpp_decode_s"),
     ("dllm decode s", "dllm_decode_s"),
     ("decode ratio", "decode_ratio"),
+    ("llama.cpp ms/step", "llamacpp_step_ms"),
+    ("dllm ms/step", "dllm_step_ms"),
     ("llama.cpp wall s", "llamacpp_wall_s"),
     ("dllm wall s", "dllm_wall_s"),
     ("wall ratio", "wall_ratio"),
+    ("load average (start, end)", "load_average"),
 )
 
 
 def markdown(records: list[dict]) -> str:
     """The medians as a markdown table (ratio: llama.cpp's seconds / dllm's, > 1: dllm faster)."""
     lines = ["| " + " | ".join(h for h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(str(r[k]) for _, k in COLUMNS) + " |" for r in records]
+    lines += ["| " + " | ".join(cell(r.get(k, "")) for _, k in COLUMNS) + " |" for r in records]
     return "\n".join(lines) + "\n"
+
+
+def cell(value) -> str:
+    """A table cell: a pair (the load averages) as `a, b`."""
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
