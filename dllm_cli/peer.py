@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dllm_cli.errors import DllmError, UsageError
+from dllm_cli.omp import user_environment
 
 # A prompt that is ordinary text for any tokenizer.
 PEER_PROMPT = (
@@ -103,11 +104,13 @@ def dllm_argv(folder: str, work: Work) -> list[str]:
     ]  # fmt: skip
 
 
-def run_process(argv: list[str], what: str) -> tuple[float, str, str]:
+def run_process(
+    argv: list[str], what: str, env: dict[str, str] | None = None
+) -> tuple[float, str, str]:
     """(wall seconds, stdout, stderr) of one process; a failure is a DllmError (exit 1)."""
     t = time.perf_counter()
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, errors="replace")
+        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env)
     except OSError as e:
         raise DllmError(f"cannot run {what}: {e.strerror or e}") from None
     wall = time.perf_counter() - t
@@ -118,7 +121,9 @@ def run_process(argv: list[str], what: str) -> tuple[float, str, str]:
 
 
 def run_llamacpp(binary: Path, gguf: Path, work: Work) -> Timed:
-    wall, out, err = run_process(llamacpp_argv(binary, gguf, work), "llama-diffusion-cli")
+    # The peer runs in the user's environment, without dllm's own OpenMP default (omp.py).
+    argv = llamacpp_argv(binary, gguf, work)
+    wall, out, err = run_process(argv, "llama-diffusion-cli", env=user_environment())
     return Timed(parse_llamacpp(out + err), wall)
 
 
