@@ -188,6 +188,9 @@ def summary(work: Work, runs: dict[str, list[Timed]]) -> dict:
         "llamacpp_wall_s": significant(peer_wall),
         "dllm_wall_s": significant(ours_wall),
         "wall_ratio": round(peer_wall / ours_wall, 3),
+        # Every run's decode seconds, in order: on a shared machine they can be bimodal.
+        "llamacpp_runs_s": [significant(t.decode_s) for t in runs["llama.cpp"]],
+        "dllm_runs_s": [significant(t.decode_s) for t in runs["dllm"]],
     }
 
 

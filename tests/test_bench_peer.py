@@ -63,6 +63,7 @@ def test_the_summary_gives_medians_per_step_and_the_ratio():
     assert record["llamacpp_decode_s"] == 6.4 and record["dllm_decode_s"] == 3.84
     assert record["llamacpp_step_ms"] == 50.0 and record["dllm_step_ms"] == 30.0
     assert record["decode_ratio"] == pytest.approx(6.4 / 3.84, abs=1e-3)
+    assert record["llamacpp_runs_s"] == [6.4, 5.12, 9.0] and record["dllm_runs_s"][0] == 3.84
     record["load_average"] = [0.1, 1.5]
     row = markdown([record]).splitlines()[2]
     assert row.startswith("| 128 | 192 | 6.4 | 3.84 |") and row.endswith("| 0.1, 1.5 |")
