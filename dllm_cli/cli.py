@@ -27,6 +27,7 @@ from dllm_cli.commands.generate import generate_command
 from dllm_cli.commands.profiles import profiles_app
 from dllm_cli.commands.serve import serve_command
 from dllm_cli.commands.visualize import visualize_command
+from dllm_cli.omp import spin_briefly
 
 
 class OneLineErrors(TyperGroup):
@@ -106,6 +107,7 @@ app.command("doctor")(doctor_command)
 
 def main() -> None:
     """Console-script entry point (`dllm`) and `python -m dllm_cli`."""
+    spin_briefly()  # before anything imports torch (dllm_cli/omp.py)
     use_utf8()
     app()
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dllm_cli.errors import DllmError, UsageError
+from dllm_cli.omp import user_environment
 
 # A prompt that is ordinary text for any tokenizer.
 PEER_PROMPT = (
@@ -103,11 +104,13 @@ def dllm_argv(folder: str, work: Work) -> list[str]:
     ]  # fmt: skip
 
 
-def run_process(argv: list[str], what: str) -> tuple[float, str, str]:
+def run_process(
+    argv: list[str], what: str, env: dict[str, str] | None = None
+) -> tuple[float, str, str]:
     """(wall seconds, stdout, stderr) of one process; a failure is a DllmError (exit 1)."""
     t = time.perf_counter()
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, errors="replace")
+        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env)
     except OSError as e:
         raise DllmError(f"cannot run {what}: {e.strerror or e}") from None
     wall = time.perf_counter() - t
@@ -118,7 +121,9 @@ def run_process(argv: list[str], what: str) -> tuple[float, str, str]:
 
 
 def run_llamacpp(binary: Path, gguf: Path, work: Work) -> Timed:
-    wall, out, err = run_process(llamacpp_argv(binary, gguf, work), "llama-diffusion-cli")
+    # The peer runs in the user's environment, without dllm's own OpenMP default (omp.py).
+    argv = llamacpp_argv(binary, gguf, work)
+    wall, out, err = run_process(argv, "llama-diffusion-cli", env=user_environment())
     return Timed(parse_llamacpp(out + err), wall)
 
 
@@ -147,13 +152,16 @@ def compare(
     records = []
     for work in works:
         runs: dict[str, list[Timed]] = {name: [] for name in contenders}
+        load_start = os.getloadavg()[0]
         for r in range(rounds):
             order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
             for name in order:
                 timed = contenders[name](work)
                 runs[name].append(timed)
                 on_run(name, work, timed)
-        records.append(summary(work, runs))
+        record = summary(work, runs)
+        record["load_average"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+        records.append(record)
     return records
 
 
@@ -168,14 +176,21 @@ def summary(work: Work, runs: dict[str, list[Timed]]) -> dict:
     return {
         "gen_length": work.gen,
         "prompt_tokens": work.prompt_tokens,
+        "columns": work.total,
         "threads": work.threads,
         "rounds": len(runs["dllm"]),
         "llamacpp_decode_s": significant(peer_decode),
         "dllm_decode_s": significant(ours_decode),
         "decode_ratio": round(peer_decode / ours_decode, 3),
+        # One forward over every column per step: decode time per step is per forward.
+        "llamacpp_step_ms": significant(peer_decode * 1e3 / work.gen),
+        "dllm_step_ms": significant(ours_decode * 1e3 / work.gen),
         "llamacpp_wall_s": significant(peer_wall),
         "dllm_wall_s": significant(ours_wall),
         "wall_ratio": round(peer_wall / ours_wall, 3),
+        # Every run's decode seconds, in order: on a shared machine they can be bimodal.
+        "llamacpp_runs_s": [significant(t.decode_s) for t in runs["llama.cpp"]],
+        "dllm_runs_s": [significant(t.decode_s) for t in runs["dllm"]],
     }
 
 
@@ -186,17 +201,26 @@ def significant(seconds: float) -> float:
 
 COLUMNS = (
     ("gen", "gen_length"),
+    ("columns", "columns"),
     ("llama.cpp decode s", "llamacpp_decode_s"),
     ("dllm decode s", "dllm_decode_s"),
     ("decode ratio", "decode_ratio"),
+    ("llama.cpp ms/step", "llamacpp_step_ms"),
+    ("dllm ms/step", "dllm_step_ms"),
     ("llama.cpp wall s", "llamacpp_wall_s"),
     ("dllm wall s", "dllm_wall_s"),
     ("wall ratio", "wall_ratio"),
+    ("load average (start, end)", "load_average"),
 )
 
 
 def markdown(records: list[dict]) -> str:
     """The medians as a markdown table (ratio: llama.cpp's seconds / dllm's, > 1: dllm faster)."""
     lines = ["| " + " | ".join(h for h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(str(r[k]) for _, k in COLUMNS) + " |" for r in records]
+    lines += ["| " + " | ".join(cell(r.get(k, "")) for _, k in COLUMNS) + " |" for r in records]
     return "\n".join(lines) + "\n"
+
+
+def cell(value) -> str:
+    """A table cell: a pair (the load averages) as `a, b`."""
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)

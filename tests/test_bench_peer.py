@@ -20,7 +20,7 @@ import pytest
 from cli_fixtures import invoke, isolated_fixture  # noqa: F401
 
 from dllm_cli.errors import DllmError
-from dllm_cli.peer import Work, dllm_argv, llamacpp_argv, parse_llamacpp
+from dllm_cli.peer import Timed, Work, dllm_argv, llamacpp_argv, markdown, parse_llamacpp, summary
 
 HERE = Path(__file__).resolve().parent
 FIXTURE = HERE / "fixtures" / "llamacpp_diffusion_output.txt"
@@ -50,6 +50,23 @@ def test_both_sides_get_the_same_work():
     assert after(ours, "--gen-length") == after(ours, "--block-length") == "24"
     assert after(ours, "--schedule") == "dream" and "--no-early-stop" in ours
     assert after(peer, "-p") == after(ours, "generate") == "hi"
+
+
+def test_the_summary_gives_medians_per_step_and_the_ratio():
+    w = Work("hi", prompt_tokens=64, gen=128, threads=2)
+    runs = {
+        "llama.cpp": [Timed(6.4, 6.5), Timed(5.12, 5.2), Timed(9.0, 9.1)],
+        "dllm": [Timed(3.84, 8.0), Timed(4.0, 8.2), Timed(3.2, 7.5)],
+    }
+    record = summary(w, runs)
+    assert record["columns"] == 192 and record["rounds"] == 3
+    assert record["llamacpp_decode_s"] == 6.4 and record["dllm_decode_s"] == 3.84
+    assert record["llamacpp_step_ms"] == 50.0 and record["dllm_step_ms"] == 30.0
+    assert record["decode_ratio"] == pytest.approx(6.4 / 3.84, abs=1e-3)
+    assert record["llamacpp_runs_s"] == [6.4, 5.12, 9.0] and record["dllm_runs_s"][0] == 3.84
+    record["load_average"] = [0.1, 1.5]
+    row = markdown([record]).splitlines()[2]
+    assert row.startswith("| 128 | 192 | 6.4 | 3.84 |") and row.endswith("| 0.1, 1.5 |")
 
 
 def executable(path: Path, text: str) -> Path:
@@ -116,6 +133,8 @@ def test_a_run_against_a_binary_replaying_llamacpp_s_output(tmp_path, dream_ckpt
     assert record["decode_ratio"] == pytest.approx(
         record["llamacpp_decode_s"] / record["dllm_decode_s"], rel=0.01, abs=1e-3
     )
+    assert record["llamacpp_step_ms"] == pytest.approx(record["llamacpp_decode_s"] * 1e3 / 8, 1e-3)
+    assert len(record["load_average"]) == 2
     assert "| 8 |" in result.stdout
 
 

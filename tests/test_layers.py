@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "families",
         "lifetimes",
         "version",
+        "omp",  # libgomp's spin default, set before torch loads
     ),  # version: __version__ for any layer; tinygsm: the built-in model's files (no code)
     ("models",),
     ("decoding",),
