@@ -11,7 +11,7 @@ from decode_fixtures import SPECIAL, prompts, settings, tiny
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding import Decoder, decode
 from dllm_cli.models.fused import MKL_PACKED, FusedLinear
-from dllm_cli.models.layers import RMSNorm, rope_tables
+from dllm_cli.models.layers import RMSNorm, apply_rope, rope_tables
 
 
 def fused_copy(model):
@@ -81,15 +81,32 @@ def test_cpu_float32_rms_norm_shortcut_is_the_formula(length):
         norm.weight.copy_(1 + 0.1 * torch.randn(64))
     x = torch.randn(2, length, 64)
     h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
-    assert torch.equal(norm(x), h * norm.weight)
+    with torch.inference_mode():  # the in-place formula
+        assert torch.equal(norm(x), h * norm.weight)
+    with torch.enable_grad():  # F.rms_norm's one call (autograd keeps what it needs)
+        assert torch.equal(norm(x), h * norm.weight)
 
 
 def test_rope_table_rows_equal_direct_tables():
     model = tiny("llada", seed=4).model
     positions = torch.tensor([[0, 1, 2, 300, 511], [7, 5, 3, 1, 0]])
     direct = rope_tables(positions, model.config.head_dim, model.rope_theta)
-    table = model.rope_at(positions, torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(table, direct, strict=True))
+    cos, sin, signed = model.rope_at(positions, torch.float32)
+    assert torch.equal(cos, direct[0]) and torch.equal(sin, direct[1])
+    half = sin.shape[-1] // 2
+    assert torch.equal(signed, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1))
+
+
+def test_rope_by_roll_is_rotate_half_bit_for_bit():
+    """The signed-sin roll (layers.apply_rope with a model's table) is the textbook rotation."""
+    model = tiny("llada", seed=4).model
+    positions = torch.tensor([[3, 4, 5, 6], [0, 9, 40, 511]])
+    cos, sin, signed = model.rope_at(positions, torch.float32)
+    x = torch.randn(2, 4, 6, model.config.head_dim).transpose(1, 2)  # (B, H, T, D), strided
+    half = x.shape[-1] // 2
+    textbook = x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    for got in (apply_rope(x, cos, sin, True, signed), apply_rope(x, cos, sin, True)):
+        assert torch.equal(got, textbook)
 
 
 def test_fused_model_decodes_the_same_tokens():

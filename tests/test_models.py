@@ -17,7 +17,7 @@ def batch(lengths: list[int], vocab: int, seed: int = 0):
     ids = torch.randint(0, vocab, (len(lengths), t), generator=gen)
     pads = torch.tensor([t - n for n in lengths])
     cols = torch.arange(t)[None]
-    positions = cols - pads[:, None]
+    positions = (cols - pads[:, None]).clamp(min=0)  # padding at 0, as the canvas has it
     key_mask = cols >= pads[:, None]
     return ids, positions, key_mask, pads
 

@@ -165,12 +165,18 @@ class Engine(RequestQueue):
     def step(self) -> StepOutput:
         """Admit waiting requests into free slots, then one decoding step of every live row."""
         began = time.perf_counter()
-        with torch.inference_mode():
-            self._drop_aborted()
-            self._admit()
-            out = decode_step(self) if self.live else StepOutput(-1)
+        if torch.is_inference_mode_enabled():  # (a caller's: no second context per step)
+            out = self._step()
+        else:
+            with torch.inference_mode():
+                out = self._step()
         self.seconds += time.perf_counter() - began
         return out
+
+    def _step(self) -> StepOutput:
+        self._drop_aborted()
+        self._admit()
+        return decode_step(self) if self.live else StepOutput(-1)
 
     # --- admission -------------------------------------------------------------------------
     def _admit(self) -> None:

@@ -7,6 +7,7 @@ Drafting follows LLaDA (arXiv 2502.09992, Gumbel-max in float64) and Dream (arXi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -116,7 +117,7 @@ class Sampler:
         out = logits[..., : self.vocab_size].to(dtype)  # (B, L, V)
         if self.mask_id < self.vocab_size:
             out = out.clone() if out.data_ptr() == logits.data_ptr() else out
-            out[..., self.mask_id] = float("-inf")
+            out.select(-1, self.mask_id).fill_(-math.inf)  # (a setitem makes a tensor of it)
         return out
 
     def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,6 +173,10 @@ class Sampler:
         )
         probs = (scores if self.family.tempered_confidence else raw).softmax(dim=-1)
         if rows.all_greedy:
+            kind = rows.value("confidence")  # (a list when rows differ)
+            if isinstance(kind, str) and CONFIDENCE_KINDS[kind] is chosen_probability:
+                confidence, tokens = probs.max(dim=-1)  # one op: the first maximum, as argmax's
+                return tokens, confidence, probs
             tokens = probs.argmax(dim=-1)
         else:
             tokens = gumbel_argmax(scores, rows.sampled())  # greedy rows draw nothing

@@ -12,6 +12,7 @@ is the Engine of engine.py, which imports this module.)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,7 @@ def decode_step(e) -> StepOutput:
         candidates = pred.valid & (c.ids.gather(1, pred.columns) == c.mask_id)
     else:
         candidates = c.ids[:, shared[0] : shared[1]] == c.mask_id
-    confidence = torch.where(candidates, pred.confidence, float("-inf"))
+    confidence = torch.where(candidates, pred.confidence, -math.inf)
     ctx = context(e, rows, pred, confidence, candidates, draws)
     decision = e.committer(ctx)
     e.guide_forwards += decision.forwards
@@ -91,7 +92,12 @@ def decode_step(e) -> StepOutput:
         r.guide_seconds += decision.seconds
     for row, plan in zip(rows, plans, strict=True):
         row.served(plan)
-    walk = e.walk.pending(c, rows, e.blocks)
+    if shared is not None and not e.frontier and decision.remask is None:
+        # One shared block, nothing masked again: what is left is the candidates not committed
+        # (commit is a subset of them), without reading the canvas's block again.
+        walk = (candidates ^ commit).sum(dim=1)  # (B,)
+    else:
+        walk = e.walk.pending(c, rows, e.blocks)
     if e.frontier or s.early_stop or any(r.sampling.stop for r in e.live):
         # a stop token may end (or, a request's own, cut) a row: the device says which
         done, cut = e.done()
@@ -193,7 +199,8 @@ def context(e, rows, pred: Prediction, confidence, candidates, draws) -> StepCon
 
 def guard(e, decision: Decision, ctx: StepContext, places) -> torch.Tensor:
     """Only masked columns of the row's span; progress guaranteed in either walk."""
-    commit = decision.commit.to(torch.bool) & ctx.candidates
+    commit = decision.commit
+    commit = (commit if commit.dtype == torch.bool else commit.to(torch.bool)) & ctx.candidates
     if e.frontier:
         # A frontier walk commits a run from the first mask, at least that first column.
         commit[:, 0] |= ctx.candidates[:, 0]
@@ -229,7 +236,7 @@ def write_span(c, commit, tokens, span: tuple[int, int], step: int) -> None:
     a, b = span
     p = c.prompt_width
     block = c.ids[:, a:b]  # (B, L) view
-    block.copy_(torch.where(commit, tokens, block))
+    torch.where(commit, tokens, block, out=block)  # elementwise, in place
     c.steps[:, a - p : b - p].masked_fill_(commit, step)
 
 

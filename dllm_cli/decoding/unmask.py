@@ -7,6 +7,7 @@ the drafts) plugs in at the same seam and reports how many drafts it accepted.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -180,10 +181,17 @@ def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
 def threshold_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     """Fast-dLLM (arXiv 2505.22618): every candidate with confidence >= tau, at least the best."""
     # The best is the leftmost maximum (argmax's first), as ranking would pick it; only a
-    # candidate, since confidence is -inf elsewhere and the result is cut to candidates.
+    # candidate, since confidence is -inf elsewhere. A row without candidates has its
+    # column 0 marked here, which the engine's guard cuts (commits are cut to candidates).
     best = ctx.confidence.argmax(dim=1, keepdim=True)  # (B, 1)
-    top = torch.zeros_like(ctx.candidates).scatter_(1, best, True)
-    return ((ctx.confidence >= p.threshold) | top) & ctx.candidates
+    top = slot_index(ctx.confidence.shape[1], ctx.confidence.device) == best  # (B, L)
+    return (ctx.confidence >= p.threshold) | top
+
+
+@functools.cache
+def slot_index(length: int, device: torch.device) -> torch.Tensor:
+    """(1, L) slot numbers 0..L-1, made once per length and device (nothing writes into it)."""
+    return torch.arange(length, device=device)[None]
 
 
 def factor_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:

@@ -10,7 +10,7 @@ from torch import nn
 
 from dllm_cli.cache import Columns, KVCache
 from dllm_cli.models.fused import worth_fusing
-from dllm_cli.models.layers import RMSNorm, default_positions, rope_tables
+from dllm_cli.models.layers import RMSNorm, default_positions, rope_tables, signed_sin
 
 
 class DiffusionLM(nn.Module):
@@ -24,7 +24,8 @@ class DiffusionLM(nn.Module):
     canvas columns, writes their K/V into `cache` at those columns, and attends over every
     cached column the key mask allows. `columns` is one slice for every row, or a (B, T) long
     tensor of each row's own columns (padding aimed at the cache's scratch column). RoPE sees
-    `positions` (true positions, i.e. canvas column minus the row's left padding). Returns raw
+    `positions` (true positions, i.e. canvas column minus the row's left padding, in [0,
+    context_length): padding columns sit at 0, as the canvas puts them). Returns raw
     logits (B, T, V) for the active columns, or only those `logits_slice` picks (a slice, or
     (B, T') per-row indices into T); `logit_shift` says whether they predict their own column
     (0, LLaDA) or the next one (1, Dream), which the decoder resolves.
@@ -99,19 +100,23 @@ class DiffusionLM(nn.Module):
         return self.config.vocab_size
 
     def rope_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos/sin (B, 1, T, D) at `positions`, rows of one table covering the whole context.
+        """cos, sin and signed sin (B, 1, T, D) at `positions`, rows of one table covering the
+        whole context (layers.apply_rope rotates with the signed one in one roll).
 
         The table is computed once per model, device and dtype (as Fast-dLLM keeps one), with
-        the arithmetic of `rope_tables`, so a row equals the directly computed values.
+        the arithmetic of `rope_tables`, so a row equals the directly computed values; the
+        three are stacked so that one lookup serves them all.
         """
         table = getattr(self, "_rope_table", None)
-        if table is None or table[0].device != positions.device or table[0].dtype != dtype:
+        if table is None or table.device != positions.device or table.dtype != dtype:
             _, _, head_dim = self.kv_shape()
             every = torch.arange(self.context_length, device=positions.device)[None]
-            table = tuple(t[0, 0].to(dtype) for t in rope_tables(every, head_dim, self.rope_theta))
-            self._rope_table = table  # (N, D) each
-        cos, sin = table
-        return cos[positions][:, None], sin[positions][:, None]
+            cos, sin = (t[0, 0].to(dtype) for t in rope_tables(every, head_dim, self.rope_theta))
+            table = torch.stack([cos, sin, signed_sin(sin)])  # (3, N, D)
+            self._rope_table = table
+        b, t = positions.shape
+        rows = table.index_select(1, positions.reshape(-1))  # (3, B T, D): one gather
+        return rows.view(3, b, 1, t, -1).unbind(0)
 
     # --- the one forward --------------------------------------------------------------
     def forward(
@@ -131,11 +136,11 @@ class DiffusionLM(nn.Module):
             positions = default_positions(input_ids, columns)
         h = self.embed(input_ids)  # (B, T, d)
         rope = self.rope_at(positions, self.rope_dtype(h.dtype))  # one for every layer
-        for i, block in enumerate(self.blocks()):
-            h = block(h, rope, cache=cache, layer=i, columns=columns, key_mask=key_mask)
+        for i, block in enumerate(self.blocks()):  # (forward directly: no hooks on blocks)
+            h = block.forward(h, rope, cache=cache, layer=i, columns=columns, key_mask=key_mask)
         if isinstance(logits_slice, torch.Tensor):  # (B, T') per-row picks
             h = h.gather(1, logits_slice[..., None].expand(-1, -1, h.shape[-1]))
-        elif logits_slice is not None:
+        elif logits_slice is not None and logits_slice != slice(0, t):  # (all of them: as is)
             h = h[:, logits_slice]
         return self.head(h)
 

@@ -125,7 +125,7 @@ class Fusion:
         self.groups: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
             name: FusedLinear(*linears) for name, linears in groups.items()
         }
-        self.linears: list[nn.Module] = [lin for linears in groups.values() for lin in linears]
+        self.linears = [lin for linears in groups.values() for lin in linears]
         self.pointers = self.current()
 
     def __getattr__(self, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -134,11 +134,20 @@ class Fusion:
         except KeyError:
             raise AttributeError(name) from None
 
+    @property
+    def linears(self) -> list[nn.Module]:
+        return self.__dict__["_linears"]
+
+    @linears.setter
+    def linears(self, linears: list[nn.Module]) -> None:
+        self.__dict__["_linears"] = linears
+        # The linears' own tensor tables, looked up once (each forward reads them).
+        self.__dict__["_held"] = [d for lin in linears for d in (lin._parameters, lin._buffers)]
+
     def intact(self) -> bool:
         """Every linear still reads the fused storage (one cheap check per block forward)."""
         return self.current() == self.pointers
 
     def current(self) -> list[int]:
         """Where each linear's tensors live now (parameters, or an int8 layer's buffers)."""
-        held = [(*lin._parameters.values(), *lin._buffers.values()) for lin in self.linears]
-        return [t.data_ptr() for tensors in held for t in tensors if t is not None]
+        return [t.data_ptr() for held in self._held for t in held.values() if t is not None]

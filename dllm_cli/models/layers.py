@@ -22,6 +22,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if w is not None and x.dtype == w.dtype == torch.float32 and x.device.type == "cpu":
+            if not torch.is_grad_enabled():
+                # The formula below with its scale and products written in place: 4 buffers
+                # fewer than F.rms_norm's CPU composite (22.7 -> 15.2 us at 32 x 64), the
+                # same floats (tests/test_fused.py).
+                r = torch.mean(x * x, -1, keepdim=True).add_(self.eps).rsqrt_()
+                return torch.mul(x, r).mul_(w)
             # The same arithmetic in one call (bit-identical on CPU float32: tests/test_fused.py).
             return F.rms_norm(x, (x.shape[-1],), w, self.eps)
         dtype = x.dtype
@@ -44,23 +50,41 @@ def rope_tables(
     return emb.cos()[:, None], emb.sin()[:, None]
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: rotate_half(x) * sin == roll(x, D/2) * signed_sin(sin)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((sin[..., :half].neg(), sin[..., half:]), dim=-1)
+
+
 def apply_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, full_precision: bool
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    full_precision: bool,
+    signed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rotate (B, H, T, D) by position; LLaDA rotates in float32, Qwen2/Dream in the model dtype."""
+    """Rotate (B, H, T, D) by position; LLaDA rotates in float32, Qwen2/Dream in the model dtype.
+
+    `signed` (signed_sin(sin), from a model's table) turns rotate_half's chunk, neg and cat
+    into one roll: (-b) * s and b * (-s) are the same float, so the result is bit-identical.
+    """
     dtype = x.dtype
     if dtype != cos.dtype:  # (casts that would change nothing are skipped: one op each)
         if full_precision:
             x = x.float()
         else:
             cos, sin = cos.to(dtype), sin.to(dtype)
+            signed = None if signed is None else signed.to(dtype)
     # x * cos + rotate_half(x) * sin, in three buffers instead of five (every in-place op
     # here writes a fresh buffer autograd does not keep, so gradients flow through it
-    # unchanged); chunk and split below are one call for what two slices did.
-    first, second = x.chunk(2, dim=-1)
-    rotated = torch.cat((second.neg(), first), dim=-1)
+    # unchanged).
+    if signed is not None:
+        rotated = x.roll(x.shape[-1] // 2, dims=-1).mul_(signed)
+    else:
+        first, second = x.chunk(2, dim=-1)
+        rotated = torch.cat((second.neg(), first), dim=-1).mul_(sin)
     out = x * cos
-    out = out.add_(rotated.mul_(sin))
+    out = out.add_(rotated)
     return out if out.dtype == dtype else out.to(dtype)
 
 
@@ -68,20 +92,22 @@ def rotated_qkv(
     qkv: torch.Tensor,
     n_heads: int,
     n_kv: int,
-    rope: tuple[torch.Tensor, torch.Tensor],
+    rope: tuple[torch.Tensor, ...],
     full_precision: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(B, T, (H + 2 H_kv) D) projections -> q (B, H, T, D), k, v (B, H_kv, T, D); q, k rotated.
 
-    One RoPE pass covers the queries and keys together (the same arithmetic per element as
-    rotating them one at a time).
+    One transpose puts every head in (B, heads, T, D) order before the split, and one RoPE
+    pass covers the queries and keys together (the same arithmetic per element as rotating
+    them one at a time). `rope` is (cos, sin) or (cos, sin, signed sin), (B, 1, T, D) each.
     """
     b, t, _ = qkv.shape
-    heads = qkv.view(b, t, n_heads + 2 * n_kv, -1)  # (B, T, H + 2 H_kv, D)
-    cos, sin = (table.transpose(1, 2) for table in rope)  # (B, T, 1, D)
-    qk, v = heads.split_with_sizes((n_heads + n_kv, n_kv), dim=2)
-    q, k = apply_rope(qk, cos, sin, full_precision).split_with_sizes((n_heads, n_kv), dim=2)
-    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    heads = qkv.view(b, t, n_heads + 2 * n_kv, -1).transpose(1, 2)  # (B, H + 2 H_kv, T, D)
+    qk, v = heads.split_with_sizes((n_heads + n_kv, n_kv), dim=1)
+    cos, sin, *signed = rope
+    rotated = apply_rope(qk, cos, sin, full_precision, *signed)
+    q, k = rotated.split_with_sizes((n_heads, n_kv), dim=1)
+    return q, k, v
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -121,9 +147,9 @@ def attend(
     (suffix pruning: the canvas past K is neither attended nor read). Returns (B, T, H*D).
     """
     if rope is not None:  # None: the caller has rotated q and k already
-        cos, sin = rope
-        q = apply_rope(q, cos, sin, full_precision_rope)
-        k = apply_rope(k, cos, sin, full_precision_rope)
+        cos, sin, *signed = rope
+        q = apply_rope(q, cos, sin, full_precision_rope, *signed)
+        k = apply_rope(k, cos, sin, full_precision_rope, *signed)
     if isinstance(key_mask, ShadowMask):
         return attend_shadowed(q, k, v, cache, layer, columns, key_mask)
     if cache is not None:

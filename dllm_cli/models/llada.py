@@ -146,7 +146,9 @@ class LLaDABlock(nn.Module):
 
     def forward(self, x, rope, *, cache, layer, columns, key_mask):
         f = self.fusion if self.fusion is not None and self.fusion.intact() else None
-        n = self.attn_norm(x)
+        # The norms' forward is called directly: nothing hooks them, and a module call
+        # costs its hook checks at every layer of every step.
+        n = self.attn_norm.forward(x)
         if f is not None:
             qkv = f.qkv(n)  # (B, T, (H + 2 H_kv) D)
         else:
@@ -164,7 +166,7 @@ class LLaDABlock(nn.Module):
             key_mask=key_mask,
         )
         x = residual(x, f.out(a) if f is not None else self.attn_out(a))
-        n = self.ff_norm(x)
+        n = self.ff_norm.forward(x)
         if f is not None:
             gate, up = f.gate_up(n).chunk(2, dim=-1)
             return residual(x, f.down(swiglu(gate, up)))
@@ -215,7 +217,7 @@ class LLaDAModelLM(DiffusionLM):
 
     def head(self, h):
         t = self.model.transformer
-        h = t.ln_f(h)
+        h = t.ln_f.forward(h)
         logits = F.linear(h, t.wte.weight) if self.config.weight_tying else t.ff_out(h)
         if self.config.scale_logits:
             logits = logits * (1.0 / self.config.d_model**0.5)

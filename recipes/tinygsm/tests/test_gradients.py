@@ -13,7 +13,7 @@ from recipes.tinygsm.tokenizer import build_tokenizer
 from recipes.tinygsm.train import PRESETS
 
 
-def textbook_rope(x, cos, sin, full_precision):
+def textbook_rope(x, cos, sin, full_precision, signed=None):  # (signed: our roll's table)
     dtype = x.dtype
     if full_precision:
         x = x.float()
