@@ -40,6 +40,20 @@ def count_reads(monkeypatch) -> list[str]:
     return reads
 
 
+def assert_one_read_per_step(engine, monkeypatch, requests: int) -> None:
+    """Step the engine until it is done; no step reads the device more than once."""
+    reads = count_reads(monkeypatch)
+    per_step, finished = [], 0
+    while engine.has_work:
+        before = len(reads)
+        out = engine.step()
+        per_step.append(reads[before:])
+        finished += len(out.finished)
+    monkeypatch.undo()
+    assert finished == requests and len(per_step) >= 3
+    assert all(len(r) <= 1 for r in per_step), [r for r in per_step if len(r) > 1][:3]
+
+
 @pytest.mark.parametrize("admission", ["static", "continuous"])
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("cache", CACHES)
@@ -51,16 +65,7 @@ def test_an_unguided_step_reads_the_device_at_most_once(monkeypatch, kind, cache
     engine = Engine(loaded.model, SPECIAL, s, slots=2, admission=admission, quantum=4)
     for p in prompts([3, 7, 2, 5, 4], seed=2):
         engine.add(p)
-    reads = count_reads(monkeypatch)
-    per_step, finished = [], 0
-    while engine.has_work:
-        before = len(reads)
-        out = engine.step()
-        per_step.append(reads[before:])
-        finished += len(out.finished)
-    monkeypatch.undo()
-    assert finished == 5 and len(per_step) >= 3
-    assert all(len(r) <= 1 for r in per_step), [r for r in per_step if len(r) > 1][:3]
+    assert_one_read_per_step(engine, monkeypatch, requests=5)
 
 
 # Per-request sampling beside greedy rows: per-row values, own generators, own stop ids.
@@ -82,16 +87,7 @@ def test_per_request_sampling_reads_the_device_at_most_once(monkeypatch, cache, 
     engine = Engine(loaded.model, SPECIAL, s, slots=3, admission=admission, quantum=4)
     for p, own in zip(prompts([3, 7, 2, 5, 4], seed=2), OWN, strict=True):
         engine.add(p, sampling=own)
-    reads = count_reads(monkeypatch)
-    per_step, finished = [], 0
-    while engine.has_work:
-        before = len(reads)
-        out = engine.step()
-        per_step.append(reads[before:])
-        finished += len(out.finished)
-    monkeypatch.undo()
-    assert finished == 5 and len(per_step) >= 3
-    assert all(len(r) <= 1 for r in per_step), [r for r in per_step if len(r) > 1][:3]
+    assert_one_read_per_step(engine, monkeypatch, requests=5)
 
 
 def test_events_and_answers_are_read_only_when_asked(monkeypatch):

@@ -14,10 +14,10 @@ import itertools
 import pytest
 import torch
 from decode_fixtures import KINDS, MASK, SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
-from rule_properties import assert_stops_prunes_and_batches_continuously
+from rule_properties import assert_rows_decode_alone, assert_stops_prunes_and_batches_continuously
 
 import dllm_cli.decoding.wino as wino
-from dllm_cli.decoding import Decoder, Engine, decode, decode_steps
+from dllm_cli.decoding import Engine, decode, decode_steps
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.policies import Forward
 from dllm_cli.decoding.sampling import Sampler, family_of
@@ -129,16 +129,7 @@ def test_wino_every_cache_batch_equals_single_no_mask_deterministic(kind, cache,
         "dllm_cli.decoding.step.revoke",
         lambda c, remask, cols: (revoked.append(int(remask.sum())), real(c, remask, cols)),
     )
-    model, ps = tiny(kind, seed=2, head_scale=4.0).model, prompts([3, 8, 5], seed=3)
-    s = settings(cache=cache, gen_length=12, **WINO)
-    batch = decode(model, SPECIAL, ps, s)
-    assert batch.tokens == decode(model, SPECIAL, ps, s).tokens  # deterministic
-    assert all(MASK not in row for row in batch.tokens)
-    assert batch.steps < 12  # commits several tokens in some step
-    apart = Decoder(model, SPECIAL, s).run(ps, lockstep=False).result()
-    for row, prompt in enumerate(ps):
-        alone = decode(model, SPECIAL, [prompt], s).tokens[0]
-        assert batch.tokens[row] == alone == apart.tokens[row], row
+    assert_rows_decode_alone(kind, cache, WINO)
     assert sum(revoked) > 0  # the test decodes re-mask something
 
 

@@ -26,8 +26,7 @@ import torch
 from dllm_cli.decoding import block_rules
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.decoding.block_step import block_step
-from dllm_cli.decoding.canvas import check_prompts, check_token_ids
-from dllm_cli.decoding.request import Request, RequestQueue, Status, one_prompt
+from dllm_cli.decoding.request import Request, RequestQueue, Status, canvas_prompt
 from dllm_cli.decoding.slots import ADMISSIONS
 from dllm_cli.decoding.step import StepOutput
 from dllm_cli.errors import InputError, SettingsError
@@ -99,12 +98,7 @@ class BlockEngine(RequestQueue):
                 "confidence per request: not supported by the block-causal engine (SDAR, "
                 "LLaDA2), whose rules rank the drafted tokens' probabilities"
             )
-        s, context = self.settings, self.model.context_length
-        ids = one_prompt(
-            prompt,
-            lambda batch: check_prompts(batch, s.gen_length, context),
-            lambda batch: check_token_ids(batch, self.table),
-        )
+        ids = canvas_prompt(prompt, self.settings.gen_length, self.model.context_length, self.table)
         return self.enqueue(ids, key, own)
 
     @property

@@ -25,10 +25,10 @@ import torch
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.answer import answer_tokens, first_stop
-from dllm_cli.decoding.canvas import Canvas, check_prompts, check_token_ids, plan_blocks
+from dllm_cli.decoding.canvas import Canvas, plan_blocks
 from dllm_cli.decoding.forwards import Forwards
 from dllm_cli.decoding.policies import POLICIES
-from dllm_cli.decoding.request import Finished, Request, RequestQueue, Status, one_prompt
+from dllm_cli.decoding.request import Finished, Request, RequestQueue, Status, canvas_prompt
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
@@ -125,12 +125,7 @@ class Engine(RequestQueue):
         own = self.sampling
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
-        s, context = self.settings, self.model.context_length
-        ids = one_prompt(
-            prompt,
-            lambda batch: check_prompts(batch, s.gen_length, context),
-            lambda batch: check_token_ids(batch, self.table),
-        )
+        ids = canvas_prompt(prompt, self.settings.gen_length, self.model.context_length, self.table)
         return self.enqueue(ids, key, own)
 
     @property
