@@ -35,12 +35,16 @@ class KVCache:
         scratch: bool = False,
         row_ids: torch.Tensor | None = None,
         lo: int = 0,
+        hosts: tuple[int, ...] | None = None,
     ):
         self.k = k  # per layer (N, H_kv, S (+1 scratch), D)
         self.v = v
         self.scratch = scratch
         self.row_ids = row_ids  # (R,) cache rows a forward serves (None: all, in order)
         self.lo = lo  # first key column attended
+        # row_ids as host ints where the caller knows them: a packed forward then reads one
+        # row's keys as a view instead of gathering them (decoding/packing.py)
+        self.hosts = hosts
 
     @classmethod
     def empty(
@@ -76,16 +80,18 @@ class KVCache:
         """Every row in order, every column: what a recorded (CUDA-graph) step may replay on."""
         return self.row_ids is None and self.lo == 0
 
-    def view(self, rows: torch.Tensor | None = None, lo: int = 0) -> KVCache:
+    def view(
+        self, rows: torch.Tensor | None = None, lo: int = 0, hosts: tuple[int, ...] | None = None
+    ) -> KVCache:
         """The cache as a forward over `rows` (this view's rows; None: all) attending keys from
-        column `lo` sees it; itself when that is all of it."""
+        column `lo` sees it; itself when that is all of it. `hosts`: `rows` as host ints."""
         if rows is not None and self.row_ids is not None:
-            rows = self.row_ids[rows]
+            rows, hosts = self.row_ids[rows], None
         elif rows is None:
-            rows = self.row_ids
+            rows, hosts = self.row_ids, self.hosts
         if rows is None and lo == 0:
             return KVCache(self.k, self.v, self.scratch) if not self.whole else self
-        return KVCache(self.k, self.v, self.scratch, rows, lo)
+        return KVCache(self.k, self.v, self.scratch, rows, lo, hosts)
 
     def update(
         self, layer: int, columns: Columns, k: torch.Tensor, v: torch.Tensor

@@ -8,7 +8,7 @@ import torch
 from decode_fixtures import SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
 
 from dllm_cli.cache import KVCache
-from dllm_cli.decoding import Engine, forwards
+from dllm_cli.decoding import Engine, forwards, packing
 from dllm_cli.decoding.forwards import ragged_groups
 from dllm_cli.decoding.policies import Forward
 
@@ -86,22 +86,30 @@ def test_a_cache_view_writes_its_rows_and_reads_from_its_first_key():
     assert again.row_ids.tolist() == [0]
 
 
-@pytest.mark.parametrize("cache", ["none", "dual", "freecache"])
-def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache):
+@pytest.mark.parametrize(
+    ("cache", "packed"),
+    [("none", False), ("dual", False), ("freecache", False), ("dual", True), ("freecache", True)],
+)
+def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache, packed):
+    """Padded (`packed` False: guidance, WINO) or packed into one forward (packing.py)."""
     from test_decode_syncs import count_reads
 
     model = tiny("dream", eos_from=6).model
     s = settings(cache=cache, early_stop=True, refresh_interval=3 if cache != "none" else 0)
     engine = Engine(model, SPECIAL, s, slots=3, admission="continuous", quantum=64)
+    engine.executor.packs = packed
     for p in prompts([2, 190, 5, 230, 3], seed=2):
         engine.add(p)
-    groups = []
+    groups, split = [], packing.attention_groups if packed else ragged_groups
 
-    def grouped(plans, full):
-        groups.append(ragged_groups(plans, full))
+    def grouped(plans, *rest):
+        groups.append(split(plans, *rest))
         return groups[-1]
 
-    monkeypatch.setattr(forwards, "ragged_groups", grouped)  # the executor's own lookup
+    if packed:  # the executor's own lookups
+        monkeypatch.setattr(packing, "attention_groups", grouped)
+    else:
+        monkeypatch.setattr(forwards, "ragged_groups", grouped)
     reads = count_reads(monkeypatch)
     per_step = []
     while engine.has_work:
@@ -109,5 +117,5 @@ def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache)
         engine.step()
         per_step.append(reads[before:])
     monkeypatch.undo()
-    assert max(len(g) for g in groups) >= 2  # refreshes ran in groups of their own widths
+    assert groups and max(len(g) for g in groups) >= 2  # several forwards or attention groups
     assert all(len(r) <= 1 for r in per_step), [r for r in per_step if len(r) > 1][:3]

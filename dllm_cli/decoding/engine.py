@@ -350,7 +350,9 @@ class Engine(RequestQueue):
         n = self.cache.k[0].shape[0] // self.branches
         if len(self.live) == n:
             return self.cache
-        return self.cache.view(torch.cat([self.slot_rows + b * n for b in range(self.branches)]))
+        hosts = tuple(r.slot + b * n for b in range(self.branches) for r in self.live)
+        rows = torch.cat([self.slot_rows + b * n for b in range(self.branches)])
+        return self.cache.view(rows, hosts=hosts)
 
     def _note_padding(self) -> None:
         """The canvas learns from the host whether any row is padded (no device read)."""

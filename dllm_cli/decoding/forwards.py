@@ -38,6 +38,7 @@ import torch
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.canvas import Canvas
+from dllm_cli.decoding.packing import pack
 from dllm_cli.decoding.policies import Forward
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import Sampler
@@ -75,6 +76,8 @@ class Forwards:
     query-key pairs attended per layer.
     """
 
+    packable: bool = True  # a subclass whose forwards add queries of their own says False
+
     def __init__(
         self,
         model,
@@ -89,6 +92,9 @@ class Forwards:
         self.greedy = greedy_drafts  # guided: drafts are argmax whatever the temperature
         self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
         self.ragged = ragged
+        # Ragged rows share one packed forward (packing.py) where the model's layers attend
+        # through layers.attend; guidance's two branches and WINO's shadow stay padded.
+        self.packs = self.branches == 1 and model.packs and self.packable
         self.row_columns = self.key_columns = 0
         self._span_memo: dict = {}  # spans -> (columns, valid), see _slots
 
@@ -107,6 +113,8 @@ class Forwards:
         columns, valid = self._slots(spans, device)
         full, _ = split(plans)
         every = len(full) == len(plans)
+        if self.ragged and self.packs and cache is not None and apart(plans, full):
+            return self._packed(canvas, cache, plans, spans, generator, columns, valid)
         groups = ragged_groups(plans, full) if self.ragged and full else [full]
         if (
             not full
@@ -164,8 +172,21 @@ class Forwards:
             memo[key] = (torch.where(valid, starts[:, None] + slots, starts[:, None]), valid)
         return memo[key]
 
+    def _packed(self, c: Canvas, cache: KVCache, plans, spans, generator, columns, valid):
+        """One forward over every row's own columns, packed (packing.py)."""
+        p = pack(c, cache.row_ids, cache.hosts, plans, spans, self.model.logit_shift)
+        self.row_columns += p.row_columns
+        self.key_columns += p.key_columns
+        logits = self.model(p.ids, p.positions, cache, p.layout, logits_slice=p.picks)
+        logits = logits.view(len(plans), p.span, -1)  # (B, L, V)
+        drafts, confidence, probs = self._draft(logits, generator)
+        return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
+
     def _group(self, canvas, cache, plans, spans, rows, generator):
-        logits = self._logits(canvas, cache, plans, spans, rows)  # (R, L, V)
+        return self._draft(self._logits(canvas, cache, plans, spans, rows), generator)
+
+    def _draft(self, logits: torch.Tensor, generator):
+        """Drafts, confidence and (when kept) distributions of logits (R, L, V)."""
         if self.greedy:
             return (*self.sampler.argmax(logits), None)
         tokens, confidence, probs = self.sampler.draft(logits, generator)
@@ -292,6 +313,14 @@ def folds(plans: list[Forward], spans, full: list[int], model) -> bool:
     )
     fulls = max(plans[r].end - plans[r].start for r in full)
     return len(plans) * longest <= len(plans) * windows + len(full) * fulls
+
+
+def apart(plans: list[Forward], full: list[int]) -> bool:
+    """Whether rows need more than one padded forward's layout: a refresh beside other rows
+    or another refresh, or cached windows that differ."""
+    if full:
+        return len(plans) > 1
+    return len({(p.start, p.end) for p in plans}) > 1
 
 
 def split(plans: list[Forward]) -> tuple[list[int], list[int]]:

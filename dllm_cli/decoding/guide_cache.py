@@ -146,9 +146,8 @@ class GuideCache:
         x = torch.tensor([ids], dtype=torch.long, device=self.valid.device)
         x = x.masked_fill(x >= self.table, pad_id)
         positions = torch.arange(len(ids), device=x.device)[None]
-        out = self.model(
-            input_ids=x, attention_mask=torch.ones_like(x), position_ids=positions, use_cache=True
-        )
+        # no attention mask: one row, every token real (a causal LM then masks causally alone)
+        out = self.model(input_ids=x, position_ids=positions, use_cache=True)
         self.count(x.shape, len(ids))
         return out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
 

@@ -82,6 +82,8 @@ class ShadowForwards(Forwards):
     """Forwards whose every forward ends in WINO's shadow block; the Prediction's `verify`
     (B, L) holds each earlier-committed slot's shadow probability (+inf elsewhere)."""
 
+    packable = False  # the shadow queries ride in each padded forward
+
     def __call__(self, canvas, cache, plans, spans, generator):
         self._verified = []
         pred = super().__call__(canvas, cache, plans, spans, generator)

@@ -33,6 +33,8 @@ class DiffusionLM(nn.Module):
 
     logit_shift: int = 0
     family: ClassVar[str]  # its families.py key (sampler, reference settings)
+    # Its layers attend through layers.attend, so a forward may pack rows (layers.PackedRows).
+    packs: ClassVar[bool] = True
 
     def __init__(self, config) -> None:
         super().__init__()

@@ -78,6 +78,7 @@ class BlockDiffusionLM(DiffusionLM):
     """Base of the block-causal models: `forward(ids, positions, ctx)` -> logits (B, T, V)."""
 
     block_causal = True
+    packs = False  # their layers attend through a BlockContext
 
     def fuse_projections(self) -> None:
         """Nothing to fuse: these classes keep the checkpoints' own projections."""

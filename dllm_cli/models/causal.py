@@ -199,9 +199,26 @@ class Attention(nn.Module):
         k = apply_rope(self.heads_of(self.k_proj, x, "k_norm"), cos, sin, full_precision=False)
         k, v = kv.update(i, k, self.heads_of(self.v_proj, x, None))  # (B, H_kv, S, D)
         gqa = self.heads != self.kv_heads
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        causal = mask is None  # a prompt fed alone: causal attention by the kernel's own rule
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa
+        )
         b, h, t, d = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, h * d))
+
+
+def causal_mask(attention_mask: torch.Tensor | None, past: int, t: int, device) -> torch.Tensor:
+    """(B or 1, 1, T, S + T) bool: each fed slot sees the cache slots the attention mask
+    allows and the fed slots up to its own."""
+    slots = torch.arange(past + t, device=device)
+    mask = slots[None] <= (past + torch.arange(t, device=device))[:, None]  # (T, S + T)
+    if attention_mask is not None:
+        mask = mask[None] & attention_mask.bool()[:, None]  # (B, T, S + T)
+    # a query with no key to attend (a padding row in admission) attends to itself, so its
+    # K/V in later layers stay finite; no real query ever gives it weight
+    own = slots == past + torch.arange(t, device=device)[:, None]  # (T, S + T)
+    mask = mask | (own & ~mask.any(dim=-1, keepdim=True))
+    return mask[:, None] if mask.dim() == 3 else mask[None, None]
 
 
 class MLP(nn.Module):
@@ -260,7 +277,9 @@ class CausalLM(nn.Module):
 
         attention_mask: (B, S + T) over cached then fed slots, True where a key may be
         attended; a fed slot also sees only slots up to its own (causal by slot, as
-        transformers builds it from cache positions).
+        transformers builds it from cache positions). Without a mask or a cache (a prompt
+        fed alone) SDPA's own causal rule applies: no mask tensor, and the flash kernel skips
+        the blocks above the diagonal.
         """
         b, t = input_ids.shape
         kv = past_key_values if past_key_values is not None else GuideKV(self.config.layers)
@@ -268,15 +287,8 @@ class CausalLM(nn.Module):
         device = input_ids.device
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=device)[None].expand(b, t)
-        slots = torch.arange(past + t, device=device)
-        mask = slots[None] <= (past + torch.arange(t, device=device))[:, None]  # (T, S + T)
-        if attention_mask is not None:
-            mask = mask[None] & attention_mask.bool()[:, None]  # (B, T, S + T)
-        # a query with no key to attend (a padding row in admission) attends to itself, so its
-        # K/V in later layers stay finite; no real query ever gives it weight
-        own = slots == past + torch.arange(t, device=device)[:, None]  # (T, S + T)
-        mask = mask | (own & ~mask.any(dim=-1, keepdim=True))
-        mask = mask[:, None] if mask.dim() == 3 else mask[None, None]  # (B or 1, 1, T, S + T)
+        alone = attention_mask is None and past == 0
+        mask = None if alone else causal_mask(attention_mask, past, t, device)
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
         rope = self.rope(position_ids, x.dtype)
         for i, layer in enumerate(self.model.layers):

@@ -152,6 +152,8 @@ def attend(
         k = apply_rope(k, cos, sin, full_precision_rope, *signed)
     if isinstance(key_mask, ShadowMask):
         return attend_shadowed(q, k, v, cache, layer, columns, key_mask)
+    if isinstance(key_mask, PackedRows):
+        return attend_packed(q, k, v, cache, layer, key_mask)
     if cache is not None:
         k, v = cache.update(layer, columns, k, v)  # (B, H_kv, S, D)
         if key_mask is not None and key_mask.shape[1] < k.shape[2]:
@@ -189,6 +191,50 @@ def attend_shadowed(q, k, v, cache, layer: int, columns: Columns, shadow: Shadow
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=shadow.mask[:, None], enable_gqa=gqa)
     b, h, t, d = out.shape
     return out.transpose(1, 2).reshape(b, t, h * d)
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    """Rows of a packed forward whose queries attend in one SDPA call (decoding/packing.py)."""
+
+    queries: torch.Tensor  # (R, T) long: packed column of each query (padding repeats one)
+    rows: torch.Tensor | slice  # (R,) cache rows, or a slice of them (read in place)
+    lo: int  # keys attended: cache columns [lo, hi)
+    hi: int
+    mask: torch.Tensor | None  # (R, hi - lo) bool, True where a key may be attended
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """A forward over many rows' columns packed into one sequence (B = 1, no padding): the
+    projections and MLPs see only real columns; attention runs per group of rows."""
+
+    rows: torch.Tensor  # (N,) long: the cache row of each packed column
+    columns: torch.Tensor  # (N,) long: its canvas column (where its K/V are written)
+    groups: tuple[AttentionGroup, ...]
+    back: torch.Tensor  # (N,) long: each packed column's output among the groups' outputs
+
+
+def attend_packed(q, k, v, cache: KVCache, layer: int, packed: PackedRows) -> torch.Tensor:
+    """attend() for a packed forward: q (1, H, N, D); k, v (1, H_kv, N, D). Every column's K/V
+    go to its own cache row and column first; then each group's queries attend their rows'
+    cached keys. Returns (1, N, H*D)."""
+    store_k, store_v = cache.k[layer], cache.v[layer]  # (rows, H_kv, S, D)
+    at = (packed.rows, packed.columns)
+    store_k.transpose(1, 2)[at] = k[0].transpose(0, 1)  # (N, H_kv, D) into (rows, S, H_kv, D)
+    store_v.transpose(1, 2)[at] = v[0].transpose(0, 1)
+    tokens = q[0].transpose(0, 1)  # (N, H, D)
+    h, d = tokens.shape[1], tokens.shape[2]
+    outs = []
+    for g in packed.groups:
+        queries = tokens[g.queries].transpose(1, 2)  # (R, H, T, D)
+        keys, values = store_k[g.rows, :, g.lo : g.hi], store_v[g.rows, :, g.lo : g.hi]
+        mask = None if g.mask is None else g.mask[:, None, None, :]  # (R, 1, 1, K)
+        gqa = queries.shape[1] != keys.shape[1]
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=gqa)
+        outs.append(out.transpose(1, 2).reshape(-1, h * d))  # (R T, H*D)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out[packed.back][None]
 
 
 def default_positions(input_ids: torch.Tensor, columns: Columns) -> torch.Tensor:

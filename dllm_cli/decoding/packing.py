@@ -1,0 +1,180 @@
+"""One forward for rows at different places of their decode: their columns packed end to end.
+
+Under continuous batching one step may hold a new row's prefill (its whole canvas) beside the
+cached rows' windows, which differ in width too. Padded to one (B, T) layout they would cost
+the windowed rows a prefill each; run as separate forwards, each pays a forward's fixed cost.
+Packed (vLLM's and SGLang's varlen batching), every row's own columns follow one another in
+a single sequence (B = 1): embeddings, projections and MLPs compute only real columns, in
+one GEMM per weight. Attention is the one part that needs rows apart: every column's K/V are
+written at its row and column of the KV cache, then each group of rows attends its cached
+keys in one SDPA call (models/layers.attend_packed), its queries padded to the group's
+widest. The cached rows form one group (its padding queries cost attention only); each
+refresh row forms its own (or a few of similar width share one, `attention_groups`), so no
+prefill pads another row. CPU SDPA has no varlen kernel, which is why groups exist at all.
+
+Every row computes exactly the columns its plan names and attends exactly the keys it would
+alone, so the output is the padded forwards' (tests/test_packing.py checks it against them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dllm_cli.decoding.canvas import Canvas
+from dllm_cli.decoding.policies import Forward
+from dllm_cli.models.layers import AttentionGroup, PackedRows
+
+# Costs of attention layouts, in attended query-key pairs (one pair: ~8 ns per layer on CPU
+# for the shipped model): an SDPA call of its own (~30 us of ops per layer), and a key column
+# of a row gathered out of the cache (K and V copied) for a group that cannot read it in place.
+GROUP_COST = 4096
+COPY_COST = 16
+# On a GPU an SDPA call is a kernel launch of ~10 us against far cheaper pairs: rows share a
+# call unless padding costs a great deal (not measured on a GPU yet).
+CUDA_GROUP_COST = 1 << 20
+
+
+@dataclass(frozen=True)
+class PackedForward:
+    """A packed forward's inputs: ids and positions (1, N), the attention layout, the logit
+    picks (1, R L) that give each row's span, and the arithmetic it does."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    layout: PackedRows
+    picks: torch.Tensor
+    span: int  # L: predictions per row (short spans padded by repeating their last)
+    row_columns: int
+    key_columns: int
+
+
+def pack(
+    c: Canvas,
+    cache_rows: torch.Tensor | None,
+    hosts_known: tuple[int, ...] | None,
+    plans: list[Forward],
+    spans,
+    shift: int,
+) -> PackedForward:
+    """The packed forward of a step's rows. `cache_rows` (B,): each canvas row's cache row
+    (None: canvas row r is cache row r); `hosts_known`: the same as host ints, if known."""
+    device = c.ids.device
+    starts = [p.lead if p.refresh else p.start for p in plans]
+    widths = [p.end - a for p, a in zip(plans, starts, strict=True)]
+    offsets = [0]
+    for w in widths:
+        offsets.append(offsets[-1] + w)
+    n = offsets[-1]
+    row = torch.repeat_interleave(
+        torch.arange(len(plans), device=device), torch.tensor(widths, device=device)
+    )  # (N,) canvas row of each packed column
+    first = torch.tensor(offsets[:-1], device=device)
+    columns = torch.tensor(starts, device=device)[row] + torch.arange(n, device=device) - first[row]
+    ids = c.ids[row, columns][None]  # (1, N)
+    positions = c.positions()[row, columns][None]
+    rows = row if cache_rows is None else cache_rows[row]
+
+    hosts = host_rows(cache_rows, hosts_known, len(plans))
+    groups, back_of, sizes, key_columns = [], [None] * len(plans), [], 0
+    limits = [limit(c, p) for p in plans]
+    cost = GROUP_COST if device.type == "cpu" else CUDA_GROUP_COST
+    for members in attention_groups(plans, widths, limits, hosts is not None, cost):
+        t = max(widths[r] for r in members)
+        g = group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t)
+        for i, r in enumerate(members):
+            back_of[r] = (len(groups), i)
+        groups.append(g)
+        sizes.append(len(members) * t)
+        key_columns += len(members) * t * (g.hi - g.lo)
+
+    # Each packed column's output: group output base + (row in group) * T + its slot.
+    bases = [0]
+    for s in sizes:
+        bases.append(bases[-1] + s)
+    back = []
+    for r, (gi, i) in enumerate(back_of):
+        t = sizes[gi] // len(groups[gi].queries)
+        origin = bases[gi] + i * t
+        back.extend(range(origin, origin + widths[r]))
+
+    span = max(e - a for a, e in spans)
+    picks = []
+    for r, (a, e) in enumerate(spans):
+        at = offsets[r] + a - shift - starts[r]
+        picks.extend(at + min(j, e - a - 1) for j in range(span))
+    return PackedForward(
+        ids,
+        positions,
+        PackedRows(rows, columns, tuple(groups), torch.tensor(back, device=device)),
+        torch.tensor(picks, device=device)[None],
+        span,
+        n,
+        key_columns,
+    )
+
+
+def host_rows(cache_rows, known, n: int) -> tuple[int, ...] | None:
+    """Each canvas row's cache row as a host int (None: only on the device)."""
+    if cache_rows is None:
+        return tuple(range(n))
+    return known
+
+
+def group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t) -> AttentionGroup:
+    """One SDPA call's rows: queries (R, T) into the packed sequence, keys from the members'
+    first real column to their furthest limit, masked by the canvas and each row's limit (a
+    row alone attends exactly its own real keys: no mask)."""
+    device = c.ids.device
+    queries = [
+        [offsets[r] + min(j, widths[r] - 1) for j in range(t)] for r in members
+    ]  # padding repeats a row's last query (its output is never read)
+    lo = min(plans[r].lead for r in members)
+    limits = [limits[r] for r in members]
+    hi = max(limits)
+    if len(members) == 1 and hosts is not None:
+        at = hosts[members[0]]
+        rows, mask = slice(at, at + 1), None
+    else:
+        index = torch.tensor(members, device=device)
+        rows = index if cache_rows is None else cache_rows[index]
+        mask = c.key_mask()
+        mask = None if mask is None else mask[index]
+        if any(n < hi for n in limits):
+            inside = c.columns()[None] < torch.tensor(limits, device=device)[:, None]
+            mask = inside if mask is None else mask & inside
+        if mask is not None:
+            mask = mask[:, lo:hi]
+    return AttentionGroup(torch.tensor(queries, device=device), rows, lo, hi, mask)
+
+
+def limit(c: Canvas, plan: Forward) -> int:
+    """The end of the keys a row attends (its suffix-pruning limit, else the canvas end)."""
+    return c.width if plan.keys is None else plan.keys
+
+
+def attention_groups(
+    plans: list[Forward], widths: list[int], keys: list[int], views: bool, own: int = GROUP_COST
+) -> list[list[int]]:
+    """Rows in SDPA groups, cheapest split of the rows in order of attended keys: a group's
+    queries are padded to its widest row and attend its widest key range; a lone row reads
+    its keys in place when its cache row is known on the host (`views`), others gather theirs
+    (`own`: what a call of its own costs; COPY_COST)."""
+    order = sorted(range(len(plans)), key=lambda r: (keys[r] - plans[r].lead, widths[r]))
+    n = len(order)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            members = order[i:j]
+            wide = max(widths[r] for r in members)
+            span = max(keys[r] for r in members) - min(plans[r].lead for r in members)
+            copy = 0 if views and len(members) == 1 else COPY_COST * len(members) * span
+            cost = best[i] + own + len(members) * wide * span + copy
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(sorted(order[cut[j] : j]))
+        j = cut[j]
+    return groups[::-1]
