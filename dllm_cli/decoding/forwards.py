@@ -1,33 +1,33 @@
-"""One step's model forwards for rows at different places: usually one, a few at most.
+"""One step's model forwards for rows at different places: one, or a few at most.
 
 Each row brings its plan (the canvas columns its cache policy recomputes, policies.py) and its
-span (the columns it decodes: its block, or a guided row's draft window):
+span (the columns it decodes: its block, or a guided row's draft window).
 
-- rows whose plan is a full refresh (a decode's first step, a block start under Prefix/Dual
-  cache, a periodic refresh) are ragged: each computes only its own columns, from its first
-  prompt token (its left padding to the canvas's prompt width is left out). Under continuous
-  batching they run in groups of similar width, one forward each (`ragged_groups`: fewer
-  forwards where one costs less than two); a static batch, as LLaDA and Fast-dLLM decode one,
-  refreshes every row in one forward padded to its longest prompt;
-- every other row shares one windowed forward. When all their windows are equal (rows in
-  lockstep, the common static batch) the window is one slice; otherwise each row feeds its own
-  columns, padded to the longest window with queries aimed at the KV cache's scratch column.
-  When both kinds are present, the windowed forward runs over every row (the full rows with
-  their span as a stand-in window, rewritten by their full forwards right after), so it uses
-  the cache in place; only the full forwards' few rows gather their K/V.
+Rows in lockstep (the common static batch, as LLaDA and Fast-dLLM decode one) share one
+forward over one slice of columns; a static batch's refresh runs every row in one forward
+padded to its longest prompt.
 
-A full forward and a windowed one differ in length by the whole prompt, so padding them into
-one would cost the windowed rows a full forward each, while windows of cached rows differ
-little (a block's worth at most under Prefix/FreeCache). Where padding costs nothing extra
-they are one: when one forward over every row's own columns (padded to the longest) computes
-no more row-columns than the two together (`folds`: wide Prefix/FreeCache windows beside a
-short prompt's prefill), a new row's prefill rides along in the cached rows' forward. Every
-forward attends keys only from its rows' first real column. (Measured on CPU, a forward's
-cost grows with its row-columns and attended keys: 8 rows x 600 columns took 13.6x the time of
-8 x 32 on the shipped Dream model. vLLM and SGLang pack ragged rows into one varlen attention;
-this runs dense forwards per group, which is what CPU SDPA offers.) Logits are computed only
-for each row's span (per-row picks when spans differ), and the sampler runs on each group's
-logits, so memory stays at one group's (R, L, V).
+Rows apart (continuous batching: `ragged`) run as one packed forward (packing.py, vLLM's and
+SGLang's varlen batching): every row's own columns end to end in one sequence, a new row's
+prefill beside the cached rows' windows, so no row is padded to another's width and a step
+pays one forward's fixed cost; attention runs per group of rows. Models whose layers attend
+otherwise, classifier-free guidance (two branches) and WINO's shadow queries keep the padded
+layout below:
+
+- rows whose plan is a full refresh are ragged: each computes only its own columns, from its
+  first prompt token, in groups of similar width, one forward each (`ragged_groups`);
+- every other row shares one windowed forward, each row feeding its own columns padded to the
+  longest window with queries aimed at the KV cache's scratch column. Beside refreshes it runs
+  over every row (the full rows with their span as a stand-in window, rewritten by their full
+  forwards right after), so it uses the cache in place;
+- where one forward over every row's own columns computes no more row-columns than the two
+  together (`folds`), a new row's prefill rides along in the cached rows' forward.
+
+Every forward attends keys only from its rows' first real column. (Measured on CPU, a
+forward's cost grows with its row-columns and attended keys: 8 rows x 600 columns took 13.6x
+the time of 8 x 32 on the shipped Dream model.) Logits are computed only for each row's span
+(per-row picks when spans differ), and the sampler runs on each group's logits, so memory
+stays at one group's (R, L, V).
 """
 
 from __future__ import annotations
@@ -68,9 +68,10 @@ KEYS_PER_COLUMN = 700
 class Forwards:
     """Runs a step's forwards and turns their logits into drafts per row.
 
-    `ragged` (rows at their own places: continuous batching): rows due a refresh are served by
+    `ragged` (rows at their own places: continuous batching): rows that do not share one slice
+    run as one packed forward (`packs`: packing.py), or else rows due a refresh are served by
     forwards over their own columns only, grouped by width where one forward costs less than
-    two (`ragged_groups`); otherwise one forward serves them all, padded to the widest (a
+    two (`ragged_groups`); not ragged, one forward serves them all, padded to the widest (a
     static batch, as LLaDA and Fast-dLLM decode one). `row_columns` and `key_columns` count
     the arithmetic done: columns forwarded (rows x columns, both CFG branches) and
     query-key pairs attended per layer.

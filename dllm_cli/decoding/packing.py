@@ -67,9 +67,11 @@ def pack(
     for w in widths:
         offsets.append(offsets[-1] + w)
     n = offsets[-1]
-    row = torch.repeat_interleave(
-        torch.arange(len(plans), device=device), torch.tensor(widths, device=device)
-    )  # (N,) canvas row of each packed column
+    row = torch.repeat_interleave(  # (N,) canvas row of each packed column
+        torch.arange(len(plans), device=device),
+        torch.tensor(widths, device=device),
+        output_size=n,  # known on the host: no device read on a GPU
+    )
     first = torch.tensor(offsets[:-1], device=device)
     columns = torch.tensor(starts, device=device)[row] + torch.arange(n, device=device) - first[row]
     ids = c.ids[row, columns][None]  # (1, N)
@@ -77,8 +79,8 @@ def pack(
     rows = row if cache_rows is None else cache_rows[row]
 
     hosts = host_rows(cache_rows, hosts_known, len(plans))
-    groups, back_of, sizes, key_columns = [], [None] * len(plans), [], 0
     limits = [limit(c, p) for p in plans]
+    groups, back_of, shapes, key_columns = [], [None] * len(plans), [], 0
     cost = GROUP_COST if device.type == "cpu" else CUDA_GROUP_COST
     for members in attention_groups(plans, widths, limits, hosts is not None, cost):
         t = max(widths[r] for r in members)
@@ -86,17 +88,16 @@ def pack(
         for i, r in enumerate(members):
             back_of[r] = (len(groups), i)
         groups.append(g)
-        sizes.append(len(members) * t)
+        shapes.append((len(members), t))
         key_columns += len(members) * t * (g.hi - g.lo)
 
-    # Each packed column's output: group output base + (row in group) * T + its slot.
+    # Each packed column's output among the groups' (R, T) outputs laid end to end.
     bases = [0]
-    for s in sizes:
-        bases.append(bases[-1] + s)
+    for rows_in, t in shapes:
+        bases.append(bases[-1] + rows_in * t)
     back = []
     for r, (gi, i) in enumerate(back_of):
-        t = sizes[gi] // len(groups[gi].queries)
-        origin = bases[gi] + i * t
+        origin = bases[gi] + i * shapes[gi][1]
         back.extend(range(origin, origin + widths[r]))
 
     span = max(e - a for a, e in spans)
@@ -127,16 +128,18 @@ def group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t) -> A
     first real column to their furthest limit, masked by the canvas and each row's limit (a
     row alone attends exactly its own real keys: no mask)."""
     device = c.ids.device
-    queries = [
-        [offsets[r] + min(j, widths[r] - 1) for j in range(t)] for r in members
-    ]  # padding repeats a row's last query (its output is never read)
     lo = min(plans[r].lead for r in members)
     limits = [limits[r] for r in members]
     hi = max(limits)
     if len(members) == 1 and hosts is not None:
-        at = hosts[members[0]]
-        rows, mask = slice(at, at + 1), None
+        (r,) = members
+        queries = slice(offsets[r], offsets[r] + widths[r])
+        rows, mask = slice(hosts[r], hosts[r] + 1), None
     else:
+        queries = torch.tensor(
+            [[offsets[r] + min(j, widths[r] - 1) for j in range(t)] for r in members],
+            device=device,
+        )  # padding repeats a row's last query (its output is never read)
         index = torch.tensor(members, device=device)
         rows = index if cache_rows is None else cache_rows[index]
         mask = c.key_mask()
@@ -146,7 +149,7 @@ def group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t) -> A
             mask = inside if mask is None else mask & inside
         if mask is not None:
             mask = mask[:, lo:hi]
-    return AttentionGroup(torch.tensor(queries, device=device), rows, lo, hi, mask)
+    return AttentionGroup(queries, rows, lo, hi, mask)
 
 
 def limit(c: Canvas, plan: Forward) -> int:

@@ -197,7 +197,8 @@ def attend_shadowed(q, k, v, cache, layer: int, columns: Columns, shadow: Shadow
 class AttentionGroup:
     """Rows of a packed forward whose queries attend in one SDPA call (decoding/packing.py)."""
 
-    queries: torch.Tensor  # (R, T) long: packed column of each query (padding repeats one)
+    queries: torch.Tensor | slice  # (R, T) long packed columns (padding repeats one), or
+    # one row's run of them
     rows: torch.Tensor | slice  # (R,) cache rows, or a slice of them (read in place)
     lo: int  # keys attended: cache columns [lo, hi)
     hi: int
@@ -227,7 +228,10 @@ def attend_packed(q, k, v, cache: KVCache, layer: int, packed: PackedRows) -> to
     h, d = tokens.shape[1], tokens.shape[2]
     outs = []
     for g in packed.groups:
-        queries = tokens[g.queries].transpose(1, 2)  # (R, H, T, D)
+        if isinstance(g.queries, slice):
+            queries = tokens[g.queries][None].transpose(1, 2)  # (1, H, T, D), a view
+        else:
+            queries = tokens[g.queries].transpose(1, 2)  # (R, H, T, D)
         keys, values = store_k[g.rows, :, g.lo : g.hi], store_v[g.rows, :, g.lo : g.hi]
         mask = None if g.mask is None else g.mask[:, None, None, :]  # (R, 1, 1, K)
         gqa = queries.shape[1] != keys.shape[1]
