@@ -13,10 +13,11 @@ from dllm_cli.decoding.forwards import ragged_groups
 from dllm_cli.decoding.policies import Forward
 
 
-def run(model, ps, s, slots: int, ragged: bool, quantum: int = 64):
-    """Every prompt through a continuous engine, its padded forwards kept (`ragged` False)."""
+def run(model, ps, s, slots: int, ragged: bool, quantum: int = 64, packs: bool = True):
+    """Every prompt through a continuous engine, its padded forwards kept (`ragged` False);
+    `packs` False: ragged rows in grouped padded forwards instead of one packed forward."""
     engine = Engine(model, SPECIAL, s, slots=slots, admission="continuous", quantum=quantum)
-    engine.executor.ragged = ragged
+    engine.executor.ragged, engine.executor.packs = ragged, packs
     for i, p in enumerate(ps):
         engine.add(p, key=i)
     out = {}

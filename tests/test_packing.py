@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from decode_fixtures import MASK, SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
+from test_decode_ragged import run
 
 from dllm_cli.cache import KVCache
-from dllm_cli.decoding import Engine, packing
+from dllm_cli.decoding import packing
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.forwards import Forwards
 from dllm_cli.decoding.packing import attention_groups
@@ -127,14 +128,7 @@ def test_continuous_batching_packed_gives_the_padded_tokens(monkeypatch, kind, c
     ps = prompts([2, 190, 5, 230, 3, 110, 1, 170], seed=5)  # far apart: padded, several forwards
     out = {}
     for packs in (False, True):
-        engine = Engine(model, SPECIAL, s, slots=3, admission="continuous", quantum=8)
-        engine.executor.packs = packs
-        for i, p in enumerate(ps):
-            engine.add(p, key=i)
-        done = {}
-        while engine.has_work:
-            for f in engine.step().finished:
-                done[f.key] = f.tokens
-        out[packs] = ([done[i] for i in range(len(ps))], engine.forwards, engine.steps)
+        tokens, engine = run(model, ps, s, slots=3, ragged=True, quantum=8, packs=packs)
+        out[packs] = (tokens, engine.forwards, engine.steps)
     assert out[True][0] == out[False][0]
     assert out[True][1] == out[True][2] < out[False][1]  # one forward a step

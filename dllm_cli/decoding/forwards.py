@@ -38,7 +38,7 @@ import torch
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.canvas import Canvas
-from dllm_cli.decoding.packing import pack
+from dllm_cli.decoding.packing import cheapest_split, pack
 from dllm_cli.decoding.policies import Forward
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import Sampler
@@ -286,20 +286,13 @@ def ragged_groups(plans: list[Forward], full: list[int]) -> list[list[int]]:
     """Rows `full` (due a refresh) in groups, one forward each, cheapest first-to-last split:
     rows in order of their first real column, each group padded to its widest row."""
     order = sorted(full, key=lambda r: plans[r].lead)
-    n = len(order)
-    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j):
-            group = [plans[r] for r in order[i:j]]
-            wide = max(p.end for p in group) - min(p.lead for p in group)
-            cost = best[i] + FORWARD_COST + len(group) * wide * (1 + wide / KEYS_PER_COLUMN)
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups, j = [], n
-    while j > 0:
-        groups.append(sorted(order[cut[j] : j]))
-        j = cut[j]
-    return groups[::-1]
+    ends, leads = [p.end for p in plans], [p.lead for p in plans]
+
+    def cost(count: int, _wide: int, hi: int, lo: int) -> float:
+        wide = hi - lo  # a group's forward runs from its first real column to its last
+        return FORWARD_COST + count * wide * (1 + wide / KEYS_PER_COLUMN)
+
+    return cheapest_split(order, ends, ends, leads, cost)
 
 
 def folds(plans: list[Forward], spans, full: list[int], model) -> bool:

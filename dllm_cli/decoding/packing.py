@@ -8,9 +8,11 @@ a single sequence (B = 1): embeddings, projections and MLPs compute only real co
 one GEMM per weight. Attention is the one part that needs rows apart: every column's K/V are
 written at its row and column of the KV cache, then each group of rows attends its cached
 keys in one SDPA call (models/layers.attend_packed), its queries padded to the group's
-widest. The cached rows form one group (its padding queries cost attention only); each
-refresh row forms its own (or a few of similar width share one, `attention_groups`), so no
-prefill pads another row. CPU SDPA has no varlen kernel, which is why groups exist at all.
+widest, masked where their keys differ. Which rows share a call is a cost model
+(`attention_groups`): on CPU, where pairs cost more than calls, most rows attend alone,
+exactly their own keys read in place and unmasked; rows whose queries and keys nearly
+coincide share one. No prefill ever pads another row. CPU SDPA has no varlen kernel, which is
+why groups exist at all.
 
 Every row computes exactly the columns its plan names and attends exactly the keys it would
 alone, so the output is the padded forwards' (tests/test_packing.py checks it against them).
@@ -165,17 +167,30 @@ def attention_groups(
     its keys in place when its cache row is known on the host (`views`), others gather theirs
     (`own`: what a call of its own costs; COPY_COST)."""
     order = sorted(range(len(plans)), key=lambda r: (keys[r] - plans[r].lead, widths[r]))
+    leads = [p.lead for p in plans]
+
+    def cost(count: int, wide: int, hi: int, lo: int) -> float:
+        copy = 0 if views and count == 1 else COPY_COST * count * (hi - lo)
+        return own + count * wide * (hi - lo) + copy
+
+    return cheapest_split(order, widths, keys, leads, cost)
+
+
+def cheapest_split(order: list[int], widths, his, los, cost) -> list[list[int]]:
+    """`order` cut into consecutive groups of least total cost (dynamic programming over the
+    cut points, O(n^2)): `cost(count, widest, furthest end, first start)` of a group, from
+    each row's width, end and start (`widths`, `his`, `los`, by row). Members sorted."""
     n = len(order)
     best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
     for j in range(1, n + 1):
-        for i in range(j):
-            members = order[i:j]
-            wide = max(widths[r] for r in members)
-            span = max(keys[r] for r in members) - min(plans[r].lead for r in members)
-            copy = 0 if views and len(members) == 1 else COPY_COST * len(members) * span
-            cost = best[i] + own + len(members) * wide * span + copy
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
+        wide, hi, lo = 0, 0, None
+        for i in range(j - 1, -1, -1):  # group order[i:j], grown leftwards
+            r = order[i]
+            wide, hi = max(wide, widths[r]), max(hi, his[r])
+            lo = los[r] if lo is None else min(lo, los[r])
+            total = best[i] + cost(j - i, wide, hi, lo)
+            if total < best[j]:
+                best[j], cut[j] = total, i
     groups, j = [], n
     while j > 0:
         groups.append(sorted(order[cut[j] : j]))
