@@ -13,11 +13,13 @@ from dllm_cli.decoding.forwards import ragged_groups
 from dllm_cli.decoding.policies import Forward
 
 
-def run(model, ps, s, slots: int, ragged: bool, quantum: int = 64, packs: bool = True):
+def run(model, ps, s, slots: int, ragged: bool, quantum: int = 64, packs: bool | None = None):
     """Every prompt through a continuous engine, its padded forwards kept (`ragged` False);
     `packs` False: ragged rows in grouped padded forwards instead of one packed forward."""
     engine = Engine(model, SPECIAL, s, slots=slots, admission="continuous", quantum=quantum)
-    engine.executor.ragged, engine.executor.packs = ragged, packs
+    engine.executor.ragged = ragged
+    if packs is not None:
+        engine.executor.packs = packs
     for i, p in enumerate(ps):
         engine.add(p, key=i)
     out = {}

@@ -9,7 +9,7 @@ from decode_fixtures import MASK, SPECIAL, one_thread, prompts, settings, tiny  
 from test_decode_ragged import run
 
 from dllm_cli.cache import KVCache
-from dllm_cli.decoding import packing
+from dllm_cli.decoding import Engine, packing
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.forwards import Forwards
 from dllm_cli.decoding.packing import attention_groups
@@ -132,3 +132,13 @@ def test_continuous_batching_packed_gives_the_padded_tokens(monkeypatch, kind, c
         out[packs] = (tokens, engine.forwards, engine.steps)
     assert out[True][0] == out[False][0]
     assert out[True][1] == out[True][2] < out[False][1]  # one forward a step
+
+
+@pytest.mark.parametrize(
+    ("extra", "packs"),
+    [({}, True), ({"cfg_scale": 0.5}, False), ({"unmask": "wino", "threshold": 0.5}, False)],
+)
+def test_guidance_and_wino_keep_padded_forwards(extra, packs):
+    """Two CFG branches and WINO's shadow queries need the padded layout (forwards.py)."""
+    engine = Engine(tiny("llada").model, SPECIAL, settings(cache="dual", **extra), slots=2)
+    assert engine.executor.packs is packs
