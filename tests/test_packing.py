@@ -142,3 +142,17 @@ def test_guidance_and_wino_keep_padded_forwards(extra, packs):
     """Two CFG branches and WINO's shadow queries need the padded layout (forwards.py)."""
     engine = Engine(tiny("llada").model, SPECIAL, settings(cache="dual", **extra), slots=2)
     assert engine.executor.packs is packs
+
+
+@pytest.mark.parametrize("kind", ["dream", "llada"])
+def test_without_a_cache_rows_pack_into_one_forward_over_shared_layer_buffers(kind):
+    """--cache none: every row refreshes every step; one packed forward, the padded tokens."""
+    model = tiny(kind).model
+    s = settings(cache="none", suffix_window=4)
+    ps = prompts([2, 190, 5, 230, 3], seed=6)  # far apart: the padded path groups them
+    padded, slow = run(model, ps, s, slots=3, ragged=True, packs=False)
+    packed, fast = run(model, ps, s, slots=3, ragged=True)
+    assert packed == padded
+    assert fast.forwards == fast.steps < slow.forwards
+    buffers = fast.executor._buffers[1]
+    assert all(k is buffers.k[0] for k in buffers.k)  # one layer's memory, not every layer's

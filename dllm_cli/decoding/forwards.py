@@ -10,7 +10,8 @@ padded to its longest prompt.
 Rows apart (continuous batching: `ragged`) run as one packed forward (packing.py, vLLM's and
 SGLang's varlen batching): every row's own columns end to end in one sequence, a new row's
 prefill beside the cached rows' windows, so no row is padded to another's width and a step
-pays one forward's fixed cost; attention runs per group of rows. Models whose layers attend
+pays one forward's fixed cost; attention runs per group of rows (with no cache policy, over
+one layer's K/V buffers that every layer reuses). Models whose layers attend
 otherwise, classifier-free guidance (two branches) and WINO's shadow queries keep the padded
 layout below:
 
@@ -98,6 +99,7 @@ class Forwards:
         self.packs = self.branches == 1 and model.packs and self.packable
         self.row_columns = self.key_columns = 0
         self._span_memo: dict = {}  # spans -> (columns, valid), see _slots
+        self._buffers: tuple | None = None  # (canvas shape, KVCache): see _layer_buffers
 
     def __call__(
         self,
@@ -114,7 +116,8 @@ class Forwards:
         columns, valid = self._slots(spans, device)
         full, _ = split(plans)
         every = len(full) == len(plans)
-        if self.ragged and self.packs and cache is not None and apart(plans, full):
+        if self.ragged and self.packs and apart(plans, full):
+            cache = cache if cache is not None else self._layer_buffers(canvas)
             return self._packed(canvas, cache, plans, spans, generator, columns, valid)
         groups = ragged_groups(plans, full) if self.ragged and full else [full]
         if (
@@ -182,6 +185,19 @@ class Forwards:
         logits = logits.view(len(plans), p.span, -1)  # (B, L, V)
         drafts, confidence, probs = self._draft(logits, generator)
         return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
+
+    def _layer_buffers(self, c: Canvas) -> KVCache:
+        """No cache policy: one layer's K/V buffers, shared by every layer, for a packed
+        forward (each layer writes its rows' keys there and attends them before the next
+        layer overwrites them; every row refreshes, so every key it attends is written), kept
+        while the canvas keeps its shape."""
+        shape = (c.batch, c.width)
+        if self._buffers is None or self._buffers[0] != shape:
+            n_layers, n_kv, head_dim = self.model.kv_shape()
+            p = next(self.model.parameters())
+            one = KVCache.empty(1, c.batch, n_kv, c.width, head_dim, p.dtype, p.device)
+            self._buffers = (shape, KVCache(one.k * n_layers, one.v * n_layers))
+        return self._buffers[1]
 
     def _group(self, canvas, cache, plans, spans, rows, generator):
         return self._draft(self._logits(canvas, cache, plans, spans, rows), generator)
