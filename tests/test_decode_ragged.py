@@ -91,7 +91,7 @@ def test_a_cache_view_writes_its_rows_and_reads_from_its_first_key():
 
 @pytest.mark.parametrize(
     ("cache", "packed"),
-    [(c, p) for p in (False, True) for c in ("none", "dual", "freecache")],
+    [(c, p) for p in (False, True) for c in ("none", "prefix", "dual", "freecache")],
 )
 def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache, packed):
     """Padded (`packed` False: guidance, WINO) or packed into one forward (packing.py)."""
