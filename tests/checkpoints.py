@@ -119,6 +119,34 @@ def save_weights(folder: Path, tensors: dict[str, torch.Tensor], shards: int = 1
 # --- LLaDA ---------------------------------------------------------------------------------
 
 
+BYTE_LEVEL_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"]
+BYTE_LEVEL_SPECIALS += ["<|start_header_id|>", "<|end_header_id|>"]
+
+
+def write_byte_level_llada(folder: Path, chat_template: str, **config) -> None:
+    """A save_pretrained folder like LLaDA's own: byte-level BPE trained on WORDS, LLaDA's
+    special tokens, `chat_template`; `config`: more tokenizer_config.json fields."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False, initial_alphabet=alphabet)
+    tok.train_from_iterator([" ".join(WORDS)] * 4, trainer)
+    specials = BYTE_LEVEL_SPECIALS
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        additional_special_tokens=specials[2:],
+        chat_template=chat_template,
+        **config,
+    )
+    fast.save_pretrained(str(folder))
+
+
 def write_llada_tokenizer(folder: Path) -> dict[str, int]:
     """tokenizer.json (word level) + tokenizer_config.json with LLaDA's specials and template."""
     vocab = {"<unk>": 0} | {w: i + 1 for i, w in enumerate(WORDS)}

@@ -7,11 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from checkpoints import LLADA_CHAT_TEMPLATE, WORDS, write_dream_tokenizer, write_llada_tokenizer
+from checkpoints import (
+    LLADA_CHAT_TEMPLATE,
+    WORDS,
+    write_byte_level_llada,
+    write_dream_tokenizer,
+    write_llada_tokenizer,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from dllm_cli import chat
 from dllm_cli.errors import InputError
@@ -22,25 +26,9 @@ WEIGHTS = Path(chat.__file__).parent / "tinygsm" / "weights"
 TRIMMING_TEMPLATE = LLADA_CHAT_TEMPLATE.replace("m['content']", "m['content'] | trim")
 
 
-def byte_level_llada(folder: Path) -> PreTrainedTokenizerFast:
+def byte_level_llada(folder: Path):
     """A tokenizer.json like LLaDA's own (byte-level BPE, its special tokens), trimming template."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False, initial_alphabet=alphabet)
-    tok.train_from_iterator([" ".join(WORDS)] * 4, trainer)
-    specials = ["<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"]
-    specials += ["<|start_header_id|>", "<|end_header_id|>"]
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|startoftext|>",
-        eos_token="<|endoftext|>",
-        additional_special_tokens=specials[2:],
-        chat_template=TRIMMING_TEMPLATE,
-    )
-    fast.save_pretrained(str(folder))
+    write_byte_level_llada(folder, TRIMMING_TEMPLATE)
     return load_tokenizer(folder)
 
 

@@ -19,21 +19,21 @@ import jinja2
 import pytest
 from block_checkpoints import write_sdar
 from checkpoints import (
-    WORDS,
+    BYTE_LEVEL_SPECIALS,
+    write_byte_level_llada,
     write_dream_tokenizer,
     write_llada_moe_tokenizer,
     write_llada_tokenizer,
 )
 from gemma_checkpoint import write_gemma_tokenizer
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken
 
 from dllm_cli.models.loading import load_tokenizer, load_with_transformers
 from dllm_cli.models.tokenizer import FastTokenizer
 from dllm_cli.models.tokenizer_files import refusal
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "dllm_cli" / "tinygsm" / "weights"
-SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"]
-SPECIALS += ["<|start_header_id|>", "<|end_header_id|>", "<|mask|>", "<|im_end|>", "<|role_end|>"]
+SPECIALS = [*BYTE_LEVEL_SPECIALS, "<|mask|>", "<|im_end|>", "<|role_end|>"]
 SPECIALS += ["<role>", "</role>", "<|im_start|>"]
 TEXTS = [
     "",
@@ -79,24 +79,7 @@ FEATURE_TEMPLATE = """
 
 def byte_level_folder(folder: Path, **config) -> None:
     """A save_pretrained folder like LLaDA's own (byte-level BPE, extra special tokens)."""
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False, initial_alphabet=alphabet)
-    tok.train_from_iterator([" ".join(WORDS)] * 4, trainer)
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS[:6]])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|startoftext|>",
-        eos_token="<|endoftext|>",
-        additional_special_tokens=SPECIALS[2:6],
-        chat_template=FEATURE_TEMPLATE,
-        **config,
-    )
-    fast.save_pretrained(str(folder))
+    write_byte_level_llada(folder, FEATURE_TEMPLATE, **config)
 
 
 def features_folder(folder: Path) -> None:
