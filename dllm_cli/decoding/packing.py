@@ -131,8 +131,8 @@ def group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t) -> A
     row alone attends exactly its own real keys: no mask)."""
     device = c.ids.device
     lo = min(plans[r].lead for r in members)
-    limits = [limits[r] for r in members]
-    hi = max(limits)
+    ends = [limits[r] for r in members]
+    hi = max(ends)
     if len(members) == 1 and hosts is not None:
         (r,) = members
         queries = slice(offsets[r], offsets[r] + widths[r])
@@ -146,8 +146,8 @@ def group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t) -> A
         rows = index if cache_rows is None else cache_rows[index]
         mask = c.key_mask()
         mask = None if mask is None else mask[index]
-        if any(n < hi for n in limits):
-            inside = c.columns()[None] < torch.tensor(limits, device=device)[:, None]
+        if any(n < hi for n in ends):
+            inside = c.columns()[None] < torch.tensor(ends, device=device)[:, None]
             mask = inside if mask is None else mask & inside
         if mask is not None:
             mask = mask[:, lo:hi]
