@@ -54,6 +54,16 @@ AbortOnExit = Annotated[
     ),
 ]
 
+Ui = Annotated[
+    bool,
+    typer.Option(
+        "--ui/--no-ui",
+        help="Serve the chat page at / that draws each answer's canvas as it decodes "
+        "(docs/web.md); --no-ui: 404 there.",
+        rich_help_panel=SERVER,
+    ),
+]
+
 
 @o.shared("model", "decode", "guide")
 def serve_command(
@@ -66,8 +76,9 @@ def serve_command(
     max_queue: MaxQueue = 64,
     max_engines: MaxEngines = 4,
     abort_on_exit: AbortOnExit = False,
+    ui: Ui = True,
 ) -> None:
-    """Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's API), GET /v1/models, /health and /metrics.
+    """Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's API), GET /v1/models, /health and /metrics, and a chat page at / that draws each answer's canvas live.
 
     Decoding flags set the server's defaults; a request may change them with extra body fields of the same names (gen_length, cache, threshold, ...). SIGINT or SIGTERM stops accepting requests, finishes those in flight (or aborts them with --abort-on-exit) and exits 0.
     """
@@ -87,7 +98,7 @@ def serve_command(
 
         runtime = load_runtime(choices)
         options = server.Options(
-            host, port, api_key, batch_size, max_queue, max_engines, abort_on_exit
+            host, port, api_key, batch_size, max_queue, max_engines, abort_on_exit, ui=ui
         )
         try:
             server.run(

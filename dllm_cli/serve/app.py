@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from dllm_cli.errors import DllmError
-from dllm_cli.serve import engines
+from dllm_cli.serve import canvas, engines, page
 from dllm_cli.serve.metrics import CONTENT_TYPE, Metrics
 from dllm_cli.serve.protocol import ApiError, Job, parse
 from dllm_cli.serve.worker import Outcome, Ticket, Worker
@@ -39,6 +39,7 @@ class Served:
     limit: int  # requests waiting or decoding before a 429
     api_key: str | None = None
     created: int = 0
+    ui: bool = True  # the chat page at / (serve/page.py); --no-ui: 404
 
 
 class Gone(Exception):
@@ -53,7 +54,8 @@ def create_app(served: Served) -> FastAPI:
     async def guard(request: Request, call_next):
         """API key (not for /health), and any uncaught error as an error object (500)."""
         path = request.url.path
-        if served.api_key is not None and path != "/health" and not authorized(request, served):
+        open_path = path == "/health" or page.is_page(path, served.ui)  # the page asks for a key
+        if served.api_key is not None and not open_path and not authorized(request, served):
             error = ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)")
             return answer_error(served, path, error)
         try:
@@ -98,6 +100,7 @@ def create_app(served: Served) -> FastAPI:
     async def completions(request: Request):
         return await answer(served, request, "completion")
 
+    page.add_routes(app, served)
     return app
 
 
@@ -202,6 +205,8 @@ async def stream(
             what, payload = await next_event(events, request)
             if what == "text":
                 yield sse(chunk(served, ids, kind, payload))
+            elif what == "canvas":  # stream_options.include_canvas (serve/canvas.py)
+                yield sse(canvas.chunk(served.model_id, ids, kind, payload))
             elif what == "error":
                 finished = True
                 yield sse(payload.body())  # type: ignore[union-attr]

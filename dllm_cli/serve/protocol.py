@@ -53,6 +53,7 @@ COMMON = ("model", "max_tokens", "stop", "stream", "n", *SAMPLING, "guide")
 CHAT_FIELDS = ("messages", "max_completion_tokens", *COMMON)
 COMPLETION_FIELDS = ("prompt", *COMMON)
 MAX_STOPS = 4  # as OpenAI
+STREAM_OPTIONS = {"include_usage", "include_canvas"}  # the second is dllm's (serve/canvas.py)
 
 
 class ApiError(Exception):
@@ -93,6 +94,7 @@ class Job:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a usage chunk before [DONE]
+    include_canvas: bool = False  # stream_options.include_canvas: a canvas chunk per step
 
 
 def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: bool) -> Job:
@@ -114,15 +116,20 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
         )
     stream = flag(body, "stream")
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
-        raise ApiError(400, "stream_options may only hold include_usage", "stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - STREAM_OPTIONS):
+        raise ApiError(
+            400, "stream_options may only hold include_usage and include_canvas", "stream_options"
+        )
     usage = flag(options or {}, "include_usage", "stream_options.include_usage")
+    canvas = flag(options or {}, "include_canvas", "stream_options.include_canvas")
+    if canvas and not stream:
+        raise ApiError(400, "include_canvas needs stream: true", "stream_options.include_canvas")
     guide = flag(body, "guide", default=guided)
     if guide and not guided:
         raise ApiError(400, "guide: the served profile has no guide model loaded", "guide")
     settings, sampling = decode_settings(body, base)
     common = {"settings": settings, "sampling": sampling, "guide": guide, "stream": stream}
-    common |= {"stop": stops(body.get("stop")), "include_usage": usage}
+    common |= {"stop": stops(body.get("stop")), "include_usage": usage, "include_canvas": canvas}
     if kind == "chat":
         return Job("chat", messages=messages(body.get("messages")), **common)
     return Job("completion", prompt=completion_prompt(body.get("prompt")), **common)

@@ -33,6 +33,7 @@ class Options:
     max_engines: int = 4
     abort_on_exit: bool = False
     log_level: str = "warning"
+    ui: bool = True  # the chat page at / (--no-ui: off)
 
 
 class Server(uvicorn.Server):
@@ -63,6 +64,7 @@ def build(runtime: Runtime, options: Options) -> tuple[Served, Worker]:
         limit=options.slots + options.max_queue,
         api_key=options.api_key,
         created=int(time.time()),
+        ui=options.ui,
     )
     return served, worker
 
