@@ -100,7 +100,6 @@ class Frames:
             out.append([*cell, int(corrected)] if flags else cell)
         return out
 
-
     def text(self, token: int) -> str:
         if token not in self.spelled:
             self.spelled[token] = self.spell(token)  # type: ignore[operator]
