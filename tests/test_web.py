@@ -170,9 +170,11 @@ def test_stop_aborts_on_the_server_and_settings_errors_are_shown(server, browser
 
     before = metric(server, "dllm_aborted_total")
     browser.js("document.querySelector('[name=block_length]').value = ''")
-    browser.js("document.querySelector('[name=gen_length]').value = '256'")  # a long answer
+    for name in ("gen_length", "steps"):  # a long answer: 256 steps of one token
+        browser.js(f"document.querySelector('[name={name}]').value = '256'")
+    browser.js("document.querySelector('[name=early_stop]').value = 'false'")  # to the end
     browser.click("#send")
-    wait_for(browser, "Number(document.querySelector('.canvas')?.dataset.frames) >= 3")
+    wait_for(browser, "Number(document.querySelector('.canvas')?.dataset.frames) >= 100")
     keep(browser, "web-decoding.png")
     browser.click("#stop")
     wait_for(browser, "document.body.dataset.state === 'stopped'")
