@@ -1,14 +1,19 @@
 """The step stream (`stream_options.include_canvas`) and the page routes, on a real server on a
-loopback port (the shipped model, unguided and guided), read with raw HTTP and with the
-official `openai` client."""
+loopback port (the shipped model, unguided and guided; LLaDA2.1 with edits and DiffusionGemma
+on tiny checkpoints), read with raw HTTP and with the official `openai` client."""
 
 from __future__ import annotations
 
 import json
+import textwrap
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import torch
+from block_checkpoints import write_llada2
+from gemma_fixtures import gemma_ckpt_fixture, gemma_profile  # noqa: F401
 
 from dllm_cli.decoding.step import StepOutput
 from dllm_cli.runtime import open_runtime
@@ -148,3 +153,68 @@ def test_page_needs_no_key_the_api_does_and_no_ui_is_a_404(runtime):
     finally:
         keyed.stop()
         bare.stop()
+
+
+LLADA2 = """\
+    name = "tiny-llada2"
+    description = "tiny random LLaDA2.1 with token editing"
+
+    [model]
+    path = "{folder}"
+    dtype = "float32"
+    device = "cpu"
+
+    [decode]
+    gen_length = 8
+    block_length = 4
+    cache = "prefix"
+    unmask = "threshold"
+    threshold = 0.1
+    edit_threshold = 0.0
+    max_post_steps = 2
+"""
+
+
+def family_profile(tmp: Path, family: str, request) -> Path:
+    """A profile for a tiny random LLaDA2.x (edits on) or DiffusionGemma (the session's) folder."""
+    if family == "llada2":
+        text = textwrap.dedent(LLADA2).format(folder=write_llada2(tmp / "llada2").folder)
+    else:
+        text = gemma_profile(request.getfixturevalue("gemma_ckpt").folder)
+    path = tmp / f"{family}.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("family", ["llada2", "gemma"])
+def test_block_diffusion_edits_and_gemma_drafts_rebuild_the_answer(tmp_path, family, request):
+    torch.set_num_threads(1)
+    runtime = open_runtime(str(family_profile(tmp_path, family, request)), {})
+    handle = server.start_in_thread(runtime, server.Options(port=0, slots=2))
+    try:
+        body = {"prompt": "how many apples", **CANVAS}
+        stream = []
+        with httpx.stream("POST", handle.url + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    stream.append(json.loads(line[6:]))
+    finally:
+        handle.stop()
+    text = "".join(c["choices"][0]["text"] for c in stream if c["choices"])
+    frames = [c["canvas"] for c in stream if "canvas" in c]
+    layout = frames[0]["layout"]
+    tokens: dict[int, int] = {}
+    for f in frames:
+        for pos, tok, *_ in [*f["commits"], *f.get("edits", [])]:
+            tokens[pos] = tok  # a commit, then edits replacing it, in step order
+        a, b = layout["blocks"][f["block"]]
+        if family == "llada2":  # the window is the block the step worked in
+            assert [max(0, f["window"][0]), min(f["window"][1], 8)] == [a, b]
+    g = layout["gen_length"]
+    answer = [tokens[p] for p in range(g) if p in tokens]
+    assert runtime.text(answer) == text
+    kind = "edits" if family == "llada2" else "drafts"
+    assert any(kind in f for f in frames) and layout["uniform"] is (family == "gemma")
+    assert layout["blocks"][-1][1] == g
+    # The block engine retires a finished row on a step without a forward (no event, no frame)
+    assert frames[-1]["final"] is (family == "gemma")

@@ -30,20 +30,20 @@ class Frames:
     guided: bool
     uniform: bool  # DiffusionGemma: drafts replace noise instead of unmasking
     stop: tuple[int, ...] = ()  # ids that end the answer (drawn as its end)
+    block_causal: bool = False  # SDAR, LLaDA2.x: blocks start at the prompt's block boundary
     started: float = field(default_factory=time.perf_counter)
     steps: int = 0
     committed: int = 0
     spelled: dict[int, str] = field(default_factory=dict)
+    blocks: list[list[int]] = field(default_factory=list)  # [start, end) answer positions
 
-    def layout(self) -> dict:
+    def layout(self, window: tuple[int, int]) -> dict:
         """What a client needs to draw the empty canvas (sent with the first frame)."""
-        s, start, blocks = self.settings, 0, []
-        for length, _ in s.block_plan():
-            blocks.append([start, start + length])
-            start += length
+        s = self.settings
+        self.blocks = plan(s, window if self.block_causal else None)
         return {
             "gen_length": s.gen_length,
-            "blocks": blocks,
+            "blocks": self.blocks,
             "cache": s.cache,
             "unmask": s.unmask,
             "suffix_window": s.suffix_window,
@@ -61,9 +61,10 @@ class Frames:
         cells = [cell for c in commits for cell in self.cells(c, flags=True)]
         fixed = sum(cell[4] for cell in cells)
         self.committed += len(cells)
+        layout = self.layout(phase.window) if self.steps == 0 else None
         out = {
             "step": self.steps,
-            "block": phase.block,
+            "block": self.block_of(phase),
             "block_step": phase.block_step,
             "window": list(phase.window),
             "refresh": phase.refresh,
@@ -85,8 +86,8 @@ class Frames:
         held = dict(event.revocable).get(row)
         if held is not None:  # WINO may still mask commits from here on
             out["revocable_from"] = held
-        if self.steps == 0:
-            out["layout"] = self.layout()
+        if layout is not None:
+            out["layout"] = layout
         self.steps += 1
         return out
 
@@ -100,10 +101,36 @@ class Frames:
             out.append([*cell, int(corrected)] if flags else cell)
         return out
 
+    def block_of(self, phase: RowPhase) -> int:
+        """The answer block the step worked in (block-causal engines number their blocks from
+        the prompt's first; their window is that block)."""
+        if not self.block_causal:
+            return phase.block
+        at = max(0, phase.window[0])
+        return next((i for i, (a, b) in enumerate(self.blocks) if a <= at < b), phase.block)
+
     def text(self, token: int) -> str:
         if token not in self.spelled:
             self.spelled[token] = self.spell(token)  # type: ignore[operator]
         return self.spelled[token]
+
+
+def plan(settings: DecodeSettings, window: tuple[int, int] | None) -> list[list[int]]:
+    """The answer's blocks: the settings' block plan, or (block-causal) blocks of the first
+    window's size from that window's end, the first one cut at the answer's start."""
+    g = settings.gen_length
+    if window is None:
+        start, blocks = 0, []
+        for length, _ in settings.block_plan():
+            blocks.append([start, start + length])
+            start += length
+        return blocks
+    size, end = window[1] - window[0], min(window[1], g)
+    blocks = [[0, end]] if end > 0 else []
+    while end < g:
+        blocks.append([end, min(end + size, g)])
+        end += size
+    return blocks
 
 
 def event_row(engine, rid: int) -> int | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from dllm_cli.chat import encode_plain
 from dllm_cli.decoding import gemma
 from dllm_cli.errors import DllmError, InputError
+from dllm_cli.families import family_of_model
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve import engines
@@ -254,7 +255,8 @@ class Worker:
         uniform = loaded.architecture == gemma.FAMILY
         spell = lambda t: loaded.tokenizer.decode([t])  # noqa: E731
         guided = job.guide and self.runtime.guide is not None
-        return Frames(job.settings, spell, guided, uniform, tuple(loaded.special.stop))
+        causal = family_of_model(loaded.model).block_causal
+        return Frames(job.settings, spell, guided, uniform, tuple(loaded.special.stop), causal)
 
     def step(self, group: engines.Group, pool: engines.Pool) -> None:
         out = pool.engine.step()

@@ -114,7 +114,10 @@
       for (const [pos, tok, text, conf] of frame.drafts || []) {
         this.put(pos, tok, text, conf, frame.step, "draft");
       }
-      if (last >= 0) this.current = Math.max(this.current, this.blockOf(last));
+      // A guided step starts in the frontier's block and may commit past its end: the block
+      // it committed into last is the one it left off in (as the terminal view).
+      const here = Math.min(frame.block, this.blocks.length - 1);
+      this.current = last >= 0 ? Math.max(here, this.blockOf(last)) : here;
       if (frame.frozen) this.frozen.push(frame.frozen);
       this.window = frame.window;
       this.accepted += frame.accepted || 0;
