@@ -72,6 +72,12 @@ def generated(questions: tuple[str, ...], *flags: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
+def expected() -> list[str]:
+    """`dllm generate`'s answers to QUESTIONS with the server's settings (batch == alone)."""
+    return generated(QUESTIONS)
+
+
+@pytest.fixture(scope="module")
 def server():
     proc, url = serve()
     yield url
@@ -131,14 +137,13 @@ def keep(browser: Browser, name: str) -> None:
         browser.screenshot(Path(where) / name)
 
 
-def test_page_draws_the_canvas_then_the_answer_generate_gives(server, browser):
-    expected = generated(QUESTIONS[:1])[0]
+def test_page_draws_the_canvas_then_the_answer_generate_gives(server, browser, expected):
     browser.open(server + "/")
     assert browser.js("document.getElementById('model').textContent") == "tiny-gsm-dream"
     browser.js(PROBE)
     type_question(browser, QUESTIONS[0])
     text = settle(browser)
-    assert text == expected
+    assert text == expected[0]
     frames = browser.js("window.seen")
     assert len(frames) >= 3  # distinct canvases drawn before it settled
     assert "░" in frames[0] and "▶ B0" in frames[0]  # masks, the current block
@@ -186,8 +191,7 @@ def test_stop_aborts_on_the_server_and_settings_errors_are_shown(server, browser
     assert frames < 256  # it stopped before the answer was done
 
 
-def test_two_tabs_decode_at_once(server, browser):
-    expected = generated(QUESTIONS)
+def test_two_tabs_decode_at_once(server, browser, expected):
     first = browser.session
     target = browser.call("Target.createTarget", page=False, url="about:blank")["targetId"]
     second = browser.call("Target.attachToTarget", page=False, targetId=target, flatten=True)
@@ -211,3 +215,21 @@ def test_two_tabs_decode_at_once(server, browser):
     assert a0 < b1 and b0 < a1  # the two canvases were being drawn at the same time
     assert all(u.startswith(server + "/") for u in requested(browser))
     browser.session = first
+
+
+def test_with_an_api_key_the_page_asks_for_it(browser, expected):
+    proc, url = serve("--api-key", "sk-page")
+    try:
+        browser.open(url + "/")
+        assert not browser.js("document.getElementById('key-box').hidden")
+        type_question(browser, QUESTIONS[0])
+        error = wait_for(browser, "!document.getElementById('error').hidden && "
+                         "document.getElementById('error').textContent")  # fmt: skip
+        assert error.startswith("401: missing or wrong API key")
+        browser.js("document.getElementById('key').focus()")
+        browser.call("Input.insertText", text="sk-page")
+        browser.click("#send")  # the question was kept in the box
+        assert settle(browser) == expected[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
