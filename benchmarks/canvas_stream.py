@@ -2,6 +2,8 @@
 
     OMP_NUM_THREADS=1 python benchmarks/canvas_stream.py --rounds 9
     OMP_NUM_THREADS=1 python benchmarks/canvas_stream.py --rounds 9 --no-guide --gen-length 256
+    OMP_NUM_THREADS=1 python benchmarks/canvas_stream.py --no-guide --set unmask=fixed \
+        --set steps=256 --set early_stop=false      # 256 steps: a frame per token
 
 A real server on a loopback port (the shipped model, or --profile), one client reading the SSE
 stream to its end. Each round sends the same question twice, once with and once without
@@ -40,18 +42,31 @@ def answer(url: str, body: dict) -> tuple[float, int]:
     return usage["completion_tokens"] / seconds, size
 
 
+def setting(item: str) -> tuple[str, object]:
+    key, _, text = item.partition("=")
+    try:
+        return key, json.loads(text)
+    except ValueError:
+        return key, text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--gen-length", type=int, default=None)
     parser.add_argument("--guide", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a decoding setting for every request (a JSON value, else a string)",
+    )  # fmt: skip
     args = parser.parse_args()
     given = {} if args.gen_length is None else {"decode.gen_length": args.gen_length}
     runtime = open_runtime(args.profile, given)
     handle = server.start_in_thread(runtime, server.Options(port=0, slots=1))
     body = {"messages": [{"role": "user", "content": QUESTION}], "stream": True}
     body["guide"] = args.guide and runtime.guide is not None
+    body |= dict(setting(item) for item in args.set)
     on = {**body, "stream_options": {"include_canvas": True}}
     try:
         answer(handle.url, on)  # warm up (first forwards, tokenizer caches)
@@ -68,7 +83,7 @@ def main() -> None:
     finally:
         handle.stop()
     print(f"profile {runtime.profile.name}, gen_length {runtime.settings.gen_length}, "
-          f"guide {body['guide']}, {args.rounds} rounds")  # fmt: skip
+          f"guide {body['guide']}, {' '.join(args.set)}, {args.rounds} rounds")  # fmt: skip
     print(f"canvas off: median {statistics.median(rates[False]):.1f} tok/s")
     print(f"canvas on:  median {statistics.median(rates[True]):.1f} tok/s")
     print(f"on / off:   median ratio {statistics.median(ratios):.3f} "

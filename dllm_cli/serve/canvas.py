@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from dllm_cli.decoding import gemma
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent
+from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
+
+if TYPE_CHECKING:
+    from dllm_cli.runtime import Runtime
+    from dllm_cli.serve.protocol import Job
 
 DIGITS = 3  # confidences are rounded to this many decimals (they only colour a cell)
 
@@ -113,6 +120,35 @@ class Frames:
         if token not in self.spelled:
             self.spelled[token] = self.spell(token)  # type: ignore[operator]
         return self.spelled[token]
+
+
+def frames_for(runtime: Runtime, job: Job) -> Frames:
+    """A request's canvas stream, spelling tokens with the served tokenizer."""
+    loaded = runtime.loaded
+    uniform = loaded.architecture == gemma.FAMILY
+    guided = job.guide and runtime.guide is not None
+    causal = family_of_model(loaded.model).block_causal
+    stop = tuple(loaded.special.stop)
+    return Frames(
+        job.settings, lambda t: loaded.tokenizer.decode([t]), guided, uniform, stop, causal
+    )
+
+
+def draw(engine, out, watching: list) -> None:
+    """This step's frame to each (request id, ticket) watching; the event is built here."""
+    event = out.event
+    if event is None:  # a step without a forward (rows retired): nothing to draw
+        return
+    done = {f.id: f for f in out.finished}
+    seen = {p.row for p in event.phases} | {c.row for c in event.commits}
+    for rid, ticket in watching:
+        ticket.row = event_row(engine, rid) if ticket.row is None else ticket.row
+        if ticket.row is None or (event.phases and ticket.row not in seen):
+            continue  # not decoding yet (waiting for a slot)
+        counts = done.get(rid) or engine.requests.get(rid)
+        forwards = getattr(counts, "forwards", 0)
+        guide = getattr(counts, "guide_forwards", 0)
+        ticket.post("canvas", ticket.frames.frame(event, ticket.row, forwards, guide))
 
 
 def plan(settings: DecodeSettings, window: tuple[int, int] | None) -> list[list[int]]:

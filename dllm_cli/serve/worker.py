@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 from dllm_cli.chat import encode_plain
 from dllm_cli.decoding import gemma
 from dllm_cli.errors import DllmError, InputError
-from dllm_cli.families import family_of_model
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
-from dllm_cli.serve import engines
+from dllm_cli.serve import canvas, engines
 from dllm_cli.serve.answers import Deltas, cut_at_stops, finish_reason
-from dllm_cli.serve.canvas import Frames, event_row
+from dllm_cli.serve.canvas import Frames
 from dllm_cli.serve.conversation import encode_messages
 from dllm_cli.serve.metrics import Metrics
 from dllm_cli.serve.protocol import ApiError, Job, input_error
@@ -191,7 +190,7 @@ class Worker:
             return self.fail(ticket, ApiError(400, str(e)))
         ticket.deltas = Deltas(self.runtime.text, job.stop)
         if job.include_canvas:
-            ticket.frames = self.frames_for(job)
+            ticket.frames = canvas.frames_for(self.runtime, job)
         if self.aborting:
             return self.fail(ticket, ApiError(503, "the server is shutting down"))
         self.parked.append(ticket)
@@ -250,18 +249,12 @@ class Worker:
         self.engines[group] = engines.build(self.runtime, group, self.slots)
         return self.engines[group]
 
-    def frames_for(self, job: Job) -> Frames:
-        loaded = self.runtime.loaded
-        uniform = loaded.architecture == gemma.FAMILY
-        spell = lambda t: loaded.tokenizer.decode([t])  # noqa: E731
-        guided = job.guide and self.runtime.guide is not None
-        causal = family_of_model(loaded.model).block_causal
-        return Frames(job.settings, spell, guided, uniform, tuple(loaded.special.stop), causal)
-
     def step(self, group: engines.Group, pool: engines.Pool) -> None:
         out = pool.engine.step()
         self.metrics.stepped(pool.engine)
-        self.draw(group, pool.engine, out)
+        watching = [(rid, t) for (g, rid), t in self.tickets.items() if g == group and t.frames]
+        if watching:  # only then is the step's StepEvent built (serve/canvas.py)
+            canvas.draw(pool.engine, out, watching)
         for done in out.finished:
             ticket = self.tickets.pop((group, done.id))
             self.complete(ticket, done.tokens, done)
@@ -274,23 +267,6 @@ class Worker:
             if ticket.deltas.stopped:  # a stop string: the answer is final before it
                 del self.tickets[(g, rid)]
                 self.complete(ticket, *engines.stop_early(pool.engine, rid))
-
-    def draw(self, group: engines.Group, engine, out) -> None:
-        """This step's canvas frame to each request of the group that asked for one; the
-        step's StepEvent is built only when one did."""
-        watching = [(rid, t) for (g, rid), t in self.tickets.items() if g == group and t.frames]
-        if not watching or out.event is None:
-            return
-        event, done = out.event, {f.id: f for f in out.finished}
-        for rid, ticket in watching:
-            ticket.row = event_row(engine, rid) if ticket.row is None else ticket.row
-            seen = {p.row for p in event.phases} | {c.row for c in event.commits}
-            if ticket.row is None or (event.phases and ticket.row not in seen):
-                continue  # not decoding yet (waiting for a slot)
-            counts = done.get(rid) or engine.requests.get(rid)
-            forwards = getattr(counts, "forwards", 0)
-            guide = getattr(counts, "guide_forwards", 0)
-            ticket.post("canvas", ticket.frames.frame(event, ticket.row, forwards, guide))
 
     def send(self, ticket: Ticket, text: str) -> None:
         if ticket.first_text is None:
