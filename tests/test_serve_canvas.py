@@ -89,6 +89,9 @@ def test_a_256_position_decode_in_64_steps_stays_small(url):
     frames = [c for c in stream if "canvas" in c]
     assert len(frames) == 64
     assert sum(len(f["canvas"]["commits"]) for f in frames) == 256
+    layout = frames[0]["canvas"]["layout"]  # the profile prunes past a 64-token suffix window
+    pruned = [f["canvas"].get("pruned_from") for f in frames]
+    assert layout["suffix_window"] == 64 and pruned[0] == layout["blocks"][0][1] + 64
     assert size < 200_000, size  # deltas only: bytes of every canvas chunk together
 
 

@@ -180,6 +180,7 @@ def test_stop_aborts_on_the_server_and_settings_errors_are_shown(server, browser
     browser.js("document.querySelector('[name=early_stop]').value = 'false'")  # to the end
     browser.click("#send")
     wait_for(browser, "Number(document.querySelector('.canvas')?.dataset.frames) >= 100")
+    assert browser.js("document.querySelectorAll('.block.pruned').length") >= 1  # suffix window
     keep(browser, "web-decoding.png")
     browser.click("#stop")
     wait_for(browser, "document.body.dataset.state === 'stopped'")

@@ -93,6 +93,9 @@ class Frames:
         held = dict(event.revocable).get(row)
         if held is not None:  # WINO may still mask commits from here on
             out["revocable_from"] = held
+        pruned = self.pruned_from(out["block"])
+        if pruned is not None:
+            out["pruned_from"] = pruned
         if layout is not None:
             out["layout"] = layout
         self.steps += 1
@@ -107,6 +110,14 @@ class Frames:
             cell = [pos, tok, self.text(tok), round(float(conf), DIGITS)]
             out.append([*cell, int(corrected)] if flags else cell)
         return out
+
+    def pruned_from(self, block: int) -> int | None:
+        """Suffix pruning: positions from here on were neither computed nor attended."""
+        w, g = self.settings.suffix_window, self.settings.gen_length
+        if not w or self.block_causal or self.uniform or block >= len(self.blocks):
+            return None
+        start = self.blocks[block][1] + w
+        return start if start < g else None
 
     def block_of(self, phase: RowPhase) -> int:
         """The answer block the step worked in (block-causal engines number their blocks from

@@ -120,6 +120,7 @@
       this.current = last >= 0 ? Math.max(here, this.blockOf(last)) : here;
       if (frame.frozen) this.frozen.push(frame.frozen);
       this.window = frame.window;
+      this.pruned = final ? undefined : frame.pruned_from;
       this.accepted += frame.accepted || 0;
       this.corrected += frame.corrected || 0;
       this.frames += 1;
@@ -140,8 +141,6 @@
       this.lastNew.push(cell);
     }
     marks(final) {
-      const L = this.layout;
-      const cur = this.blocks[this.current];
       this.blocks.forEach((b, i) => {
         const filled = this.tokens.slice(b.a, b.b).every((t) => t !== null);
         let state = "waiting";
@@ -149,9 +148,7 @@
         if (i === this.current && !final) [state, mark] = ["current", "▶"];
         else if (filled && this.cached(b)) [state, mark] = ["cached", "❄"];
         else if (filled) [state, mark] = ["done", "✓"];
-        else if (L.suffix_window && cur && b.a >= cur.b + L.suffix_window) {
-          [state, mark] = ["pruned", "✂"];
-        }
+        else if (this.pruned !== undefined && b.a >= this.pruned) [state, mark] = ["pruned", "✂"];
         b.row.className = `block ${state}`;
         b.mark.textContent = `${mark} B${i}`;
       });
