@@ -15,6 +15,7 @@ import re
 import typing
 from pathlib import Path
 
+from dllm_cli import hub
 from dllm_cli.errors import ProfileError
 from dllm_cli.families import (
     FAMILIES,
@@ -23,7 +24,8 @@ from dllm_cli.families import (
     folder_family,
     reference_settings,
 )
-from dllm_cli.folders import BUILTIN_PREFIX
+from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
+from dllm_cli.hub import HUB_NAME, is_hub_name
 from dllm_cli.profile_sections import (
     GuideSection,
     ModelSection,
@@ -118,6 +120,10 @@ def _check_values(profile: Profile, where: str | None) -> None:
         raise bad("model", f"dtype must be one of {', '.join(dtypes)} (got {m.dtype!r})")
     if m.quantize not in QUANTIZE:
         raise bad("model", f"quantize must be one of {', '.join(QUANTIZE)} (got {m.quantize!r})")
+    if m.hub and not HUB_NAME.match(m.hub):
+        raise bad("model", f"hub must be ORG/NAME, a Hugging Face Hub repo (got {m.hub!r})")
+    if not m.revision:
+        raise bad("model", "revision must not be empty (a branch, tag or commit; default main)")
     if not all(isinstance(t, str) and t for t in m.stop_tokens):
         raise bad("model", "stop_tokens must be a list of token strings")
     if m.threads < 0:
@@ -267,6 +273,8 @@ def resolve(
     """
     keys = setting_keys()
     given = {_canonical(k, keys): v for k, v in (cli_overrides or {}).items() if v is not None}
+    if is_hub_name(str(given.get("model.path", ""))):  # --model ORG/NAME: the pulled folder
+        given["model.path"] = str(hub.local_folder(hub.Source(str(given["model.path"]))))
     family = None
     if name_or_path is None and "model.path" in given:
         path = None
@@ -292,6 +300,8 @@ def resolve(
         else:
             provenance[key] = "default"
     _check_values(profile, None)  # only command-line values can fail here
+    if "model.path" not in from_cli:
+        use_pulled(profile)
     for key, section in (("model.path", profile.model), ("guide.path", profile.guide)):
         unset = unset_variables(section.path) if section else []
         if unset:
@@ -306,6 +316,14 @@ def resolve(
 
     apply_family_defaults(profile, provenance)
     return profile, provenance
+
+
+def use_pulled(profile: Profile) -> None:
+    """A profile naming a hub repo loads the pulled copy when its path is not there."""
+    m = profile.model
+    if not m.hub or (not unset_variables(m.path) and Path(resolve_path(m.path)).exists()):
+        return
+    m.path = str(hub.local_folder(hub.Source(m.hub, m.revision, profile.name)))
 
 
 def family_profile(family: Family) -> Profile:

@@ -85,7 +85,7 @@ def serve_command(
             raise fail("--api-key is empty", USAGE)
         from dllm_cli.serve import server
 
-        runtime = load_runtime(choices)
+        runtime = load_runtime(choices, slots=batch_size)
         options = server.Options(
             host, port, api_key, batch_size, max_queue, max_engines, abort_on_exit
         )
