@@ -276,7 +276,8 @@ def need(
 
 
 def gb(n: float) -> str:
-    return f"{n / GB:.1f} GB"
+    """Bytes for people: GB, or MB below one GB."""
+    return f"{n / GB:.1f} GB" if n >= GB else f"{n / 1e6:.1f} MB"
 
 
 def describe(n: Need) -> str:
@@ -335,6 +336,7 @@ def check(
     slots: int,
     answer: int,
     free: int | None = None,
+    name: str = "the model",
 ) -> Need | None:
     """The load's needs, or FitError when it will not fit (None: a family not sized here)."""
     a = read_arch(config, family)
@@ -348,7 +350,7 @@ def check(
         gpu = device.startswith("cuda")
         instead = alternatives(a, free, dtype, quantize, slots, answer, gpu)
         hint = f"try {' or '.join(instead)}" if instead else "no smaller load fits this device"
-        raise FitError(f"the model {describe(n)} on {device}: {hint}; --force to load anyway")
+        raise FitError(f"{name} {describe(n)} on {device}: {hint}; --force to load anyway")
     return n
 
 

@@ -304,6 +304,8 @@ def resolve(
         use_pulled(profile)
     for key, section in (("model.path", profile.model), ("guide.path", profile.guide)):
         unset = unset_variables(section.path) if section else []
+        if unset and key == "model.path" and profile.model.hub:
+            require_model_folder(profile)  # not pulled either: `dllm pull NAME`
         if unset:
             raise ProfileError(
                 f"{key} {section.path!r} uses ${unset[0]}, which is not set "
@@ -321,9 +323,25 @@ def resolve(
 def use_pulled(profile: Profile) -> None:
     """A profile naming a hub repo loads the pulled copy when its path is not there."""
     m = profile.model
-    if not m.hub or (not unset_variables(m.path) and Path(resolve_path(m.path)).exists()):
+    if not m.hub or is_folder(m.path):
         return
-    m.path = str(hub.local_folder(hub.Source(m.hub, m.revision, profile.name)))
+    folder = hub.cached(hub_source(profile))
+    if folder is not None:
+        m.path = str(folder)
+
+
+def is_folder(path: str) -> bool:
+    return not unset_variables(path) and Path(resolve_path(path)).is_dir()
+
+
+def hub_source(profile: Profile) -> hub.Source:
+    return hub.Source(profile.model.hub, profile.model.revision, profile.name)
+
+
+def require_model_folder(profile: Profile) -> None:
+    """A hub profile whose folder is neither at its path nor pulled: say what to run."""
+    if profile.model.hub and not is_folder(profile.model.path):
+        hub.local_folder(hub_source(profile))
 
 
 def family_profile(family: Family) -> Profile:

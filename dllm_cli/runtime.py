@@ -27,7 +27,7 @@ from dllm_cli.models.loading import (
     resolve_device,
     resolve_dtype,
 )
-from dllm_cli.profiles import Profile, resolve
+from dllm_cli.profiles import Profile, require_model_folder, resolve
 from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
 
@@ -184,8 +184,18 @@ def check_fit(prof: Profile, device: str, slots: int) -> None:
         return  # the loader says what is wrong with the folder
     dev = resolve_device(device)
     dtype = str(resolve_dtype(prof.model.dtype, dev)).removeprefix("torch.")
-    name = f"cuda:{dev.index or 0}" if dev.type == "cuda" else dev.type
-    fit.check(raw, family.name, name, dtype, prof.model.quantize, slots, prof.decode.gen_length)
+    where = f"cuda:{dev.index or 0}" if dev.type == "cuda" else dev.type
+    decode = prof.decode.gen_length
+    fit.check(
+        raw,
+        family.name,
+        where,
+        dtype,
+        prof.model.quantize,
+        slots,
+        decode,
+        name=prof.name if prof.source else folder.name,
+    )
 
 
 def open_runtime(
@@ -213,6 +223,7 @@ def open_runtime(
         )
     set_threads(prof.model.threads)
     device = prof.model.device if place is None else place(prof.model.device)
+    require_model_folder(prof)
     if not force:
         check_fit(prof, device, slots)
     loaded = load_model(
