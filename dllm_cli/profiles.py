@@ -300,16 +300,16 @@ def resolve(
         else:
             provenance[key] = "default"
     _check_values(profile, None)  # only command-line values can fail here
+    m = profile.model
     if "model.path" not in from_cli:
         use_pulled(profile)
     for key, section in (("model.path", profile.model), ("guide.path", profile.guide)):
         unset = unset_variables(section.path) if section else []
-        if unset and key == "model.path" and profile.model.hub:
-            require_model_folder(profile)  # not pulled either: `dllm pull NAME`
         if unset:
+            pull = f" or run `dllm pull {profile.name}`" if key == "model.path" and m.hub else ""
             raise ProfileError(
                 f"{key} {section.path!r} uses ${unset[0]}, which is not set "
-                f"(set {unset[0]} to the folder holding your models, or give another path)"
+                f"(set {unset[0]} to the folder holding your models, give another path{pull})"
             )
     if family is not None and family.whole_answer and "decode.block_length" not in from_cli:
         decode.setdefault("block_length", decode.get("gen_length", profile.decode.gen_length))

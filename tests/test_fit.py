@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_fixtures import invoke
 from torch import nn
 
 from dllm_cli import fit
@@ -141,3 +142,10 @@ def test_free_memory_on_this_machine():
     assert fit.available_ram() > 0
     if torch.cuda.is_available():
         assert fit.free_memory("cuda:0") > 0
+
+
+def test_profiles_show_lists_the_weights_at_each_precision(tmp_path):
+    (tmp_path / "config.json").write_text((CONFIGS / "llada-8b-instruct.json").read_text())
+    result = invoke("profiles", "show", "--model", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "weights: float32 32.1 GB, bfloat16 16.0 GB, int8 8.6 GB, int4 5.8 GB" in result.stdout

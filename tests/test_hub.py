@@ -88,9 +88,12 @@ def test_pull_refuses_names_it_cannot_pull(tmp_path, monkeypatch):
 def test_profile_without_its_folder_says_to_pull(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     monkeypatch.delenv("DLLM_MODELS_DIR", raising=False)
-    result = invoke("generate", "-p", "llada-8b-instruct", "hello")
-    assert result.exit_code == 3
-    assert "run `dllm pull llada-8b-instruct`" in result.stderr
+    unset = invoke("generate", "-p", "llada-8b-instruct", "hello")  # a profile error: exit 2
+    assert unset.exit_code == 2 and "or run `dllm pull llada-8b-instruct`" in unset.stderr
+    monkeypatch.setenv("DLLM_MODELS_DIR", str(tmp_path))  # set, but no folder there: exit 3
+    missing = invoke("generate", "-p", "llada-8b-instruct", "hello")
+    assert missing.exit_code == 3
+    assert missing.stderr.strip().endswith("run `dllm pull llada-8b-instruct`")
 
 
 def test_a_load_that_cannot_fit_is_refused_before_reading_weights(tmp_path):
