@@ -94,9 +94,10 @@ def local_folder(source: Source) -> Path:
     """The pulled folder, or ModelLoadError (exit 3) saying exactly what to run."""
     folder = cached(source)
     if folder is None:
+        here = "" if source.name else " (nor is it a folder here)"
         raise ModelLoadError(
-            f"{source.repo} (revision {source.revision}) is not downloaded in {cache_dir()}: "
-            f"run `dllm pull {source.pull_name}`"
+            f"{source.repo} (revision {source.revision}) is not downloaded in {cache_dir()}"
+            f"{here}: run `dllm pull {source.pull_name}`"
         )
     return folder
 

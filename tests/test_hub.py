@@ -64,14 +64,17 @@ def test_pull_resumes_a_dropped_download_then_loads_offline(tmp_path, monkeypatc
     assert by_profile.exit_code == 0, by_profile.output
     monkeypatch.setenv("COLUMNS", "200")
     listed = invoke("list")
-    assert listed.exit_code == 0 and REPO in listed.stdout and "pulled" in listed.stdout
+    rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if "│" in line}
+    assert listed.exit_code == 0 and "pulled" in rows[REPO] and "fits" in rows[REPO]
+    assert "local" in rows["tiny-gsm"] and "not downloaded" in rows["llada-8b-instruct"]
 
     removed = invoke("rm", REPO)
     assert removed.exit_code == 0 and not (home / "hub" / "models--tiny-org--tiny-llada").exists()
     missing = invoke("generate", "--model", REPO, "hello")
     assert missing.exit_code == 3
     assert missing.stderr.strip().splitlines() == [
-        f"dllm: error: {REPO} (revision main) is not downloaded in {home / 'hub'}: "
+        f"dllm: error: {REPO} (revision main) is not downloaded in {home / 'hub'} "
+        "(nor is it a folder here): "
         f"run `dllm pull {REPO}`"
     ]
     again = invoke("rm", REPO)

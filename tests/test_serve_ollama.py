@@ -10,7 +10,7 @@ import time
 import httpx
 import ollama
 import pytest
-from test_serve_process import start
+from test_serve_process import gauge, start
 
 MODEL = "tiny-gsm-dream"
 QUESTION = "Tom has 3 apples and buys 2 more. How many apples does he have?"
@@ -131,3 +131,16 @@ def test_ndjson_chunks_arrive_before_the_answer_is_complete(url):
     # The first text came while the canvas still had steps to go: sent as it was committed.
     assert texts[0][0] - began < arrivals[-1][0] - began - 0.05
     assert arrivals[-1][1]["steps"] > 16
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(url, client):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "options": SLOW}
+    body["options"] = {**SLOW, "num_predict": 256}
+    with httpx.stream("POST", url + "/api/chat", json=body, timeout=120) as reply:
+        first = json.loads(next(reply.iter_lines()))
+        assert first["done"] is False
+    deadline = time.monotonic() + 30
+    while gauge(url, "dllm_slots_busy") + gauge(url, "dllm_queue_depth") > 0:
+        assert time.monotonic() < deadline, "the aborted request still holds its slot"
+        time.sleep(0.05)
+    assert client.generate(model=MODEL, prompt=QUESTION).done

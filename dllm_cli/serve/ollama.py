@@ -356,11 +356,13 @@ def loaded_reply(served: Served, route: str) -> dict:
 # --- model cards --------------------------------------------------------------------------------
 
 
+FACTS: dict[int, dict] = {}  # id(served) -> its model's facts (one server, one model)
+
+
 def model_facts(served: Served) -> dict:
     """What the model cards say, computed once (the model is only read)."""
-    cached = getattr(served, "_ollama_facts", None)
-    if cached is not None:
-        return cached
+    if id(served) in FACTS:
+        return FACTS[id(served)]
     loaded = served.worker.runtime.loaded
     params = list(loaded.model.parameters()) + list(loaded.model.buffers())
     folder = Path(loaded.path)
@@ -375,7 +377,7 @@ def model_facts(served: Served) -> dict:
             config.stat().st_mtime if config.is_file() else time.time(), timezone.utc
         ).isoformat(),
     }
-    served._ollama_facts = facts  # type: ignore[attr-defined]
+    FACTS[id(served)] = facts
     return facts
 
 
