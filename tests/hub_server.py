@@ -23,6 +23,7 @@ class Hub:
     drop: str | None = None
     drop_at: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, Range)
+    tokens: set[str] = field(default_factory=set)  # the Authorization headers seen
     dropped: bool = False
     server: ThreadingHTTPServer | None = None
 
@@ -58,6 +59,7 @@ class Hub:
     def answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
         path = h.path.split("?", 1)[0]
         self.log.append((h.command, path, h.headers.get("Range", "")))
+        self.tokens.add(h.headers.get("Authorization", ""))
         if path.startswith(f"/api/models/{self.repo}/tree/"):
             return self.tree(h)
         if path.startswith(f"/api/models/{self.repo}/revision/"):

@@ -39,7 +39,8 @@ def test_pull_resumes_a_dropped_download_then_loads_offline(tmp_path, monkeypatc
     hub = Hub(REPO, source, drop="model.safetensors", drop_at=CHUNK + 2**19).start()
     home = tmp_path / "hf"
     try:
-        pulled = dllm("pull", REPO, env={"HF_HOME": str(home), "HF_ENDPOINT": hub.url})
+        env = {"HF_HOME": str(home), "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_loopback"}
+        pulled = dllm("pull", REPO, env=env)
     finally:
         hub.stop()
     assert pulled.returncode == 0, pulled.stderr
@@ -49,6 +50,7 @@ def test_pull_resumes_a_dropped_download_then_loads_offline(tmp_path, monkeypatc
         assert (folder / name).read_bytes() == (source / name).read_bytes(), name
     gets = [r for m, p, r in hub.log if m == "GET" and p.endswith("/model.safetensors")]
     assert gets == ["", f"bytes={CHUNK}-"]  # dropped once, resumed from the chunk on disk
+    assert "Bearer hf_loopback" in hub.tokens  # HF_TOKEN reached the hub
     assert "Trying to resume" in pulled.stderr and "100%" in pulled.stderr  # the progress bar
 
     offline = {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
