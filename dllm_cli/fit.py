@@ -58,7 +58,7 @@ class Arch:
 class Tensor:
     """One weight: `kind` decides how it is stored (linear: quantized; float: load dtype)."""
 
-    kind: str  # linear | float
+    kind: str  # linear | float | bias (a quantized linear's bias: float32)
     rows: int  # output channels (a linear's scales)
     cols: int = 1
 
@@ -124,19 +124,19 @@ def read_llada_moe(c: dict) -> Arch:
 
 
 def read_llada2(c: dict) -> Arch:
-    heads, experts = c["num_attention_heads"], c.get("num_experts") or 0
+    heads, layers = c["num_attention_heads"], c["num_hidden_layers"]
+    experts = c.get("num_experts") or 0
+    dense = min(c.get("first_k_dense_replace", 1), layers) if experts else layers
     return Arch(
         hidden=c["hidden_size"],
-        layers=c["num_hidden_layers"],
+        layers=layers,
         heads=heads,
         kv_heads=c.get("num_key_value_heads") or heads,
         head_dim=c.get("head_dim") or c["hidden_size"] // heads,
         vocab=c["vocab_size"],
         tied=bool(c.get("tie_word_embeddings", False)),
         ffn=c["intermediate_size"],
-        dense_layers=min(c.get("first_k_dense_replace", 1), c["num_hidden_layers"])
-        if experts
-        else c["num_hidden_layers"],
+        dense_layers=dense,
         experts=experts,
         expert_ffn=c.get("moe_intermediate_size") or 0,
         shared_ffn=(c.get("moe_intermediate_size") or 0) * (c.get("num_shared_experts") or 0),
