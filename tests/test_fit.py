@@ -14,6 +14,8 @@ import json
 import math
 from pathlib import Path
 
+import block_checkpoints
+import checkpoints
 import pytest
 import torch
 from cli_fixtures import invoke
@@ -149,3 +151,23 @@ def test_profiles_show_lists_the_weights_at_each_precision(tmp_path):
     result = invoke("profiles", "show", "--model", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert "weights: float32 32.1 GB, bfloat16 16.0 GB, int8 8.6 GB, int4 5.8 GB" in result.stdout
+
+
+WRITERS = {
+    "llada": lambda folder: checkpoints.write_llada(folder),
+    "dream": lambda folder: checkpoints.write_dream(folder),
+    "llada_moe": lambda folder: checkpoints.write_llada_moe(folder),
+    "sdar": lambda folder: block_checkpoints.write_sdar(folder),
+    "llada2": lambda folder: block_checkpoints.write_llada2(folder),
+}
+
+
+@pytest.mark.parametrize("family", list(WRITERS))
+def test_every_sized_family_counts_the_tensors_a_checkpoint_holds(family, tmp_path):
+    """Each reader against the tensors of a real checkpoint folder of that family (tiny)."""
+    assert set(WRITERS) == set(fit.READERS)
+    written = WRITERS[family](tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert family_for_config(raw, tmp_path).name == family
+    on_disk = sum(t.numel() for t in written.tensors.values())
+    assert fit.parameters(fit.read_arch(raw, family)) == on_disk
