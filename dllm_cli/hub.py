@@ -107,6 +107,8 @@ def pull(source: Source) -> Path:
     from huggingface_hub import errors as hf
     from huggingface_hub import snapshot_download
 
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise UsageError("HF_HUB_OFFLINE is set: `dllm pull` needs the network (unset it)")
     endpoint = os.environ.get("HF_ENDPOINT") or None
     try:
         folder = snapshot_download(
@@ -124,8 +126,6 @@ def pull(source: Source) -> Path:
         raise UsageError(f"no hub repo {source.repo!r} (or it is private: set HF_TOKEN)") from None
     except hf.RevisionNotFoundError:
         raise UsageError(f"{source.repo} has no revision {source.revision!r}") from None
-    except hf.OfflineModeIsEnabled:
-        raise DllmError("HF_HUB_OFFLINE is set: unset it to pull") from None
     except (OSError, hf.HfHubHTTPError, ValueError) as e:
         where = endpoint or "the hub"
         raise DllmError(f"cannot download {source.repo} from {where}: {one_line(e)}") from None

@@ -60,6 +60,10 @@ class Hub:
         path = h.path.split("?", 1)[0]
         self.log.append((h.command, path, h.headers.get("Range", "")))
         self.tokens.add(h.headers.get("Authorization", ""))
+        if path.startswith("/api/models/") and not path.startswith(f"/api/models/{self.repo}/"):
+            return self.send(
+                h, 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"}
+            )
         if path.startswith(f"/api/models/{self.repo}/tree/"):
             return self.tree(h)
         if path.startswith(f"/api/models/{self.repo}/revision/"):

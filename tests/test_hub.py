@@ -41,9 +41,11 @@ def test_pull_resumes_a_dropped_download_then_loads_offline(tmp_path, monkeypatc
     try:
         env = {"HF_HOME": str(home), "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_loopback"}
         pulled = dllm("pull", REPO, env=env)
+        unknown = dllm("pull", "tiny-org/missing", env=env)
     finally:
         hub.stop()
     assert pulled.returncode == 0, pulled.stderr
+    assert unknown.returncode == 2 and "no hub repo 'tiny-org/missing'" in unknown.stderr
     folder = Path(pulled.stdout.strip())
     assert sorted(p.name for p in folder.iterdir()) == hub.files()
     for name in hub.files():
@@ -88,6 +90,9 @@ def test_pull_refuses_names_it_cannot_pull(tmp_path, monkeypatch):
     for name, words in (("tiny-gsm", "names no hub repo"), ("nope", "neither a profile")):
         result = invoke("pull", name)
         assert result.exit_code == 2 and words in result.stderr
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline = invoke("pull", REPO)
+    assert offline.exit_code == 2 and "HF_HUB_OFFLINE is set" in offline.stderr
 
 
 def test_profile_without_its_folder_says_to_pull(tmp_path, monkeypatch):
