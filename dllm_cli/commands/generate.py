@@ -106,7 +106,9 @@ def generate_command(
             )
         if json_input and not batch:
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
-        runtime = load_runtime(choices) if job is None else load_on_rank(job, choices)
+        runtime = (
+            load_runtime(choices, slots=batch_size) if job is None else load_on_rank(job, choices)
+        )
         json_out = json_out or json_canvas
         pipeline = Pipeline(runtime, batch_size, json_out, json_input, canvas=json_canvas)
         if batch and leader:
