@@ -120,7 +120,7 @@
       this.current = last >= 0 ? Math.max(here, this.blockOf(last)) : here;
       if (frame.frozen) this.frozen.push(frame.frozen);
       this.window = frame.window;
-      this.pruned = final ? undefined : frame.pruned_from;
+      this.pruned = frame.final ? undefined : frame.pruned_from;
       this.accepted += frame.accepted || 0;
       this.corrected += frame.corrected || 0;
       this.frames += 1;
