@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -80,6 +81,31 @@ def test_frames_rebuild_the_answer_and_leave_the_text_chunks_alone(url, runtime,
     assert sorted(tokens) == list(range(n)) and (guide or n == 32)  # each position once
     assert runtime.text([tokens[p] for p in range(n)]) == text_of(stream)
     assert frames[-1]["committed"] == n
+
+
+def test_two_requests_in_one_batch_each_get_their_own_rows_frames(url, runtime):
+    questions = [
+        "Ann has 10 pens and gives 4 away. How many pens are left?",
+        QUESTION[0]["content"],
+    ]
+    bodies = [
+        {
+            "messages": [{"role": "user", "content": q}],
+            "guide": False,
+            "early_stop": False,
+            **CANVAS,
+        }
+        for q in questions
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        streams = [s for s, _ in pool.map(lambda b: chunks(url, b), bodies)]
+    for stream in streams:
+        tokens = {}
+        for f in (c["canvas"] for c in stream if "canvas" in c):
+            tokens |= {pos: tok for pos, tok, *_ in f["commits"]}
+        assert sorted(tokens) == list(range(32))
+        assert runtime.text([tokens[p] for p in range(32)]) == text_of(stream)
+    assert text_of(streams[0]) != text_of(streams[1])
 
 
 def test_a_256_position_decode_in_64_steps_stays_small(url):

@@ -6,13 +6,14 @@ to its own answer: the positions committed (with token id, spelled text and conf
 guide's corrections, LLaDA2.1's edits, DiffusionGemma's drafts, the block it worked in, what
 its forward recomputed and which columns are cached, frozen or pruned. The first one also
 carries the layout (generation length, blocks) so a client can draw the empty canvas. Only
-deltas travel, so a 64-step decode of 256 positions costs a few tens of KB. Frames are built
+deltas travel: a 64-step decode of 256 positions sends well under 200 KB of them. Frames are built
 only for the requests that asked, from the engine's own StepEvent (built lazily, only then).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ class Frames:
     """One request's canvas stream: spells tokens once, counts its own steps and commits."""
 
     settings: DecodeSettings
-    spell: object  # (token id) -> its text as the tokenizer decodes it alone
+    spell: Callable[[int], str]  # token id -> its text as the tokenizer decodes it alone
     guided: bool
     uniform: bool  # DiffusionGemma: drafts replace noise instead of unmasking
     stop: tuple[int, ...] = ()  # ids that end the answer (drawn as its end)
@@ -75,7 +76,7 @@ class Frames:
             "block_step": phase.block_step,
             "window": list(phase.window),
             "refresh": phase.refresh,
-            "frozen": list(event.frozen) if event.frozen is not None else None,
+            "frozen": frozen(event, row),
             "commits": cells,
             "committed": self.committed,
             "forwards": forwards,
@@ -129,7 +130,7 @@ class Frames:
 
     def text(self, token: int) -> str:
         if token not in self.spelled:
-            self.spelled[token] = self.spell(token)  # type: ignore[operator]
+            self.spelled[token] = self.spell(token)
         return self.spelled[token]
 
 
@@ -186,6 +187,12 @@ def event_row(engine, rid: int) -> int | None:
     if not hasattr(engine, "run"):
         return rid
     return next((i for i, r in enumerate(engine.live) if r.id == rid), None)
+
+
+def frozen(event: StepEvent, row: int) -> list[int] | None:
+    """Positions whose K/V became final: the event reports them for its first live row only."""
+    head = event.phases[0].row if event.phases else row
+    return list(event.frozen) if event.frozen is not None and head == row else None
 
 
 def phase_of(event: StepEvent, row: int) -> RowPhase:
