@@ -5,6 +5,7 @@ on tiny checkpoints), read with raw HTTP and with the official `openai` client."
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -173,7 +174,11 @@ def test_page_needs_no_key_the_api_does_and_no_ui_is_a_404(runtime):
         assert config["key"] is True and config["model"] == "tiny-gsm-dream"
         names = {row["name"]: row for row in config["settings"]}
         assert names["gen_length"]["value"] == 32 and "batching" not in names
-        assert httpx.get(keyed.url + "/web/app.js").status_code == 200
+        for name in ("app.js", "style.css"):  # nothing to fetch from elsewhere: no URL, font
+            asset = httpx.get(keyed.url + "/web/" + name)
+            assert asset.status_code == 200
+            assert re.search(r"https?://|@import|@font-face|url\(", asset.text) is None
+        assert re.search(r"https?://|@import", page.text) is None
         assert httpx.get(keyed.url + "/web/other.js").status_code == 401  # not an asset
         assert httpx.post(keyed.url + "/v1/chat/completions", json={}).status_code == 401
         for path in ("/", "/web/app.js"):
