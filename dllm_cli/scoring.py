@@ -208,3 +208,16 @@ def prompt_scores(model, mask: int, family: str, ids: list[int], **options) -> l
               range(1, len(ids))]  # fmt: skip
     totals.append(0.0)
     return [totals[i] - totals[i + 1] for i in range(len(ids) - 1)]
+
+
+def next_token(model, mask: int, family: str, ids: list[int]) -> tuple[int, torch.Tensor]:
+    """The token a one-token decode commits after `ids` (one masked column, its argmax) and
+    that column's log-probabilities (V,)."""
+    rule = estimator_for(family)
+    rows = torch.tensor([*ids, mask])[None]  # (1, n + 1)
+    with torch.inference_mode():
+        logits = column_logits(model, rows.to(next(model.parameters()).device), rule.shift)
+        last = logits[0, -1].float()
+        last[mask] = -torch.inf
+        logp = last.log_softmax(dim=-1).cpu()
+    return int(logp.argmax()), logp

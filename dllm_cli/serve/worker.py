@@ -11,6 +11,10 @@ settings differ (max_tokens, block length, steps, cache, threshold, guide, ...) 
 their own: one per distinct settings group, created on first use, at most `max_engines` at a
 time; a group without an engine waits until an engine falls idle and is dropped (least
 recently used first). Engines with work are stepped in turn, one step each.
+
+Scoring requests (echo + logprobs, scoring.py) run on the same thread, one estimate (one
+context/continuation split of one prompt) per turn between the engines' steps, so a long
+prompt to score delays decoding by one estimate at a time, never by its whole scoring.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dllm_cli import scoring
 from dllm_cli.chat import encode_plain
 from dllm_cli.decoding import gemma
 from dllm_cli.errors import DllmError, InputError
@@ -48,6 +53,19 @@ class Outcome:
     guide_forwards: int
     steps: int
     seconds: float
+    prompt_text: str = ""  # the prompt as text (an echoed answer starts with it)
+
+
+@dataclass
+class Scored:
+    """A scored prompt: per token its text and score, and per position its alternatives."""
+
+    tokens: list[str]
+    values: list[float | None]  # None for the first token (nothing before it to score from)
+    top: list[dict[str, float] | None]
+    prompt_tokens: int
+    forwards: int
+    seconds: float
 
 
 @dataclass(eq=False)  # compared by identity: two equal requests are two tickets
@@ -63,6 +81,7 @@ class Ticket:
     added: float = field(default_factory=time.perf_counter)
     first_text: float | None = None
     done: bool = False
+    totals: list[float] = field(default_factory=list)  # a scoring job's estimates so far
 
 
 class Worker:
@@ -74,6 +93,7 @@ class Worker:
         self.inbox: queue.Queue = queue.Queue()
         self.engines: OrderedDict[engines.Group, engines.Pool] = OrderedDict()
         self.parked: list[Ticket] = []  # their group has no engine yet
+        self.scoring: list[Ticket] = []  # scoring jobs, advanced one estimate per turn
         self.tickets: dict[tuple[engines.Group, int], Ticket] = {}
         self.count = 0  # requests submitted and not yet answered (the queue limit's count)
         self.lock = threading.Lock()
@@ -88,17 +108,23 @@ class Worker:
 
     def submit(self, job: Job, post: Post, limit: int) -> Ticket:
         """Queue a request, or ApiError(429) when `limit` requests are already in."""
+        return self.submit_all([(job, post)], limit)[0]
+
+    def submit_all(self, jobs: list[tuple[Job, Post]], limit: int) -> list[Ticket]:
+        """Queue one request's prompts together (all or none), in one message: they reach
+        their engine in the same turn and decode together."""
         with self.lock:
             if self.stopping.is_set():
                 raise ApiError(503, "the server is shutting down")
             if self.failure is not None:
                 raise ApiError(500, f"internal error: {type(self.failure).__name__}")
-            if self.count >= limit:
+            if self.count + len(jobs) > max(limit, len(jobs)) or self.count >= limit:
                 raise ApiError(429, f"the server is full ({limit} requests waiting or decoding)")
-            self.count += 1
-        ticket = Ticket(job, post)
-        self.inbox.put(("add", ticket))
-        return ticket
+            self.count += len(jobs)
+        tickets = [Ticket(job, post) for job, post in jobs]
+        for ticket in tickets:
+            self.inbox.put(("add", ticket))
+        return tickets
 
     def abort(self, ticket: Ticket) -> None:
         """The client left: drop its request (its slot is free on the next step)."""
@@ -125,12 +151,14 @@ class Worker:
                 for group, pool in list(self.engines.items()):
                     if pool.engine.has_work:
                         self.step_or_drop(group, pool)
+                if self.scoring:
+                    self.score_or_fail(self.scoring[0])
                 self.metrics.set_load(
                     self.waiting(), self.running(), self.slots * len(self.engines)
                 )
         except BaseException as e:  # a bug: answer every request rather than hang them
             self.failure = e
-            for ticket in [*self.tickets.values(), *self.parked]:
+            for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
                 self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"))
 
     def step_or_drop(self, group: engines.Group, pool: engines.Pool) -> None:
@@ -147,10 +175,12 @@ class Worker:
             del self.engines[group]
 
     def has_work(self) -> bool:
-        return bool(self.parked) or any(p.engine.has_work for p in self.engines.values())
+        engines_busy = any(p.engine.has_work for p in self.engines.values())
+        return bool(self.parked) or bool(self.scoring) or engines_busy
 
     def waiting(self) -> int:
-        return len(self.parked) + sum(p.engine.waiting for p in self.engines.values())
+        engines_waiting = sum(p.engine.waiting for p in self.engines.values())
+        return len(self.parked) + len(self.scoring) + engines_waiting
 
     def running(self) -> int:
         return sum(p.engine.running for p in self.engines.values())
@@ -176,6 +206,8 @@ class Worker:
 
     def on_add(self, ticket: Ticket) -> None:
         job = ticket.job
+        if job.kind == "score":
+            return self.add_scoring(ticket)
         try:
             per_request = self.runtime.loaded.architecture != gemma.FAMILY
             ticket.group = engines.group_of(job, per_request)
@@ -196,6 +228,8 @@ class Worker:
             return
         if ticket in self.parked:
             self.parked.remove(ticket)
+        elif ticket in self.scoring:
+            self.scoring.remove(ticket)
         elif ticket.rid is not None:
             self.engines[ticket.group].engine.abort(ticket.rid)
             self.tickets.pop((ticket.group, ticket.rid), None)
@@ -203,13 +237,15 @@ class Worker:
 
     def on_abort_all(self, _: None) -> None:
         self.aborting = True
-        for ticket in [*self.tickets.values(), *self.parked]:
+        for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
             self.on_abort(ticket)
             ticket.post("error", ApiError(503, "the server is shutting down; request aborted"))
 
     def encode(self, job: Job) -> list[int]:
         if job.kind == "chat":
             return encode_messages(self.runtime.loaded.tokenizer, list(job.messages))
+        if isinstance(job.prompt, tuple):  # token ids, as given
+            return list(job.prompt)
         check_text(job.prompt)
         if not job.prompt.strip():
             raise InputError("empty prompt")
@@ -282,6 +318,7 @@ class Worker:
             guide_forwards=done.guide_forwards,
             steps=done.steps,
             seconds=time.perf_counter() - ticket.added,
+            prompt_text=self.prompt_text(ticket) if ticket.job.echo else "",
         )
         self.metrics.answered(outcome)
         ticket.post("done", outcome)
@@ -297,3 +334,99 @@ class Worker:
         ticket.done = True
         with self.lock:
             self.count -= 1
+
+    def prompt_text(self, ticket: Ticket) -> str:
+        """The prompt as text: as given, or its token ids decoded."""
+        prompt = ticket.job.prompt
+        if isinstance(prompt, str):
+            return prompt
+        return self.runtime.loaded.tokenizer.decode(list(prompt), skip_special_tokens=False)
+
+    # --- scoring -------------------------------------------------------------------------------
+    def add_scoring(self, ticket: Ticket) -> None:
+        """A scoring job's checks (one-line 400s), then its place in the scoring queue."""
+        job, loaded = ticket.job, self.runtime.loaded
+        try:
+            scoring.estimator_for(loaded.model.family)
+            ticket.ids = self.encode(job)
+            if len(ticket.ids) < 2:
+                raise InputError("echo scoring needs a prompt of at least two tokens")
+            if max(ticket.ids) >= loaded.model.get_input_embeddings().num_embeddings:
+                raise InputError(f"prompt token id {max(ticket.ids)} is outside the vocabulary")
+            room = loaded.model.context_length - job.score.generate
+            if len(ticket.ids) > room:
+                raise InputError(f"prompt too long to score: {len(ticket.ids)} tokens > {room}")
+        except InputError as e:
+            return self.fail(ticket, input_error(e, "completion"))
+        if self.aborting:
+            return self.fail(ticket, ApiError(503, "the server is shutting down"))
+        self.scoring.append(ticket)
+        ticket.post("accepted", None)
+
+    def score_or_fail(self, ticket: Ticket) -> None:
+        """One estimate of the first scoring job; its answer once every split is done."""
+        try:
+            if self.score_step(ticket):
+                self.scoring.remove(ticket)
+                ticket.post("done", self.scored(ticket))
+                self.finish(ticket)
+        except Exception as e:  # a bug: this request's 500, the server goes on
+            self.scoring.remove(ticket)
+            self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"[:300]))
+
+    def score_step(self, ticket: Ticket) -> bool:
+        """The next split's estimate L(c) (c = 1, 2, ...); True once every split has one."""
+        c = len(ticket.totals) + 1
+        ids, job, loaded = ticket.ids, ticket.job, self.runtime.loaded
+        options = {"samples": job.score.samples, "batch": job.score.batch}
+        options |= {"seed": job.settings.seed, "cfg": job.settings.cfg_scale}
+        got = scoring.estimate(
+            loaded.model, loaded.special.mask, loaded.model.family, ids[:c], ids[c:],
+            eos=loaded.special.eos, **options,
+        )  # fmt: skip
+        ticket.totals.append(got.total)
+        return len(ticket.totals) == len(ids) - 1
+
+    def scored(self, ticket: Ticket) -> Scored:
+        """Per-token scores L(j) - L(j + 1), alternatives re-based on them, and (max_tokens
+        1) the token a one-token decode commits after the prompt."""
+        loaded, ids, score = self.runtime.loaded, ticket.ids, ticket.job.score
+        model, mask, family = loaded.model, loaded.special.mask, loaded.model.family
+        totals = [*ticket.totals, 0.0]
+        values: list[float | None] = [None]
+        values += [totals[i] - totals[i + 1] for i in range(len(ids) - 1)]
+        _, logp = scoring.greedy_flags(model, mask, family, ids)  # (n - 1, V)
+        top: list[dict[str, float] | None] = [None]
+        for j in range(1, len(ids)):
+            own = logp[j - 1, ids[j]]
+            base = values[j] - float(own)  # the token carries its score; others keep the gaps
+            top.append(self.alternatives(logp[j - 1], score.top, base, ids[j]))
+        tokens = [self.piece(t) for t in ids]
+        forwards = (len(ids) - 1) * self.score_forwards(ticket) + 1
+        if score.generate:
+            token, row = scoring.next_token(model, mask, family, ids)
+            tokens.append(self.piece(token))
+            values.append(float(row[token]))
+            top.append(self.alternatives(row, score.top, 0.0, token))
+            forwards += 1
+        seconds = time.perf_counter() - ticket.added
+        return Scored(tokens, values, top, len(ids), forwards, seconds)
+
+    def score_forwards(self, ticket: Ticket) -> int:
+        """Model forwards one estimate takes."""
+        family = scoring.estimator_for(self.runtime.loaded.model.family)
+        samples = ticket.job.score.samples or family.samples
+        batch = ticket.job.score.batch or family.batch
+        rows = max(samples // batch, 1) * batch
+        return -(-rows // scoring.ROWS_PER_FORWARD)
+
+    def alternatives(self, logp, k: int, base: float, own: int) -> dict[str, float]:
+        """The token itself and the `k` most likely at its position, each `base` + log-prob."""
+        best = logp.topk(k).indices.tolist() if k else []
+        out = {self.piece(own): base + float(logp[own])}
+        for t in best:
+            out.setdefault(self.piece(t), base + float(logp[t]))
+        return out
+
+    def piece(self, token: int) -> str:
+        return self.runtime.loaded.tokenizer.decode([token], skip_special_tokens=False)

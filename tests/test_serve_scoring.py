@@ -1,0 +1,138 @@
+"""`dllm serve`'s OpenAI prompt forms, `n`, unknown routes and echo scoring, through the official
+`openai` client against a real server on a loopback port (the shipped LLaDA-format model)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+from dllm_cli import scoring
+from dllm_cli.chat import encode_plain
+from dllm_cli.runtime import open_runtime
+from dllm_cli.serve import server
+
+MODEL = "tiny-gsm"
+PROMPTS = ["Tom has 3 apples and buys 2 more.", "Ann has 10 pens and gives 4 away."]
+SAMPLES = {"score_samples": 8, "score_batch": 4}
+
+
+@pytest.fixture(scope="module")
+def running():
+    runtime = open_runtime(MODEL, {"decode.gen_length": 16})
+    handle = server.start_in_thread(runtime, server.Options(port=0, slots=4, max_queue=16))
+    yield handle, runtime
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(running):
+    return openai.OpenAI(base_url=running[0].url + "/v1", api_key="unused", max_retries=0)
+
+
+def texts(reply) -> list[str]:
+    ordered = sorted(reply.choices, key=lambda c: c.index)
+    assert [c.index for c in ordered] == list(range(len(ordered)))
+    return [c.text for c in ordered]
+
+
+def test_every_prompt_form_answers_as_each_prompt_alone(client, running):
+    alone = [texts(client.completions.create(model=MODEL, prompt=p))[0] for p in PROMPTS]
+    tok = running[1].loaded.tokenizer
+    ids = [encode_plain(tok, p) for p in PROMPTS]
+    assert texts(client.completions.create(model=MODEL, prompt=PROMPTS)) == alone
+    assert texts(client.completions.create(model=MODEL, prompt=ids)) == alone
+    assert texts(client.completions.create(model=MODEL, prompt=ids[1])) == alone[1:]
+    echoed = client.completions.create(model=MODEL, prompt=PROMPTS[0], echo=True)
+    assert echoed.choices[0].text == PROMPTS[0] + alone[0]
+
+
+def test_n_choices_greedy_equal_sampled_seeded_by_index(client):
+    greedy = texts(client.completions.create(model=MODEL, prompt=PROMPTS[0], n=3))
+    assert len(greedy) == 3 and len(set(greedy)) == 1
+    hot = {"temperature": 1.0, "seed": 11}
+    several = texts(client.completions.create(model=MODEL, prompt=PROMPTS, n=2, **hot))
+    for i in range(2):  # choice i of prompt p: the prompt alone with seed 11 + i
+        for p, prompt in enumerate(PROMPTS):
+            one = client.completions.create(
+                model=MODEL, prompt=prompt, temperature=1.0, seed=11 + i
+            )
+            assert several[2 * p + i] == texts(one)[0]
+    streamed = client.completions.create(model=MODEL, prompt=PROMPTS, stream=True)
+    parts = {0: "", 1: ""}
+    for c in streamed:
+        for choice in c.choices:
+            parts[choice.index] += choice.text
+    assert [parts[0], parts[1]] == texts(client.completions.create(model=MODEL, prompt=PROMPTS))
+
+
+def test_unknown_routes_get_a_route_error(running):
+    reply = httpx.get(running[0].url + "/tokenizer_info", timeout=30)
+    assert reply.status_code == 404
+    error = reply.json()["error"]
+    assert error["code"] == "unknown_route" and "GET /tokenizer_info" in error["message"]
+
+
+def test_echo_scores_sum_to_the_estimate_for_every_split(client, running):
+    loaded = running[1].loaded
+    ids = encode_plain(loaded.tokenizer, PROMPTS[0])
+    reply = client.completions.create(
+        model=MODEL, prompt=[ids], echo=True, logprobs=2, max_tokens=0, seed=5, extra_body=SAMPLES
+    )
+    lp = reply.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) and lp.token_logprobs[0] is None
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    for c in (1, len(ids) // 2, len(ids) - 2):
+        want = scoring.estimate(
+            loaded.model, loaded.special.mask, "llada", ids[:c], ids[c:], samples=8, batch=4, seed=5
+        ).total
+        assert sum(lp.token_logprobs[c:]) == pytest.approx(want, abs=1e-4)
+    flags, _ = scoring.greedy_flags(loaded.model, loaded.special.mask, "llada", ids)
+    for j in range(1, len(ids)):
+        assert (lp.token_logprobs[j] == max(lp.top_logprobs[j].values())) == flags[j - 1]
+
+
+def test_lm_eval_reads_the_loglikelihood_request_it_sends(running):
+    """The body lm-eval 0.4.13's local-completions sends, parsed by lm-eval's own parser."""
+    loaded = running[1].loaded
+    context = encode_plain(loaded.tokenizer, PROMPTS[1])
+    continuation = encode_plain(loaded.tokenizer, " 6")[-1:]
+    lm = LocalCompletionsAPI.__new__(LocalCompletionsAPI)
+    lm.model = MODEL
+    body = lm._create_payload([[*context, *continuation]], generate=False, seed=1234)
+    body |= SAMPLES
+    reply = httpx.post(running[0].url + "/v1/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    ((total, greedy),) = LocalCompletionsAPI.parse_logprobs(reply.json(), ctxlens=[len(context)])
+    want = scoring.estimate(
+        loaded.model, loaded.special.mask, "llada", context, continuation, samples=8, batch=4,
+        seed=1234,
+    )  # fmt: skip
+    assert total == pytest.approx(want.total, abs=1e-4)
+    flags, _ = scoring.greedy_flags(
+        loaded.model, loaded.special.mask, "llada", [*context, *continuation]
+    )
+    assert greedy == flags[-1]
+    assert len(reply.json()["choices"][0]["logprobs"]["tokens"]) == len(context) + 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"max_tokens": 2}, "max_tokens", "must be 0 or 1"),
+        ({"n": 2}, "n", "n must be 1 with echo"),
+        ({"stream": True}, "stream", "stream is not supported"),
+        ({"logprobs": 50}, "logprobs", "logprobs must be an integer"),
+        ({"score_samples": 0}, "score_samples", "score_samples must be"),
+        ({"prompt": [[]]}, "prompt", "prompt[0]"),
+        ({"prompt": [3]}, "prompt", "at least two tokens"),
+        ({"prompt": [3, 10**9]}, "prompt", "outside the vocabulary"),
+    ],
+)
+def test_bad_scoring_requests_get_400(running, extra, param, words):
+    body = {"prompt": "Tom has 3 apples", "echo": True, "logprobs": 1, "max_tokens": 0} | extra
+    reply = httpx.post(running[0].url + "/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and words in error["message"], error
