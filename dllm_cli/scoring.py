@@ -152,7 +152,8 @@ def estimate(
     """The reference estimate of log p(continuation | context) for the model's family."""
     check_pair(context, continuation)
     rule = estimator_for(family)
-    samples, batch = samples or rule.samples, batch or rule.batch
+    samples = samples or rule.samples
+    batch = min(batch or rule.batch, samples)
     if cfg > 0 and not rule.cfg:
         raise InputError("scoring with cfg_scale is only defined for LLaDA's estimator")
     target = list(continuation) + ([eos] if rule.append_eos and eos is not None else [])

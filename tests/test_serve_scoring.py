@@ -117,6 +117,22 @@ def test_lm_eval_reads_the_loglikelihood_request_it_sends(running):
     assert len(reply.json()["choices"][0]["logprobs"]["tokens"]) == len(context) + 2
 
 
+def test_score_splits_scores_only_the_last_positions(client, running):
+    loaded = running[1].loaded
+    ids = encode_plain(loaded.tokenizer, PROMPTS[1])
+    body = SAMPLES | {"score_splits": 3}
+    reply = client.completions.create(
+        model=MODEL, prompt=ids, echo=True, logprobs=1, max_tokens=0, seed=2, extra_body=body
+    )
+    values = reply.choices[0].logprobs.token_logprobs
+    assert values[: len(ids) - 3] == [None] * (len(ids) - 3)
+    c = len(ids) - 3
+    want = scoring.estimate(
+        loaded.model, loaded.special.mask, "llada", ids[:c], ids[c:], samples=8, batch=4, seed=2
+    ).total
+    assert sum(values[c:]) == pytest.approx(want, abs=1e-4)
+
+
 @pytest.mark.parametrize(
     ("extra", "param", "words"),
     [

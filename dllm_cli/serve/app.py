@@ -13,7 +13,7 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from dllm_cli.errors import DllmError
 from dllm_cli.serve import engines
 from dllm_cli.serve.metrics import CONTENT_TYPE, Metrics
-from dllm_cli.serve.protocol import ApiError, Job, choices, parse
+from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
 from dllm_cli.serve.worker import Outcome, Scored, Worker
 
 MAX_BODY = 4 * 1024 * 1024  # bytes: a request body past this is refused (413)
@@ -39,6 +39,8 @@ class Served:
     limit: int  # requests waiting or decoding before a 429
     api_key: str | None = None
     created: int = 0
+    score_samples: int | None = None  # echo scoring's default (None: the family's)
+    score_splits: int | None = None  # echo scoring's default (None: every position)
 
 
 class Gone(Exception):
@@ -162,6 +164,8 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
         engines.check_settings(worker.runtime, job.settings)
     except DllmError as e:
         raise ApiError(400, str(e)) from None
+    if job.kind == "score":
+        job = replace(job, score=served_defaults(served, job.score))
     parts = choices(job)
     events: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
@@ -184,6 +188,14 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
     if job.kind == "score":
         return JSONResponse(scored_answer(served, job, outcomes))  # type: ignore[arg-type]
     return JSONResponse(whole(served, job, outcomes, kind))  # type: ignore[arg-type]
+
+
+def served_defaults(served: Served, score: Score) -> Score:
+    """A scoring request's options with the server's defaults where it gave none."""
+    samples = score.samples or served.score_samples
+    batch = score.batch if samples is None or (score.batch or 0) <= samples else None
+    splits = score.splits or served.score_splits
+    return replace(score, samples=samples, batch=batch, splits=splits)
 
 
 class Waiting:

@@ -51,7 +51,7 @@ UNSUPPORTED = {
 }
 COMMON = ("model", "max_tokens", "stop", "stream", "n", *SAMPLING, "guide")
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON)
-SCORE_FIELDS = ("score_samples", "score_batch")  # dllm's own: the estimator's sample count
+SCORE_FIELDS = ("score_samples", "score_batch", "score_splits")  # dllm's own (docs/scoring.md)
 COMPLETION_FIELDS = ("prompt", "echo", "logprobs", *SCORE_FIELDS, *COMMON)
 MAX_STOPS = 4  # as OpenAI
 MAX_N = 16  # choices per prompt
@@ -113,6 +113,7 @@ class Score:
 
     samples: int | None
     batch: int | None
+    splits: int | None  # score only the last this many positions (None: every one)
     top: int  # alternatives per position (the request's logprobs)
     generate: bool  # max_tokens 1: one token decoded after the prompt, as OpenAI's echo does
 
@@ -175,16 +176,14 @@ def score_job(body: dict, base: DecodeSettings, n: int, stream: bool) -> Job:
             400, "echo with max_tokens 1 decodes its token greedily: temperature must be 0",
             "temperature",
         )  # fmt: skip
-    seed = body.get("seed")
     rest = {k: v for k, v in body.items() if k in ("seed", "cfg_scale") and v is not None}
     settings, _ = decode_settings(rest, base)
     samples = count(body, "score_samples", None, MAX_SCORE_SAMPLES)
     batch = count(body, "score_batch", None, MAX_SCORE_SAMPLES)
     if samples is not None and batch is not None and batch > samples:
         raise ApiError(400, "score_batch must not exceed score_samples", "score_batch")
-    if seed is None:
-        settings = dataclasses.replace(settings, seed=base.seed)
-    score = Score(samples, batch, top, tokens == 1)
+    splits = count(body, "score_splits", None, 1 << 20)
+    score = Score(samples, batch, splits, top, tokens == 1)
     prompts = completion_prompts(body.get("prompt"))
     return Job("score", prompt=prompts[0], prompts=prompts, settings=settings, score=score)
 

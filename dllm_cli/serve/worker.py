@@ -375,9 +375,10 @@ class Worker:
             self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"[:300]))
 
     def score_step(self, ticket: Ticket) -> bool:
-        """The next split's estimate L(c) (c = 1, 2, ...); True once every split has one."""
-        c = len(ticket.totals) + 1
+        """The next split's estimate L(c), c from the first split scored to n - 1; True once
+        every split has one."""
         ids, job, loaded = ticket.ids, ticket.job, self.runtime.loaded
+        c = first_split(len(ids), job.score.splits) + len(ticket.totals)
         options = {"samples": job.score.samples, "batch": job.score.batch}
         options |= {"seed": job.settings.seed, "cfg": job.settings.cfg_scale}
         got = scoring.estimate(
@@ -385,24 +386,25 @@ class Worker:
             eos=loaded.special.eos, **options,
         )  # fmt: skip
         ticket.totals.append(got.total)
-        return len(ticket.totals) == len(ids) - 1
+        return c == len(ids) - 1
 
     def scored(self, ticket: Ticket) -> Scored:
-        """Per-token scores L(j) - L(j + 1), alternatives re-based on them, and (max_tokens
-        1) the token a one-token decode commits after the prompt."""
+        """Per-token scores L(j) - L(j + 1) (null before the first split scored),
+        alternatives re-based on them, and (max_tokens 1) the token a one-token decode
+        commits after the prompt."""
         loaded, ids, score = self.runtime.loaded, ticket.ids, ticket.job.score
         model, mask, family = loaded.model, loaded.special.mask, loaded.model.family
+        first = first_split(len(ids), score.splits)
         totals = [*ticket.totals, 0.0]
-        values: list[float | None] = [None]
-        values += [totals[i] - totals[i + 1] for i in range(len(ids) - 1)]
+        values: list[float | None] = [None] * first
+        values += [totals[i] - totals[i + 1] for i in range(len(ticket.totals))]
         _, logp = scoring.greedy_flags(model, mask, family, ids)  # (n - 1, V)
-        top: list[dict[str, float] | None] = [None]
-        for j in range(1, len(ids)):
-            own = logp[j - 1, ids[j]]
-            base = values[j] - float(own)  # the token carries its score; others keep the gaps
+        top: list[dict[str, float] | None] = [None] * first
+        for j in range(first, len(ids)):
+            base = values[j] - float(logp[j - 1, ids[j]])  # the token carries its score
             top.append(self.alternatives(logp[j - 1], score.top, base, ids[j]))
         tokens = [self.piece(t) for t in ids]
-        forwards = (len(ids) - 1) * self.score_forwards(ticket) + 1
+        forwards = len(ticket.totals) * self.score_forwards(ticket) + 1
         if score.generate:
             token, row = scoring.next_token(model, mask, family, ids)
             tokens.append(self.piece(token))
@@ -416,7 +418,7 @@ class Worker:
         """Model forwards one estimate takes."""
         family = scoring.estimator_for(self.runtime.loaded.model.family)
         samples = ticket.job.score.samples or family.samples
-        batch = ticket.job.score.batch or family.batch
+        batch = min(ticket.job.score.batch or family.batch, samples)
         rows = max(samples // batch, 1) * batch
         return -(-rows // scoring.ROWS_PER_FORWARD)
 
@@ -430,3 +432,8 @@ class Worker:
 
     def piece(self, token: int) -> str:
         return self.runtime.loaded.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def first_split(length: int, splits: int | None) -> int:
+    """The first context length scored: 1, or the last `splits` splits of the prompt."""
+    return 1 if splits is None else max(1, length - splits)
