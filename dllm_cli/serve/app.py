@@ -23,7 +23,7 @@ from dllm_cli.errors import DllmError
 from dllm_cli.serve import engines
 from dllm_cli.serve.metrics import CONTENT_TYPE, Metrics
 from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
-from dllm_cli.serve.worker import Outcome, Scored, Worker
+from dllm_cli.serve.worker import Outcome, Scored, TokenLogprob, Worker
 
 MAX_BODY = 4 * 1024 * 1024  # bytes: a request body past this is refused (413)
 POLL = 0.25  # seconds between checks that a waiting client is still there
@@ -304,12 +304,14 @@ def chunk(
     """One SSE chunk in OpenAI's format; a choice's last carries its finish reason, the
     request's last the usage."""
     reason = outcome.finish_reason if outcome is not None else None
+    logprobs = rendered(outcome, kind) if outcome is not None else None  # the whole answer's
     if kind == "chat":
         delta = text if isinstance(text, dict) else ({"content": text} if text else {})
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs}
+        choice["finish_reason"] = reason
         obj = "text_completion"
     out = {"id": rid, "object": obj, "created": int(time.time()), "model": served.model_id}
     out["choices"] = [choice]
@@ -322,14 +324,41 @@ def whole(served: Served, job: Job, outcomes: list[Outcome], kind: str) -> dict:
     """A non-streamed answer: one choice per prompt and n, by index."""
     picked = []
     for i, outcome in enumerate(outcomes):
+        logprobs = rendered(outcome, kind)
         if kind == "chat":
             message = {"role": "assistant", "content": outcome.text}
-            choice = {"index": i, "message": message, "logprobs": None}
+            choice = {"index": i, "message": message, "logprobs": logprobs}
         else:
-            choice = {"index": i, "text": outcome.prompt_text + outcome.text, "logprobs": None}
+            choice = {"index": i, "text": outcome.prompt_text + outcome.text}
+            choice["logprobs"] = logprobs
         choice["finish_reason"] = outcome.finish_reason
         picked.append(choice)
     return envelope(served, kind, picked, usage(summed(outcomes)))
+
+
+def rendered(outcome: Outcome, kind: str) -> dict | None:
+    """An answer's token logprobs in OpenAI's shape for `kind` (None when not asked)."""
+    if outcome.logprobs is None:
+        return None
+    if kind == "chat":
+        return {"content": [chat_token(t) for t in outcome.logprobs], "refusal": None}
+    offsets, at = [], len(outcome.prompt_text)
+    for t in outcome.logprobs:
+        offsets.append(at)
+        at += len(t.token)
+    return {
+        "tokens": [t.token for t in outcome.logprobs],
+        "token_logprobs": [t.logprob for t in outcome.logprobs],
+        "top_logprobs": [dict(t.top) for t in outcome.logprobs],
+        "text_offset": offsets,
+    }
+
+
+def chat_token(t: TokenLogprob) -> dict:
+    top = [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in t.top]
+    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())} | {
+        "top_logprobs": top
+    }
 
 
 def envelope(served: Served, kind: str, picked: list[dict], counts: dict) -> dict:

@@ -105,6 +105,7 @@ class Job:
     n: int = 1  # choices per prompt
     echo: bool = False  # the answer's text starts with the prompt's
     score: Score | None = None  # kind "score": how to estimate
+    logprobs: int | None = None  # answer tokens' logprobs with this many alternatives each
 
 
 @dataclass(frozen=True)
@@ -142,21 +143,32 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
         raise ApiError(400, "guide: the served profile has no guide model loaded", "guide")
     if kind == "completion" and flag(body, "echo") and body.get("logprobs") is not None:
         return score_job(body, base, n, stream)
-    if kind == "chat":
-        if body.get("logprobs") is not None or body.get("top_logprobs") is not None:
-            raise ApiError(400, "logprobs is not supported by dllm on chat yet", "logprobs")
-    elif body.get("logprobs") is not None:
+    top = answer_logprobs(body, kind)
+    if top is not None and guide:
         raise ApiError(
-            400, "logprobs on a completion needs echo: true (likelihood scoring)", "logprobs"
-        )
+            400, "logprobs needs an unguided decode (send guide: false): guided drafts are "
+            "the guide's argmax and keep no distribution", "logprobs",
+        )  # fmt: skip
     settings, sampling = decode_settings(body, base)
     common = {"settings": settings, "sampling": sampling, "guide": guide, "stream": stream}
-    common |= {"stop": stops(body.get("stop")), "include_usage": usage, "n": n}
+    common |= {"stop": stops(body.get("stop")), "include_usage": usage, "n": n, "logprobs": top}
     if kind == "chat":
         return Job("chat", messages=messages(body.get("messages")), **common)
     prompts = completion_prompts(body.get("prompt"))
     echo = flag(body, "echo")
     return Job("completion", prompt=prompts[0], prompts=prompts, echo=echo, **common)
+
+
+def answer_logprobs(body: dict, kind: str) -> int | None:
+    """Alternatives per answer token asked for (None: no logprobs): chat's logprobs: true with
+    top_logprobs k, a completion's logprobs: k."""
+    if kind == "completion":
+        return count(body, "logprobs", None, MAX_LOGPROBS, low=0)
+    asked = flag(body, "logprobs")
+    top = count(body, "top_logprobs", None, MAX_LOGPROBS, low=0)
+    if top is not None and not asked:
+        raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if asked else None
 
 
 def score_job(body: dict, base: DecodeSettings, n: int, stream: bool) -> Job:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from dllm_cli import scoring
 from dllm_cli.chat import encode_plain
 from dllm_cli.decoding import gemma
+from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
@@ -54,6 +55,16 @@ class Outcome:
     steps: int
     seconds: float
     prompt_text: str = ""  # the prompt as text (an echoed answer starts with it)
+    logprobs: list[TokenLogprob] | None = None  # per answer token, when the request asked
+
+
+@dataclass
+class TokenLogprob:
+    """One answer token: its text, log-probability, and the alternatives of its step."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
 
 
 @dataclass
@@ -82,6 +93,7 @@ class Ticket:
     first_text: float | None = None
     done: bool = False
     totals: list[float] = field(default_factory=list)  # a scoring job's estimates so far
+    buffers: object = None  # logprobs.Buffers of an answer a stop string ended
 
 
 class Worker:
@@ -209,6 +221,8 @@ class Worker:
         if job.kind == "score":
             return self.add_scoring(ticket)
         try:
+            if job.logprobs is not None:
+                check_logprobs(self.runtime)
             per_request = self.runtime.loaded.architecture != gemma.FAMILY
             ticket.group = engines.group_of(job, per_request)
             ticket.ids = self.encode(job)
@@ -293,6 +307,7 @@ class Worker:
                 self.send(ticket, new)
             if ticket.deltas.stopped:  # a stop string: the answer is final before it
                 del self.tickets[(g, rid)]
+                ticket.buffers = pool.engine.requests[rid].logprob_buffers
                 self.complete(ticket, *engines.stop_early(pool.engine, rid))
 
     def send(self, ticket: Ticket, text: str) -> None:
@@ -319,6 +334,7 @@ class Worker:
             steps=done.steps,
             seconds=time.perf_counter() - ticket.added,
             prompt_text=self.prompt_text(ticket) if ticket.job.echo else "",
+            logprobs=self.answer_logprobs(ticket, tokens, done, text),
         )
         self.metrics.answered(outcome)
         ticket.post("done", outcome)
@@ -334,6 +350,29 @@ class Worker:
         ticket.done = True
         with self.lock:
             self.count -= 1
+
+    def answer_logprobs(self, ticket: Ticket, tokens: list[int], done, text: str):
+        """Per token of the answer's text (through its last token before a stop): its
+        logprob and alternatives (decoding/logprobs.py), or None when not asked."""
+        k = ticket.job.logprobs
+        if k is None:
+            return None
+        buffers = getattr(done, "logprobs", None) or ticket.buffers
+        if buffers is None:
+            return []
+        chosen, ids, values = buffers.read(k)
+        special = self.runtime.loaded.special
+        answer = [t for t in answer_tokens(tokens, special.stop) if t != special.mask]
+        kept = len(answer)
+        while kept and len(self.runtime.text(answer[:kept])) > len(text):  # a stop string cut
+            kept -= 1
+        return [
+            TokenLogprob(self.piece(t), chosen[i], self.pieces(ids[i], values[i]))
+            for i, t in enumerate(answer[:kept])
+        ]
+
+    def pieces(self, ids: list[int], values: list[float]) -> list[tuple[str, float]]:
+        return [(self.piece(t), v) for t, v in zip(ids, values, strict=True)]
 
     def prompt_text(self, ticket: Ticket) -> str:
         """The prompt as text: as given, or its token ids decoded."""
@@ -432,6 +471,15 @@ class Worker:
 
     def piece(self, token: int) -> str:
         return self.runtime.loaded.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def check_logprobs(runtime: Runtime) -> None:
+    """Answer logprobs come from the masked-diffusion engine's sampler only."""
+    family = runtime.loaded.architecture
+    if family == gemma.FAMILY:
+        raise InputError("logprobs: not supported for DiffusionGemma (its own sampler)")
+    if family in ("sdar", "llada2"):
+        raise InputError("logprobs: not supported by the block-causal engine (SDAR, LLaDA2)")
 
 
 def first_split(length: int, splits: int | None) -> int:

@@ -1,17 +1,22 @@
-"""`dllm serve`'s OpenAI prompt forms, `n`, unknown routes and echo scoring, through the official
-`openai` client against a real server on a loopback port (the shipped LLaDA-format model)."""
+"""`dllm serve`'s OpenAI prompt forms, `n`, unknown routes, answer logprobs and echo scoring,
+through the official `openai` client against a real server on a loopback port (the shipped
+LLaDA-format model, unguided)."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import openai
 import pytest
+from cli_fixtures import invoke
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 
 from dllm_cli import scoring
 from dllm_cli.chat import encode_plain
 from dllm_cli.runtime import open_runtime
-from dllm_cli.serve import server
+from dllm_cli.serve import protocol, server
+from dllm_cli.settings import DecodeSettings
 
 MODEL = "tiny-gsm"
 PROMPTS = ["Tom has 3 apples and buys 2 more.", "Ann has 10 pens and gives 4 away."]
@@ -65,6 +70,42 @@ def test_n_choices_greedy_equal_sampled_seeded_by_index(client):
         for choice in c.choices:
             parts[choice.index] += choice.text
     assert [parts[0], parts[1]] == texts(client.completions.create(model=MODEL, prompt=PROMPTS))
+
+
+def test_answer_logprobs_equal_generates_in_both_shapes(client):
+    cli = invoke("generate", "-p", MODEL, "--no-chat", "--gen-length", "16", "--logprobs", "2",
+                 PROMPTS[0])  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    want = json.loads(cli.stdout)["logprobs"]
+    reply = client.completions.create(model=MODEL, prompt=PROMPTS[0], logprobs=2)
+    lp = reply.choices[0].logprobs
+    assert lp.tokens == [t["token"] for t in want]
+    assert lp.token_logprobs == pytest.approx([t["logprob"] for t in want])
+    assert "".join(lp.tokens).strip() == reply.choices[0].text
+    for top, t in zip(lp.top_logprobs, want, strict=True):
+        assert top == pytest.approx({a["token"]: a["logprob"] for a in t["top_logprobs"]})
+        assert max(top.values()) == pytest.approx(t["logprob"])  # greedy: its step's top-1
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": PROMPTS[0]}], logprobs=True,
+        top_logprobs=2,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert "".join(c.token for c in content).strip() == chat.choices[0].message.content
+    assert all(len(c.top_logprobs) == 2 and c.bytes == list(c.token.encode()) for c in content)
+    assert all(c.logprob <= 0 for c in content)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], logprobs=2,
+                                            stream=True))  # fmt: skip
+    last = chunks[-1].choices[0]
+    assert last.finish_reason and last.logprobs.token_logprobs == lp.token_logprobs
+
+
+def test_logprobs_are_refused_on_a_guided_decode():
+    body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    with pytest.raises(protocol.ApiError, match="unguided decode"):
+        protocol.parse(body, "chat", DecodeSettings(), "m", guided=True)
+    with pytest.raises(protocol.ApiError, match="top_logprobs needs logprobs"):
+        protocol.parse(body | {"logprobs": False, "top_logprobs": 2}, "chat", DecodeSettings(),
+                       "m", guided=False)  # fmt: skip
 
 
 def test_unknown_routes_get_a_route_error(running):
