@@ -142,7 +142,7 @@ def test_stop_strings_cut_before_the_first(client):
     ("extra", "param", "words"),
     [
         ({"n": 0}, "n", "n must be an integer in [1, 16]"),
-        ({"logprobs": True}, "logprobs", "not supported by dllm on chat"),
+        ({"logprobs": True}, "logprobs", "logprobs needs an unguided decode"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
         ({"max_tokens": 0}, "max_tokens", "max_tokens must be >= 1"),
         ({"temperature": "hot"}, "temperature", "temperature must be a number"),
