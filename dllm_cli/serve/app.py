@@ -23,7 +23,8 @@ from dllm_cli.errors import DllmError
 from dllm_cli.serve import engines
 from dllm_cli.serve.metrics import CONTENT_TYPE, Metrics
 from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
-from dllm_cli.serve.worker import Outcome, Scored, TokenLogprob, Worker
+from dllm_cli.serve.scores import Scored, TokenLogprob
+from dllm_cli.serve.worker import Outcome, Worker
 
 MAX_BODY = 4 * 1024 * 1024  # bytes: a request body past this is refused (413)
 POLL = 0.25  # seconds between checks that a waiting client is still there

@@ -26,14 +26,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dllm_cli import scoring
 from dllm_cli.chat import encode_plain
 from dllm_cli.decoding import gemma
-from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
-from dllm_cli.serve import engines
+from dllm_cli.serve import engines, scores
 from dllm_cli.serve.answers import Deltas, cut_at_stops, finish_reason
 from dllm_cli.serve.conversation import encode_messages
 from dllm_cli.serve.metrics import Metrics
@@ -55,28 +53,7 @@ class Outcome:
     steps: int
     seconds: float
     prompt_text: str = ""  # the prompt as text (an echoed answer starts with it)
-    logprobs: list[TokenLogprob] | None = None  # per answer token, when the request asked
-
-
-@dataclass
-class TokenLogprob:
-    """One answer token: its text, log-probability, and the alternatives of its step."""
-
-    token: str
-    logprob: float
-    top: list[tuple[str, float]]
-
-
-@dataclass
-class Scored:
-    """A scored prompt: per token its text and score, and per position its alternatives."""
-
-    tokens: list[str]
-    values: list[float | None]  # None for the first token (nothing before it to score from)
-    top: list[dict[str, float] | None]
-    prompt_tokens: int
-    forwards: int
-    seconds: float
+    logprobs: list[scores.TokenLogprob] | None = None  # per answer token, when the request asked
 
 
 @dataclass(eq=False)  # compared by identity: two equal requests are two tickets
@@ -222,7 +199,7 @@ class Worker:
             return self.add_scoring(ticket)
         try:
             if job.logprobs is not None:
-                check_logprobs(self.runtime)
+                scores.check_logprobs(self.runtime)
             per_request = self.runtime.loaded.architecture != gemma.FAMILY
             ticket.group = engines.group_of(job, per_request)
             ticket.ids = self.encode(job)
@@ -352,27 +329,11 @@ class Worker:
             self.count -= 1
 
     def answer_logprobs(self, ticket: Ticket, tokens: list[int], done, text: str):
-        """Per token of the answer's text (through its last token before a stop): its
-        logprob and alternatives (decoding/logprobs.py), or None when not asked."""
-        k = ticket.job.logprobs
-        if k is None:
+        """The answer's per-token logprobs (scores.py), or None when not asked."""
+        if ticket.job.logprobs is None:
             return None
         buffers = getattr(done, "logprobs", None) or ticket.buffers
-        if buffers is None:
-            return []
-        chosen, ids, values = buffers.read(k)
-        special = self.runtime.loaded.special
-        answer = [t for t in answer_tokens(tokens, special.stop) if t != special.mask]
-        kept = len(answer)
-        while kept and len(self.runtime.text(answer[:kept])) > len(text):  # a stop string cut
-            kept -= 1
-        return [
-            TokenLogprob(self.piece(t), chosen[i], self.pieces(ids[i], values[i]))
-            for i, t in enumerate(answer[:kept])
-        ]
-
-    def pieces(self, ids: list[int], values: list[float]) -> list[tuple[str, float]]:
-        return [(self.piece(t), v) for t, v in zip(ids, values, strict=True)]
+        return scores.answer_logprobs(self.runtime, buffers, ticket.job.logprobs, tokens, text)
 
     def prompt_text(self, ticket: Ticket) -> str:
         """The prompt as text: as given, or its token ids decoded."""
@@ -384,17 +345,9 @@ class Worker:
     # --- scoring -------------------------------------------------------------------------------
     def add_scoring(self, ticket: Ticket) -> None:
         """A scoring job's checks (one-line 400s), then its place in the scoring queue."""
-        job, loaded = ticket.job, self.runtime.loaded
         try:
-            scoring.estimator_for(loaded.model.family)
-            ticket.ids = self.encode(job)
-            if len(ticket.ids) < 2:
-                raise InputError("echo scoring needs a prompt of at least two tokens")
-            if max(ticket.ids) >= loaded.model.get_input_embeddings().num_embeddings:
-                raise InputError(f"prompt token id {max(ticket.ids)} is outside the vocabulary")
-            room = loaded.model.context_length - job.score.generate
-            if len(ticket.ids) > room:
-                raise InputError(f"prompt too long to score: {len(ticket.ids)} tokens > {room}")
+            ticket.ids = self.encode(ticket.job)
+            scores.check_scoring(self.runtime, ticket.ids, ticket.job.score.generate)
         except InputError as e:
             return self.fail(ticket, input_error(e, "completion"))
         if self.aborting:
@@ -403,85 +356,20 @@ class Worker:
         ticket.post("accepted", None)
 
     def score_or_fail(self, ticket: Ticket) -> None:
-        """One estimate of the first scoring job; its answer once every split is done."""
+        """One estimate (one split) of the first scoring job; its answer after the last."""
+        job, ids = ticket.job, ticket.ids
         try:
-            if self.score_step(ticket):
+            c = scores.first_split(len(ids), job.score.splits) + len(ticket.totals)
+            ticket.totals.append(
+                scores.split_estimate(self.runtime, ids, c, job.score, job.settings)
+            )
+            if c == len(ids) - 1:
                 self.scoring.remove(ticket)
-                ticket.post("done", self.scored(ticket))
+                seconds = time.perf_counter() - ticket.added
+                ticket.post(
+                    "done", scores.scored(self.runtime, ids, ticket.totals, job.score, seconds)
+                )
                 self.finish(ticket)
         except Exception as e:  # a bug: this request's 500, the server goes on
             self.scoring.remove(ticket)
             self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"[:300]))
-
-    def score_step(self, ticket: Ticket) -> bool:
-        """The next split's estimate L(c), c from the first split scored to n - 1; True once
-        every split has one."""
-        ids, job, loaded = ticket.ids, ticket.job, self.runtime.loaded
-        c = first_split(len(ids), job.score.splits) + len(ticket.totals)
-        options = {"samples": job.score.samples, "batch": job.score.batch}
-        options |= {"seed": job.settings.seed, "cfg": job.settings.cfg_scale}
-        got = scoring.estimate(
-            loaded.model, loaded.special.mask, loaded.model.family, ids[:c], ids[c:],
-            eos=loaded.special.eos, **options,
-        )  # fmt: skip
-        ticket.totals.append(got.total)
-        return c == len(ids) - 1
-
-    def scored(self, ticket: Ticket) -> Scored:
-        """Per-token scores L(j) - L(j + 1) (null before the first split scored),
-        alternatives re-based on them, and (max_tokens 1) the token a one-token decode
-        commits after the prompt."""
-        loaded, ids, score = self.runtime.loaded, ticket.ids, ticket.job.score
-        model, mask, family = loaded.model, loaded.special.mask, loaded.model.family
-        first = first_split(len(ids), score.splits)
-        totals = [*ticket.totals, 0.0]
-        values: list[float | None] = [None] * first
-        values += [totals[i] - totals[i + 1] for i in range(len(ticket.totals))]
-        _, logp = scoring.greedy_flags(model, mask, family, ids)  # (n - 1, V)
-        top: list[dict[str, float] | None] = [None] * first
-        for j in range(first, len(ids)):
-            base = values[j] - float(logp[j - 1, ids[j]])  # the token carries its score
-            top.append(self.alternatives(logp[j - 1], score.top, base, ids[j]))
-        tokens = [self.piece(t) for t in ids]
-        forwards = len(ticket.totals) * self.score_forwards(ticket) + 1
-        if score.generate:
-            token, row = scoring.next_token(model, mask, family, ids)
-            tokens.append(self.piece(token))
-            values.append(float(row[token]))
-            top.append(self.alternatives(row, score.top, 0.0, token))
-            forwards += 1
-        seconds = time.perf_counter() - ticket.added
-        return Scored(tokens, values, top, len(ids), forwards, seconds)
-
-    def score_forwards(self, ticket: Ticket) -> int:
-        """Model forwards one estimate takes."""
-        family = scoring.estimator_for(self.runtime.loaded.model.family)
-        samples = ticket.job.score.samples or family.samples
-        batch = min(ticket.job.score.batch or family.batch, samples)
-        rows = max(samples // batch, 1) * batch
-        return -(-rows // scoring.ROWS_PER_FORWARD)
-
-    def alternatives(self, logp, k: int, base: float, own: int) -> dict[str, float]:
-        """The token itself and the `k` most likely at its position, each `base` + log-prob."""
-        best = logp.topk(k).indices.tolist() if k else []
-        out = {self.piece(own): base + float(logp[own])}
-        for t in best:
-            out.setdefault(self.piece(t), base + float(logp[t]))
-        return out
-
-    def piece(self, token: int) -> str:
-        return self.runtime.loaded.tokenizer.decode([token], skip_special_tokens=False)
-
-
-def check_logprobs(runtime: Runtime) -> None:
-    """Answer logprobs come from the masked-diffusion engine's sampler only."""
-    family = runtime.loaded.architecture
-    if family == gemma.FAMILY:
-        raise InputError("logprobs: not supported for DiffusionGemma (its own sampler)")
-    if family in ("sdar", "llada2"):
-        raise InputError("logprobs: not supported by the block-causal engine (SDAR, LLaDA2)")
-
-
-def first_split(length: int, splits: int | None) -> int:
-    """The first context length scored: 1, or the last `splits` splits of the prompt."""
-    return 1 if splits is None else max(1, length - splits)
