@@ -181,22 +181,25 @@ def estimate(
     return Estimate(-float(totals.mean()), shares.tolist())
 
 
-def greedy_flags(model, mask: int, family: str, ids: list[int]) -> tuple[list[bool], torch.Tensor]:
-    """Per position j >= 1: is ids[j] the argmax at j with ids[:j] given and the rest masked
-    (what a left-to-right decode committing one token per step picks)? And each such row's
-    log-probabilities (n - 1, V) at its position."""
+def greedy_flags(
+    model, mask: int, family: str, ids: list[int], start: int = 1
+) -> tuple[list[bool], torch.Tensor]:
+    """Per position j >= start: is ids[j] the argmax at j with ids[:j] given and the rest
+    masked (what a left-to-right decode committing one token per step picks)? And each such
+    row's log-probabilities (n - start, V) at its position."""
     rule = estimator_for(family)
     n = len(ids)
     seq = torch.tensor(ids)
-    rows = seq.repeat(n - 1, 1)  # (n - 1, n): row j - 1 asks for position j
-    rows[torch.arange(n)[None, :] >= torch.arange(1, n)[:, None]] = mask
+    at = torch.arange(start, n)  # (R,) the position each row asks for
+    rows = seq.repeat(len(at), 1)  # (R, n)
+    rows[torch.arange(n)[None, :] >= at[:, None]] = mask
     device = next(model.parameters()).device
     with torch.inference_mode():
-        logits = column_logits(model, rows.to(device), rule.shift)  # (n - 1, n, V)
-        at = logits[torch.arange(n - 1), torch.arange(1, n)].float()  # (n - 1, V)
-        at[:, mask] = -torch.inf
-        logp = at.log_softmax(dim=-1).cpu()
-    return (logp.argmax(dim=-1) == seq[1:]).tolist(), logp
+        logits = column_logits(model, rows.to(device), rule.shift)  # (R, n, V)
+        picked = logits[torch.arange(len(at)), at.to(device)].float()  # (R, V)
+        picked[:, mask] = -torch.inf
+        logp = picked.log_softmax(dim=-1).cpu()
+    return (logp.argmax(dim=-1) == seq[start:]).tolist(), logp
 
 
 def prompt_scores(model, mask: int, family: str, ids: list[int], **options) -> list[float]:

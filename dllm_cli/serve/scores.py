@@ -116,11 +116,11 @@ def scored(runtime: Runtime, ids: list[int], totals: list[float], score, seconds
     ends = [*totals, 0.0]
     values: list[float | None] = [None] * first
     values += [ends[i] - ends[i + 1] for i in range(len(totals))]
-    _, logp = scoring.greedy_flags(model, mask, family, ids)  # (n - 1, V)
+    _, logp = scoring.greedy_flags(model, mask, family, ids, start=first)  # (n - first, V)
     top: list[dict[str, float] | None] = [None] * first
     for j in range(first, len(ids)):
-        base = values[j] - float(logp[j - 1, ids[j]])  # the token carries its score
-        top.append(alternatives(runtime, logp[j - 1], score.top, base, ids[j]))
+        base = values[j] - float(logp[j - first, ids[j]])  # the token carries its score
+        top.append(alternatives(runtime, logp[j - first], score.top, base, ids[j]))
     tokens = [piece(runtime, t) for t in ids]
     forwards = len(totals) * estimate_forwards(runtime, score) + 1
     if score.generate:
