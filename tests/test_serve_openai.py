@@ -16,11 +16,16 @@ from dllm_cli import scoring
 from dllm_cli.chat import encode_plain
 from dllm_cli.runtime import open_runtime
 from dllm_cli.serve import protocol, server
+from dllm_cli.serve.conversation import Message, encode_messages
 from dllm_cli.settings import DecodeSettings
 
 MODEL = "tiny-gsm"
-PROMPTS = ["Tom has 3 apples and buys 2 more.", "Ann has 10 pens and gives 4 away."]
+PROMPTS = [
+    "Tom had 28 eggs, then bought 8 more. 28 + 8 =",
+    "Ann has 10 pens. She gives 4 away. 10 - 4 =",
+]
 SAMPLES = {"score_samples": 8, "score_batch": 4}
+QUESTION = "Tom had 28 eggs, then bought 8 more. How many eggs does Tom have now?"
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +49,7 @@ def texts(reply) -> list[str]:
 
 def test_every_prompt_form_answers_as_each_prompt_alone(client, running):
     alone = [texts(client.completions.create(model=MODEL, prompt=p))[0] for p in PROMPTS]
+    assert all(alone)
     tok = running[1].loaded.tokenizer
     ids = [encode_plain(tok, p) for p in PROMPTS]
     assert texts(client.completions.create(model=MODEL, prompt=PROMPTS)) == alone
@@ -58,6 +64,7 @@ def test_n_choices_greedy_equal_sampled_seeded_by_index(client):
     assert len(greedy) == 3 and len(set(greedy)) == 1
     hot = {"temperature": 1.0, "seed": 11}
     several = texts(client.completions.create(model=MODEL, prompt=PROMPTS, n=2, **hot))
+    assert len(set(several)) > 1
     for i in range(2):  # choice i of prompt p: the prompt alone with seed 11 + i
         for p, prompt in enumerate(PROMPTS):
             one = client.completions.create(
@@ -72,12 +79,14 @@ def test_n_choices_greedy_equal_sampled_seeded_by_index(client):
     assert [parts[0], parts[1]] == texts(client.completions.create(model=MODEL, prompt=PROMPTS))
 
 
-def test_answer_logprobs_equal_generates_in_both_shapes(client):
-    cli = invoke("generate", "-p", MODEL, "--no-chat", "--gen-length", "16", "--logprobs", "2",
-                 PROMPTS[0])  # fmt: skip
+def test_answer_logprobs_equal_generates_in_both_shapes(client, running):
+    cli = invoke("generate", "-p", MODEL, "--gen-length", "16", "--logprobs", "2", QUESTION)
     assert cli.exit_code == 0, cli.output
     want = json.loads(cli.stdout)["logprobs"]
-    reply = client.completions.create(model=MODEL, prompt=PROMPTS[0], logprobs=2)
+    assert len(want) > 3
+    tok = running[1].loaded.tokenizer
+    chat_ids = encode_messages(tok, [Message("user", QUESTION)])  # the template, as ids
+    reply = client.completions.create(model=MODEL, prompt=chat_ids, logprobs=2)
     lp = reply.choices[0].logprobs
     assert lp.tokens == [t["token"] for t in want]
     assert lp.token_logprobs == pytest.approx([t["logprob"] for t in want])
@@ -86,17 +95,27 @@ def test_answer_logprobs_equal_generates_in_both_shapes(client):
         assert top == pytest.approx({a["token"]: a["logprob"] for a in t["top_logprobs"]})
         assert max(top.values()) == pytest.approx(t["logprob"])  # greedy: its step's top-1
     chat = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": PROMPTS[0]}], logprobs=True,
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], logprobs=True,
         top_logprobs=2,
     )  # fmt: skip
     content = chat.choices[0].logprobs.content
     assert "".join(c.token for c in content).strip() == chat.choices[0].message.content
     assert all(len(c.top_logprobs) == 2 and c.bytes == list(c.token.encode()) for c in content)
     assert all(c.logprob <= 0 for c in content)
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], logprobs=2,
+    chunks = list(client.completions.create(model=MODEL, prompt=chat_ids, logprobs=2,
                                             stream=True))  # fmt: skip
-    last = chunks[-1].choices[0]
-    assert last.finish_reason and last.logprobs.token_logprobs == lp.token_logprobs
+    parts = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert len(parts) > 1  # streamed as the text is, not only at the end
+    assert [t for p in parts for t in p.tokens] == lp.tokens  # each chunk: its text's tokens
+    assert [v for p in parts for v in p.token_logprobs] == pytest.approx(lp.token_logprobs)
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], logprobs=True,
+        top_logprobs=2, stream=True,
+    )  # fmt: skip
+    pieces = [t for c in streamed if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.content]  # fmt: skip
+    assert [t.token for t in pieces] == [c.token for c in content]
 
 
 def test_logprobs_are_refused_on_a_guided_decode():

@@ -261,6 +261,7 @@ async def stream(served: Served, job: Job, waiting: Waiting, kind: str) -> Async
     ids = response_id(kind)
     left = len(waiting.tickets)
     finished: list[Outcome] = []
+    offsets = [0] * left  # completions: each choice's text sent so far (text_offset)
     try:
         if kind == "chat":
             for i in range(left):
@@ -268,7 +269,10 @@ async def stream(served: Served, job: Job, waiting: Waiting, kind: str) -> Async
         while left:
             index, what, payload = await waiting.next()
             if what == "text":
-                yield sse(chunk(served, ids, kind, payload, index))
+                text, entries = payload if isinstance(payload, tuple) else (payload, None)
+                logprobs = None if entries is None else shaped(entries, kind, offsets[index])
+                offsets[index] += len(text)  # type: ignore[arg-type]
+                yield sse(chunk(served, ids, kind, text, index, logprobs=logprobs))
             elif what == "error":
                 left = 0
                 waiting.abort()
@@ -301,11 +305,11 @@ def chunk(
     index: int = 0,
     outcome: Outcome | None = None,
     total: Outcome | None = None,
+    logprobs: dict | None = None,
 ) -> dict:
-    """One SSE chunk in OpenAI's format; a choice's last carries its finish reason, the
-    request's last the usage."""
+    """One SSE chunk in OpenAI's format (logprobs: those of its text's tokens); a choice's
+    last carries its finish reason, the request's last the usage."""
     reason = outcome.finish_reason if outcome is not None else None
-    logprobs = rendered(outcome, kind) if outcome is not None else None  # the whole answer's
     if kind == "chat":
         delta = text if isinstance(text, dict) else ({"content": text} if text else {})
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
@@ -341,16 +345,22 @@ def rendered(outcome: Outcome, kind: str) -> dict | None:
     """An answer's token logprobs in OpenAI's shape for `kind` (None when not asked)."""
     if outcome.logprobs is None:
         return None
+    return shaped(outcome.logprobs, kind, len(outcome.prompt_text))
+
+
+def shaped(entries: list[TokenLogprob], kind: str, start: int) -> dict:
+    """Token logprobs as chat's `content` list or completions' parallel lists (text offsets
+    counted from `start`)."""
     if kind == "chat":
-        return {"content": [chat_token(t) for t in outcome.logprobs], "refusal": None}
-    offsets, at = [], len(outcome.prompt_text)
-    for t in outcome.logprobs:
+        return {"content": [chat_token(t) for t in entries], "refusal": None}
+    offsets, at = [], start
+    for t in entries:
         offsets.append(at)
         at += len(t.token)
     return {
-        "tokens": [t.token for t in outcome.logprobs],
-        "token_logprobs": [t.logprob for t in outcome.logprobs],
-        "top_logprobs": [dict(t.top) for t in outcome.logprobs],
+        "tokens": [t.token for t in entries],
+        "token_logprobs": [t.logprob for t in entries],
+        "top_logprobs": [dict(t.top) for t in entries],
         "text_offset": offsets,
     }
 

@@ -61,21 +61,31 @@ def piece(runtime: Runtime, token: int) -> str:
 def answer_logprobs(runtime: Runtime, buffers, k: int, tokens: list[int], text: str):
     """Per token of the answer's text (through its last token before a stop): its logprob and
     k alternatives, from the request's logprobs.Buffers (none recorded: empty)."""
-    if buffers is None:
-        return []
-    chosen, ids, values = buffers.read(k)
     special = runtime.loaded.special
     answer = [t for t in answer_tokens(tokens, special.stop) if t != special.mask]
-    kept = len(answer)
-    while kept and len(runtime.text(answer[:kept])) > len(text):  # a stop string cut it
-        kept -= 1
+    return token_entries(runtime, buffers, k, answer, 0, covered(runtime, answer, 0, text))
+
+
+def covered(runtime: Runtime, tokens: list[int], start: int, text: str) -> int:
+    """How many leading tokens (at least `start`) have their text within `text`."""
+    n = start
+    while n < len(tokens) and len(runtime.text(tokens[: n + 1])) <= len(text):
+        n += 1
+    return n
+
+
+def token_entries(runtime: Runtime, buffers, k: int, tokens: list[int], lo: int, hi: int):
+    """TokenLogprobs of answer tokens lo..hi (answer columns, as the engine records them)."""
+    if buffers is None or hi <= lo:
+        return []
+    chosen, ids, values = buffers.read(k)
     return [
         TokenLogprob(
-            piece(runtime, t),
+            piece(runtime, tokens[i]),
             chosen[i],
             [(piece(runtime, a), v) for a, v in zip(ids[i], values[i], strict=True)],
         )
-        for i, t in enumerate(answer[:kept])
+        for i in range(lo, hi)
     ]
 
 

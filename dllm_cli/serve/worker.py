@@ -71,6 +71,7 @@ class Ticket:
     done: bool = False
     totals: list[float] = field(default_factory=list)  # a scoring job's estimates so far
     buffers: object = None  # logprobs.Buffers of an answer a stop string ended
+    sent_tokens: int = 0  # streamed with logprobs: answer tokens whose logprobs went out
 
 
 class Worker:
@@ -279,28 +280,44 @@ class Worker:
         for (g, rid), ticket in list(self.tickets.items()):
             if g != group or not (ticket.job.stream or ticket.job.stop):
                 continue
-            new = ticket.deltas.feed(pool.engine.progress(rid))
+            prefix = pool.engine.progress(rid)
+            new = ticket.deltas.feed(prefix)
             if new:
-                self.send(ticket, new)
+                self.send(ticket, new, self.streamed_logprobs(ticket, pool, rid, prefix))
             if ticket.deltas.stopped:  # a stop string: the answer is final before it
                 del self.tickets[(g, rid)]
                 ticket.buffers = pool.engine.requests[rid].logprob_buffers
                 self.complete(ticket, *engines.stop_early(pool.engine, rid))
 
-    def send(self, ticket: Ticket, text: str) -> None:
-        if ticket.first_text is None:
+    def streamed_logprobs(self, ticket: Ticket, pool: engines.Pool, rid: int, prefix: list[int]):
+        """A streamed answer's logprobs for the tokens its sent text now covers (a read of
+        the request's buffers, for requests that asked only)."""
+        if not ticket.job.stream or ticket.job.logprobs is None:
+            return None
+        buffers = pool.engine.requests[rid].logprob_buffers
+        lo = ticket.sent_tokens
+        ticket.sent_tokens = scores.covered(self.runtime, prefix, lo, ticket.deltas.sent)
+        k = ticket.job.logprobs
+        return scores.token_entries(self.runtime, buffers, k, prefix, lo, ticket.sent_tokens)
+
+    def send(self, ticket: Ticket, text: str, logprobs: list | None = None) -> None:
+        if ticket.first_text is None and text:
             ticket.first_text = time.perf_counter()
             self.metrics.first_text(ticket.first_text - ticket.added)
         if ticket.job.stream:
-            ticket.post("text", text)
+            ticket.post("text", text if logprobs is None else (text, logprobs))
 
     def complete(self, ticket: Ticket, tokens: list[int], done: engines.Counts) -> None:
         """The answer is final: the text still unsent, then the outcome with its counts."""
         special = self.runtime.loaded.special
         text = cut_at_stops(self.runtime.text(tokens), ticket.job.stop, final=True).text
         rest = ticket.deltas.finish(text)
-        if rest:
-            self.send(ticket, rest)
+        logprobs = self.answer_logprobs(ticket, tokens, done, text)
+        unsent = (
+            None if logprobs is None or not ticket.job.stream else logprobs[ticket.sent_tokens :]
+        )
+        if rest or unsent:
+            self.send(ticket, rest, unsent)
         outcome = Outcome(
             text=text,
             finish_reason=finish_reason(tokens, special.stop, ticket.deltas.stopped),
@@ -311,7 +328,7 @@ class Worker:
             steps=done.steps,
             seconds=time.perf_counter() - ticket.added,
             prompt_text=self.prompt_text(ticket) if ticket.job.echo else "",
-            logprobs=self.answer_logprobs(ticket, tokens, done, text),
+            logprobs=logprobs,
         )
         self.metrics.answered(outcome)
         ticket.post("done", outcome)
