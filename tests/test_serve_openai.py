@@ -127,6 +127,15 @@ def test_logprobs_are_refused_on_a_guided_decode():
                        "m", guided=False)  # fmt: skip
 
 
+def test_chat_n_choices(client):
+    messages = [{"role": "user", "content": QUESTION}]
+    greedy = client.chat.completions.create(model=MODEL, messages=messages, n=2)
+    assert [c.index for c in greedy.choices] == [0, 1]
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    one = client.chat.completions.create(model=MODEL, messages=messages)
+    assert greedy.choices[0].message.content == one.choices[0].message.content
+
+
 def test_unknown_routes_get_a_route_error(running):
     reply = httpx.get(running[0].url + "/tokenizer_info", timeout=30)
     assert reply.status_code == 404
