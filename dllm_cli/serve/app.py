@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 
 from dllm_cli.errors import DllmError
 from dllm_cli.serve import engines
-from dllm_cli.serve.metrics import CONTENT_TYPE, Metrics
+from dllm_cli.serve.metrics import CONTENT_TYPE, ROUTES, Metrics
 from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
 from dllm_cli.serve.scores import Scored, TokenLogprob
 from dllm_cli.serve.worker import Outcome, Worker
@@ -111,8 +111,7 @@ def route_error(request: Request, e: HTTPException) -> ApiError:
     """Starlette's refusals (no such route, wrong method) as error objects naming the route."""
     where = f"{request.method} {request.url.path}"
     if e.status_code == 404:
-        message = f"unknown route {where} (dllm serves /v1/chat/completions, /v1/completions, "
-        message += "/v1/models, /health, /metrics)"
+        message = f"unknown route {where} (dllm serves {', '.join(ROUTES)})"
         return ApiError(404, message, kind="invalid_request_error", code="unknown_route")
     if e.status_code == 405:
         return ApiError(405, f"method not allowed: {where}", code="method_not_allowed")
