@@ -203,9 +203,10 @@ def phase_of(event: StepEvent, row: int) -> RowPhase:
     return RowPhase(row, event.block, event.block_step, event.window, event.refresh)
 
 
-def chunk(model_id: str, rid: str, kind: str, frame: dict) -> dict:
+def chunk(model_id: str, rid: str, kind: str, frame: dict, index: int = 0) -> dict:
     """A canvas frame as a stream chunk: OpenAI's chunk shape with no choices (so clients
-    that do not know it skip it, as they skip the usage chunk) and dllm's `canvas` field."""
+    that do not know it skip it, as they skip the usage chunk) and dllm's `canvas` field,
+    which names the choice it draws (`index`, as a choice's own; n > 1 has several)."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
     out = {"id": rid, "object": obj, "created": int(time.time()), "model": model_id}
-    return out | {"choices": [], "canvas": frame}
+    return out | {"choices": [], "canvas": {"index": index} | frame}
