@@ -109,6 +109,23 @@ def test_two_requests_in_one_batch_each_get_their_own_rows_frames(url, runtime):
     assert text_of(streams[0]) != text_of(streams[1])
 
 
+def test_n_choices_each_get_frames_naming_their_index(url, runtime):
+    body = {"messages": QUESTION, "guide": False, "early_stop": False, "n": 2, **CANVAS}
+    stream, _ = chunks(url, body | {"temperature": 0.9, "seed": 3})
+    for index in (0, 1):
+        tokens = {}
+        for c in stream:
+            if "canvas" in c and c["canvas"]["index"] == index:
+                tokens |= {pos: tok for pos, tok, *_ in c["canvas"]["commits"]}
+        text = "".join(
+            c["choices"][0]["delta"].get("content") or ""
+            for c in stream
+            if c["choices"] and c["choices"][0]["index"] == index
+        )
+        assert sorted(tokens) == list(range(32))
+        assert runtime.text([tokens[p] for p in range(32)]) == text
+
+
 def test_a_256_position_decode_in_64_steps_stays_small(url):
     fixed = {"unmask": "fixed", "early_stop": False, "steps": 64}
     body = {"messages": QUESTION, "guide": False, "max_tokens": 256, **fixed, **CANVAS}
