@@ -25,6 +25,7 @@ from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
 
 if TYPE_CHECKING:  # the guide is a transformers model: imported when a profile uses one
+    from dllm_cli.distributed.tensor import Shards
     from dllm_cli.models.guide import GuideModel
 
 
@@ -172,9 +173,10 @@ def open_runtime(
     use_guide: bool = True,
     require_guide: bool = False,
     place: Callable[[str], str] | None = None,
+    shards: Shards | None = None,
 ) -> Runtime:
     """Resolve the profile with CLI overrides (which builds the settings), load the model and
-    guide.
+    guide; `shards`: only this rank's slices of it (tensor parallelism).
 
     `require_guide` (the CLI's explicit --guide) makes a profile without [guide] an error
     before anything is loaded. `place` maps the configured device to the one to load on
@@ -193,6 +195,7 @@ def open_runtime(
         device=device,
         special_overrides=prof.special_overrides(),
         quantize=prof.model.quantize,
+        shards=shards,
     )
     loaded = add_stop_tokens(loaded, prof.model.stop_tokens)
     wanted, family = prof.model.architecture, FAMILIES[loaded.family]

@@ -41,6 +41,7 @@ from dllm_cli.prompt_text import escape_bytes, from_argv
 if TYPE_CHECKING:  # the decoding modules (torch) are imported by the command, not at start-up
     from dllm_cli import distributed
     from dllm_cli.batch import Pipeline, Slot
+    from dllm_cli.distributed import tensor
     from dllm_cli.runtime import Runtime
 
 JsonInput = Annotated[
@@ -67,6 +68,17 @@ JsonCanvas = Annotated[
         rich_help_panel=o.OUTPUT,
     ),
 ]
+TensorParallel = Annotated[
+    int,
+    typer.Option(
+        "--tensor-parallel",
+        help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
+        "every rank decodes every line, rank 0 writes them (docs/distributed.md). LLaDA and "
+        "Dream, greedy decoding; N must equal the number of processes.",
+        rich_help_panel=o.MODEL,
+        min=1,
+    ),
+]
 _SHOWN_LINES = 10  # line numbers listed in a failed rank's summary
 
 
@@ -81,6 +93,7 @@ def generate_command(
     json_input: JsonInput = False,
     json_canvas: JsonCanvas = False,
     verbose_prompt: o.VerbosePrompt = False,
+    tensor_parallel: TensorParallel = 1,
 ) -> None:
     """Generate an answer to PROMPT (or to every line of stdin) and print it on stdout.
 
@@ -106,13 +119,18 @@ def generate_command(
             )
         if json_input and not batch:
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
-        runtime = load_runtime(choices) if job is None else load_on_rank(job, choices)
+        shards = None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel)
+        if shards is not None and not batch:
+            raise fail("--tensor-parallel reads prompts from stdin: give '-' and pipe them", USAGE)
+        runtime = load_runtime(choices) if job is None else load_on_rank(job, choices, shards)
         json_out = json_out or json_canvas
         pipeline = Pipeline(runtime, batch_size, json_out, json_input, canvas=json_canvas)
         if batch and leader:
             note_static(pipeline)
         shown = runtime if verbose_prompt else None
-        if job is not None:
+        if shards is not None:
+            failed = run_split(job, pipeline, shards, shown, stats)
+        elif job is not None:
             failed = run_sharded(job, pipeline, shown)
         elif batch:
             failed = run_batch(pipeline, shown)
@@ -250,16 +268,91 @@ def decoding_progress(visible: bool = True) -> Progress:
 # --- under torchrun -------------------------------------------------------------------------
 
 
-def load_on_rank(job: distributed.Job, choices: o.Choices) -> Runtime:
-    """The runtime on this rank's own device; only rank 0 shows notes."""
+def load_on_rank(
+    job: distributed.Job, choices: o.Choices, shards: tensor.Shards | None = None
+) -> Runtime:
+    """The runtime on this rank's own device; only rank 0 shows notes. With `shards`
+    (--tensor-parallel) only this rank's slices load, and what tensor parallelism does not
+    support yet is refused on rank 0 alone (the other ranks exit with its code, silently)."""
     from dllm_cli import distributed
 
     flag = choices.overrides.get("model.device")
     place = partial(distributed.rank_device, job, flag if isinstance(flag, str) else None)
     try:
-        return load_runtime(choices, place=place, quiet=job.rank != 0)
+        runtime = load_runtime(choices, place=place, quiet=job.rank != 0, shards=shards)
+        if shards is not None:
+            check_split(runtime, shards)
+        return runtime
     except DllmError as e:  # say which rank could not load: ranks may sit on different machines
+        if shards is not None and job.rank != 0 and e.exit_code == USAGE:
+            raise typer.Exit(e.exit_code) from None  # rank 0 says it
         raise type(e)(f"rank {job.rank}: {e}") from None
+
+
+def tensor_shards(job: distributed.Job | None, degree: int) -> tensor.Shards:
+    """This rank's place in --tensor-parallel N (N ranks, no data parallelism on top yet)."""
+    from dllm_cli.distributed import tensor
+
+    if job is None or job.world != degree:
+        ranks = 1 if job is None else job.world
+        raise fail(
+            f"--tensor-parallel {degree} needs exactly {degree} processes (this run has "
+            f"{ranks}): launch with torchrun --nproc-per-node {degree}",
+            USAGE,
+        )
+    return tensor.Shards(job.rank, job.world)
+
+
+def check_split(runtime: Runtime, shards: tensor.Shards) -> None:
+    """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
+    from dllm_cli.distributed import tensor
+
+    compiled = runtime.profile.model.compile
+    tensor.refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
+    if runtime.loaded.device.type == "cuda":
+        shards.backend = "nccl"
+    mine, whole = runtime.loaded.model.weight_bytes
+    mib = 2**20
+    note(
+        f"tensor parallel rank {shards.rank} of {shards.world}: {mine / mib:.2f} MiB of weights "
+        f"({100 * mine / whole:.1f}% of {whole / mib:.2f} MiB)"
+    )
+
+
+def run_split(
+    job: distributed.Job,
+    pipeline: Pipeline,
+    shards: tensor.Shards,
+    shown: Runtime | None = None,
+    stats: bool = False,
+) -> int:
+    """Every line through every rank's share of the model; rank 0 writes the records."""
+    from dllm_cli import distributed
+
+    with distributed.process_group(job):
+        lines = distributed.share_lines(job, sys.stdin.buffer)
+        if lines is None:
+            raise typer.Exit(1)  # rank 0 could not read stdin and says why
+        failed = 0
+
+        def write_out(slots: list[Slot]) -> None:
+            nonlocal failed
+            for slot in slots:
+                failed += slot.error is not None
+                if job.rank == 0:
+                    emit(slot, pipeline.json_out, shown)
+
+        with decoding_progress(visible=job.rank == 0) as progress:
+            task = progress.add_task("decoding", total=len(lines))
+            pipeline.finished = lambda slot: progress.advance(task)
+            pipeline.run(enumerate(lines, start=1), write_out)
+        if stats and job.rank == 0:
+            c = shards.counts
+            note(
+                f"tensor parallel: {c.forwards} forwards, {c.all_reduce} all-reduces, "
+                f"{c.all_gather} all-gathers on rank 0"
+            )
+    return failed if job.rank == 0 else 0
 
 
 def run_sharded(job: distributed.Job, pipeline: Pipeline, shown: Runtime | None = None) -> int:
