@@ -75,8 +75,7 @@ TensorParallel = Annotated[
         help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
         "every rank decodes every line, rank 0 writes them (docs/distributed.md). LLaDA and "
         "Dream, greedy decoding; N must equal the number of processes.",
-        rich_help_panel=o.MODEL,
-        min=1,
+        rich_help_panel="Parallelism",
     ),
 ]
 _SHOWN_LINES = 10  # line numbers listed in a failed rank's summary
@@ -284,8 +283,10 @@ def load_on_rank(
             check_split(runtime, shards)
         return runtime
     except DllmError as e:  # say which rank could not load: ranks may sit on different machines
-        if shards is not None and job.rank != 0 and e.exit_code == USAGE:
-            raise typer.Exit(e.exit_code) from None  # rank 0 says it
+        if shards is not None and e.exit_code == USAGE:  # every rank refuses it: rank 0 says so
+            if job.rank:
+                raise typer.Exit(e.exit_code) from None
+            raise
         raise type(e)(f"rank {job.rank}: {e}") from None
 
 
@@ -293,6 +294,8 @@ def tensor_shards(job: distributed.Job | None, degree: int) -> tensor.Shards:
     """This rank's place in --tensor-parallel N (N ranks, no data parallelism on top yet)."""
     from dllm_cli.distributed import tensor
 
+    if degree < 1:
+        raise fail(f"--tensor-parallel must be at least 1 (got {degree})", USAGE)
     if job is None or job.world != degree:
         ranks = 1 if job is None else job.world
         raise fail(

@@ -339,7 +339,7 @@ def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False
     wrong): sampled drafts, top-p, classifier-free guidance, rules that read distributions."""
     why = None
     if settings.temperature > 0:
-        why = "sampled drafts (--temperature above 0); use greedy decoding"
+        why = "sampled drafts (--temperature above 0)"
     elif settings.top_p is not None and settings.top_p < 1.0:
         why = "top-p filtering (--top-p)"
     elif settings.cfg_scale > 0:
