@@ -1,5 +1,5 @@
 """--tensor-parallel: a model split over torchrun ranks (CPU, gloo, 127.0.0.1) decodes the
-tokens one process decodes, every cache policy, LLaDA and Dream; each rank holds about half
+tokens one process decodes, every cache policy, LLaDA, Dream and LLaDA-MoE; each rank holds about half
 the weights; the collectives per forward stay at two per layer plus the embedding's, one
 gather per draft; what is not supported is refused in one line."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import write_dream, write_llada
+from checkpoints import write_dream, write_llada, write_llada_moe
 from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
 from test_distributed import LAUNCH_TIMEOUT, loopback_env
 
@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 DOWN = {  # a row-parallel weight: split over its inputs
     "llada": "model.transformer.blocks.0.ff_out.weight",
     "dream": "model.layers.0.mlp.down_proj.weight",
+    "llada_moe": "model.layers.0.mlp.experts.3.down_proj.weight",  # (summed once per block)
 }
 LINES = ["how many apples", "tom has 3 pens", "what is 2 + 2 ?"]
 
@@ -37,6 +38,7 @@ def folders_fixture(tmp_path_factory) -> dict[str, Path]:
     return {
         "llada": write_llada(root / "llada", seed=1, max_sequence_length=64).folder,
         "dream": write_dream(root / "dream", seed=1).folder,
+        "llada_moe": write_llada_moe(root / "llada_moe", seed=1).folder,
     }
 
 
@@ -56,15 +58,16 @@ def launch(command: list[str], stdin: str = "") -> subprocess.CompletedProcess:
 def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folders, tmp_path):
     out = tmp_path / "seen.json"
     script = str(HERE / "tensor_parallel_rank.py")
-    result = launch([script, str(out), str(folders["llada"]), str(folders["dream"])])
+    result = launch([script, str(out), *map(str, folders.values())])
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(out.read_text())
-    for name in ("llada", "dream"):
+    for name in folders:
         layers = seen[name]["layers"]
         for cache in ("none", "prefix", "dual", "freecache"):
             run = seen[name][cache]
             assert run["split"] == run["whole"], (name, cache)
-            # two all-reduces per layer and the embedding's; one gather per draft
+            # two all-reduces per layer (attention, MLP or experts) and the embedding's; one
+            # gather per draft
             assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
             assert run["all_gather"] == run["forwards"], (name, cache)
         mine, whole = seen[name]["bytes"]
@@ -124,8 +127,8 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
     llada = LLaDAConfig(d_model=48, n_heads=6, n_layers=1, mlp_hidden_size=64)
     with pytest.raises(SettingsError, match="does not divide the model's 6 attention heads"):
         check_degree("llada", llada, 4)
-    with pytest.raises(SettingsError, match="does not support llada_moe models yet"):
-        check_degree("llada_moe", llada, 2)
+    with pytest.raises(SettingsError, match="does not support sdar models yet"):
+        check_degree("sdar", llada, 2)
 
 
 @pytest.mark.parametrize(

@@ -73,8 +73,8 @@ TensorParallel = Annotated[
     typer.Option(
         "--tensor-parallel",
         help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
-        "every rank decodes every line, rank 0 writes them (docs/distributed.md). LLaDA and "
-        "Dream, greedy decoding; N must equal the number of processes.",
+        "every rank decodes every line, rank 0 writes them (docs/distributed.md). LLaDA, Dream "
+        "and LLaDA-MoE, greedy decoding; N must equal the number of processes.",
         rich_help_panel="Parallelism",
     ),
 ]

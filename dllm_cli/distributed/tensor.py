@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_cli.errors import SettingsError
+from dllm_cli.models.moe import LLaDAMoESparseBlock
 from dllm_cli.models.weights import retie, tied_groups, weight_files
 
 Slice = tuple[int, int, int] | None  # (dim, start, stop) of a checkpoint tensor; None: whole
@@ -42,24 +43,40 @@ ZERO = "zero"  # a row-parallel bias on ranks other than 0: added once, after th
 class Layout:
     """Where a family's parallel pieces are: names inside a block, and at the model's level."""
 
-    sizes: Callable[[object], tuple[int, int, int]]  # config -> (heads, KV heads, MLP width)
+    sizes: Callable[[object], dict[str, int]]  # config -> what must divide by the degree
     attention: str  # the block's submodule holding n_heads / n_kv ("": the block itself)
     columns: tuple[str, ...]  # linears split over their outputs
     rows: tuple[str, ...]  # linears split over their inputs, summed by an all-reduce
     vocabulary: tuple[str, ...]  # the embedding and the LM head (model-level names)
+    feed_forward: str | None = None  # a block's MLP that is sparse in some layers (MoE)
+
+
+def moe_sizes(c) -> dict[str, int]:
+    """LLaDA-MoE: heads, KV heads, and every feed-forward width its layers have."""
+    sizes = {"attention heads": c.num_attention_heads, "KV heads": c.num_key_value_heads}
+    sizes["expert MLP columns"] = c.expert_intermediate_size
+    if not all(c.moe_layer_freq):
+        sizes["dense MLP columns"] = c.dense_intermediate_size
+    if c.shared_expert_intermediate_size:
+        sizes["shared expert MLP columns"] = c.shared_expert_intermediate_size
+    return sizes
 
 
 # Keyed by families.py names; a family absent here is refused (`layout_of`).
 LAYOUTS: dict[str, Layout] = {
     "llada": Layout(
-        lambda c: (c.n_heads, c.kv_heads, c.ffn_size),
+        lambda c: {"attention heads": c.n_heads, "KV heads": c.kv_heads, "MLP columns": c.ffn_size},
         "",
         ("q_proj", "k_proj", "v_proj", "ff_proj", "up_proj"),
         ("attn_out", "ff_out"),
         ("model.transformer.wte", "model.transformer.ff_out"),
     ),
     "dream": Layout(
-        lambda c: (c.num_attention_heads, c.num_key_value_heads, c.intermediate_size),
+        lambda c: {
+            "attention heads": c.num_attention_heads,
+            "KV heads": c.num_key_value_heads,
+            "MLP columns": c.intermediate_size,
+        },
         "self_attn",
         (
             "self_attn.q_proj",
@@ -70,6 +87,16 @@ LAYOUTS: dict[str, Layout] = {
         ),
         ("self_attn.o_proj", "mlp.down_proj"),
         ("model.embed_tokens", "lm_head"),
+    ),
+    # Attention as Dream's; each expert's columns split as a dense MLP's, the router replicated
+    # (every rank routes the same all-reduced hidden states), one all-reduce per sparse block.
+    "llada_moe": Layout(
+        moe_sizes,
+        "self_attn",
+        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        ("self_attn.o_proj",),
+        ("model.embed_tokens", "lm_head"),
+        feed_forward="mlp",
     ),
 }
 
@@ -135,13 +162,13 @@ def layout_of(family: str) -> Layout:
 
 
 def check_degree(family: str, config, world: int) -> None:
-    """Refuse a degree that does not divide the heads, the KV heads or the MLP width."""
-    heads, kv, width = layout_of(family).sizes(config)
-    for count, what in ((heads, "attention heads"), (kv, "KV heads"), (width, "MLP columns")):
+    """Refuse a degree that does not divide the heads, the KV heads or an MLP's width."""
+    sizes = layout_of(family).sizes(config)
+    every = ", ".join(f"{count} {what}" for what, count in sizes.items())
+    for what, count in sizes.items():
         if count % world:
             raise SettingsError(
-                f"--tensor-parallel {world} does not divide the model's {count} {what} "
-                f"({heads} heads, {kv} KV heads, MLP width {width})"
+                f"--tensor-parallel {world} does not divide the model's {count} {what} ({every})"
             )
 
 
@@ -199,25 +226,21 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
     """Shrink a meta-built model's parameters to this rank's pieces, in place; returns each
     checkpoint tensor's slice (None: read whole; ZERO: this rank adds no bias)."""
     layout = layout_of(family)
-    heads, kv, _ = layout.sizes(model.config)
+    sizes = layout.sizes(model.config)
+    heads, kv = sizes["attention heads"], sizes["KV heads"]
     check_degree(family, model.config, shards.world)
     plan: dict[str, Slice | str] = {}
     names = {id(m): name for name, m in model.named_modules()}
     for block in model.blocks():
         prefix = names[id(block)]
-        for name in layout.columns:
-            lin = block.get_submodule(name)
-            lo, hi = shards.even(lin.out_features)
-            _narrow(lin, 0, lo, hi, plan, f"{prefix}.{name}")
-            lin.out_features = hi - lo
-        for name in layout.rows:
-            lin = block.get_submodule(name)
-            lo, hi = shards.even(lin.in_features)
-            _narrow(lin, 1, lo, hi, plan, f"{prefix}.{name}")
-            if lin.bias is not None and shards.rank:
-                plan[f"{prefix}.{name}.bias"] = ZERO
-            lin.in_features = hi - lo
-            lin.__class__, lin.shards = RowLinear, shards
+        columns, rows = list(layout.columns), list(layout.rows)
+        if layout.feed_forward is not None:
+            columns, rows = split_feed_forward(block, layout.feed_forward, shards, plan, prefix)
+            columns, rows = [*layout.columns, *columns], [*layout.rows, *rows]
+        for name in columns:
+            split_columns(block.get_submodule(name), shards, plan, f"{prefix}.{name}")
+        for name in rows:
+            split_rows(block.get_submodule(name), shards, plan, f"{prefix}.{name}")
         holder = block.get_submodule(layout.attention) if layout.attention else block
         holder.n_heads, holder.n_kv = heads // shards.world, kv // shards.world
     for name in layout.vocabulary:
@@ -237,6 +260,55 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
     model.__class__ = type(f"Sharded{cls.__name__}", (ShardedLM, cls), {})
     model.shards, model.local_kv = shards, kv // shards.world
     return plan
+
+
+def split_columns(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
+    """A column-parallel linear: this rank's share of the outputs (and of their biases)."""
+    lo, hi = shards.even(lin.out_features)
+    _narrow(lin, 0, lo, hi, plan, name)
+    lin.out_features = hi - lo
+
+
+def split_inputs(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
+    """This rank's share of a linear's inputs (the caller sums the partial outputs)."""
+    lo, hi = shards.even(lin.in_features)
+    _narrow(lin, 1, lo, hi, plan, name)
+    if lin.bias is not None and shards.rank:
+        plan[f"{name}.bias"] = ZERO
+    lin.in_features = hi - lo
+
+
+def split_rows(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
+    """A row-parallel linear: its partial output summed over ranks by one all-reduce."""
+    split_inputs(lin, shards, plan, name)
+    lin.__class__, lin.shards = RowLinear, shards
+
+
+class SummedExperts(LLaDAMoESparseBlock):
+    """A sparse block whose experts hold this rank's share of their columns: the routed sum of
+    partial expert outputs is summed over ranks once (not once per expert)."""
+
+    shards: Shards
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shards.all_reduce(super().forward(x))
+
+
+def split_feed_forward(block, name: str, shards: Shards, plan: dict, prefix: str):
+    """A MoE layer's experts split in place (gate/up over outputs, down over inputs, one
+    all-reduce for the block); a dense one's names returned as columns and rows."""
+    mlp = block.get_submodule(name)
+    shared = ["shared_expert.gate_proj", "shared_expert.up_proj"]
+    extra = (shared, ["shared_expert.down_proj"]) if block.shared_expert is not None else ([], [])
+    if not isinstance(mlp, LLaDAMoESparseBlock):
+        return [f"{name}.gate_proj", f"{name}.up_proj", *extra[0]], [f"{name}.down_proj", *extra[1]]
+    for i, expert in enumerate(mlp.experts):
+        where = f"{prefix}.{name}.experts.{i}"
+        split_columns(expert.gate_proj, shards, plan, f"{where}.gate_proj")
+        split_columns(expert.up_proj, shards, plan, f"{where}.up_proj")
+        split_inputs(expert.down_proj, shards, plan, f"{where}.down_proj")
+    mlp.__class__, mlp.shards = SummedExperts, shards
+    return extra
 
 
 def _find(model: nn.Module, name: str) -> nn.Module | None:
