@@ -23,6 +23,9 @@ from dllm_cli.models.loading import load_model
 from dllm_cli.settings import DecodeSettings
 
 CACHES = ("none", "prefix", "dual", "freecache")
+# Every cache policy under the threshold rule (one commit a step here: the most confident),
+# the prefix rule, and the fixed rule at 4 tokens a step (the 4 most confident).
+RUNS = [*((cache, "threshold") for cache in CACHES), ("dual", "prefix"), ("prefix", "fixed")]
 PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: left padding in the batch
 
 
@@ -31,15 +34,15 @@ def decodes(folder: str, shards: Shards) -> dict:
     split = load_model(folder, dtype="float32", device="cpu", shards=shards)
     whole = load_model(folder, dtype="float32", device="cpu")
     out = {"layers": len(split.model.blocks()), "bytes": list(split.model.weight_bytes)}
-    for cache in CACHES:
+    for cache, unmask in RUNS:
         settings = DecodeSettings(
-            gen_length=16, block_length=8, cache=cache, unmask="threshold", threshold=0.9
+            gen_length=16, block_length=8, cache=cache, unmask=unmask, threshold=0.9, steps=4
         )
         before = replace(shards.counts)
         tokens = decode(split.model, split.special, PROMPTS, settings).tokens
         spent = {k: v - asdict(before)[k] for k, v in asdict(shards.counts).items()}
         expected = decode(whole.model, whole.special, PROMPTS, settings).tokens
-        out[cache] = {"split": tokens, "whole": expected, **spent}
+        out[f"{cache} {unmask}"] = {"split": tokens, "whole": expected, **spent}
     return out
 
 

@@ -313,6 +313,9 @@ def check_split(runtime: Runtime, shards: tensor.Shards) -> None:
     compiled = runtime.profile.model.compile
     tensor.refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
     if runtime.loaded.device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(runtime.loaded.device)  # NCCL's communicator on this rank's GPU
         shards.backend = "nccl"
     mine, whole = runtime.loaded.model.weight_bytes
     mib = 2**20

@@ -402,7 +402,7 @@ def _summed(group: Callable, shards: Shards) -> Callable:
 
 # --- sampling from vocabulary shards -------------------------------------------------------
 
-UNMASKS = ("fixed", "threshold", "factor")  # rules that read only drafts and confidences
+UNMASKS = ("fixed", "threshold", "factor", "prefix")  # rules reading drafts and confidences only
 CONFIDENCES = ("low_confidence", "margin")
 
 
