@@ -156,3 +156,51 @@ def test_tensor_parallel_outside_torchrun_is_refused_in_one_line(folders):
         "dllm: error: --tensor-parallel 2 needs exactly 2 processes (this run has 1): launch "
         "with torchrun --nproc-per-node 2"
     ]
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_setting_not_supported_yet_is_refused_by_rank_0_alone(folders, monkeypatch, rank):
+    # (refused after the load, before any rank talks to another: no process group needed)
+    launch_env = {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank}
+    for name, value in {**launch_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    model = ["--model", str(folders["dream"]), "--device", "cpu", "--temperature", "0.5"]
+    result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
+    assert result.exit_code == 2
+    said = [
+        "dllm: error: --tensor-parallel does not support sampled drafts (--temperature above 0) yet"
+    ]
+    assert error_lines(result) == (said if rank == "0" else [])
+
+
+def test_each_rank_reads_only_its_slices_of_the_split_tensors(folders, monkeypatch):
+    import safetensors
+
+    whole: list[str] = []
+    real = safetensors.safe_open
+
+    class Counted:
+        def __init__(self, *args, **kwargs):
+            self.inner = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def keys(self):
+            return self.inner.keys()
+
+        def get_slice(self, name):
+            return self.inner.get_slice(name)
+
+        def get_tensor(self, name):
+            whole.append(name)
+            return self.inner.get_tensor(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Counted)
+    load_model(folders["llada"], dtype="float32", device="cpu", shards=Shards(1, 2))
+    assert whole, "the norms are read whole"
+    assert all(name.endswith(("norm.weight", "ln_f.weight")) for name in whole), whole
