@@ -24,8 +24,14 @@ from dllm_cli.settings import DecodeSettings
 
 CACHES = ("none", "prefix", "dual", "freecache")
 # Every cache policy under the threshold rule (one commit a step here: the most confident),
-# the prefix rule, and the fixed rule at 4 tokens a step (the 4 most confident).
-RUNS = [*((cache, "threshold") for cache in CACHES), ("dual", "prefix"), ("prefix", "fixed")]
+# the prefix rule by margin, the fixed rule at 4 tokens a step by random confidence (every
+# rank draws the same numbers) and the origin rule (random positions).
+RUNS = [
+    *((cache, "threshold", "low_confidence") for cache in CACHES),
+    ("dual", "prefix", "margin"),
+    ("prefix", "fixed", "random"),
+    ("freecache", "origin", "low_confidence"),
+]
 PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: left padding in the batch
 
 
@@ -34,15 +40,21 @@ def decodes(folder: str, shards: Shards) -> dict:
     split = load_model(folder, dtype="float32", device="cpu", shards=shards)
     whole = load_model(folder, dtype="float32", device="cpu")
     out = {"layers": len(split.model.blocks()), "bytes": list(split.model.weight_bytes)}
-    for cache, unmask in RUNS:
+    for cache, unmask, confidence in RUNS:
         settings = DecodeSettings(
-            gen_length=16, block_length=8, cache=cache, unmask=unmask, threshold=0.9, steps=4
+            gen_length=16,
+            block_length=8,
+            cache=cache,
+            unmask=unmask,
+            confidence=confidence,
+            threshold=0.9,
+            steps=4,
         )
         before = replace(shards.counts)
         tokens = decode(split.model, split.special, PROMPTS, settings).tokens
         spent = {k: v - asdict(before)[k] for k, v in asdict(shards.counts).items()}
         expected = decode(whole.model, whole.special, PROMPTS, settings).tokens
-        out[f"{cache} {unmask}"] = {"split": tokens, "whole": expected, **spent}
+        out[f"{cache} {unmask} {confidence}"] = {"split": tokens, "whole": expected, **spent}
     return out
 
 

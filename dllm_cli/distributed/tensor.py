@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.errors import SettingsError
 from dllm_cli.models.moe import LLaDAMoESparseBlock
 from dllm_cli.models.weights import retie, tied_groups, weight_files
@@ -402,8 +403,8 @@ def _summed(group: Callable, shards: Shards) -> Callable:
 
 # --- sampling from vocabulary shards -------------------------------------------------------
 
-UNMASKS = ("fixed", "threshold", "factor", "prefix")  # rules reading drafts and confidences only
-CONFIDENCES = ("low_confidence", "margin")
+UNMASKS = ("fixed", "threshold", "factor", "prefix", "origin")  # no whole distributions
+CONFIDENCES = ("low_confidence", "margin", "random")
 
 
 def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False) -> None:
@@ -444,6 +445,7 @@ class ShardedSampler:
         refuse_unsupported(settings)
         self.shards, self.start, self.family = shards, start, family
         self.vocab_size, self.mask_id = vocab, mask
+        self.confidence, self.given_top_k = settings.confidence, settings.top_k
         self.margin = settings.confidence == "margin"
         self.top_k = (settings.top_k or 0) if family.tempered_confidence else 0
         self.k = max(self.top_k, 2 if self.margin else 1)  # candidates each rank sends
@@ -459,17 +461,30 @@ class ShardedSampler:
 
     def draft(self, logits: torch.Tensor, generator):
         """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L), no distribution."""
-        if not getattr(generator, "all_greedy", True):
-            raise SettingsError("--tensor-parallel does not support sampled drafts yet")
+        self.check_rows(generator)
         dtype = self.family.dtype or (logits.dtype if logits.dtype.itemsize >= 4 else None)
         s = self.gather(self.working(logits, dtype or torch.float32), self.k)
         if self.top_k:
             denominator, second = self.filtered(s)
         else:
             denominator, second = s.denominator(), s.second()
+        if self.confidence == "random":  # LLaDA's random remasking: every rank draws the same
+            return s.tokens, uniform(generator, s.tokens.shape, s.best.dtype, s.best.device), None
         if not self.margin:
             return s.tokens, 1.0 / denominator, None
         return s.tokens, (1.0 - torch.exp(second - s.best)) / denominator, None
+
+    def check_rows(self, generator) -> None:
+        """Refuse rows whose own sampling (a --json-input line's) differs from the run's."""
+        if not isinstance(generator, RowDraws):
+            return
+        for s in generator.samplings:
+            own = (s.top_p is not None and s.top_p < 1.0) or s.confidence != self.confidence
+            if not s.greedy or own or s.top_k not in (None, self.given_top_k):
+                raise SettingsError(
+                    "--tensor-parallel does not support per-request temperature, top_p, top_k "
+                    "or confidence yet"
+                )
 
     def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy drafts and their probability under softmax(raw logits), at least float32."""
