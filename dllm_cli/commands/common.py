@@ -128,14 +128,16 @@ def load_runtime(
     *,
     place: Callable[[str], str] | None = None,
     quiet: bool = False,
+    slots: int = 1,
     shards: Shards | None = None,
 ) -> Runtime:
     """open_runtime for the shared flags, with a spinner on a terminal; notes go to stderr.
 
     A --model replaces the profile's model, so the profile's guide (which must share that
     model's tokenizer) is left out unless --guide asks for it. `place`: see open_runtime;
-    `quiet`: no spinner and no notes (torchrun's ranks other than 0); `shards`: this rank's
-    slices of the model only (--tensor-parallel).
+    `quiet`: no spinner and no notes (torchrun's ranks other than 0); `slots`: the rows decoded
+    at once, which the fit check sizes the KV cache for; `shards`: this rank's slices of the
+    model only (--tensor-parallel).
     """
     guide, overrides = choices.guide, choices.overrides
     swapped = "model.path" in overrides and guide is None
@@ -148,6 +150,8 @@ def load_runtime(
             use_guide=use_guide,
             require_guide=guide is True,
             place=place,
+            slots=slots,
+            force=choices.force,
             shards=shards,
         )
     if quiet:

@@ -121,7 +121,10 @@ def generate_command(
         shards = None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel)
         if shards is not None and not batch:
             raise fail("--tensor-parallel reads prompts from stdin: give '-' and pipe them", USAGE)
-        runtime = load_runtime(choices) if job is None else load_on_rank(job, choices, shards)
+        if job is None:
+            runtime = load_runtime(choices, slots=batch_size)
+        else:
+            runtime = load_on_rank(job, choices, shards)
         json_out = json_out or json_canvas
         pipeline = Pipeline(runtime, batch_size, json_out, json_input, canvas=json_canvas)
         if batch and leader:
