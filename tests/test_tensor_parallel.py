@@ -42,11 +42,11 @@ def folders_fixture(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def launch(command: list[str], stdin: str = "") -> subprocess.CompletedProcess:
-    """`torchrun --nproc-per-node 2 COMMAND` on the loopback interface."""
+def launch(command: list[str], stdin: str = "", ranks: int = 2) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node RANKS COMMAND` on the loopback interface."""
     env = loopback_env()
     run = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
         "--master-addr", env["MASTER_ADDR"], "--master-port", env["MASTER_PORT"], *command,
     ]  # fmt: skip
     return subprocess.run(
@@ -79,27 +79,41 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
 
 
 @pytest.mark.slow
-def test_generate_under_torchrun_writes_the_one_process_answers(folders):
+def generate_twice(folder: Path, ranks: int, lines: list[str]) -> subprocess.CompletedProcess:
+    """`dllm generate - --tensor-parallel 2` under RANKS processes, its records checked
+    against one process's; the launch returned."""
     args = [
-        "--model", str(folders["llada"]), "--device", "cpu", "--dtype", "float32",
+        "--model", str(folder), "--device", "cpu", "--dtype", "float32",
         "--gen-length", "16", "--block-length", "8", "--cache", "dual", "--unmask", "threshold",
         "--threshold", "0.9", "--json", "--batch-size", "2",
     ]  # fmt: skip
-    text = "".join(f"{line}\n" for line in LINES)
+    text = "".join(f"{line}\n" for line in lines)
     expected = invoke("generate", "-", *args, input=text)
     assert expected.exit_code == 0, expected.output
     command = ["-m", "dllm_cli", "generate", "-", *args, "--tensor-parallel", "2", "--stats"]
-    result = launch(command, text)
+    result = launch(command, text, ranks)
     assert result.returncode == 0, result.stderr[-3000:]
     fields = ("line", "text", "token_ids", "forwards", "steps")
-    records = [json.loads(line) for line in result.stdout.splitlines()]
-    wanted = [json.loads(line) for line in expected.stdout.splitlines()]
-    assert [{k: r[k] for k in fields} for r in records] == [
-        {k: r[k] for k in fields} for r in wanted
-    ]
+    records = [{k: json.loads(line)[k] for k in fields} for line in result.stdout.splitlines()]
+    wanted = [{k: json.loads(line)[k] for k in fields} for line in expected.stdout.splitlines()]
+    assert records == wanted
+    return result
+
+
+@pytest.mark.slow
+def test_generate_under_torchrun_writes_the_one_process_answers(folders):
+    result = generate_twice(folders["llada"], 2, LINES)
     for rank in (0, 1):
         assert f"tensor parallel rank {rank} of 2:" in result.stderr
     assert "all-reduces" in result.stderr
+
+
+@pytest.mark.slow
+def test_two_replicas_of_two_ranks_share_the_lines_and_write_the_one_process_answers(folders):
+    result = generate_twice(folders["dream"], 4, [*LINES, "ann has 5 cats", "sam buys 4 books"])
+    for replica in (0, 1):
+        assert f"tensor parallel rank 1 of 2 (replica {replica} of 2):" in result.stderr
+    assert "5 prompt(s)" in result.stderr  # rank 0's --stats: both replicas' prompts
 
 
 def test_each_rank_reads_about_half_the_weights(folders):
@@ -153,8 +167,8 @@ def test_tensor_parallel_outside_torchrun_is_refused_in_one_line(folders):
     )
     assert result.exit_code == 2
     assert error_lines(result) == [
-        "dllm: error: --tensor-parallel 2 needs exactly 2 processes (this run has 1): launch "
-        "with torchrun --nproc-per-node 2"
+        "dllm: error: --tensor-parallel 2 needs 2 processes or a multiple (this run has 1): "
+        "launch with torchrun --nproc-per-node 2"
     ]
 
 

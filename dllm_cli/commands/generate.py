@@ -74,7 +74,8 @@ TensorParallel = Annotated[
         "--tensor-parallel",
         help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
         "every rank decodes every line, rank 0 writes them (docs/distributed.md). LLaDA, Dream "
-        "and LLaDA-MoE, greedy decoding; N must equal the number of processes.",
+        "and LLaDA-MoE, greedy decoding; a multiple of N processes runs replicas of N ranks, "
+        "each decoding its share of the lines.",
         rich_help_panel="Parallelism",
     ),
 ]
@@ -130,10 +131,10 @@ def generate_command(
         if batch and leader:
             note_static(pipeline)
         shown = runtime if verbose_prompt else None
-        if shards is not None:
+        if shards is not None and shards.replicas == 1:
             failed = run_split(job, pipeline, shards, shown, stats)
         elif job is not None:
-            failed = run_sharded(job, pipeline, shown)
+            failed = run_sharded(job, pipeline, shown, shards)
         elif batch:
             failed = run_batch(pipeline, shown)
         else:
@@ -294,19 +295,19 @@ def load_on_rank(
 
 
 def tensor_shards(job: distributed.Job | None, degree: int) -> tensor.Shards:
-    """This rank's place in --tensor-parallel N (N ranks, no data parallelism on top yet)."""
+    """This rank's place in --tensor-parallel N: ranks r N .. r N + N - 1 hold replica r."""
     from dllm_cli.distributed import tensor
 
     if degree < 1:
         raise fail(f"--tensor-parallel must be at least 1 (got {degree})", USAGE)
-    if job is None or job.world != degree:
+    if job is None or job.world % degree:
         ranks = 1 if job is None else job.world
         raise fail(
-            f"--tensor-parallel {degree} needs exactly {degree} processes (this run has "
+            f"--tensor-parallel {degree} needs {degree} processes or a multiple (this run has "
             f"{ranks}): launch with torchrun --nproc-per-node {degree}",
             USAGE,
         )
-    return tensor.Shards(job.rank, job.world)
+    return tensor.Shards(job.rank % degree, degree, job.rank // degree, job.world // degree)
 
 
 def check_split(runtime: Runtime, shards: tensor.Shards) -> None:
@@ -322,9 +323,10 @@ def check_split(runtime: Runtime, shards: tensor.Shards) -> None:
         shards.backend = "nccl"
     mine, whole = runtime.loaded.model.weight_bytes
     mib = 2**20
+    replica = f" (replica {shards.replica} of {shards.replicas})" if shards.replicas > 1 else ""
     note(
-        f"tensor parallel rank {shards.rank} of {shards.world}: {mine / mib:.2f} MiB of weights "
-        f"({100 * mine / whole:.1f}% of {whole / mib:.2f} MiB)"
+        f"tensor parallel rank {shards.rank} of {shards.world}{replica}: {mine / mib:.2f} MiB "
+        f"of weights ({100 * mine / whole:.1f}% of {whole / mib:.2f} MiB)"
     )
 
 
@@ -342,6 +344,7 @@ def run_split(
         lines = distributed.share_lines(job, sys.stdin.buffer)
         if lines is None:
             raise typer.Exit(1)  # rank 0 could not read stdin and says why
+        shards.join()
         failed = 0
 
         def write_out(slots: list[Slot]) -> None:
@@ -364,14 +367,27 @@ def run_split(
     return failed if job.rank == 0 else 0
 
 
-def run_sharded(job: distributed.Job, pipeline: Pipeline, shown: Runtime | None = None) -> int:
-    """This rank's share of stdin through the pipeline; rank 0 writes every rank's records."""
+def run_sharded(
+    job: distributed.Job,
+    pipeline: Pipeline,
+    shown: Runtime | None = None,
+    shards: tensor.Shards | None = None,
+) -> int:
+    """This rank's share of stdin through the pipeline; rank 0 writes every rank's records.
+
+    With `shards` (replicas of --tensor-parallel ranks) the lines are shared out over the
+    replicas: each replica's first rank reports as a rank does, the others decode alongside.
+    """
     from dllm_cli import distributed
 
     with distributed.process_group(job):
         lines = distributed.share_lines(job, sys.stdin.buffer)
         if lines is None:
             raise typer.Exit(1)  # rank 0 could not read stdin and says why
+        if shards is not None:
+            job = replica_job(job, shards)
+            if shards.rank:
+                return follow_replica(job, pipeline, lines)
 
         def lost(line: int, reason: str) -> Slot:
             return pipeline.lost(line, lines[line - 1], reason)
@@ -388,6 +404,24 @@ def run_sharded(job: distributed.Job, pipeline: Pipeline, shown: Runtime | None 
             except distributed.Stranded as stranded:
                 exit_now(stranded.cause)
         return settle(job, outcome)
+
+
+def replica_job(job: distributed.Job, shards: tensor.Shards) -> distributed.Job:
+    """The job over replicas: replica r is one rank of it (its lines: every R-th)."""
+    from dllm_cli import distributed
+
+    shards.join()
+    return distributed.Job(shards.replica, shards.replicas, job.local_rank, job.timeout)
+
+
+def follow_replica(job: distributed.Job, pipeline: Pipeline, lines: list[bytes]) -> int:
+    """A replica's rank other than its first: the same lines through its share of the
+    model, nothing reported (the first rank reports them); then the job's closing barrier."""
+    import torch.distributed as dist
+
+    pipeline.run(job.shard(lines), lambda slots: None)
+    dist.barrier()
+    return 0
 
 
 def describe_failure(e: BaseException) -> tuple[str, int]:

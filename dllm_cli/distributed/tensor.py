@@ -117,13 +117,35 @@ class Shards:
 
     rank: int
     world: int
+    replica: int = 0  # which group of `world` ranks (data parallelism on top)
+    replicas: int = 1
     backend: str = "gloo"  # nccl on CUDA (the default group is gloo, for the job's messages)
     counts: Counts = field(default_factory=Counts)
 
     @cached_property
     def group(self) -> dist.ProcessGroup | None:
-        """The group collectives run in, made at the first one (every rank reaches it there)."""
-        return None if self.backend == "gloo" else dist.new_group(backend=self.backend)
+        """The group collectives run in, made at the first one (every rank reaches it there);
+        None: the whole job (one replica on gloo)."""
+        if self.replicas == 1 and self.backend == "gloo":
+            return None
+        if self.replicas == 1:
+            return dist.new_group(backend=self.backend)
+        return self.connect()
+
+    def join(self) -> dist.ProcessGroup | None:
+        """Make this rank's group now, before any rank decodes (every rank makes every
+        replica's group, in the same order)."""
+        return self.group
+
+    def connect(self) -> dist.ProcessGroup:
+        """Every replica's group, made by every rank in the same order (as new_group needs);
+        this rank's own."""
+        n = self.world
+        groups = [
+            dist.new_group(list(range(r * n, (r + 1) * n)), backend=self.backend)
+            for r in range(self.replicas)
+        ]
+        return groups[self.replica]
 
     def even(self, size: int) -> tuple[int, int]:
         """This rank's equal piece [start, stop) of `size` (the size divides by the world)."""
