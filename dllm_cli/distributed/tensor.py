@@ -6,16 +6,19 @@ columns), the attention output and the MLP's down projection over their inputs (
 each rank's partial product is summed by one all-reduce). The embedding and the LM head are
 split over the vocabulary: a rank looks up only the ids in its range (one all-reduce sums the
 rows) and computes only its range of the logits. The KV cache holds only the rank's KV heads.
-Per forward: two all-reduces per layer plus one for the embedding.
+LLaDA-MoE's experts are split as dense MLPs are (the router replicated), their routed sum
+reduced once per layer. Per forward: two all-reduces per layer plus one for the embedding (a
+shared expert adds one per layer).
 
 The logits are never gathered: `ShardedSampler` reduces each rank's (rows, columns, own
 vocabulary) shard to a few numbers per column (its best logit and id, its sum of exp, its top
 candidates) and one all-gather of those gives every rank the same greedy drafts and
 confidences, so every rank takes the same decisions and runs the same collectives in the same
-order. Sampled drafts and the settings that need the whole distribution are refused
-(`refuse_unsupported`).
+order; what a rule draws at random, every rank draws alike (the same seed). Sampled drafts
+and the settings that need the whole distribution are refused (`refuse_unsupported`).
 
 Each rank reads only its slices of every tensor from the safetensors files (`get_slice`).
+Under R x N processes, ranks rN .. rN + N - 1 form replica r (its own process group).
 """
 
 from __future__ import annotations
