@@ -16,7 +16,7 @@ from checkpoints import write_dream, write_llada, write_llada_moe
 from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
 from test_distributed import LAUNCH_TIMEOUT, loopback_env
 
-from dllm_cli.distributed.tensor import Shards, check_degree, refuse_unsupported
+from dllm_cli.distributed.tensor import Shards, check_degree, place, refuse_unsupported
 from dllm_cli.errors import SettingsError
 from dllm_cli.models.dream import DreamConfig
 from dllm_cli.models.llada import LLaDAConfig
@@ -218,3 +218,14 @@ def test_each_rank_reads_only_its_slices_of_the_split_tensors(folders, monkeypat
     load_model(folders["llada"], dtype="float32", device="cpu", shards=Shards(1, 2))
     assert whole, "the norms are read whole"
     assert all(name.endswith(("norm.weight", "ln_f.weight")) for name in whole), whole
+
+
+def test_ranks_form_replicas_of_consecutive_ranks():
+    assert [(s.replica, s.rank) for s in (place(r, 4, 2) for r in range(4))] == [
+        (0, 0), (0, 1), (1, 0), (1, 1),
+    ]  # fmt: skip
+    assert place(3, 4, 2).replicas == 2
+    with pytest.raises(SettingsError, match=r"needs 2 processes or a multiple \(this run has 3\)"):
+        place(0, 3, 2)
+    with pytest.raises(SettingsError, match="must be at least 1"):
+        place(0, 2, 0)

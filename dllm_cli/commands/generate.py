@@ -298,16 +298,7 @@ def tensor_shards(job: distributed.Job | None, degree: int) -> tensor.Shards:
     """This rank's place in --tensor-parallel N: ranks r N .. r N + N - 1 hold replica r."""
     from dllm_cli.distributed import tensor
 
-    if degree < 1:
-        raise fail(f"--tensor-parallel must be at least 1 (got {degree})", USAGE)
-    if job is None or job.world % degree:
-        ranks = 1 if job is None else job.world
-        raise fail(
-            f"--tensor-parallel {degree} needs {degree} processes or a multiple (this run has "
-            f"{ranks}): launch with torchrun --nproc-per-node {degree}",
-            USAGE,
-        )
-    return tensor.Shards(job.rank % degree, degree, job.rank // degree, job.world // degree)
+    return tensor.place(0 if job is None else job.rank, 1 if job is None else job.world, degree)
 
 
 def check_split(runtime: Runtime, shards: tensor.Shards) -> None:

@@ -177,6 +177,19 @@ class Shards:
 # --- the degree ----------------------------------------------------------------------------
 
 
+def place(rank: int, world: int, degree: int) -> Shards:
+    """Rank `rank` of `world` processes under --tensor-parallel `degree`: ranks r N .. r N + N
+    - 1 hold replica r."""
+    if degree < 1:
+        raise SettingsError(f"--tensor-parallel must be at least 1 (got {degree})")
+    if world % degree:
+        raise SettingsError(
+            f"--tensor-parallel {degree} needs {degree} processes or a multiple (this run has "
+            f"{world}): launch with torchrun --nproc-per-node {degree}"
+        )
+    return Shards(rank % degree, degree, rank // degree, world // degree)
+
+
 def layout_of(family: str) -> Layout:
     """The family's layout, or a one-line refusal."""
     if family not in LAYOUTS:
