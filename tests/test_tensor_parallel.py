@@ -229,3 +229,13 @@ def test_ranks_form_replicas_of_consecutive_ranks():
         place(0, 3, 2)
     with pytest.raises(SettingsError, match="must be at least 1"):
         place(0, 2, 0)
+
+
+def test_logprobs_under_tensor_parallel_are_refused_before_loading(folders, monkeypatch):
+    launch_env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**launch_env, "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    model = ["--model", str(folders["llada"]), "--device", "cpu", "--logprobs", "2"]
+    result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
+    assert result.exit_code == 2
+    assert error_lines(result) == ["dllm: error: --tensor-parallel does not support --logprobs yet"]

@@ -68,6 +68,18 @@ JsonCanvas = Annotated[
         rich_help_panel=o.OUTPUT,
     ),
 ]
+Logprobs = Annotated[
+    int | None,
+    typer.Option(
+        "--logprobs",
+        metavar="K",
+        help="Implies --json; each object also carries logprobs: per answer token its "
+        "log-probability under the step that committed it and that step's K most likely "
+        "tokens (unguided decodes; docs/scoring.md).",
+        rich_help_panel=o.OUTPUT,
+        show_default=False,
+    ),
+]
 TensorParallel = Annotated[
     int,
     typer.Option(
@@ -92,6 +104,7 @@ def generate_command(
     batch_size: o.BatchSize = 8,
     json_input: JsonInput = False,
     json_canvas: JsonCanvas = False,
+    logprobs: Logprobs = None,
     verbose_prompt: o.VerbosePrompt = False,
     tensor_parallel: TensorParallel = 1,
 ) -> None:
@@ -105,7 +118,7 @@ def generate_command(
     """
     with cli_errors():
         from dllm_cli import distributed
-        from dllm_cli.batch import Pipeline
+        from dllm_cli.batch import Pipeline, check_logprobs
 
         job = distributed.Job.from_env()
         leader = job is None or job.rank == 0  # the process that reads stdin and writes stdout
@@ -119,15 +132,22 @@ def generate_command(
             )
         if json_input and not batch:
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
+        if logprobs is not None and not 0 <= logprobs <= 20:
+            raise fail(f"--logprobs must be in 0..20 (got {logprobs})", USAGE)
         shards = None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel)
         if shards is not None and not batch:
             raise fail("--tensor-parallel reads prompts from stdin: give '-' and pipe them", USAGE)
+        if shards is not None and logprobs is not None:
+            raise fail("--tensor-parallel does not support --logprobs yet", USAGE)
         if job is None:
             runtime = load_runtime(choices, slots=batch_size)
         else:
             runtime = load_on_rank(job, choices, shards)
-        json_out = json_out or json_canvas
+        json_out = json_out or json_canvas or logprobs is not None
         pipeline = Pipeline(runtime, batch_size, json_out, json_input, canvas=json_canvas)
+        pipeline.logprobs = logprobs
+        if logprobs is not None:
+            check_logprobs(runtime)
         if batch and leader:
             note_static(pipeline)
         shown = runtime if verbose_prompt else None
@@ -178,6 +198,8 @@ def run_single(runtime: Runtime, arg: str, pipeline: Pipeline, verbose: bool = F
     if verbose:
         show_prompt(runtime, ids)
     model, special = runtime.loaded.model, runtime.loaded.special
+    if pipeline.logprobs is not None:  # the engine's record, with each token's logprobs
+        return write(json.dumps(logprob_record(runtime, prompt, ids, pipeline)) + "\n")
     run = decode_steps(model, special, [ids], runtime.settings, committer=runtime.committer())
     stream = None
     if stdout_is_terminal() and not json_out:
@@ -195,6 +217,23 @@ def run_single(runtime: Runtime, arg: str, pipeline: Pipeline, verbose: bool = F
         write(stream.finish(text))
     else:
         write(text + "\n")
+
+
+def logprob_record(runtime: Runtime, prompt: str, ids: list[int], pipeline: Pipeline) -> dict:
+    """One prompt decoded alone with --logprobs: its --json record and logprobs."""
+    from dllm_cli.batch import record, token_logprobs
+    from dllm_cli.decoding.run import open_engine
+
+    model, special = runtime.loaded.model, runtime.loaded.special
+    engine = open_engine(model, special, runtime.settings, runtime.committer(), slots=1)
+    engine.add(ids, logprobs=pipeline.logprobs)
+    while engine.has_work:
+        finished = engine.step().finished
+    done = finished[0]
+    pipeline.totals.add_answer(done.tokens, special.stop)
+    pipeline.totals.add_run(engine.forwards, engine.guide_forwards, engine.steps, engine.seconds)
+    shown = record(prompt, runtime.text(done.tokens), done, special.stop, pipeline.canvas)
+    return shown | {"logprobs": token_logprobs(runtime, done, pipeline.logprobs)}
 
 
 def single_error(shown: dict[str, str], e: InputError, json_out: bool) -> None:

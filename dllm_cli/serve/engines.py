@@ -60,7 +60,9 @@ def group_of(job: Job, per_request: bool = True) -> Group:
 
 def add(pool: Pool, ids: list[int], job: Job, key) -> int:
     """The job into its group's engine, with its own sampling values."""
-    return pool.engine.add(ids, key=key, settings=job.settings)
+    if job.logprobs is None:
+        return pool.engine.add(ids, key=key, settings=job.settings)
+    return pool.engine.add(ids, key=key, settings=job.settings, logprobs=job.logprobs)
 
 
 def check_settings(runtime: Runtime, settings: DecodeSettings) -> DecodeSettings:
