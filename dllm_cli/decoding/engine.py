@@ -69,7 +69,9 @@ class Engine(RequestQueue):
         self.admission = policy = ADMISSIONS[admission]
         self.slots, self.quantum = slots, quantum or policy.quantum
         family = family_of(model)
-        self.sampler = Sampler(settings, family, special.real_vocab(model.vocab_size), special.mask)
+        # A tensor-parallel model brings a sampler for its vocabulary shard (distributed/tensor.py).
+        make = getattr(model, "draft_sampler", Sampler)
+        self.sampler = make(settings, family, special.real_vocab(model.vocab_size), special.mask)
         self.committer = committer or RuleCommitter(settings, family.schedule)
         self.frontier = bool(getattr(self.committer, "frontier", False))
         self.draft_window = getattr(self.committer, "draft_window", None)
