@@ -311,7 +311,7 @@ def resolve(
 def family_profile(family: Family) -> Profile:
     """The profile `--model PATH` starts from: the family's reference settings, no guide."""
     return Profile(
-        name=f"{family.name} reference",
+        name=f"{family.name}-reference",
         description=f"{family.title}'s own reference settings (--model without --profile)",
         decode=reference_settings(family),
     )

@@ -133,28 +133,36 @@ def family_settings(
 ) -> tuple[DecodeSettings, list[str]]:
     """The profile's settings as the loaded model's family takes them, and notes to show;
     settings that mean nothing for the family are refused (SettingsError)."""
-    settings, family = prof.decode, FAMILIES[loaded.family]
-    notes = settings.adjustments()
-    if FAMILIES[loaded.family].own_sampler:  # settings that mean nothing there are refused
-        if use_guide and prof.guide is not None and prof.guide.path:
-            raise SettingsError(f"a guide model does not apply to {gemma.FAMILY} (use --no-guide)")
-        canvas = loaded.model.canvas_length
-        settings = gemma.check_settings(settings, canvas, origin(provenance))
-        notes = gemma.notes(settings, canvas)
-    elif FAMILIES[loaded.family].block_causal:  # SDAR, LLaDA2.x: refused in one line
+    family = FAMILIES[loaded.family]
+    guided = use_guide and prof.guide is not None and prof.guide.path
+    if guided and (family.own_sampler or family.block_causal):  # they sample on their own
+        raise SettingsError(f"a guide model does not apply to {family.title} (use --no-guide)")
+    settings = check_family(loaded, prof.decode, origin(provenance))
+    if family.own_sampler:
+        return settings, gemma.notes(settings, loaded.model.canvas_length)
+    return settings, settings.adjustments()
+
+
+def check_family(
+    loaded: LoadedModel, settings: DecodeSettings, where=lambda k: ""
+) -> DecodeSettings:
+    """The settings as the loaded model's family takes them; one it cannot use is refused
+    in one line (SettingsError): the CLI's flags and every server request pass here."""
+    family = FAMILIES[loaded.family]
+    if family.own_sampler:
+        return gemma.check_settings(settings, loaded.model.canvas_length, where)
+    if family.block_causal:  # SDAR, LLaDA2.x
         from dllm_cli.decoding.block_rules import check_block_settings
 
-        if use_guide and prof.guide is not None and prof.guide.path:
-            raise SettingsError(f"a guide model does not apply to {family.title} (use --no-guide)")
-        check_block_settings(settings, family.title, origin(provenance))
-    else:
-        gemma.check_masked(settings, family.name, origin(provenance))
-        if settings.edit_threshold is not None:
-            raise SettingsError(
-                f"edit_threshold{origin(provenance)('edit_threshold')} applies to LLaDA2.x "
-                f"token editing only (this model is {family.name})"
-            )
-    return settings, notes
+        check_block_settings(settings, family.title, where)
+        return settings
+    gemma.check_masked(settings, family.name, where)
+    if settings.edit_threshold is not None:
+        raise SettingsError(
+            f"edit_threshold{where('edit_threshold')} applies to LLaDA2.x "
+            f"token editing only (this model is {family.name})"
+        )
+    return settings
 
 
 def set_threads(threads: int) -> None:

@@ -90,7 +90,7 @@ def test_a_profile_for_another_family_and_a_guide_are_refused(gemma_ckpt, profil
     refused = invoke("generate", "hi", "-p", str(guided))
     assert refused.exit_code == 2
     assert error_lines(refused) == [
-        "dllm: error: a guide model does not apply to diffusion_gemma (use --no-guide)"
+        "dllm: error: a guide model does not apply to DiffusionGemma (use --no-guide)"
     ]
     knob = invoke("generate", "hi", "-p", str(profile_file), "--t-min", "0.3")
     assert knob.exit_code == 2 and "applies to diffusion_gemma models only" in knob.stderr

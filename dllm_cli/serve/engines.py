@@ -20,7 +20,7 @@ from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError
 from dllm_cli.lifetimes import SAMPLING_FIELDS
-from dllm_cli.runtime import Runtime, origin
+from dllm_cli.runtime import Runtime, check_family
 from dllm_cli.serve.protocol import Job
 from dllm_cli.settings import DecodeSettings
 
@@ -65,11 +65,7 @@ def add(pool: Pool, ids: list[int], job: Job, key) -> int:
 
 def check_settings(runtime: Runtime, settings: DecodeSettings) -> DecodeSettings:
     """The family's own refusals, as `open_runtime` makes them for CLI flags."""
-    where = origin({})
-    if runtime.loaded.architecture == gemma.FAMILY:
-        return gemma.check_settings(settings, runtime.loaded.model.canvas_length, where)
-    gemma.check_masked(settings, runtime.loaded.architecture, where)
-    return settings
+    return check_family(runtime.loaded, settings)
 
 
 def check_length(runtime: Runtime, ids: list[int], settings: DecodeSettings) -> None:

@@ -219,7 +219,11 @@ class Worker:
         """Parked requests into their group's engine, making one where there is room."""
         still = []
         for ticket in self.parked:
-            pool = self.engine_for(ticket.group)
+            try:
+                pool = self.engine_for(ticket.group)
+            except DllmError as e:  # settings this engine refuses: this request's 400 only
+                self.fail(ticket, ApiError(400, str(e)))
+                continue
             if pool is None:
                 still.append(ticket)
                 continue
