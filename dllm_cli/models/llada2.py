@@ -210,6 +210,9 @@ class LLaDA2Layer(nn.Module):
         self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
 
+    def fuse(self) -> None:
+        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
+
     def forward(self, x, rope, ctx, layer):
         x = x + self.attention(self.input_layernorm(x), rope, ctx, layer)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -128,6 +128,9 @@ class SDARLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def fuse(self) -> None:
+        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
+
     def forward(self, x, rope, ctx, layer):
         x = x + self.self_attn(self.input_layernorm(x), rope, ctx, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
