@@ -38,7 +38,8 @@ def settings(**kw) -> DecodeSettings:
 
 
 def reference(sdar, loaded, prompt, s: DecodeSettings, stop=None) -> list[int]:
-    steps = max(1, s.block_length * s.total_steps // s.gen_length)
+    planned = s.gen_length if s.steps is None else s.steps  # over the answer: per block below
+    steps = max(1, s.block_length * planned // s.gen_length)
     strategy = "low_confidence_dynamic" if s.unmask == "threshold" else "low_confidence_static"
     x = sdar_generate(
         sdar.tensors, sdar.config, prompt, loaded.special.mask, sdar.ids["vocab_size"],

@@ -17,6 +17,7 @@ REFUSED = [
     ({"unmask": "wino"}, "unmask 'wino' does not apply"),
     ({"cfg_scale": 1.0}, "cfg_scale 1.0 does not apply"),
     ({"suffix_window": 4}, "suffix_window 4 does not apply"),
+    ({"unmask": "fixed", "threshold": 2.0}, "threshold must be in [0, 1] (got 2.0)"),
 ]
 
 

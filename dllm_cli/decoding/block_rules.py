@@ -81,8 +81,14 @@ def check_block_settings(s: DecodeSettings, title: str, where=lambda k: "") -> B
             f"confidence {s.confidence!r}{where('confidence')} does not apply to {title}: "
             "the references rank by the draft's probability (low_confidence)"
         )
-    block = s.block_length
-    steps = max(1, min(block, block * s.total_steps // s.gen_length))
+    block, planned = s.block_length, s.gen_length if s.steps is None else s.steps
+    if planned < s.num_blocks:
+        raise SettingsError(
+            f"steps ({planned}){where('steps')} is fewer than the number of blocks "
+            f"({s.num_blocks}): every block needs at least one step"
+        )
+    # steps over the answer -> per block, the references' `steps` (both rules' schedule)
+    steps = max(1, min(block, block * planned // s.gen_length))
     return BlockRule(
         block=block,
         schedule=schedule(block, steps),
