@@ -16,6 +16,7 @@ imported only when a model is built, so `dllm --help` and `dllm profiles` stay l
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,6 +53,9 @@ GEMMA_UNUSED = (
     "edit_threshold",
     "max_post_steps",
 )
+GENERATION_CONFIG = "generation_config.json"
+# DiffusionGemma's steps per canvas when `steps` is unset (dllm's steps count the whole answer)
+GEMMA_STEPS = (GENERATION_CONFIG, "max_denoising_steps")
 GUIDED_STATIC = "guided decoding keeps one AR guide cache per batch"
 
 
@@ -76,6 +80,9 @@ class Family:
     static_batches: str | None = None  # why batch mode always runs whole static batches
     notes: tuple[str, ...] = field(default=())  # deviations and facts worth a line in docs
     block_causal: bool = False  # decoded by the block-causal engine (exact block KV cache)
+    # setting -> (file, dotted key) read from the folder itself: what decoding it uses when no
+    # profile sets it (`--model PATH`), and what `profiles show --model` reports
+    folder_values: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now (the first model build pays for torch)."""
@@ -202,6 +209,14 @@ FAMILIES: dict[str, Family] = {
         ),
         own_sampler=True,
         refuses=GEMMA_UNUSED,
+        folder_values={
+            "block_length": ("config.json", "canvas_length"),
+            "t_min": (GENERATION_CONFIG, "t_min"),
+            "t_max": (GENERATION_CONFIG, "t_max"),
+            "entropy_bound": (GENERATION_CONFIG, "sampler_config.entropy_bound"),
+            "stability_threshold": (GENERATION_CONFIG, "stability_threshold"),
+            "confidence_threshold": (GENERATION_CONFIG, "confidence_threshold"),
+        },
         static_batches="DiffusionGemma decodes whole batches with transformers' own sampler",
     ),
     "sdar": Family(
@@ -232,6 +247,7 @@ FAMILIES: dict[str, Family] = {
             "after each block; gen_length 256 as the README's example (the CLI says 20480)"
         ),
         block_causal=True,
+        folder_values={"block_length": ("config.json", "block_size")},  # as trained
     ),
     "llada2": Family(
         name="llada2",
@@ -302,6 +318,32 @@ def folder_family(path: str) -> Family:
     """The family of a model folder, from its config.json alone (no weights, no torch)."""
     folder = resolve_path(path)
     return family_for_config(read_config_json(folder), folder / "config.json")
+
+
+def read_folder_values(family: Family, folder: Path) -> dict[str, tuple[object, str]]:
+    """setting -> (value, file) for the family's `folder_values` the folder's files hold (a
+    missing file or key is skipped)."""
+    found = {}
+    for setting, (name, dotted) in family.folder_values.items():
+        value = read_json_value(folder, name, dotted)
+        if value is not None:
+            found[setting] = (value, name)
+    return found
+
+
+def read_json_value(folder: Path, name: str, dotted: str) -> object:
+    """The value at `dotted` in the folder's JSON file `name`; None when the file or key is
+    missing (a file that is not JSON is a ModelLoadError)."""
+    path = folder / name
+    if not path.is_file():
+        return None
+    try:
+        node = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def model_family(architecture: str | None, path: str) -> Family | None:

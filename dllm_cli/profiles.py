@@ -21,9 +21,10 @@ from dllm_cli.families import (
     Family,
     apply_family_defaults,
     folder_family,
+    read_folder_values,
     reference_settings,
 )
-from dllm_cli.folders import BUILTIN_PREFIX
+from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profile_sections import (
     GuideSection,
     ModelSection,
@@ -267,15 +268,18 @@ def resolve(
     """
     keys = setting_keys()
     given = {_canonical(k, keys): v for k, v in (cli_overrides or {}).items() if v is not None}
-    family = None
+    family, found = None, {}
     if name_or_path is None and "model.path" in given:
         path = None
-        family = folder_family(_resolve_model_path(str(given["model.path"]), Path.cwd()))
+        folder = _resolve_model_path(str(given["model.path"]), Path.cwd())
+        family = folder_family(folder)
+        found = read_folder_values(family, resolve_path(folder))
         profile, raw = family_profile(family), {}
     else:
         path = find_profile(name_or_path)
         profile, raw = _parse(path)
-    from_cli, decode = set(), {}
+    from_cli = set()
+    decode = {k: v for k, (v, _) in found.items()}  # the folder's own values; flags override
     for key in sorted(given, key=lambda k: k != "guide.path"):  # a guide first, then its rules
         _apply(profile, key, given[key], decode)
         from_cli.add(key)
@@ -287,6 +291,8 @@ def resolve(
             provenance[key] = "cli"
         elif _lookup(raw, key) is not _MISSING:
             provenance[key] = f"profile {path}"
+        elif key.removeprefix("decode.") in found:
+            provenance[key] = f"checkpoint {found[key.removeprefix('decode.')][1]}"
         elif family is not None and key.removeprefix("decode.") in family.reference_keys():
             provenance[key] = f"family default ({family.name})"
         else:
