@@ -45,6 +45,11 @@ class TextStream:
             if commit.row == self.row:
                 for pos, tok in zip(commit.positions, commit.tokens, strict=True):
                     self.tokens[pos] = tok
+        for draft in event.drafts:  # a draft over a committed token is an edit (LLaDA2.1)
+            if draft.row == self.row:
+                for pos, tok in zip(draft.positions, draft.tokens, strict=True):
+                    if self.tokens[pos] is not None:
+                        self.tokens[pos] = tok
         n = self.final
         held = dict(event.revocable).get(self.row, len(self.tokens))  # WINO: not final yet
         while n < min(len(self.tokens), held) and self.tokens[n] is not None:

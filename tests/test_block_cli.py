@@ -70,3 +70,30 @@ def test_view_shows_edits_as_replaced_tokens():
     assert "three" in text and "two" not in text  # the edit replaced the committed token
     assert "1 tokens replaced" in text and "replaced by a token edit" in text
     assert "~1 replaced" in view.summary()
+
+
+EDITING = dict(gen_length=16, block_length=4, edit_threshold=0.0, threshold=0.5, max_post_steps=2)
+
+
+@pytest.mark.slow
+def test_streamed_text_under_token_editing_is_the_final_answer(folder):
+    """LLaDA2.1's edits may replace committed tokens of the active block, so streamed text
+    (LLM.stream, the terminal's generate, chat) holds that block back: the pieces join to the
+    answer, never to a provisional text plus a corrected copy."""
+    from dllm_cli.api import LLM
+    from dllm_cli.serve.session import Session
+
+    llm = LLM(model=str(folder), **EDITING)
+    prompts = ["how many apples", "Tom has 3 pens", "a cat sleeps"]
+    edited = 0
+    for prompt in prompts:
+        final = llm.generate([prompt])[0].text
+        assert "".join(llm.stream(prompt)) == final
+        session = Session(llm.runtime)
+        answer = session.answer(prompt, session.prompt(prompt))
+        pieces = []
+        for event, new in answer:
+            pieces.append(new)
+            edited += sum(len(d.positions) for d in event.drafts)
+        assert "".join(pieces) + answer.rest == answer.text
+    assert edited > 0  # edits happened

@@ -250,4 +250,13 @@ def event(e, step, phases, commits, drafts, stored, done) -> StepEvent:
         finished=tuple(sorted(done)),
         phases=phases,
         drafts=records(drafts),
+        revocable=editable(e, phases, done),
     )
+
+
+def editable(e, phases, done) -> tuple[tuple[int, int], ...]:
+    """(row, answer position) from which LLaDA2.1's edits may still change a live row's
+    tokens (its active block): text is final only before it (none without editing)."""
+    if e.rule.edit_threshold is None:
+        return ()
+    return tuple((ph.row, max(0, ph.window[0])) for ph in phases if ph.row not in done)
