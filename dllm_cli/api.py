@@ -27,7 +27,7 @@ from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.lifetimes import split
 from dllm_cli.profiles import resolve
-from dllm_cli.runtime import Runtime, family_settings, open_runtime
+from dllm_cli.runtime import Runtime, family_settings, given_by, open_runtime
 from dllm_cli.view import TextStream
 
 
@@ -58,7 +58,8 @@ class LLM:
         self.profile, self.use_guide = profile, guide
         self.fixed = {"model.path": model} if model is not None else {}
         self.defaults = dict(settings)
-        self.runtime = open_runtime(profile, {**self.fixed, **self.defaults}, use_guide=guide)
+        overrides = {**self.fixed, **self.defaults}
+        self.runtime = open_runtime(profile, overrides, use_guide=guide, source="call")
 
     def generate(
         self, prompts: str | Sequence[str], *, batch_size: int = 8, **settings: object
@@ -117,6 +118,7 @@ class LLM:
         rt = self.runtime
         overrides = {**self.fixed, **self.defaults, **settings}
         prof, provenance = resolve(self.profile, overrides)
+        provenance = given_by(provenance, "call")
         if prof.model != rt.profile.model or (prof.guide is None) != (rt.profile.guide is None):
             raise SettingsError("model and guide settings are fixed when the LLM is built")
         if prof.guide is not None and prof.guide.path != rt.profile.guide.path:

@@ -54,6 +54,11 @@ GEMMA_UNUSED = (
     "max_post_steps",
 )
 GENERATION_CONFIG = "generation_config.json"
+# The settings a run's summary line names (eval); set-only extras are added where they apply.
+MASKED_SUMMARY = ("cache", "unmask", "block_length", "steps", "early_stop")
+BLOCK_SUMMARY = ("cache", "unmask", "threshold", "block_length", "steps", "early_stop")
+GEMMA_SUMMARY = ("block_length", "steps", "t_min", "t_max", "entropy_bound", "early_stop")
+SUMMARY_EXTRAS = ("suffix_window", "edit_threshold")  # shown when set (not 0 / None)
 # DiffusionGemma's steps per canvas when `steps` is unset (dllm's steps count the whole answer)
 GEMMA_STEPS = (GENERATION_CONFIG, "max_denoising_steps")
 GUIDED_STATIC = "guided decoding keeps one AR guide cache per batch"
@@ -83,6 +88,7 @@ class Family:
     # setting -> (file, dotted key) read from the folder itself: what decoding it uses when no
     # profile sets it (`--model PATH`), and what `profiles show --model` reports
     folder_values: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    summary: tuple[str, ...] = MASKED_SUMMARY  # settings a run's one-line summary shows
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now (the first model build pays for torch)."""
@@ -209,6 +215,7 @@ FAMILIES: dict[str, Family] = {
         ),
         own_sampler=True,
         refuses=GEMMA_UNUSED,
+        summary=GEMMA_SUMMARY,
         folder_values={
             "block_length": ("config.json", "canvas_length"),
             "t_min": (GENERATION_CONFIG, "t_min"),
@@ -248,6 +255,7 @@ FAMILIES: dict[str, Family] = {
         ),
         block_causal=True,
         folder_values={"block_length": ("config.json", "block_size")},  # as trained
+        summary=BLOCK_SUMMARY,
     ),
     "llada2": Family(
         name="llada2",
@@ -276,8 +284,26 @@ FAMILIES: dict[str, Family] = {
         ),
         mask_id=156895,  # <|mask|>: not in config.json
         block_causal=True,
+        summary=BLOCK_SUMMARY,
     ),
 }
+
+
+def summary_line(family: Family, s: Mapping[str, object]) -> str:
+    """`key=value` for the settings the family's summary shows (unset: the checkpoint's own),
+    then any set extra (suffix_window, LLaDA2.1's edit_threshold with its max_post_steps)."""
+    shown = [*family.summary, *(k for k in SUMMARY_EXTRAS if s.get(k))]
+    if s.get("edit_threshold") is not None:
+        shown = [*dict.fromkeys([*shown, "edit_threshold", "max_post_steps"])]
+
+    def value(key: str) -> object:
+        if s[key] is not None:
+            return s[key]
+        if family.own_sampler:  # generation_config.json, then transformers' defaults
+            return "checkpoint"
+        return s["gen_length"] if key == "steps" else "unset"  # steps: one token a step
+
+    return " ".join(f"{k}={value(k)}" for k in shown)
 
 
 def by_name(name: str | None) -> Family | None:

@@ -116,13 +116,22 @@ class Runtime:
         return self.loaded.tokenizer.decode(kept, skip_special_tokens=True).strip()
 
 
+# provenance of a value the caller gave -> how messages name it
+GIVEN_BY = {"cli": "the command line", "call": "the LLM call's arguments"}
+
+
+def given_by(provenance: dict[str, str], source: str) -> dict[str, str]:
+    """Provenance with the caller's values ("cli") named as `source` (GIVEN_BY's keys)."""
+    return {k: source if v == "cli" else v for k, v in provenance.items()}
+
+
 def origin(provenance: dict[str, str]) -> Callable[[str], str]:
     """decode setting -> " (from the command line)" / " (from profile FILE)" for messages."""
 
     def where(key: str) -> str:
         source = provenance.get(f"decode.{key}", "default")
-        if source == "cli":
-            return " (from the command line)"
+        if source in GIVEN_BY:
+            return f" (from {GIVEN_BY[source]})"
         return f" (from {source})" if source.startswith("profile ") else ""
 
     return where
@@ -180,15 +189,18 @@ def open_runtime(
     use_guide: bool = True,
     require_guide: bool = False,
     place: Callable[[str], str] | None = None,
+    source: str = "cli",
 ) -> Runtime:
     """Resolve the profile with CLI overrides (which builds the settings), load the model and
     guide.
 
     `require_guide` (the CLI's explicit --guide) makes a profile without [guide] an error
     before anything is loaded. `place` maps the configured device to the one to load on
-    (under torchrun: this rank's own GPU).
+    (under torchrun: this rank's own GPU). `source`: who gave `overrides` (GIVEN_BY's keys),
+    as error messages name it.
     """
     prof, provenance = resolve(profile, overrides)
+    provenance = given_by(provenance, source)
     if require_guide and prof.guide is None:
         raise SettingsError(
             f"--guide: profile {prof.name!r} has no [guide] section (no AR guide model to use)"

@@ -83,3 +83,17 @@ def test_per_call_sampling_is_each_requests_own(llm):
         llm.generate("x", temperature=-1.0)
     with pytest.raises(SettingsError, match="stop must be a list of token ids"):
         llm.generate("x", stop="done")
+
+
+def test_api_errors_name_the_call_not_the_command_line(tmp_path):
+    from block_checkpoints import write_sdar
+
+    from dllm_cli.api import LLM
+    from dllm_cli.errors import SettingsError
+
+    folder = str(write_sdar(tmp_path / "sdar").folder)
+    with pytest.raises(SettingsError, match=r"cache 'dual' \(from the LLM call's arguments\)"):
+        LLM(model=folder, cache="dual")
+    llm = LLM(model=folder, gen_length=8)
+    with pytest.raises(SettingsError, match=r"unmask 'wino' \(from the LLM call's arguments\)"):
+        llm.generate("hi", unmask="wino")

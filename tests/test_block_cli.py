@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from block_checkpoints import write_llada2
@@ -97,3 +98,16 @@ def test_streamed_text_under_token_editing_is_the_final_answer(folder):
             edited += sum(len(d.positions) for d in event.drafts)
         assert "".join(pieces) + answer.rest == answer.text
     assert edited > 0  # edits happened
+
+
+def test_bench_takes_the_editing_flags(folder, tmp_path):
+    out = tmp_path / "bench.json"
+    result = invoke(
+        "bench", "--model", str(folder), "--n", "1", "--shots", "0", "--gen-length", "8",
+        "--block-length", "4", "--strategies", "baseline", "--no-warmup",
+        "--edit-threshold", "0.0", "--max-post-steps", "2", "--json", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (record,) = json.loads(out.read_text())
+    assert record["settings"]["edit_threshold"] == 0.0
+    assert record["settings"]["max_post_steps"] == 2

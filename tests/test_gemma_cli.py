@@ -230,3 +230,13 @@ def test_profiles_show_model_reads_the_folders_own_values(gemma_ckpt, monkeypatc
         assert rows[f"decode.{key}"][:2] == [value, "checkpoint generation_config.json"]
     assert rows["decode.steps"][0] == "unset (12 per canvas from generation_config.json)"
     assert rows["model.path"][0] == str(gemma_ckpt.folder)  # one line, not folded
+
+
+@pytest.mark.slow
+def test_text_output_never_writes_control_bytes(gemma_ckpt):
+    """A random checkpoint's byte tokens (NUL, 0x01 here) reach stdout as `\\xNN` escapes."""
+    result = invoke("generate", "--model", str(gemma_ckpt.folder), "--gen-length", "32", "hi")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert not [c for c in out if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0]
+    assert "\\x00" in out  # this folder's answer holds a NUL, shown escaped

@@ -184,6 +184,8 @@ def write(path: Path, text: str) -> None:
     "credit_alpha",
     "credit_boost",
     "credit_decay",
+    "edit_threshold",
+    "max_post_steps",
 )
 def bench_command(
     shots: opt.Shots = 5,
