@@ -10,6 +10,7 @@ import colorsys
 import math
 from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 
 from rich.color import Color
@@ -94,12 +95,7 @@ class CanvasView:
         self.drafts: list[int | None] = [None] * g  # latest draft token, not yet final
         self.drafted = [-1] * g  # step that last replaced the draft
         self.settled: int | None = None  # step the stopping rule settled row 0's canvas
-        self.blocks: list[tuple[int, int]] = []
-        start = 0
-        for length, _ in settings.block_plan():
-            self.blocks.append((start, start + length))
-            start += length
-        self.starts = [a for a, _ in self.blocks]
+        self.lay_out(0)
         self.frozen: list[tuple[int, int]] = []
         self.event: StepEvent | None = None
         self.block = 0  # the block the last step worked in (see `update`)
@@ -121,8 +117,22 @@ class CanvasView:
         guided = runtime.guide is not None
         return cls(runtime.settings, tok.decode, special.stop, uniform, guided)
 
+    def lay_out(self, offset: int) -> None:
+        """Answer blocks: the settings' plan, or (a block-causal canvas, whose blocks start at
+        the prompt's whole blocks) a first block `offset` columns short."""
+        g, size = self.s.gen_length, self.s.block_length
+        if offset:
+            edges = [*range(size - offset, g, size), g]
+        else:
+            edges = list(accumulate(length for length, _ in self.s.block_plan()))
+        self.blocks = list(zip([0, *edges[:-1]], edges, strict=True))
+        self.starts = [a for a, _ in self.blocks]
+
     def update(self, event: StepEvent, seconds: float) -> None:
         """Take one step's commits (row 0); `seconds` is decoding time so far."""
+        tail = next((ph.tail for ph in event.phases if ph.row == 0), 0)
+        if self.event is None and tail:  # the prompt's tail opens the first answer block
+            self.lay_out(tail)
         for commit in event.commits:
             if commit.row != 0:
                 continue
@@ -359,6 +369,8 @@ class CanvasView:
             tail += "" if self.settled is None else f", settled at step {self.settled + 1}"
         edited = self.s.edit_threshold is not None
         replaced = f"~{e.replaced} replaced, " if self.uniform or edited else ""
+        past = e.window[1] - self.s.gen_length  # the last block's columns past the answer
+        tail += f", {past} columns past the answer in this block" if past > 0 else ""
         return (
             f"step {e.step + 1} block {self.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
             f"{replaced}"

@@ -111,3 +111,15 @@ def test_bench_takes_the_editing_flags(folder, tmp_path):
     (record,) = json.loads(out.read_text())
     assert record["settings"]["edit_threshold"] == 0.0
     assert record["settings"]["max_post_steps"] == 2
+
+
+def test_visualize_counts_the_blocks_a_prompt_tail_opens(folder):
+    """A prompt that does not fill whole blocks shares the first answer block: 32 tokens in
+    blocks of 32 take two blocks, and steps spent past the answer say so."""
+    result = invoke("visualize", "--model", str(folder), "--gen-length", "32", "hi")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("step ")]
+    assert "block 1/2" in lines[0] and "block 2/2" in lines[-1]
+    assert all("/1:" not in line for line in lines)
+    idle = [line for line in lines if "+0 tokens" in line]
+    assert idle and all("columns past the answer" in line for line in idle)

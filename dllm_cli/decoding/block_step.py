@@ -214,9 +214,9 @@ def finish(e, r, finished) -> None:
 def place(e, r) -> RowPhase:
     """Where a row is: its answer block (0 = the block after the prompt's whole blocks)."""
     b = e.rule.block
-    start = r.block * b - r.prompt
-    shown = min(r.block - r.prompt // b, -(-e.settings.gen_length // b) - 1)
-    return RowPhase(r.request.id, shown, r.step, (start, start + b), not e.cached)
+    start = r.block * b - r.prompt  # < 0: the prompt's tail shares the first answer block
+    index, window = r.block - r.prompt // b, (start, start + b)
+    return RowPhase(r.request.id, index, r.step, window, not e.cached, r.prompt % b)
 
 
 def event(e, step, phases, commits, drafts, stored, done) -> StepEvent:

@@ -32,6 +32,7 @@ class RowPhase:
     block_step: int
     window: tuple[int, int]  # answer positions its forward recomputed
     refresh: bool  # it was served by a full forward
+    tail: int = 0  # block-causal canvases: prompt columns sharing the row's first answer block
 
 
 @dataclass(frozen=True)
