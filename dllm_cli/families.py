@@ -22,36 +22,51 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from dllm_cli.errors import ModelLoadError
+from dllm_cli.errors import ModelLoadError, SettingsError
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
 
-# Settings DiffusionGemma's own sampler has no use for (decoding/gemma.py says why for each).
-GEMMA_UNUSED = (
-    "cache",
-    "refresh_interval",
-    "suffix_window",
-    "unmask",
-    "schedule",
-    "confidence",
-    "threshold",
-    "factor",
-    "temperature",
-    "top_p",
-    "top_k",
-    "cfg_scale",
-    "eps",
-    "alg_temp",
-    "eb_gamma",
-    "kl_threshold",
-    "kl_history",
-    "wino_verify",
-    "jump_threshold",
-    "credit_alpha",
-    "credit_boost",
-    "credit_decay",
-    "edit_threshold",
-    "max_post_steps",
+# Settings a family cannot use, with the reason its refusal gives (a value other than the
+# default is refused in one line: `check_refused`), one table per kind of decoder.
+_RULE = "an unmask rule's parameter (transformers' sampler picks the tokens)"
+_CACHE = "its encoder keeps its own KV cache of the prompt and of every finished canvas"
+_ACCEPT = "transformers' entropy-bound sampler picks the tokens to accept (see entropy_bound)"
+_WHOLE = "it samples from the whole temperature-scaled distribution"
+_EDIT = "it is LLaDA2.1's token editing"
+GEMMA_REFUSES: Mapping[str, str] = MappingProxyType(
+    {
+        **dict.fromkeys(
+            ("eb_gamma", "kl_threshold", "kl_history", "wino_verify", "jump_threshold"), _RULE
+        ),
+        **dict.fromkeys(("credit_alpha", "credit_boost", "credit_decay"), _RULE),
+        "cache": _CACHE,
+        "refresh_interval": _CACHE,
+        "suffix_window": "it decodes one canvas at a time and attends to no masked suffix past it",
+        **dict.fromkeys(("unmask", "schedule", "confidence", "threshold", "factor"), _ACCEPT),
+        "temperature": "its temperature follows a schedule from t_max down to t_min",
+        "top_p": _WHOLE,
+        "top_k": _WHOLE,
+        "cfg_scale": "it has no classifier-free guidance",
+        "eps": "it is a timestep setting of Dream's schedule",
+        "alg_temp": "it is a setting of Dream's position sampling",
+        "edit_threshold": _EDIT,
+        "max_post_steps": _EDIT,
+    }
+)
+_GEMMA_KNOB = "it is DiffusionGemma's own knob"
+MASKED_REFUSES: Mapping[str, str] = MappingProxyType(
+    {**dict.fromkeys(GEMMA_FIELDS, _GEMMA_KNOB), "edit_threshold": _EDIT, "max_post_steps": _EDIT}
+)
+BLOCK_REFUSES: Mapping[str, str] = MappingProxyType(
+    {
+        "refresh_interval": "the block cache is exact: nothing to refresh",
+        "suffix_window": "a block never attends to later blocks: there is no suffix to prune",
+        "cfg_scale": "no classifier-free guidance in the block-causal references",
+        "eps": "Dream's timestep floor",
+        "alg_temp": "Dream's position sampling",
+        "schedule": "a block's steps split it evenly, as the references do",
+        **dict.fromkeys(GEMMA_FIELDS, _GEMMA_KNOB),
+    }
 )
 GENERATION_CONFIG = "generation_config.json"
 # The settings a run's summary line names (eval); set-only extras are added where they apply.
@@ -81,7 +96,8 @@ class Family:
     whole_answer: bool = False  # the reference has no blocks: block_length = gen_length
     mask_id: int | None = None  # when neither config.json nor the tokenizer names the mask
     own_sampler: bool = False  # decoded by transformers' own generate (no masks, no rules)
-    refuses: tuple[str, ...] = GEMMA_FIELDS  # settings this family cannot use
+    # setting -> why this family cannot use it (a value other than the default is refused)
+    refuses: Mapping[str, str] = field(default_factory=lambda: MASKED_REFUSES)
     static_batches: str | None = None  # why batch mode always runs whole static batches
     notes: tuple[str, ...] = field(default=())  # deviations and facts worth a line in docs
     block_causal: bool = False  # decoded by the block-causal engine (exact block KV cache)
@@ -214,7 +230,7 @@ FAMILIES: dict[str, Family] = {
             "every knob left unset; a row ends at its eos_token_id"
         ),
         own_sampler=True,
-        refuses=GEMMA_UNUSED,
+        refuses=GEMMA_REFUSES,
         summary=GEMMA_SUMMARY,
         folder_values={
             "block_length": ("config.json", "canvas_length"),
@@ -254,6 +270,7 @@ FAMILIES: dict[str, Family] = {
             "after each block; gen_length 256 as the README's example (the CLI says 20480)"
         ),
         block_causal=True,
+        refuses=BLOCK_REFUSES,
         folder_values={"block_length": ("config.json", "block_size")},  # as trained
         summary=BLOCK_SUMMARY,
     ),
@@ -284,9 +301,22 @@ FAMILIES: dict[str, Family] = {
         ),
         mask_id=156895,  # <|mask|>: not in config.json
         block_causal=True,
+        refuses=BLOCK_REFUSES,
         summary=BLOCK_SUMMARY,
     ),
 }
+
+
+def check_refused(family: Family, s: DecodeSettings, where=lambda key: "") -> None:
+    """A setting the family cannot use, given a value other than its default, is refused in
+    one line naming where the value came from (`where`) and why."""
+    for key, why in family.refuses.items():
+        value = getattr(s, key)
+        if value != getattr(DEFAULTS, key):
+            raise SettingsError(
+                f"{key} {value!r}{where(key)} does not apply to {family.title}: {why} "
+                "(leave it out)"
+            )
 
 
 def summary_line(family: Family, s: Mapping[str, object]) -> str:

@@ -17,7 +17,7 @@ from dllm_cli.decoding import Committer, answer_tokens, gemma
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
-from dllm_cli.families import FAMILIES
+from dllm_cli.families import FAMILIES, check_refused
 from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.loading import LoadedModel, add_stop_tokens, load_model
 from dllm_cli.profiles import Profile, resolve
@@ -158,19 +158,14 @@ def check_family(
     """The settings as the loaded model's family takes them; one it cannot use is refused
     in one line (SettingsError): the CLI's flags and every server request pass here."""
     family = FAMILIES[loaded.family]
-    if family.own_sampler:
+    if family.own_sampler:  # its canvas length is the block length
         return gemma.check_settings(settings, loaded.model.canvas_length, where)
-    if family.block_causal:  # SDAR, LLaDA2.x
+    if family.block_causal:  # SDAR, LLaDA2.x: its rule's own values too
         from dllm_cli.decoding.block_rules import check_block_settings
 
-        check_block_settings(settings, family.title, where)
+        check_block_settings(settings, family, where)
         return settings
-    gemma.check_masked(settings, family.name, where)
-    if settings.edit_threshold is not None:
-        raise SettingsError(
-            f"edit_threshold{where('edit_threshold')} applies to LLaDA2.x "
-            f"token editing only (this model is {family.name})"
-        )
+    check_refused(family, settings, where)
     return settings
 
 

@@ -40,7 +40,10 @@ def test_settings_that_do_not_apply_are_one_line(folder, flags, words):
 def test_edit_threshold_is_refused_on_masked_families():
     result = invoke("generate", "-p", "tiny-gsm", "--edit-threshold", "0.5", "hi")
     assert result.exit_code == 2, result.output
-    assert "edit_threshold (from the command line) applies to LLaDA2.x" in result.stderr
+    assert (
+        "edit_threshold 0.5 (from the command line) does not apply to LLaDA: it is LLaDA2.1's"
+        in result.stderr
+    )
 
 
 def test_generate_with_editing_prints_an_answer(folder):

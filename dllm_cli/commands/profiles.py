@@ -109,7 +109,7 @@ def show_command(
     if family is not None and family.own_sampler:
         notes = gemma.notes(profile.decode, profile.decode.block_length)
     if uses and not own:
-        out.print(Text(f"note: {', '.join(uses)} apply to {gemma.FAMILY} only", style="dim"))
+        out.print(Text(f"note: {family.title} does not use {', '.join(uses)}", style="dim"))
     if family is not None and any(o.startswith("family default") for o in provenance.values()):
         for line in (f"{family.name} reference: {family.source}", *family.notes):
             out.print(Text(f"note: {line}", style="dim"))

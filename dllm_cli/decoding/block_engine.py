@@ -66,7 +66,7 @@ class BlockEngine(RequestQueue):
         if admission not in ADMISSIONS:
             raise SettingsError(f"admission must be one of {', '.join(ADMISSIONS)}")
         settings = with_family_defaults(settings, model.family)
-        self.rule = block_rules.check_block_settings(settings, family.title)
+        self.rule = block_rules.check_block_settings(settings, family)
         self.settings, self.model, self.special, self.slots = settings, model, special, slots
         self.admission = ADMISSIONS[admission]
         self.cached = settings.cache == "prefix"

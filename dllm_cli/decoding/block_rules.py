@@ -19,17 +19,9 @@ import torch
 
 from dllm_cli.decoding.sampling import top_k_filter, top_p_filter
 from dllm_cli.errors import SettingsError
-from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
+from dllm_cli.families import Family, check_refused
+from dllm_cli.settings import DecodeSettings
 
-# Settings that make an approximate cache or belong to other decoders: refused with a reason.
-NOT_HERE = {
-    "refresh_interval": "the block cache is exact: nothing to refresh",
-    "suffix_window": "a block never attends to later blocks: there is no suffix to prune",
-    "cfg_scale": "no classifier-free guidance in the block-causal references",
-    "eps": "Dream's timestep floor",
-    "alg_temp": "Dream's position sampling",
-    "schedule": "a block's steps split it evenly, as the references do",
-}
 CACHES = {"prefix": "exact block KV cache", "none": "recompute every earlier block each step"}
 UNMASKS = ("threshold", "fixed")
 
@@ -55,17 +47,10 @@ def schedule(block: int, steps: int) -> tuple[int, ...]:
     return tuple(base + (i < extra) for i in range(steps))
 
 
-def check_block_settings(s: DecodeSettings, title: str, where=lambda k: "") -> BlockRule:
+def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") -> BlockRule:
     """The settings as a BlockRule; anything that does not apply is refused in one line."""
-    defaults = DecodeSettings()
-    for key, why in NOT_HERE.items():
-        if getattr(s, key) != getattr(defaults, key):
-            raise SettingsError(
-                f"{key} {getattr(s, key)!r}{where(key)} does not apply to {title}: {why}"
-            )
-    for key in GEMMA_FIELDS:
-        if getattr(s, key) is not None:
-            raise SettingsError(f"{key}{where(key)} applies to DiffusionGemma only (not {title})")
+    check_refused(family, s, where)
+    title = family.title
     if s.cache not in CACHES:
         raise SettingsError(
             f"cache {s.cache!r}{where('cache')} does not apply to {title}: its block cache is "
