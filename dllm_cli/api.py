@@ -28,7 +28,7 @@ from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.lifetimes import split
 from dllm_cli.profiles import resolve
 from dllm_cli.runtime import Runtime, family_settings, given_by, open_runtime
-from dllm_cli.view import TextStream
+from dllm_cli.text_stream import TextStream
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from dllm_cli.families import (
     Family,
     apply_family_defaults,
     folder_family,
-    read_folder_values,
     reference_settings,
 )
+from dllm_cli.family_settings import read_folder_values
 from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profile_sections import (
     GuideSection,

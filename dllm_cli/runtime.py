@@ -17,7 +17,8 @@ from dllm_cli.decoding import Committer, answer_tokens, gemma
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
-from dllm_cli.families import FAMILIES, check_refused
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import check_refused
 from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.loading import LoadedModel, add_stop_tokens, load_model
 from dllm_cli.profiles import Profile, resolve

@@ -289,7 +289,7 @@ def test_stop_tokens_end_the_answer(dream_folder, tmp_path):
 def test_summary_lines_name_what_each_family_uses():
     """eval's settings line: DiffusionGemma's own knobs (unset: the checkpoint's), LLaDA2.1's
     edit_threshold when set, the masked families' rule and cache."""
-    from dllm_cli.families import summary_line
+    from dllm_cli.family_settings import summary_line
 
     gemma = DecodeSettings(gen_length=32, block_length=16, t_min=0.4).to_dict()
     line = summary_line(FAMILIES["diffusion_gemma"], gemma)

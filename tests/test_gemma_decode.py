@@ -23,7 +23,8 @@ from gemma_fixtures import (  # noqa: F401
 from dllm_cli.decoding import decode, decode_steps
 from dllm_cli.decoding.gemma import USED, generation_kwargs
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
-from dllm_cli.families import FAMILIES, check_refused
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import check_refused
 from dllm_cli.models.diffusion_gemma import DiffusionGemmaLM
 from dllm_cli.models.loading import load_model
 from dllm_cli.settings import DecodeSettings

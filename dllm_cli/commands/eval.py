@@ -17,7 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dllm_cli import options as opt
 from dllm_cli.commands.common import check_output, cli_errors, load_runtime, stderr
 from dllm_cli.errors import InputError, UsageError
-from dllm_cli.families import FAMILIES, summary_line
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import summary_line
 
 if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
     from dllm_cli.evaluate import Score

@@ -15,7 +15,8 @@ from rich.text import Text
 
 from dllm_cli.commands.common import cli_errors
 from dllm_cli.errors import ModelLoadError
-from dllm_cli.families import GEMMA_STEPS, batching_reason, model_family, read_json_value
+from dllm_cli.families import batching_reason, model_family
+from dllm_cli.family_settings import GEMMA_STEPS, read_json_value
 from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profiles import (
     DEFAULT_PROFILE,

@@ -19,7 +19,8 @@ import torch
 
 from dllm_cli.decoding.sampling import top_k_filter, top_p_filter
 from dllm_cli.errors import SettingsError
-from dllm_cli.families import Family, check_refused
+from dllm_cli.families import Family
+from dllm_cli.family_settings import check_refused
 from dllm_cli.settings import DecodeSettings
 
 CACHES = {"prefix": "exact block KV cache", "none": "recompute every earlier block each step"}

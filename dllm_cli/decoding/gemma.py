@@ -28,7 +28,8 @@ from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.canvas import check_prompts
 from dllm_cli.decoding.events import DecodeResult, StepEvent
 from dllm_cli.errors import DllmError, InputError, SettingsError
-from dllm_cli.families import FAMILIES, Family, check_refused
+from dllm_cli.families import FAMILIES, Family
+from dllm_cli.family_settings import check_refused
 from dllm_cli.settings import DecodeSettings
 
 FAMILY = "diffusion_gemma"

@@ -21,7 +21,7 @@ from dllm_cli.serve.conversation import Message, encode_messages
 from dllm_cli.serve.engines import check_length, check_settings
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.strict_toml import did_you_mean
-from dllm_cli.view import TextStream
+from dllm_cli.text_stream import TextStream
 
 
 @dataclass
