@@ -68,23 +68,27 @@ class Runtime:
     def prepare(self, prompt: str) -> list[int]:
         """Encoded prompt, refused here (not mid-batch) when it is empty or too long."""
         ids = self.encode(prompt)
+        self.check_room(ids, self.settings.gen_length, "gen_length", "--gen-length")
+        return ids
+
+    def check_room(self, ids: list[int], gen: int, name: str, flag: str) -> None:
+        """An empty prompt, or one that leaves no room for `gen` tokens in the model's
+        context, is an InputError naming the setting (`name`, as the caller spells it)."""
         if not ids:
             raise InputError("empty prompt (it encodes to no tokens)")
         context = self.loaded.model.context_length
-        gen = self.settings.gen_length
         if FAMILIES[self.loaded.family].own_sampler:  # DiffusionGemma denoises whole canvases
             gen = gemma.denoised_length(gen, self.loaded.model.canvas_length)
         if len(ids) + gen > context:
             fix = (
-                f"a prompt of at most {context - gen} tokens, or a smaller --gen-length"
+                f"a prompt of at most {context - gen} tokens, or a smaller {flag}"
                 if context > gen
-                else f"a --gen-length below {context}"
+                else f"{flag} below {context}"
             )
             raise InputError(
-                f"prompt too long: {len(ids)} tokens + gen_length {gen} exceeds the model's "
+                f"prompt too long: {len(ids)} tokens + {name} {gen} exceeds the model's "
                 f"context of {context} tokens (use {fix})"
             )
-        return ids
 
     def committer(self) -> Committer | None:
         """The guided-diffusion committer when a guide is loaded, else None (the settings' rule).
@@ -145,12 +149,11 @@ def family_settings(
     settings that mean nothing for the family are refused (SettingsError)."""
     family = FAMILIES[loaded.family]
     guided = use_guide and prof.guide is not None and prof.guide.path
-    if guided and (family.own_sampler or family.block_causal):  # they sample on their own
+    if guided and not family.takes_guide:  # it samples on its own
         raise SettingsError(f"a guide model does not apply to {family.title} (use --no-guide)")
     settings = check_family(loaded, prof.decode, origin(provenance))
-    if family.own_sampler:
-        return settings, gemma.notes(settings, loaded.model.canvas_length)
-    return settings, settings.adjustments()
+    notes = NOTES.get(family.stepper, lambda s, loaded: s.adjustments())
+    return settings, notes(settings, loaded)
 
 
 def check_family(
@@ -159,15 +162,30 @@ def check_family(
     """The settings as the loaded model's family takes them; one it cannot use is refused
     in one line (SettingsError): the CLI's flags and every server request pass here."""
     family = FAMILIES[loaded.family]
-    if family.own_sampler:  # its canvas length is the block length
-        return gemma.check_settings(settings, loaded.model.canvas_length, where)
-    if family.block_causal:  # SDAR, LLaDA2.x: its rule's own values too
-        from dllm_cli.decoding.block_rules import check_block_settings
+    return CHECKS[family.stepper](loaded, family, settings, where)
 
-        check_block_settings(settings, family, where)
-        return settings
-    check_refused(family, settings, where)
-    return settings
+
+def check_masked(loaded: LoadedModel, family, s: DecodeSettings, where) -> DecodeSettings:
+    check_refused(family, s, where)
+    return s
+
+
+def check_block(loaded: LoadedModel, family, s: DecodeSettings, where) -> DecodeSettings:
+    """SDAR, LLaDA2.x: the refusals and the block rule's own values."""
+    from dllm_cli.decoding.block_rules import check_block_settings
+
+    check_block_settings(s, family, where)
+    return s
+
+
+def check_gemma(loaded: LoadedModel, family, s: DecodeSettings, where) -> DecodeSettings:
+    """DiffusionGemma: the refusals; its canvas length is the block length."""
+    return gemma.check_settings(s, loaded.model.canvas_length, where)
+
+
+# Family.stepper -> how its settings are checked, and (where not `adjustments`) its notes
+CHECKS = {"masked": check_masked, "block": check_block, "gemma": check_gemma}
+NOTES = {"gemma": lambda s, loaded: gemma.notes(s, loaded.model.canvas_length)}
 
 
 def set_threads(threads: int) -> None:

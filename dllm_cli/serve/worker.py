@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dllm_cli.chat import encode_plain
-from dllm_cli.decoding import gemma
 from dllm_cli.errors import DllmError, InputError
+from dllm_cli.families import FAMILIES
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve import engines
@@ -177,7 +177,7 @@ class Worker:
     def on_add(self, ticket: Ticket) -> None:
         job = ticket.job
         try:
-            per_request = self.runtime.loaded.architecture != gemma.FAMILY
+            per_request = FAMILIES[self.runtime.loaded.family].per_request_sampling
             ticket.group = engines.group_of(job, per_request)
             ticket.ids = self.encode(job)
             engines.check_length(self.runtime, ticket.ids, job.settings)
