@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from dllm_cli.decoding.request import check_slots
 from dllm_cli.decoding.run import open_engine
-from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import split
 from dllm_cli.profiles import resolve
 from dllm_cli.runtime import Runtime, family_settings, given_by, open_runtime
@@ -104,8 +105,7 @@ class LLM:
                     yield rest
 
     def _engine(self, rt: Runtime, slots: int, admission: str):
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise InputError(f"batch_size must be at least 1 (got {slots!r})")
+        check_slots(slots, "batch_size")
         model, special = rt.loaded.model, rt.loaded.special
         return open_engine(
             model, special, rt.settings, rt.committer(), slots=slots, admission=admission

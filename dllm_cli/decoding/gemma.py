@@ -25,9 +25,9 @@ from dataclasses import fields, replace
 import torch
 
 from dllm_cli.decoding.answer import answer_length
-from dllm_cli.decoding.canvas import check_prompts
+from dllm_cli.decoding.canvas import check_prompts, check_token_ids
 from dllm_cli.decoding.events import DecodeResult, StepEvent
-from dllm_cli.errors import DllmError, InputError, SettingsError
+from dllm_cli.errors import DllmError, SettingsError
 from dllm_cli.families import FAMILIES, Family
 from dllm_cli.family_settings import check_refused
 from dllm_cli.settings import DecodeSettings
@@ -149,7 +149,7 @@ class GemmaRun:
         prompts = [list(map(int, p)) for p in prompts]
         canvases = math.ceil(s.gen_length / canvas)
         check_prompts(prompts, denoised_length(s.gen_length, canvas), model.context_length)
-        check_vocabulary(prompts, model.config.text_config.vocab_size)
+        check_token_ids(prompts, model.config.text_config.vocab_size)
         self.prompt_lengths = [len(p) for p in prompts]
         self.width = max(self.prompt_lengths)
         device = next(model.parameters()).device
@@ -235,16 +235,6 @@ class GemmaRun:
             tokens.append(answer[:cut] + [self.eos] * (g - cut))
             steps.append([ends[p // canvas] if p < cut else -1 for p in range(g)])
         return tokens, steps
-
-
-def check_vocabulary(prompts: list[list[int]], size: int) -> None:
-    """Prompt ids must index the embedding table."""
-    for i, p in enumerate(prompts):
-        bad = [t for t in p if not 0 <= t < size]
-        if bad:
-            raise InputError(
-                f"prompt {i} has token id {bad[0]} outside the vocabulary (0..{size - 1})"
-            )
 
 
 def start_run(model, special, prompts, settings, committer=None) -> GemmaRun:
