@@ -74,6 +74,11 @@ class Family:
         return self.stepper == "block"
 
     @property
+    def uniform_state(self) -> bool:
+        """Uniform-state diffusion: drafts replace tokens, there are no masks."""
+        return self.stepper == "gemma"
+
+    @property
     def takes_guide(self) -> bool:
         """An AR guide can verify its drafts (the masked decoders' commit)."""
         return self.stepper == "masked"

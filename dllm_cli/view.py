@@ -21,6 +21,7 @@ from rich.text import Text
 
 from dllm_cli.decoding import DecodeResult, RowCommit, StepEvent, answer_end
 from dllm_cli.errors import SettingsError
+from dllm_cli.families import FAMILIES
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.view_words import Speller
@@ -71,7 +72,7 @@ class CanvasView:
     def for_runtime(cls, runtime: Runtime) -> CanvasView:
         """A view that spells tokens with the runtime's tokenizer."""
         tok, special = runtime.loaded.tokenizer, runtime.loaded.special
-        uniform = runtime.loaded.architecture == "diffusion_gemma"
+        uniform = FAMILIES[runtime.loaded.family].uniform_state
         guided = runtime.guide is not None
         return cls(runtime.settings, tok.decode, special.stop, uniform, guided)
 
