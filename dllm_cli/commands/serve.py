@@ -73,6 +73,16 @@ AbortOnExit = Annotated[
     ),
 ]
 
+Ui = Annotated[
+    bool,
+    typer.Option(
+        "--ui/--no-ui",
+        help="Serve the chat page at / that draws each answer's canvas as it decodes "
+        "(docs/web.md); --no-ui: 404 there.",
+        rich_help_panel=SERVER,
+    ),
+]
+
 
 @o.shared("model", "decode", "guide")
 def serve_command(
@@ -87,8 +97,9 @@ def serve_command(
     abort_on_exit: AbortOnExit = False,
     score_samples: ScoreSamples = None,
     score_splits: ScoreSplits = None,
+    ui: Ui = True,
 ) -> None:
-    """Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's API), POST /api/generate, /api/chat and /api/show, GET /api/tags, /api/ps, /api/version (Ollama's), GET /v1/models, /health and /metrics.
+    """Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's API), POST /api/generate, /api/chat and /api/show, GET /api/tags, /api/ps, /api/version (Ollama's), GET /v1/models, /health and /metrics, and a chat page at / that draws each answer's canvas live.
 
     Decoding flags set the server's defaults; a request may change them with extra body fields of the same names (gen_length, cache, threshold, ...). SIGINT or SIGTERM stops accepting requests, finishes those in flight (or aborts them with --abort-on-exit) and exits 0.
     """
@@ -113,7 +124,7 @@ def serve_command(
         runtime = load_runtime(choices, slots=batch_size)
         options = server.Options(
             host, port, api_key, batch_size, max_queue, max_engines, abort_on_exit,
-            score_samples=score_samples, score_splits=score_splits,
+            score_samples=score_samples, score_splits=score_splits, ui=ui,
         )  # fmt: skip
         try:
             server.run(

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from dllm_cli.errors import DllmError
-from dllm_cli.serve import engines
+from dllm_cli.serve import canvas, engines, page
 from dllm_cli.serve.metrics import CONTENT_TYPE, ROUTES, Metrics
 from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
 from dllm_cli.serve.scores import Scored, TokenLogprob
@@ -42,6 +42,7 @@ class Served:
     created: int = 0
     score_samples: int | None = None  # echo scoring's default (None: the family's)
     score_splits: int | None = None  # echo scoring's default (None: every position)
+    ui: bool = True  # the chat page at / (serve/page.py); --no-ui: 404
 
 
 class Gone(Exception):
@@ -56,7 +57,8 @@ def create_app(served: Served) -> FastAPI:
     async def guard(request: Request, call_next):
         """API key (not for /health), and any uncaught error as an error object (500)."""
         path = request.url.path
-        if served.api_key is not None and path != "/health" and not authorized(request, served):
+        open_path = path == "/health" or page.is_page(path, served.ui)  # the page asks for a key
+        if served.api_key is not None and not open_path and not authorized(request, served):
             error = ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)")
             return answer_error(served, path, error)
         try:
@@ -104,6 +106,7 @@ def create_app(served: Served) -> FastAPI:
     from dllm_cli.serve.ollama import add_routes  # imports this module: added once it exists
 
     add_routes(app, served)
+    page.add_routes(app, served)
     return app
 
 
@@ -276,6 +279,8 @@ async def stream(served: Served, job: Job, waiting: Waiting, kind: str) -> Async
                 logprobs = None if entries is None else shaped(entries, kind, offsets[index])
                 offsets[index] += len(text)  # type: ignore[arg-type]
                 yield sse(chunk(served, ids, kind, text, index, logprobs=logprobs))
+            elif what == "canvas":  # stream_options.include_canvas (serve/canvas.py)
+                yield sse(canvas.chunk(served.model_id, ids, kind, payload, index))
             elif what == "error":
                 left = 0
                 waiting.abort()

@@ -43,7 +43,7 @@ class Metrics:
         self.model_id = model_id
         self.lock = threading.Lock()
         self.requests: Counter[tuple[str, int]] = Counter()  # (endpoint, status) -> count
-        self.forwards = self.guide_forwards = self.steps = 0
+        self.forwards = self.guide_forwards = self.steps = self.aborts = 0
         self.prompt_tokens = self.completion_tokens = 0
         self.waiting = self.running = self.slots = 0
         self.latency, self.ttft = Histogram(), Histogram()
@@ -69,6 +69,11 @@ class Metrics:
             self.guide_forwards += now[1] - last[1]
             self.steps += now[2] - last[2]
             self.reported[engine] = now
+
+    def aborted(self) -> None:
+        """A request dropped before its answer was final (its client left, or shutdown)."""
+        with self.lock:
+            self.aborts += 1
 
     def first_text(self, seconds: float) -> None:
         with self.lock:
@@ -98,6 +103,7 @@ class Metrics:
             ("forwards_total", "counter", self.forwards, "Diffusion-model forwards."),
             ("guide_forwards_total", "counter", self.guide_forwards, "AR guide forwards."),
             ("steps_total", "counter", self.steps, "Engine decoding steps."),
+            ("aborted_total", "counter", self.aborts, "Requests aborted before their answer."),
             ("prompt_tokens_total", "counter", self.prompt_tokens, "Prompt tokens answered."),
             ("completion_tokens_total", "counter", self.completion_tokens, "Answer tokens."),
         ):

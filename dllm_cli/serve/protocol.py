@@ -58,6 +58,7 @@ MAX_N = 16  # choices per prompt
 MAX_PROMPTS = 64  # prompts per completion request
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI: 5 on completions, 20 on chat)
 MAX_SCORE_SAMPLES = 4096
+STREAM_OPTIONS = {"include_usage", "include_canvas"}  # the second is dllm's (serve/canvas.py)
 
 
 class ApiError(Exception):
@@ -101,6 +102,7 @@ class Job:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a usage chunk before [DONE]
+    include_canvas: bool = False  # stream_options.include_canvas: a canvas chunk per step
     prompts: tuple[str | tuple[int, ...], ...] = ()  # completion: every prompt, in order
     n: int = 1  # choices per prompt
     echo: bool = False  # the answer's text starts with the prompt's
@@ -135,9 +137,14 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
     n = count(body, "n", 1, MAX_N)
     stream = flag(body, "stream")
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
-        raise ApiError(400, "stream_options may only hold include_usage", "stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - STREAM_OPTIONS):
+        raise ApiError(
+            400, "stream_options may only hold include_usage and include_canvas", "stream_options"
+        )
     usage = flag(options or {}, "include_usage", "stream_options.include_usage")
+    canvas = flag(options or {}, "include_canvas", "stream_options.include_canvas")
+    if canvas and not stream:
+        raise ApiError(400, "include_canvas needs stream: true", "stream_options.include_canvas")
     guide = flag(body, "guide", default=guided)
     if guide and not guided:
         raise ApiError(400, "guide: the served profile has no guide model loaded", "guide")
@@ -152,6 +159,7 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
     settings, sampling = decode_settings(body, base)
     common = {"settings": settings, "sampling": sampling, "guide": guide, "stream": stream}
     common |= {"stop": stops(body.get("stop")), "include_usage": usage, "n": n, "logprobs": top}
+    common["include_canvas"] = canvas
     if kind == "chat":
         return Job("chat", messages=messages(body.get("messages")), **common)
     prompts = completion_prompts(body.get("prompt"))

@@ -35,6 +35,7 @@ class Options:
     log_level: str = "warning"
     score_samples: int | None = None  # echo scoring's default sample count (None: the family's)
     score_splits: int | None = None  # echo scoring: positions scored from the end (None: all)
+    ui: bool = True  # the chat page at / (--no-ui: off)
 
 
 class Server(uvicorn.Server):
@@ -67,6 +68,7 @@ def build(runtime: Runtime, options: Options) -> tuple[Served, Worker]:
         created=int(time.time()),
         score_samples=options.score_samples,
         score_splits=options.score_splits,
+        ui=options.ui,
     )
     return served, worker
 

@@ -31,8 +31,9 @@ from dllm_cli.errors import DllmError, InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
-from dllm_cli.serve import engines, scores
+from dllm_cli.serve import canvas, engines, scores
 from dllm_cli.serve.answers import Deltas, cut_at_stops, finish_reason
+from dllm_cli.serve.canvas import Frames
 from dllm_cli.serve.conversation import encode_messages
 from dllm_cli.serve.metrics import Metrics
 from dllm_cli.serve.protocol import ApiError, Job, input_error
@@ -72,6 +73,8 @@ class Ticket:
     totals: list[float] = field(default_factory=list)  # a scoring job's estimates so far
     buffers: object = None  # logprobs.Buffers of an answer a stop string ended
     sent_tokens: int = 0  # streamed with logprobs: answer tokens whose logprobs went out
+    frames: Frames | None = None  # its canvas stream (stream_options.include_canvas)
+    row: int | None = None  # its row in the engine's StepEvents, once decoding
 
 
 class Worker:
@@ -210,6 +213,8 @@ class Worker:
         except DllmError as e:
             return self.fail(ticket, ApiError(400, str(e)))
         ticket.deltas = Deltas(self.runtime.text, job.stop)
+        if job.include_canvas:
+            ticket.frames = canvas.frames_for(self.runtime, job)
         if self.aborting:
             return self.fail(ticket, ApiError(503, "the server is shutting down"))
         self.parked.append(ticket)
@@ -218,6 +223,7 @@ class Worker:
     def on_abort(self, ticket: Ticket) -> None:
         if ticket.done:
             return
+        self.metrics.aborted()
         if ticket in self.parked:
             self.parked.remove(ticket)
         elif ticket in self.scoring:
@@ -278,6 +284,9 @@ class Worker:
     def step(self, group: engines.Group, pool: engines.Pool) -> None:
         out = pool.engine.step()
         self.metrics.stepped(pool.engine)
+        watching = [(rid, t) for (g, rid), t in self.tickets.items() if g == group and t.frames]
+        if watching:  # only then is the step's StepEvent built (serve/canvas.py)
+            canvas.draw(pool.engine, out, watching)
         for done in out.finished:
             ticket = self.tickets.pop((group, done.id))
             self.complete(ticket, done.tokens, done)
