@@ -1,0 +1,349 @@
+"""Structured output: a grammar (llguidance) verifies the drafts in front of the commit.
+
+A diffusion canvas commits out of order; a grammar reads left to right. The grammar therefore
+stands where guided decoding's AR guide stands (guided.py): every row walks its frontier, its
+first masked column, and each step
+
+1. the diffusion model drafts every masked column from the frontier on (sampled as the
+   request samples: argmax when greedy, its temperature / top-p / top-k otherwise);
+2. the row's matcher checks the drafts left to right: `a` = the longest run it accepts;
+   the unmask rule picks its own run from the frontier (`r`, at least one column);
+3. `min(a, r)` drafts are committed; when the rule wanted more than the grammar accepted,
+   the first rejected column takes the grammar-masked argmax of its distribution (a
+   grammar-masked sample when the request samples), one more token; columns past the commit
+   stay masked drafts for the next step.
+
+A stop token (EOS, end of turn) is a token of the grammar: allowed only where the grammar
+accepts, and the only token left once the grammar is complete (so a complete grammar forces
+the stop). A committed stop ends the row; the engine fills the rest of its answer with EOS.
+
+Each row's matcher is keyed by its request id (the canvas's `rows`), made when the request
+first appears in a step and dropped when it no longer does: requests join a running decode
+(continuous batching) and leave it without any hook. `bind(rid, grammar)` gives a request its
+own grammar (the server), `default` serves every other row (the CLI); a row with neither is
+unconstrained but still walks its frontier.
+
+Costs: a frontier walk commits only a run from the first mask, so a rule that commits out of
+order commits fewer tokens per forward; each step reads the drafts to the host (one read)
+and, when some row needs a masked token, its masks go to the device and the chosen tokens
+come back (a second read).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dllm_cli.decoding.row_sampling import RowDraws
+from dllm_cli.decoding.sampling import family_of
+from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
+from dllm_cli.errors import InputError
+from dllm_cli.families import family_of_model, with_family_defaults
+
+try:
+    import llguidance as llg
+except ImportError:  # pragma: no cover - a runtime dependency, present where dllm installs
+    llg = None
+
+
+class GrammarError(InputError):
+    """A grammar or JSON schema the grammar engine refuses (the server answers 400)."""
+
+
+# Compact JSON (no free whitespace between tokens): a model cannot spend its answer on
+# blanks, and the output is what json.dumps(separators=(",", ":")) writes.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+def from_json_schema(schema: Any) -> str:
+    """A JSON schema (dict or its text) as llguidance's grammar."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"the JSON schema is not JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise GrammarError("a JSON schema must be a JSON object")
+    return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+
+
+def from_json_object(_: Any = None) -> str:
+    """OpenAI's json_object: any JSON object."""
+    return from_json_schema({"type": "object"})
+
+
+def from_lark(text: str) -> str:
+    """A Lark grammar (llguidance's dialect: `start` is the answer; regexes as terminals)."""
+    return llg.LLMatcher.grammar_from_lark(text)
+
+
+def from_regex(text: str) -> str:
+    """A regular expression the whole answer matches."""
+    return llg.LLMatcher.grammar_from_regex(text)
+
+
+# kind (as `--grammar` files and response_format name them) -> source -> llguidance grammar
+GRAMMAR_KINDS: dict[str, Callable[[Any], str]] = {
+    "json_schema": from_json_schema,
+    "json_object": from_json_object,
+    "lark": from_lark,
+    "regex": from_regex,
+}
+
+# `--grammar FILE` suffix -> kind (any other suffix is read as Lark)
+GRAMMAR_SUFFIXES = {".lark": "lark", ".ebnf": "lark", ".regex": "regex", ".json": "json_schema"}
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled grammar: llguidance's grammar text, checked against a vocabulary."""
+
+    kind: str
+    text: str
+
+
+def compile_grammar(kind: str, source: Any, vocab: GrammarVocab | None = None) -> Grammar:
+    """A grammar of `kind` from its source, validated (GrammarError names the problem)."""
+    require_library()
+    if kind not in GRAMMAR_KINDS:
+        raise GrammarError(f"unknown grammar kind {kind!r} (one of {', '.join(GRAMMAR_KINDS)})")
+    try:
+        text = GRAMMAR_KINDS[kind](source)
+    except ValueError as e:
+        raise GrammarError(f"bad {kind}: {one_line(str(e))}") from None
+    message = llg.LLMatcher.validate_grammar(text, None if vocab is None else vocab.tokenizer)
+    if message and not message.startswith("WARNING"):
+        raise GrammarError(f"bad {kind}: {one_line(message)}")
+    return Grammar(kind, text)
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
+def require_library() -> None:
+    if llg is None:
+        raise GrammarError(
+            "structured output needs the llguidance package (pip install llguidance)"
+        )
+
+
+class GrammarVocab:
+    """The model's vocabulary as llguidance sees it: token bytes, and the stop tokens.
+
+    A byte-level or SentencePiece tokenizer.json is read by llguidance itself; any other
+    (e.g. a word-level one) is described token by token: its bytes are what the tokenizer
+    decodes after an anchor token (so a leading space survives), special tokens are named.
+    """
+
+    def __init__(self, tokenizer, vocab_size: int, stops: tuple[int, ...]):
+        require_library()
+        backend = getattr(tokenizer, "backend", None) or tokenizer.backend_tokenizer
+        size = max(vocab_size, backend.get_vocab_size(with_added_tokens=True))
+        self.vocab_size, self.stops = vocab_size, tuple(stops)
+        try:
+            self.tokenizer = llg.LLTokenizer(backend.to_str(), n_vocab=size, eos_token=list(stops))
+        except ValueError:  # a decoder llguidance does not know: spell every token out
+            wrapper = llg.TokenizerWrapper(SpelledTokens(backend, size, stops))
+            self.tokenizer = llg.LLTokenizer(wrapper, n_vocab=size, eos_token=list(stops))
+        self.words = (self.tokenizer.vocab_size + 31) // 32  # int32 words of a bitmask
+
+    def matcher(self, grammar: Grammar):
+        m = llg.LLMatcher(self.tokenizer, grammar.text)
+        if m.is_error():
+            raise GrammarError(f"bad {grammar.kind}: {one_line(m.get_error())}")
+        return m
+
+
+class SpelledTokens:
+    """What llguidance's TokenizerWrapper reads: each token's bytes, the special ids."""
+
+    def __init__(self, backend, size: int, stops: tuple[int, ...]):
+        decoder = backend.get_added_tokens_decoder()
+        self.special_token_ids = sorted(i for i, t in decoder.items() if t.special)
+        special = set(self.special_token_ids)
+        anchor = next(i for i in range(size) if i not in special)
+        base = backend.decode([anchor], skip_special_tokens=False)
+        self.tokens = [
+            b"\xff" + str(backend.id_to_token(i)).encode()
+            if i in special or backend.id_to_token(i) is None
+            else backend.decode([anchor, i], skip_special_tokens=False)[len(base) :].encode()
+            for i in range(size)
+        ]
+        self.eos_token_id, self.bos_token_id = stops[0], None
+        self.backend = backend
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+
+class GrammarCommitter:
+    """A frontier-walking `Committer`: each row's grammar verifies its drafts (module doc).
+
+    `rule` is the unmask rule's committer (how far a row would commit unconstrained); the
+    grammar's per-row matchers live here, keyed by request id.
+    """
+
+    frontier = True
+    greedy_drafts = False  # drafts are sampled as the request samples (engine reads this)
+    needs_probs = True  # a rejected column's masked token comes from its distribution
+
+    def __init__(
+        self,
+        rule: Committer,
+        vocab: GrammarVocab,
+        tempered: bool,
+        default: Grammar | None = None,
+    ):
+        if getattr(rule, "needs_shadow", False) or getattr(rule, "redrafts", False):
+            raise GrammarError(
+                "a grammar cannot follow an unmask rule that re-masks or re-drafts its "
+                "commits (wino, credit): use threshold, factor, fixed, eb, klass or prefix"
+            )
+        self.rule, self.vocab, self.default = rule, vocab, default
+        self.tempered = tempered  # the distributions are already tempered (Dream's sampler)
+        self.bound: dict[int, Grammar] = {}  # request id -> its grammar, until it appears
+        self.matchers: dict[int, Any] = {}  # request id -> its llguidance matcher
+        self.masked = 0  # tokens the grammar chose over a rejected draft (lifetime)
+
+    def bind(self, rid: int, grammar: Grammar) -> None:
+        """Request `rid` decodes under `grammar` (call before its first step)."""
+        self.bound[rid] = grammar
+
+    def unbind(self, rid: int) -> None:
+        """A request that never ran (refused or aborted while waiting) forgets its grammar."""
+        self.bound.pop(rid, None)
+        self.matchers.pop(rid, None)
+
+    def __call__(self, ctx: StepContext) -> Decision:
+        runs = self.rule(ctx).commit.bool() & ctx.candidates  # (B, L)
+        wanted = runs.long().cumprod(dim=1).sum(dim=1).clamp(min=1)  # (B,) the rule's run
+        counts = ctx.candidates.sum(dim=1)  # (B,) drafts from the frontier
+        host = torch.cat(
+            [ctx.canvas.rows[:, None], counts[:, None], wanted[:, None], ctx.drafts], 1
+        )
+        table = host.tolist()  # the step's read of the drafts
+        matchers = self._matchers([row[0] for row in table])
+        plans = [
+            verify(m, row[3 : 3 + row[1]], row[2]) for m, row in zip(matchers, table, strict=True)
+        ]
+        fixes = [r for r, (_, fix) in enumerate(plans) if fix]
+        tokens = ctx.drafts
+        corrected = torch.zeros_like(ctx.candidates)
+        if fixes:
+            chosen = self._masked_tokens(ctx, fixes, [plans[r][0] for r in fixes], matchers)
+            tokens = ctx.drafts.clone()
+            for r, token in zip(fixes, chosen, strict=True):
+                tokens[r, plans[r][0]] = token
+                corrected[r, plans[r][0]] = True
+                matchers[r] is None or matchers[r].consume_token(token)
+            self.masked += len(fixes)
+        lengths = [n + bool(fix) for n, fix in plans]
+        slots = torch.arange(ctx.drafts.shape[1], device=ctx.drafts.device)[None]
+        commit = (slots < torch.tensor(lengths, device=slots.device)[:, None]) & ctx.candidates
+        accepted = sum(n for n, _ in plans)
+        return Decision(commit, accepted=accepted, tokens=tokens, corrected=corrected & commit)
+
+    def _matchers(self, rids: list[int]) -> list:
+        """Each row's matcher (None: unconstrained); those of departed requests are dropped."""
+        live = set(rids)
+        for rid in [r for r in self.matchers if r not in live]:
+            del self.matchers[rid]
+        out = []
+        for rid in rids:
+            if rid not in self.matchers:
+                grammar = self.bound.pop(rid, self.default)
+                self.matchers[rid] = None if grammar is None else self.vocab.matcher(grammar)
+            out.append(self.matchers[rid])
+        return out
+
+    def _masked_tokens(self, ctx: StepContext, rows: list[int], slots: list[int], matchers):
+        """The grammar-masked argmax (or sample) at each row's first rejected slot."""
+        device = ctx.drafts.device
+        vocab = ctx.probs.shape[-1]
+        bits = np.stack([allowed(matchers[r], self.vocab.words) for r in rows])[:, :vocab]
+        allow = torch.from_numpy(bits).to(device)  # (F, V) bool
+        index = torch.tensor(rows, device=device)
+        probs = ctx.probs[index, torch.tensor(slots, device=device)].double()  # (F, V)
+        # Allowed tokens the filters zeroed stay above disallowed ones (never -inf).
+        scores = torch.where(allow, probs.log().clamp(min=-1e30), -math.inf)
+        draws = ctx.generator if isinstance(ctx.generator, RowDraws) else None
+        for j, r in enumerate(rows):
+            t = 0.0 if draws is None else draws.samplings[r].temperature
+            if t > 0:
+                scale = 1.0 if self.tempered else t  # LLaDA's probs are softmax(raw logits)
+                u = torch.rand(vocab, generator=draws.generators[r], dtype=torch.float64,
+                               device=device)  # fmt: skip
+                scores[j] = scores[j] / scale - torch.log(-torch.log(u))
+        best = scores.argmax(dim=-1)
+        none = ~allow.any(dim=-1)  # a dead grammar: end the answer
+        stop = torch.full_like(best, self.vocab.stops[0])
+        return torch.where(none, stop, best).tolist()
+
+
+def verify(matcher, drafts: list[int], wanted: int) -> tuple[int, bool]:
+    """(drafts committed, whether the next slot takes a masked token) for one row.
+
+    The matcher consumes the committed drafts; the caller consumes the masked token."""
+    if not drafts:
+        return 0, False
+    if matcher is None:  # unconstrained: the rule's run
+        return min(wanted, len(drafts)), False
+    if matcher.is_stopped():  # complete: nothing but a stop token may follow
+        return 0, True
+    good = matcher.validate_tokens(drafts)  # the longest run the grammar accepts
+    take = min(good, wanted)
+    if take and not matcher.consume_tokens(drafts[:take]):
+        raise RuntimeError(f"grammar matcher: {matcher.get_error()}")
+    return take, take < wanted and take < len(drafts)
+
+
+def allowed(matcher, words: int) -> np.ndarray:
+    """(V,) bool: tokens the matcher allows next (stop tokens only where it accepts)."""
+    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[: words * 32].astype(bool)
+
+
+VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> GrammarVocab
+
+
+def vocab_of(runtime) -> GrammarVocab:
+    """The runtime's vocabulary for grammars, built once per tokenizer (~0.1 s on 32k tokens)."""
+    tok, special = runtime.loaded.tokenizer, runtime.loaded.special
+    if tok not in VOCABS:
+        size = special.real_vocab(runtime.loaded.model.vocab_size)
+        VOCABS[tok] = GrammarVocab(tok, size, special.stop)
+    return VOCABS[tok]
+
+
+def refusal(runtime) -> str | None:
+    """Why this runtime cannot decode under a grammar (None: it can)."""
+    family = family_of_model(runtime.loaded.model)
+    if family.own_sampler or family.block_causal:
+        return f"structured output is not supported for {family.title} (no frontier walk)"
+    if runtime.guide is not None:
+        return (
+            "a grammar and the AR guide cannot verify the same drafts (the guide's corrections "
+            "would need the grammar's mask): use --no-guide (or guide: false)"
+        )
+    return None
+
+
+def runtime_committer(runtime, default: Grammar | None = None) -> GrammarCommitter:
+    """A GrammarCommitter for this runtime's model and settings (GrammarError: it cannot)."""
+    reason = refusal(runtime)
+    if reason is not None:
+        raise GrammarError(reason)
+    model = runtime.loaded.model
+    settings = with_family_defaults(runtime.settings, model.family)
+    family = family_of(model)
+    rule = RuleCommitter(settings, family.schedule)
+    return GrammarCommitter(rule, vocab_of(runtime), family.tempered_confidence, default)
