@@ -67,6 +67,28 @@ JsonCanvas = Annotated[
         rich_help_panel=o.OUTPUT,
     ),
 ]
+JsonSchema = Annotated[
+    str | None,
+    typer.Option(
+        "--json-schema",
+        metavar="FILE",
+        help="Every answer is JSON valid under this JSON schema (compact: no free whitespace), "
+        "decoded through the grammar engine llguidance (docs/structured-output.md).",
+        rich_help_panel=o.OUTPUT,
+        show_default=False,
+    ),
+]
+GrammarFile = Annotated[
+    str | None,
+    typer.Option(
+        "--grammar",
+        metavar="FILE",
+        help="Every answer matches this grammar: llguidance's Lark dialect (start: the "
+        "answer), or a regular expression if FILE ends in .regex.",
+        rich_help_panel=o.OUTPUT,
+        show_default=False,
+    ),
+]
 _SHOWN_LINES = 10  # line numbers listed in a failed rank's summary
 
 
@@ -81,6 +103,8 @@ def generate_command(
     json_input: JsonInput = False,
     json_canvas: JsonCanvas = False,
     verbose_prompt: o.VerbosePrompt = False,
+    json_schema: JsonSchema = None,
+    grammar: GrammarFile = None,
 ) -> None:
     """Generate an answer to PROMPT (or to every line of stdin) and print it on stdout.
 
@@ -106,7 +130,15 @@ def generate_command(
             )
         if json_input and not batch:
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
+        source = grammar_source(json_schema, grammar)
+        if source is not None:
+            choices = without_guide(choices)
         runtime = load_runtime(choices) if job is None else load_on_rank(job, choices)
+        if source is not None:
+            from dllm_cli.decoding.grammar import compile_grammar, vocab_of
+
+            runtime.grammar = compile_grammar(*source, vocab_of(runtime))
+            runtime.committer()  # refused here (one line) when this model cannot follow it
         json_out = json_out or json_canvas
         pipeline = Pipeline(runtime, batch_size, json_out, json_input, canvas=json_canvas)
         if batch and leader:
@@ -126,6 +158,36 @@ def generate_command(
                 f"{failed} of {pipeline.totals.prompts + failed} prompts failed",
                 InputError.exit_code,
             )
+
+
+def grammar_source(schema: str | None, grammar: str | None) -> tuple[str, str] | None:
+    """(kind, text) of --json-schema or --grammar FILE; None without either."""
+    if schema is not None and grammar is not None:
+        raise fail("give --json-schema or --grammar, not both", USAGE)
+    path = schema if schema is not None else grammar
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise fail(f"cannot read {path}: {e.strerror or e}", USAGE) from None
+    if schema is not None:
+        return "json_schema", text
+    return ("regex" if path.endswith(".regex") else "lark"), text
+
+
+def without_guide(choices: o.Choices) -> o.Choices:
+    """A grammar verifies the drafts itself: the profile's guide stays unloaded, and an
+    explicit --guide is refused (grammar.refusal says why)."""
+    from dataclasses import replace
+
+    if choices.guide is True:
+        raise fail("--guide with --json-schema/--grammar: " + GUIDE_CLASH, USAGE)
+    return replace(choices, guide=False)
+
+
+GUIDE_CLASH = "a grammar and the AR guide cannot verify the same drafts (use one of them)"
 
 
 def note_static(pipeline: Pipeline) -> None:

@@ -154,6 +154,8 @@ class GrammarVocab:
             wrapper = llg.TokenizerWrapper(SpelledTokens(backend, size, stops))
             self.tokenizer = llg.LLTokenizer(wrapper, n_vocab=size, eos_token=list(stops))
         self.words = (self.tokenizer.vocab_size + 31) // 32  # int32 words of a bitmask
+        # ids past the tokenizer's own (embedding rows no token names) are never allowed
+        self.known = backend.get_vocab_size(with_added_tokens=True)
 
     def matcher(self, grammar: Grammar):
         m = llg.LLMatcher(self.tokenizer, grammar.text)
@@ -171,18 +173,25 @@ class SpelledTokens:
         special = set(self.special_token_ids)
         anchor = next(i for i in range(size) if i not in special)
         base = backend.decode([anchor], skip_special_tokens=False)
-        self.tokens = [
-            b"\xff" + str(backend.id_to_token(i)).encode()
-            if i in special or backend.id_to_token(i) is None
-            else backend.decode([anchor, i], skip_special_tokens=False)[len(base) :].encode()
-            for i in range(size)
-        ]
+        self.tokens = [spell(backend, i, special, anchor, base) for i in range(size)]
         self.eos_token_id, self.bos_token_id = stops[0], None
         self.backend = backend
 
     def __call__(self, text: str | bytes) -> list[int]:
+        """The tokenizer's own ids for `text` (llguidance tokenizes forced strings)."""
         text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
         return self.backend.encode(text, add_special_tokens=False).ids
+
+
+def spell(backend, i: int, special: set[int], anchor: int, base: str) -> bytes:
+    """Token `i`'s bytes: a special token's name after 0xFF (llguidance's convention), an
+    unnamed id (an embedding row past the tokenizer) none, else its decoded text."""
+    name = backend.id_to_token(i)
+    if name is None:
+        return b""
+    if i in special:
+        return b"\xff" + name.encode()
+    return backend.decode([anchor, i], skip_special_tokens=False)[len(base) :].encode()
 
 
 class GrammarCommitter:
@@ -253,10 +262,14 @@ class GrammarCommitter:
         return Decision(commit, accepted=accepted, tokens=tokens, corrected=corrected & commit)
 
     def _matchers(self, rids: list[int]) -> list:
-        """Each row's matcher (None: unconstrained); those of departed requests are dropped."""
-        live = set(rids)
+        """Each row's matcher (None: unconstrained); those of departed requests are dropped,
+        and grammars bound to requests older than every live one (admission is first come,
+        first served: they were aborted before they ran)."""
+        live, oldest = set(rids), min(rids)
         for rid in [r for r in self.matchers if r not in live]:
             del self.matchers[rid]
+        for rid in [r for r in self.bound if r < oldest]:
+            del self.bound[rid]
         out = []
         for rid in rids:
             if rid not in self.matchers:
@@ -270,6 +283,7 @@ class GrammarCommitter:
         device = ctx.drafts.device
         vocab = ctx.probs.shape[-1]
         bits = np.stack([allowed(matchers[r], self.vocab.words) for r in rows])[:, :vocab]
+        bits[:, self.vocab.known :] = False
         allow = torch.from_numpy(bits).to(device)  # (F, V) bool
         index = torch.tensor(rows, device=device)
         probs = ctx.probs[index, torch.tensor(slots, device=device)].double()  # (F, V)
@@ -324,12 +338,13 @@ def vocab_of(runtime) -> GrammarVocab:
     return VOCABS[tok]
 
 
-def refusal(runtime) -> str | None:
-    """Why this runtime cannot decode under a grammar (None: it can)."""
+def refusal(runtime, guided: bool = True) -> str | None:
+    """Why this runtime cannot decode under a grammar (None: it can); `guided`: its guide
+    (if loaded) would verify the drafts too."""
     family = family_of_model(runtime.loaded.model)
     if family.own_sampler or family.block_causal:
         return f"structured output is not supported for {family.title} (no frontier walk)"
-    if runtime.guide is not None:
+    if guided and runtime.guide is not None:
         return (
             "a grammar and the AR guide cannot verify the same drafts (the guide's corrections "
             "would need the grammar's mask): use --no-guide (or guide: false)"
@@ -337,9 +352,11 @@ def refusal(runtime) -> str | None:
     return None
 
 
-def runtime_committer(runtime, default: Grammar | None = None) -> GrammarCommitter:
+def runtime_committer(
+    runtime, default: Grammar | None = None, guided: bool = True
+) -> GrammarCommitter:
     """A GrammarCommitter for this runtime's model and settings (GrammarError: it cannot)."""
-    reason = refusal(runtime)
+    reason = refusal(runtime, guided)
     if reason is not None:
         raise GrammarError(reason)
     model = runtime.loaded.model

@@ -149,6 +149,7 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
         engines.check_settings(worker.runtime, job.settings)
     except DllmError as e:
         raise ApiError(400, str(e)) from None
+    job = engines.with_grammar(worker.runtime, job)
     events: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
 

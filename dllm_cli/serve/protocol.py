@@ -35,7 +35,6 @@ UNSUPPORTED = {
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
@@ -49,7 +48,7 @@ UNSUPPORTED = {
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
-COMMON = ("model", "max_tokens", "stop", "stream", "n", *SAMPLING, "guide")
+COMMON = ("model", "max_tokens", "stop", "stream", "n", *SAMPLING, "guide", "response_format")
 CHAT_FIELDS = ("messages", "max_completion_tokens", *COMMON)
 COMPLETION_FIELDS = ("prompt", *COMMON)
 MAX_STOPS = 4  # as OpenAI
@@ -93,6 +92,8 @@ class Job:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a usage chunk before [DONE]
+    structure: tuple[str, object] | None = None  # response_format: (grammar kind, source)
+    grammar: object | None = None  # the compiled grammar (app.py compiles `structure`)
 
 
 def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: bool) -> Job:
@@ -117,15 +118,50 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise ApiError(400, "stream_options may only hold include_usage", "stream_options")
     usage = flag(options or {}, "include_usage", "stream_options.include_usage")
-    guide = flag(body, "guide", default=guided)
+    structure = response_format(body.get("response_format"))
+    guide = flag(body, "guide", default=guided and structure is None)
+    if guide and structure is not None:
+        raise ApiError(
+            400, "guide: a response_format and the AR guide cannot verify the same drafts", "guide"
+        )
     if guide and not guided:
         raise ApiError(400, "guide: the served profile has no guide model loaded", "guide")
     settings, sampling = decode_settings(body, base)
     common = {"settings": settings, "sampling": sampling, "guide": guide, "stream": stream}
-    common |= {"stop": stops(body.get("stop")), "include_usage": usage}
+    common |= {"stop": stops(body.get("stop")), "include_usage": usage, "structure": structure}
     if kind == "chat":
         return Job("chat", messages=messages(body.get("messages")), **common)
     return Job("completion", prompt=completion_prompt(body.get("prompt")), **common)
+
+
+def response_format(value: object) -> tuple[str, object] | None:
+    """OpenAI's response_format -> (grammar kind, source); None for plain text."""
+    where = "response_format"
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ApiError(400, "response_format must be an object with a type", where)
+    kind = value["type"]
+    if kind not in FORMATS:
+        raise ApiError(400, f"response_format.type must be one of {', '.join(FORMATS)}", where)
+    extra = set(value) - {"type", *FORMATS[kind]}
+    if extra:
+        raise ApiError(400, f"response_format: unknown field {sorted(extra)[0]!r}", where)
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json_object", None
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise ApiError(400, "response_format.json_schema must be an object with a schema", where)
+    if not isinstance(spec.get("name", ""), str) or set(spec) - SCHEMA_FIELDS:
+        raise ApiError(400, "response_format.json_schema: name, schema, strict, description", where)
+    return "json_schema", spec.get("schema", {})
+
+
+# response_format.type -> the fields beside `type` it may have (OpenAI's shapes)
+FORMATS = {"text": (), "json_object": (), "json_schema": ("json_schema",)}
+SCHEMA_FIELDS = {"name", "schema", "strict", "description"}
 
 
 def check_model(name: object, model_id: str) -> None:
