@@ -106,6 +106,17 @@ def test_rows_admitted_mid_decode_equal_alone(runtime):
         valid(rt.text(answers[rid]), schemas[i])
 
 
+@pytest.mark.slow
+def test_python_api_json_schema():
+    from dllm_cli import LLM
+
+    llm = LLM(gen_length=GEN)  # the default profile: its guide stays out of constrained calls
+    for c in llm.generate(QUESTIONS, json_schema=OP, temperature=0.7, seed=1):
+        valid(c.text, OP)
+    with pytest.raises(G.GrammarError, match="bad json_schema"):
+        llm.generate(QUESTIONS[0], json_schema={"type": "integer", "maximum": "x"})
+
+
 def test_the_guide_is_refused_in_one_line():
     rt = open_runtime(None, {"decode.gen_length": GEN})  # the default profile has a guide
     with pytest.raises(G.GrammarError, match="AR guide cannot verify the same drafts"):
