@@ -227,11 +227,6 @@ class GrammarCommitter:
         """Request `rid` decodes under `grammar` (call before its first step)."""
         self.bound[rid] = grammar
 
-    def unbind(self, rid: int) -> None:
-        """A request that never ran (refused or aborted while waiting) forgets its grammar."""
-        self.bound.pop(rid, None)
-        self.matchers.pop(rid, None)
-
     def __call__(self, ctx: StepContext) -> Decision:
         runs = self.rule(ctx).commit.bool() & ctx.candidates  # (B, L)
         wanted = runs.long().cumprod(dim=1).sum(dim=1).clamp(min=1)  # (B,) the rule's run
@@ -253,7 +248,8 @@ class GrammarCommitter:
             for r, token in zip(fixes, chosen, strict=True):
                 tokens[r, plans[r][0]] = token
                 corrected[r, plans[r][0]] = True
-                matchers[r] is None or matchers[r].consume_token(token)
+                if matchers[r] is not None:
+                    matchers[r].consume_token(token)
             self.masked += len(fixes)
         lengths = [n + bool(fix) for n, fix in plans]
         slots = torch.arange(ctx.drafts.shape[1], device=ctx.drafts.device)[None]
