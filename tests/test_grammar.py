@@ -169,6 +169,9 @@ def test_server_response_formats(client):
         extra_body={"response_format": {"type": "json_object"}},  # (not in the client's API)
     )
     assert isinstance(json.loads(plain.choices[0].text), dict)
+    fmt = {"type": "json_schema", "json_schema": {"name": "op", "schema": OP, "strict": True}}
+    chunks = chat(client, QUESTIONS[1], response_format=fmt, stream=True)
+    valid("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), OP)
     unconstrained = chat(client, QUESTIONS[0])  # beside them, the guided engine answers as before
     assert unconstrained.choices[0].message.content
 
