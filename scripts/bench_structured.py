@@ -52,11 +52,13 @@ def question(i: int) -> str:
     return f"Question: {name} has {a} {thing} and buys {b} more. How many {thing} does {name} have?"
 
 
-def run(rt, requests: int, constrained: bool) -> tuple[int, int, int, int, float]:
+def run(rt, requests: int, constrained: bool, forward: bool) -> tuple[int, int, int, int, float]:
     """(valid answers, answer tokens, engine forwards, the requests' own forwards summed,
     seconds) of one pass."""
     vocab = G.vocab_of(rt)
-    committer = G.runtime_committer(rt, guided=False) if constrained else None
+    committer = None
+    if constrained:
+        committer = G.runtime_committer(rt, guided=False, fast_forward=forward)
     model, special = rt.loaded.model, rt.loaded.special
     engine = open_engine(model, special, rt.settings, committer, slots=8)
     schema_of = {}
@@ -89,6 +91,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=50)
     parser.add_argument("--gen-length", type=int, default=48)
     parser.add_argument("--profile", default="tiny-gsm-dream")
+    parser.add_argument(
+        "--no-fast-forward", action="store_true", help="forced tokens one per step, as drafts"
+    )
     args = parser.parse_args()
     print(
         "| mode | valid | answer tokens | engine forwards | tokens / engine forward "
@@ -99,7 +104,8 @@ def main() -> None:
         overrides = {"decode.gen_length": args.gen_length, "decode.temperature": temperature}
         rt = open_runtime(args.profile, overrides, use_guide=False)
         for constrained in (False, True):
-            valid, tokens, forwards, own, seconds = run(rt, args.requests, constrained)
+            forward = not args.no_fast_forward
+            valid, tokens, forwards, own, seconds = run(rt, args.requests, constrained, forward)
             mode = f"{label}, {'5 schemas' if constrained else 'unconstrained'}"
             shown = f"{valid}/{args.requests}" if constrained else "-"
             row = f"| {mode} | {shown} | {tokens} | {forwards} | {tokens / forwards:.2f} |"

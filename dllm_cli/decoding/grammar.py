@@ -211,6 +211,7 @@ class GrammarCommitter:
         vocab: GrammarVocab,
         tempered: bool,
         default: Grammar | None = None,
+        fast_forward: bool = True,
     ):
         if getattr(rule, "needs_shadow", False) or getattr(rule, "redrafts", False):
             raise GrammarError(
@@ -219,9 +220,11 @@ class GrammarCommitter:
             )
         self.rule, self.vocab, self.default = rule, vocab, default
         self.tempered = tempered  # the distributions are already tempered (Dream's sampler)
+        self.fast_forward = fast_forward  # commit the tokens the grammar forces after a run
         self.bound: dict[int, Grammar] = {}  # request id -> its grammar, until it appears
         self.matchers: dict[int, Any] = {}  # request id -> its llguidance matcher
         self.masked = 0  # tokens the grammar chose over a rejected draft (lifetime)
+        self.forced = 0  # tokens committed because the grammar allowed nothing else (lifetime)
 
     def bind(self, rid: int, grammar: Grammar) -> None:
         """Request `rid` decodes under `grammar` (call before its first step)."""
@@ -239,23 +242,41 @@ class GrammarCommitter:
         plans = [
             verify(m, row[3 : 3 + row[1]], row[2]) for m, row in zip(matchers, table, strict=True)
         ]
+        tokens, corrected = ctx.drafts.clone(), torch.zeros_like(ctx.candidates)
+        lengths = self._fix(ctx, plans, matchers, tokens, corrected)
+        if self.fast_forward:
+            rooms = [row[1] - n for row, n in zip(table, lengths, strict=True)]
+            self._forced(matchers, rooms, lengths, tokens, corrected)
+        slots = torch.arange(ctx.drafts.shape[1], device=ctx.drafts.device)[None]
+        commit = (slots < torch.tensor(lengths, device=slots.device)[:, None]) & ctx.candidates
+        accepted = sum(n for n, _ in plans)
+        return Decision(commit, accepted=accepted, tokens=tokens, corrected=corrected & commit)
+
+    def _fix(self, ctx, plans, matchers, tokens, corrected) -> list[int]:
+        """Rows whose run stopped at a rejection take the masked token there; each row's
+        committed length so far."""
         fixes = [r for r, (_, fix) in enumerate(plans) if fix]
-        tokens = ctx.drafts
-        corrected = torch.zeros_like(ctx.candidates)
         if fixes:
             chosen = self._masked_tokens(ctx, fixes, [plans[r][0] for r in fixes], matchers)
-            tokens = ctx.drafts.clone()
             for r, token in zip(fixes, chosen, strict=True):
                 tokens[r, plans[r][0]] = token
                 corrected[r, plans[r][0]] = True
                 if matchers[r] is not None:
                     matchers[r].consume_token(token)
             self.masked += len(fixes)
-        lengths = [n + bool(fix) for n, fix in plans]
-        slots = torch.arange(ctx.drafts.shape[1], device=ctx.drafts.device)[None]
-        commit = (slots < torch.tensor(lengths, device=slots.device)[:, None]) & ctx.candidates
-        accepted = sum(n for n, _ in plans)
-        return Decision(commit, accepted=accepted, tokens=tokens, corrected=corrected & commit)
+        return [n + bool(fix) for n, fix in plans]
+
+    def _forced(self, matchers, rooms, lengths, tokens, corrected) -> None:
+        """After each row's commit, the tokens its grammar forces (no other token allowed)
+        are committed too, as far as its drafts reach; `lengths` grows by them."""
+        for r, (m, room) in enumerate(zip(matchers, rooms, strict=True)):
+            run = forced_tokens(m, room)
+            if run:
+                at = lengths[r]
+                tokens[r, at : at + len(run)] = torch.tensor(run, device=tokens.device)
+                corrected[r, at : at + len(run)] = True
+                lengths[r] += len(run)
+                self.forced += len(run)
 
     def _matchers(self, rids: list[int]) -> list:
         """Each row's matcher (None: unconstrained); those of departed requests are dropped,
@@ -316,6 +337,17 @@ def verify(matcher, drafts: list[int], wanted: int) -> tuple[int, bool]:
     return take, take < wanted and take < len(drafts)
 
 
+def forced_tokens(matcher, room: int) -> list[int]:
+    """Up to `room` tokens the grammar forces next (nothing else is allowed: llguidance's
+    fast-forward tokens), consumed; [] for an unconstrained or complete row."""
+    if matcher is None or room <= 0 or matcher.is_stopped():
+        return []
+    run = matcher.compute_ff_tokens()[:room]
+    if run and not matcher.consume_tokens(run):
+        raise RuntimeError(f"grammar matcher: {matcher.get_error()}")
+    return run
+
+
 def allowed(matcher, words: int) -> np.ndarray:
     """(V,) bool: tokens the matcher allows next (stop tokens only where it accepts)."""
     raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
@@ -349,7 +381,7 @@ def refusal(runtime, guided: bool = True) -> str | None:
 
 
 def runtime_committer(
-    runtime, default: Grammar | None = None, guided: bool = True
+    runtime, default: Grammar | None = None, guided: bool = True, fast_forward: bool = True
 ) -> GrammarCommitter:
     """A GrammarCommitter for this runtime's model and settings (GrammarError: it cannot)."""
     reason = refusal(runtime, guided)
@@ -359,4 +391,5 @@ def runtime_committer(
     settings = with_family_defaults(runtime.settings, model.family)
     family = family_of(model)
     rule = RuleCommitter(settings, family.schedule)
-    return GrammarCommitter(rule, vocab_of(runtime), family.tempered_confidence, default)
+    tempered = family.tempered_confidence
+    return GrammarCommitter(rule, vocab_of(runtime), tempered, default, fast_forward)
