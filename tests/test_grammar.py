@@ -78,6 +78,20 @@ def test_every_answer_validates_under_every_cache(runtime, cache, temperature):
 
 
 @pytest.mark.slow
+def test_forced_tokens_are_committed_in_the_step_that_forces_them(runtime):
+    rt, ids = runtime, [runtime.prepare(QUESTIONS[0])]
+    model, special = rt.loaded.model, rt.loaded.special
+    forwards = {}
+    for fast in (True, False):
+        committer = G.runtime_committer(rt, grammar(rt, OP), fast_forward=fast)
+        result = decode(model, special, ids, rt.settings, committer=committer)
+        valid(rt.text(result.tokens[0]), OP)
+        forwards[fast] = (result.forwards, committer.forced)
+    assert forwards[False][1] == 0 < forwards[True][1]  # {"op":" and the like
+    assert forwards[True][0] < forwards[False][0]
+
+
+@pytest.mark.slow
 def test_rows_admitted_mid_decode_equal_alone(runtime):
     rt = runtime
     model, special = rt.loaded.model, rt.loaded.special
