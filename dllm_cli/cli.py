@@ -24,6 +24,7 @@ from dllm_cli.commands.common import INTERRUPTED, USAGE, error_line, set_debug, 
 from dllm_cli.commands.doctor import doctor_command
 from dllm_cli.commands.eval import eval_command
 from dllm_cli.commands.generate import generate_command
+from dllm_cli.commands.models import list_command, pull_command, rm_command
 from dllm_cli.commands.profiles import profiles_app
 from dllm_cli.commands.serve import serve_command
 from dllm_cli.commands.visualize import visualize_command
@@ -103,6 +104,9 @@ app.command("bench")(bench_command)
 app.command("serve")(serve_command)
 app.command("chat")(chat_command)
 app.command("doctor")(doctor_command)
+app.command("pull")(pull_command)
+app.command("list")(list_command)
+app.command("rm")(rm_command)
 
 
 def main() -> None:

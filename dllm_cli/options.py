@@ -63,8 +63,8 @@ FLAGS: dict[str, Flag] = {
     "model": Flag(
         _option(
             str,
-            "Checkpoint folder (replaces the profile's; without --profile, its family's reference "
-            "settings).",
+            "Checkpoint folder, or ORG/NAME pulled with `dllm pull` (replaces the profile's; "
+            "without --profile, its family's reference settings).",
             MODEL,
             "--model",
         ),
@@ -72,6 +72,15 @@ FLAGS: dict[str, Flag] = {
         "model.path",
     ),
     "device": Flag(_option(str, "auto | cpu | cuda | cuda:N.", MODEL), "model", "model.device"),
+    "force": Flag(
+        _option(
+            bool,
+            "Load even when the fit check says the model will not fit in free memory.",
+            MODEL,
+            "--force",
+        ),
+        "model",
+    ),
     "dtype": Flag(
         _option(str, "auto | float32 | bfloat16 | float16.", MODEL), "model", "model.dtype"
     ),
@@ -248,6 +257,7 @@ class Choices:
     profile: str | None = None
     guide: bool | None = None  # None: not given
     overrides: dict[str, object] = field(default_factory=dict)  # profile key -> value
+    force: bool = False  # --force: skip the fit check
 
     @classmethod
     def of(cls, given: dict[str, object]) -> Choices:
@@ -257,7 +267,8 @@ class Choices:
             for name, value in given.items()
             if value is not None and FLAGS[name].key is not None
         }
-        return cls(given.get("profile"), given.get("guide"), settings)  # type: ignore[arg-type]
+        profile, guide = given.get("profile"), given.get("guide")
+        return cls(profile, guide, settings, bool(given.get("force")))  # type: ignore[arg-type]
 
 
 C = TypeVar("C", bound=Callable[..., None])

@@ -26,6 +26,8 @@ class ModelSection:
     """Which checkpoint to load and how; architecture None means config.json's model_type."""
 
     path: str = "builtin:tiny-gsm"
+    hub: str = ""  # ORG/NAME on the Hugging Face Hub (`dllm pull`), used when path is not there
+    revision: str = "main"  # the hub revision pulled and loaded (a branch, tag or commit)
     architecture: str | None = None  # a families.py key, e.g. dream (None: config.json's)
     dtype: str = "auto"
     device: str = "auto"

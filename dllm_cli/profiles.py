@@ -15,6 +15,7 @@ import re
 import typing
 from pathlib import Path
 
+from dllm_cli import hub
 from dllm_cli.errors import ProfileError
 from dllm_cli.families import (
     FAMILIES,
@@ -23,7 +24,8 @@ from dllm_cli.families import (
     folder_family,
     reference_settings,
 )
-from dllm_cli.folders import BUILTIN_PREFIX
+from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
+from dllm_cli.hub import HUB_NAME, is_hub_name
 from dllm_cli.profile_sections import (
     GuideSection,
     ModelSection,
@@ -118,6 +120,10 @@ def _check_values(profile: Profile, where: str | None) -> None:
         raise bad("model", f"dtype must be one of {', '.join(dtypes)} (got {m.dtype!r})")
     if m.quantize not in QUANTIZE:
         raise bad("model", f"quantize must be one of {', '.join(QUANTIZE)} (got {m.quantize!r})")
+    if m.hub and not HUB_NAME.match(m.hub):
+        raise bad("model", f"hub must be ORG/NAME, a Hugging Face Hub repo (got {m.hub!r})")
+    if not m.revision:
+        raise bad("model", "revision must not be empty (a branch, tag or commit; default main)")
     if not all(isinstance(t, str) and t for t in m.stop_tokens):
         raise bad("model", "stop_tokens must be a list of token strings")
     if m.threads < 0:
@@ -267,6 +273,8 @@ def resolve(
     """
     keys = setting_keys()
     given = {_canonical(k, keys): v for k, v in (cli_overrides or {}).items() if v is not None}
+    if is_hub_name(str(given.get("model.path", ""))):  # --model ORG/NAME: the pulled folder
+        given["model.path"] = str(hub.local_folder(hub.Source(str(given["model.path"]))))
     family = None
     if name_or_path is None and "model.path" in given:
         path = None
@@ -292,12 +300,16 @@ def resolve(
         else:
             provenance[key] = "default"
     _check_values(profile, None)  # only command-line values can fail here
+    m = profile.model
+    if "model.path" not in from_cli:
+        use_pulled(profile)
     for key, section in (("model.path", profile.model), ("guide.path", profile.guide)):
         unset = unset_variables(section.path) if section else []
         if unset:
+            pull = f" or run `dllm pull {profile.name}`" if key == "model.path" and m.hub else ""
             raise ProfileError(
                 f"{key} {section.path!r} uses ${unset[0]}, which is not set "
-                f"(set {unset[0]} to the folder holding your models, or give another path)"
+                f"(set {unset[0]} to the folder holding your models, give another path{pull})"
             )
     if family is not None and family.whole_answer and "decode.block_length" not in from_cli:
         decode.setdefault("block_length", decode.get("gen_length", profile.decode.gen_length))
@@ -306,6 +318,30 @@ def resolve(
 
     apply_family_defaults(profile, provenance)
     return profile, provenance
+
+
+def use_pulled(profile: Profile) -> None:
+    """A profile naming a hub repo loads the pulled copy when its path is not there."""
+    m = profile.model
+    if not m.hub or is_folder(m.path):
+        return
+    folder = hub.cached(hub_source(profile))
+    if folder is not None:
+        m.path = str(folder)
+
+
+def is_folder(path: str) -> bool:
+    return not unset_variables(path) and Path(resolve_path(path)).is_dir()
+
+
+def hub_source(profile: Profile) -> hub.Source:
+    return hub.Source(profile.model.hub, profile.model.revision, profile.name)
+
+
+def require_model_folder(profile: Profile) -> None:
+    """A hub profile whose folder is neither at its path nor pulled: say what to run."""
+    if profile.model.hub and not is_folder(profile.model.path):
+        hub.local_folder(hub_source(profile))
 
 
 def family_profile(family: Family) -> Profile:

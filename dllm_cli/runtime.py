@@ -16,11 +16,18 @@ from dllm_cli.chat import Frame, encode_chat, encode_plain, frame, pieces
 from dllm_cli.decoding import Committer, answer_tokens, gemma
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.decoding.slots import static_reason
-from dllm_cli.errors import InputError, ModelLoadError, SettingsError
-from dllm_cli.families import FAMILIES
+from dllm_cli.errors import DllmError, InputError, ModelLoadError, SettingsError
+from dllm_cli.families import FAMILIES, family_for_config
+from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.models.compiled import enable_compile
-from dllm_cli.models.loading import LoadedModel, add_stop_tokens, load_model
-from dllm_cli.profiles import Profile, resolve
+from dllm_cli.models.loading import (
+    LoadedModel,
+    add_stop_tokens,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+)
+from dllm_cli.profiles import Profile, require_model_folder, resolve
 from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
 
@@ -172,6 +179,32 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+def check_fit(prof: Profile, device: str, slots: int) -> None:
+    """FitError (one line: the numbers and what would fit) when the load cannot fit."""
+    from dllm_cli import fit
+
+    folder = resolve_path(prof.model.path)
+    try:
+        raw = read_config_json(folder)
+        family = family_for_config(raw, folder / "config.json")
+    except DllmError:
+        return  # the loader says what is wrong with the folder
+    dev = resolve_device(device)
+    dtype = str(resolve_dtype(prof.model.dtype, dev)).removeprefix("torch.")
+    where = f"cuda:{dev.index or 0}" if dev.type == "cuda" else dev.type
+    decode = prof.decode.gen_length
+    fit.check(
+        raw,
+        family.name,
+        where,
+        dtype,
+        prof.model.quantize,
+        slots,
+        decode,
+        name=prof.name if prof.source else folder.name,
+    )
+
+
 def open_runtime(
     profile: str | None,
     overrides: dict[str, object] | None = None,
@@ -179,13 +212,16 @@ def open_runtime(
     use_guide: bool = True,
     require_guide: bool = False,
     place: Callable[[str], str] | None = None,
+    slots: int = 1,
+    force: bool = False,
 ) -> Runtime:
     """Resolve the profile with CLI overrides (which builds the settings), load the model and
     guide.
 
     `require_guide` (the CLI's explicit --guide) makes a profile without [guide] an error
     before anything is loaded. `place` maps the configured device to the one to load on
-    (under torchrun: this rank's own GPU).
+    (under torchrun: this rank's own GPU). A load that cannot fit in the device's free memory
+    with `slots` rows is refused before any weight is read (fit.py), unless `force`.
     """
     prof, provenance = resolve(profile, overrides)
     if require_guide and prof.guide is None:
@@ -194,6 +230,9 @@ def open_runtime(
         )
     set_threads(prof.model.threads)
     device = prof.model.device if place is None else place(prof.model.device)
+    require_model_folder(prof)
+    if not force:
+        check_fit(prof, device, slots)
     loaded = load_model(
         prof.model.path,
         dtype=prof.model.dtype,

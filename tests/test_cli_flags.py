@@ -17,7 +17,7 @@ from dllm_cli.commands import common
 from dllm_cli.errors import DllmError
 from dllm_cli.options import FLAGS
 
-MODEL = ("profile", "model", "device", "dtype", "quantize", "chat", "compile", "threads")
+MODEL = ("profile", "model", "device", "force", "dtype", "quantize", "chat", "compile", "threads")
 DECODE = (
     "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "schedule", "threshold",
     "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop", "suffix_window",
@@ -48,6 +48,7 @@ CASES = {
     "profile": ([], "source", None),  # every run names its profile file with -p
     "model": (["--model", "{ckpt}"], "model.path", "{ckpt}"),
     "device": (["--device", "auto"], "model.device", "auto"),
+    "force": (["--force"], "force", True),  # open_runtime skips the fit check
     "dtype": (["--dtype", "bfloat16"], "model.dtype", "bfloat16"),
     "quantize": (["--quantize", "int8"], "model.quantize", "int8"),
     "chat": (["--no-chat"], "model.chat_template", False),
@@ -153,8 +154,8 @@ def test_flag_reaches_the_run(command, flag, tmp_path, cli_ckpt, resolved):
     args = [a.replace("{ckpt}", str(cli_ckpt)) for a in args]
     result = invoke(*COMMAND_LINES[command], "-p", str(path), *args)
     assert result.exit_code == Stop.exit_code, result.output
-    if key == "use_guide":
-        assert resolved["kwargs"]["use_guide"] is value
+    if key in ("use_guide", "force"):
+        assert resolved["kwargs"][key] is value
     elif key == "source":
         assert resolved["profile"].source == path.resolve()
     else:

@@ -123,13 +123,18 @@ def open_runtime(*args, **kwargs) -> Runtime:
 
 
 def load_runtime(
-    choices: Choices, *, place: Callable[[str], str] | None = None, quiet: bool = False
+    choices: Choices,
+    *,
+    place: Callable[[str], str] | None = None,
+    quiet: bool = False,
+    slots: int = 1,
 ) -> Runtime:
     """open_runtime for the shared flags, with a spinner on a terminal; notes go to stderr.
 
     A --model replaces the profile's model, so the profile's guide (which must share that
     model's tokenizer) is left out unless --guide asks for it. `place`: see open_runtime;
-    `quiet`: no spinner and no notes (torchrun's ranks other than 0).
+    `quiet`: no spinner and no notes (torchrun's ranks other than 0); `slots`: the rows decoded
+    at once, which the fit check sizes the KV cache for.
     """
     guide, overrides = choices.guide, choices.overrides
     swapped = "model.path" in overrides and guide is None
@@ -142,6 +147,8 @@ def load_runtime(
             use_guide=use_guide,
             require_guide=guide is True,
             place=place,
+            slots=slots,
+            force=choices.force,
         )
     if quiet:
         return runtime

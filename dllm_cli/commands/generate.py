@@ -133,7 +133,9 @@ def generate_command(
         source = grammar_source(json_schema, grammar)
         if source is not None:
             choices = without_guide(choices)
-        runtime = load_runtime(choices) if job is None else load_on_rank(job, choices)
+        runtime = (
+            load_runtime(choices, slots=batch_size) if job is None else load_on_rank(job, choices)
+        )
         if source is not None:
             from dllm_cli.decoding.grammar import compile_grammar, vocab_of
 

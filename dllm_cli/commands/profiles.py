@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dllm_cli.commands.common import cli_errors
-from dllm_cli.errors import ModelLoadError
+from dllm_cli.errors import DllmError, ModelLoadError
 from dllm_cli.families import batching_reason, model_family
 from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profiles import (
@@ -96,6 +96,9 @@ def show_command(
         use = [uses.get(key.removeprefix("decode."), "")] if own else []
         table.add_row(key, Text(shown), shown_origin(origin), *use)
     out.print(table)
+    sizes = weight_sizes(profile.model.path)
+    if sizes:
+        out.print(Text(f"weights: {sizes}", style="dim"))
     for var in unset:
         out.print(
             Text(f"note: ${var} is not set; set it to the folder that holds your models "
@@ -116,6 +119,25 @@ def show_command(
             Text("note: the model folder cannot be read, so its family is unknown here; family "
                  "defaults (Dream: top_k 50) apply when the model loads", style="dim")
         )  # fmt: skip
+
+
+def weight_sizes(path: str) -> str:
+    """The model's weights at each precision, from its config.json ("" when unreadable)."""
+    from dllm_cli import fit
+    from dllm_cli.families import family_for_config
+    from dllm_cli.folders import read_config_json
+
+    if unset_variables(path):
+        return ""
+    try:
+        folder = resolve_path(path)
+        raw = read_config_json(folder)
+        arch = fit.read_arch(raw, family_for_config(raw, folder / "config.json").name)
+    except DllmError:
+        return ""
+    if arch is None:
+        return ""
+    return ", ".join(f"{p} {fit.gb(fit.precision_bytes(arch, p))}" for p in fit.PRECISIONS)
 
 
 def shown_origin(origin: str) -> str:

@@ -1,4 +1,4 @@
-"""`dllm serve`: the model loaded once behind an OpenAI-compatible HTTP API (docs/serving.md).
+"""`dllm serve`: the model loaded once behind OpenAI's and Ollama's HTTP APIs (docs/serving.md).
 
 Only Typer and the option table are imported here; the server (FastAPI, uvicorn, torch) is
 imported when the command runs, so `dllm --help` stays fast.
@@ -67,7 +67,7 @@ def serve_command(
     max_engines: MaxEngines = 4,
     abort_on_exit: AbortOnExit = False,
 ) -> None:
-    """Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's API), GET /v1/models, /health and /metrics.
+    """Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's API), POST /api/generate, /api/chat and /api/show, GET /api/tags, /api/ps, /api/version (Ollama's), GET /v1/models, /health and /metrics.
 
     Decoding flags set the server's defaults; a request may change them with extra body fields of the same names (gen_length, cache, threshold, ...). SIGINT or SIGTERM stops accepting requests, finishes those in flight (or aborts them with --abort-on-exit) and exits 0.
     """
@@ -85,7 +85,7 @@ def serve_command(
             raise fail("--api-key is empty", USAGE)
         from dllm_cli.serve import server
 
-        runtime = load_runtime(choices)
+        runtime = load_runtime(choices, slots=batch_size)
         options = server.Options(
             host, port, api_key, batch_size, max_queue, max_engines, abort_on_exit
         )

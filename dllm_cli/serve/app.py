@@ -98,6 +98,9 @@ def create_app(served: Served) -> FastAPI:
     async def completions(request: Request):
         return await answer(served, request, "completion")
 
+    from dllm_cli.serve.ollama import add_routes  # imports this module: added once it exists
+
+    add_routes(app, served)
     return app
 
 
@@ -109,7 +112,8 @@ def authorized(request: Request, served: Served) -> bool:
 
 def answer_error(served: Served, path: str, e: ApiError) -> JSONResponse:
     served.metrics.request(path, e.status)
-    return JSONResponse(e.body(), status_code=e.status)
+    body = {"error": e.message} if path.startswith("/api/") else e.body()  # Ollama's shape
+    return JSONResponse(body, status_code=e.status)
 
 
 def model_card(served: Served) -> dict:

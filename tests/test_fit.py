@@ -1,0 +1,173 @@
+"""The fit check (fit.py) on configs of real sizes, written as JSON only (tests/fixtures/fit/):
+LLaDA-8B-Instruct (docs/reference.md section 1) and LLaDA2.0-flash (inclusionAI/dFactory
+configs/model_configs/llada2_flash/config.json, model_type given as the hub release's).
+
+The reference sizes are those of the real tensors: the families' own modules (dllm_cli/models/)
+built from each config on the meta device, every tensor of the state dict counted, int8 as
+quantize.py stores it (its rule applied to the module tree). The meta LLaDA-8B holds 8,015,581,184
+values and LLaDA2.0-flash 102,889,705,216 (the hub cards: 8B and 100B).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import block_checkpoints
+import checkpoints
+import pytest
+import torch
+from cli_fixtures import invoke
+from torch import nn
+
+from dllm_cli import fit
+from dllm_cli.families import family_for_config
+from dllm_cli.models import quantize as q
+from dllm_cli.models.loading import config_from_json
+from dllm_cli.models.weights import meta_skeleton
+
+CONFIGS = Path(__file__).parent / "fixtures" / "fit"
+MODELS = ("llada-8b-instruct", "llada2.0-flash")
+CPU_24GB, GPU_80GB = 24 * 10**9, 80 * 10**9
+
+
+def config(name: str) -> tuple[dict, str]:
+    path = CONFIGS / f"{name}.json"
+    raw = json.loads(path.read_text())
+    return raw, family_for_config(raw, path).name
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def meta(request) -> tuple[str, nn.Module]:
+    """The family's module built from the real config, on the meta device (no memory)."""
+    path = CONFIGS / f"{request.param}.json"
+    cfg, cls = config_from_json(json.loads(path.read_text()), path)
+    with meta_skeleton():
+        return request.param, cls(cfg)
+
+
+def reference_bytes(model: nn.Module, precision: str) -> int:
+    """Bytes of the real tensors at `precision` (float: every tensor at that width; int8/int4:
+    the linears quantize.py quantizes, on a bfloat16 load, the rest in bfloat16)."""
+    tensors = {id(t): t for t in model.state_dict(keep_vars=True).values()}
+    if precision in fit.FLOAT_BYTES:
+        return sum(t.numel() for t in tensors.values()) * fit.FLOAT_BYTES[precision]
+    quantized = {id(m.weight): m for m in quantized_linears(model)}
+    total = 0
+    for key, t in tensors.items():
+        if key not in quantized:
+            total += t.numel() * 2
+        elif precision == "int8":
+            total += t.numel() + t.shape[0] * fit.INT8_SCALE_BYTES
+        else:
+            groups = t.shape[0] * math.ceil(t.shape[1] / fit.INT4_GROUP)
+            total += t.numel() / 2 + groups * (fit.INT4_SCALE_BYTES + fit.INT4_ZERO_BYTES)
+    return round(total)
+
+
+def quantized_linears(model: nn.Module) -> list[nn.Linear]:
+    """quantize.py's choice: every nn.Linear but routers, a tied head and block 0's MLP out."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    first = next(iter(model.blocks()))
+    kept = {id(m) for n, m in first.named_modules() if n.rpartition(".")[2] in q.MLP_OUT}
+    return [
+        child
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+        and name not in q.KEEP_FLOAT
+        and id(child.weight) not in embeddings
+        and id(child) not in kept
+    ]
+
+
+@pytest.mark.parametrize("precision", fit.PRECISIONS)
+def test_weight_bytes_within_2_percent_of_the_real_tensors(meta, precision):
+    name, model = meta
+    raw, family = config(name)
+    got = fit.precision_bytes(fit.read_arch(raw, family), precision)
+    expected = reference_bytes(model, precision)
+    assert abs(got - expected) <= 0.02 * expected, (name, precision, got, expected)
+
+
+def test_parameter_counts_are_the_modules():
+    for name, values in (("llada-8b-instruct", 8_015_581_184), ("llada2.0-flash", 102_889_705_216)):
+        raw, family = config(name)
+        assert fit.parameters(fit.read_arch(raw, family)) == values
+
+
+def verdict(name: str, free: int, device: str, dtype: str, quantize: str = "none") -> str:
+    raw, family = config(name)
+    a = fit.read_arch(raw, family)
+    return fit.need(a, free, dtype, quantize, slots=8, answer=256).verdict
+
+
+def test_verdicts_on_a_24gb_cpu_and_an_80gb_gpu():
+    # LLaDA-8B: 32 GB in float32 (CPU's default) cannot fit 24 GB; 16 GB bfloat16 and int8 can.
+    assert verdict("llada-8b-instruct", CPU_24GB, "cpu", "float32") == "will not fit"
+    assert verdict("llada-8b-instruct", CPU_24GB, "cpu", "bfloat16") in ("fits", "tight")
+    assert verdict("llada-8b-instruct", CPU_24GB, "cpu", "float32", "int8") == "fits"
+    assert verdict("llada-8b-instruct", GPU_80GB, "cuda:0", "bfloat16") == "fits"
+    # LLaDA2.0-flash: 206 GB in bfloat16; int4 (65 GB) fits 80 GB, nothing fits 24 GB.
+    assert verdict("llada2.0-flash", GPU_80GB, "cuda:0", "bfloat16") == "will not fit"
+    assert verdict("llada2.0-flash", GPU_80GB, "cuda:0", "bfloat16", "int8") == "will not fit"
+    assert verdict("llada2.0-flash", GPU_80GB, "cuda:0", "bfloat16", "int4") == "fits"
+    for quantize in ("none", "int8", "int4"):
+        assert verdict("llada2.0-flash", CPU_24GB, "cpu", "float32", quantize) == "will not fit"
+
+
+def test_refusal_says_the_numbers_and_what_would_fit():
+    raw, family = config("llada2.0-flash")
+    with pytest.raises(fit.FitError) as caught:
+        fit.check(raw, family, "cuda:0", "bfloat16", "none", 8, 256, free=GPU_80GB)
+    message = str(caught.value)
+    assert "\n" not in message and "weights 205.8 GB in bfloat16" in message
+    assert "80.0 GB is free" in message and "--quantize int4" in message
+    assert f"{fit.TENSOR_PARALLEL_FLAG} 4" in message and "--force" in message
+    assert caught.value.exit_code == 3
+    raw, family = config("llada-8b-instruct")
+    with pytest.raises(fit.FitError, match=r"try --dtype bfloat16"):
+        fit.check(raw, family, "cpu", "float32", "none", 8, 256, free=CPU_24GB)
+    assert fit.check(raw, family, "cuda:0", "bfloat16", "none", 8, 256, free=GPU_80GB).total > 16e9
+
+
+def test_fewer_slots_is_offered_when_the_cache_is_what_does_not_fit():
+    raw, family = config("llada-8b-instruct")
+    a = fit.read_arch(raw, family)
+    free = fit.need(a, 0, "bfloat16", "none", 4, 256).total / fit.TIGHT + 1  # 4 slots just fit
+    offers = fit.alternatives(a, int(free), "bfloat16", "none", 64, 256, gpu=False)
+    assert "--batch-size 4" in offers
+
+
+def test_free_memory_on_this_machine():
+    assert fit.available_ram() > 0
+    if torch.cuda.is_available():
+        assert fit.free_memory("cuda:0") > 0
+
+
+def test_profiles_show_lists_the_weights_at_each_precision(tmp_path):
+    (tmp_path / "config.json").write_text((CONFIGS / "llada-8b-instruct.json").read_text())
+    result = invoke("profiles", "show", "--model", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "weights: float32 32.1 GB, bfloat16 16.0 GB, int8 8.6 GB, int4 5.8 GB" in result.stdout
+
+
+WRITERS = {
+    "llada": lambda folder: checkpoints.write_llada(folder),
+    "dream": lambda folder: checkpoints.write_dream(folder),
+    "llada_moe": lambda folder: checkpoints.write_llada_moe(folder),
+    "sdar": lambda folder: block_checkpoints.write_sdar(folder),
+    "llada2": lambda folder: block_checkpoints.write_llada2(folder),
+}
+
+
+@pytest.mark.parametrize("family", list(WRITERS))
+def test_every_sized_family_counts_the_tensors_a_checkpoint_holds(family, tmp_path):
+    """Each reader against the tensors of a real checkpoint folder of that family (tiny)."""
+    assert set(WRITERS) == set(fit.READERS)
+    written = WRITERS[family](tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert family_for_config(raw, tmp_path).name == family
+    on_disk = sum(t.numel() for t in written.tensors.values())
+    assert fit.parameters(fit.read_arch(raw, family)) == on_disk
