@@ -145,6 +145,7 @@ def test_generate_json_schema_and_grammar_files(tmp_path):
     result = invoke("generate", "--json-schema", str(schema), "--gen-length", str(GEN), "-",
                     input=lines)  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "decoding without the profile's guide" in result.stderr
     for line in result.stdout.splitlines():
         valid(line, OP)
     regex = tmp_path / "n.regex"

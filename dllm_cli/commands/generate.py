@@ -131,6 +131,7 @@ def generate_command(
         if json_input and not batch:
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
         source = grammar_source(json_schema, grammar)
+        defaulted = choices.guide is None  # the profile's guide would have been loaded
         if source is not None:
             choices = without_guide(choices)
         runtime = (
@@ -139,6 +140,8 @@ def generate_command(
         if source is not None:
             from dllm_cli.decoding.grammar import compile_grammar, vocab_of
 
+            if defaulted and runtime.profile.guide is not None and job is None:
+                note("the grammar verifies the drafts: decoding without the profile's guide")
             runtime.grammar = compile_grammar(*source, vocab_of(runtime))
             runtime.committer()  # refused here (one line) when this model cannot follow it
         json_out = json_out or json_canvas
