@@ -179,7 +179,11 @@ def grammar_source(schema: str | None, grammar: str | None) -> tuple[str, str] |
         raise fail(f"cannot read {path}: {e.strerror or e}", USAGE) from None
     if schema is not None:
         return "json_schema", text
-    return ("regex" if path.endswith(".regex") else "lark"), text
+    from pathlib import Path
+
+    from dllm_cli.decoding.grammar import GRAMMAR_SUFFIXES
+
+    return GRAMMAR_SUFFIXES.get(Path(path).suffix, "lark"), text
 
 
 def without_guide(choices: o.Choices) -> o.Choices:

@@ -10,8 +10,10 @@ first masked column, and each step
    the unmask rule picks its own run from the frontier (`r`, at least one column);
 3. `min(a, r)` drafts are committed; when the rule wanted more than the grammar accepted,
    the first rejected column takes the grammar-masked argmax of its distribution (a
-   grammar-masked sample when the request samples), one more token; columns past the commit
-   stay masked drafts for the next step.
+   grammar-masked sample when the request samples), one more token;
+4. the tokens the grammar then forces (it allows one token only) are committed too, as far
+   as the drafts reach (llguidance's fast-forward tokens); columns past the commit stay
+   masked drafts for the next step.
 
 A stop token (EOS, end of turn) is a token of the grammar: allowed only where the grammar
 accepts, and the only token left once the grammar is complete (so a complete grammar forces
@@ -98,7 +100,7 @@ GRAMMAR_KINDS: dict[str, Callable[[Any], str]] = {
 }
 
 # `--grammar FILE` suffix -> kind (any other suffix is read as Lark)
-GRAMMAR_SUFFIXES = {".lark": "lark", ".ebnf": "lark", ".regex": "regex", ".json": "json_schema"}
+GRAMMAR_SUFFIXES = {".regex": "regex", ".lark": "lark"}
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ class GrammarVocab:
         require_library()
         backend = getattr(tokenizer, "backend", None) or tokenizer.backend_tokenizer
         size = max(vocab_size, backend.get_vocab_size(with_added_tokens=True))
-        self.vocab_size, self.stops = vocab_size, tuple(stops)
+        self.stops = tuple(stops)
         try:
             self.tokenizer = llg.LLTokenizer(backend.to_str(), n_vocab=size, eos_token=list(stops))
         except ValueError:  # a decoder llguidance does not know: spell every token out
