@@ -7,7 +7,10 @@ real `dllm serve` driven by the official `openai` client.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -65,8 +68,6 @@ def test_bad_grammars_are_one_line_input_errors(runtime, kind, source, words):
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual", "freecache"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_every_answer_validates_under_every_cache(runtime, cache, temperature):
-    from dataclasses import replace
-
     settings = replace(runtime.settings, cache=cache, temperature=temperature, block_length=8)
     rt = replace(runtime, settings=settings)
     ids = [rt.prepare(q) for q in QUESTIONS]
@@ -129,6 +130,18 @@ def test_python_api_json_schema():
         valid(c.text, OP)
     with pytest.raises(G.GrammarError, match="bad json_schema"):
         llm.generate(QUESTIONS[0], json_schema={"type": "integer", "maximum": "x"})
+
+
+@pytest.mark.slow
+def test_benchmark_script_validates_each_of_its_schemas(runtime):
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_structured.py"
+    spec = importlib.util.spec_from_file_location("bench_structured", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rt = replace(runtime, settings=replace(runtime.settings, gen_length=48))  # the script's
+    count = len(bench.SCHEMAS)  # one request per schema
+    valid_answers, tokens, forwards, own, _ = bench.run(rt, count, True, True)
+    assert valid_answers == count and 0 < forwards <= own < tokens
 
 
 def test_the_guide_is_refused_in_one_line():
