@@ -104,6 +104,10 @@ class Runtime:
             from dllm_cli.decoding.grammar import runtime_committer
 
             return runtime_committer(self, self.grammar)
+        return self.guide_committer()
+
+    def guide_committer(self) -> GuidedCommitter | None:
+        """The AR guide's committer (None: no guide is loaded)."""
         if self.guide is None:
             return None
         g = self.profile.guide

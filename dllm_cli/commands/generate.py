@@ -187,16 +187,11 @@ def grammar_source(schema: str | None, grammar: str | None) -> tuple[str, str] |
 
 
 def without_guide(choices: o.Choices) -> o.Choices:
-    """A grammar verifies the drafts itself: the profile's guide stays unloaded, and an
-    explicit --guide is refused (grammar.refusal says why)."""
+    """A grammar verifies the drafts itself: the profile's guide stays unloaded unless --guide
+    asks for it (then the guide verifies what the grammar allows: grammar.py)."""
     from dataclasses import replace
 
-    if choices.guide is True:
-        raise fail("--guide with --json-schema/--grammar: " + GUIDE_CLASH, USAGE)
-    return replace(choices, guide=False)
-
-
-GUIDE_CLASH = "a grammar and the AR guide cannot verify the same drafts (use one of them)"
+    return replace(choices, guide=False) if choices.guide is None else choices
 
 
 def note_static(pipeline: Pipeline) -> None:

@@ -37,7 +37,7 @@ import json
 import math
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -301,8 +301,7 @@ class GrammarCommitter:
         """The grammar-masked argmax (or sample) at each row's first rejected slot."""
         device = ctx.drafts.device
         vocab = ctx.probs.shape[-1]
-        bits = np.stack([allowed(matchers[r], self.vocab.words) for r in rows])[:, :vocab]
-        bits[:, self.vocab.known :] = False
+        bits = np.stack([next_tokens(matchers[r], self.vocab) for r in rows])[:, :vocab]
         allow = torch.from_numpy(bits).to(device)  # (F, V) bool
         index = torch.tensor(rows, device=device)
         probs = ctx.probs[index, torch.tensor(slots, device=device)].double()  # (F, V)
@@ -320,6 +319,100 @@ class GrammarCommitter:
         none = ~allow.any(dim=-1)  # a dead grammar: end the answer
         stop = torch.full_like(best, self.vocab.stops[0])
         return torch.where(none, stop, best).tolist()
+
+
+class GuidedGrammarCommitter:
+    """The grammar filters what the AR guide verifies (guided.py, FlashDLM).
+
+    Each step a row's drafts are cut at the first one its grammar rejects, which is replaced
+    by an id no token has (the guide must reject it); the guide judges and chooses among the
+    grammar's tokens only (each slot's mask), so its accepted run and its token on a rejection
+    both follow the grammar. The forced run follows, as in GrammarCommitter.
+    """
+
+    frontier = True
+
+    def __init__(self, guide, grammar: GrammarCommitter):
+        if guide.rules.on_reject != "guide":
+            raise GrammarError(
+                "a grammar with the AR guide needs on_reject = guide (the diffusion draft "
+                "committed on a rejection would not follow the grammar)"
+            )
+        self.guide, self.grammar = guide, grammar
+        self.draft_window = guide.draft_window
+        self.start, self.select, self.admit = guide.start, guide.select, guide.admit
+        self.bind = grammar.bind  # a request's own grammar, as GrammarCommitter.bind
+
+    @property
+    def forwards(self) -> int:
+        return self.guide.forwards
+
+    def __call__(self, ctx: StepContext) -> Decision:
+        counts = ctx.candidates.sum(dim=1)  # (B,)
+        table = torch.cat([ctx.canvas.rows[:, None], counts[:, None], ctx.drafts], 1).tolist()
+        matchers = self.grammar._matchers([row[0] for row in table])
+        runs = [row_masks(m, row[2 : 2 + row[1]], self.grammar.vocab) for m, row in
+                zip(matchers, table, strict=True)]  # fmt: skip
+        drafts, candidates = ctx.drafts.clone(), ctx.candidates.clone()
+        width = max(1, *(len(masks) for _, masks in runs))
+        vocab = self.grammar.vocab.words * 32
+        allowed = np.ones((len(runs), width, vocab), dtype=bool)
+        for r, (good, masks) in enumerate(runs):
+            if masks:
+                allowed[r, : len(masks)] = np.stack(masks)
+            if good < table[r][1]:  # the first rejected draft: the guide must reject it
+                drafts[r, good] = vocab
+                candidates[r, good + 1 :] = False
+        self.guide.allowed = torch.from_numpy(allowed).to(ctx.drafts.device)
+        try:
+            decision = self.guide(replace(ctx, drafts=drafts, candidates=candidates))
+        finally:
+            self.guide.allowed = None
+        return self._consume(decision, matchers, [row[1] for row in table])
+
+    def _consume(self, decision: Decision, matchers, counts: list[int]) -> Decision:
+        """The matchers take the committed tokens, then the forced run is committed too."""
+        taken = decision.commit.sum(dim=1)
+        host = torch.cat([taken[:, None], decision.tokens], 1).tolist()
+        tokens, corrected = decision.tokens.clone(), decision.corrected.clone()
+        lengths = []
+        for m, row in zip(matchers, host, strict=True):
+            for token in row[1 : 1 + row[0]] if m is not None else ():
+                if not m.is_stopped() and not m.consume_token(token):
+                    raise RuntimeError(f"grammar matcher: {m.get_error()}")
+            lengths.append(row[0])
+        rooms = [n - k for n, k in zip(counts, lengths, strict=True)]
+        self.grammar._forced(matchers, rooms, lengths, tokens, corrected)
+        slots = torch.arange(tokens.shape[1], device=tokens.device)[None]
+        commit = slots < torch.tensor(lengths, device=tokens.device)[:, None]
+        decision.commit, decision.tokens, decision.corrected = commit, tokens, corrected & commit
+        return decision
+
+
+def row_masks(matcher, drafts: list[int], vocab: GrammarVocab) -> tuple[int, list[np.ndarray]]:
+    """(the grammar's run of drafts, each slot's allowed tokens up to the first rejected one)."""
+    if matcher is None or not drafts:
+        return len(drafts), []
+    good = 0 if matcher.is_stopped() else matcher.validate_tokens(drafts)
+    masks = []
+    for k in range(min(good + 1, len(drafts))):
+        masks.append(next_tokens(matcher, vocab))
+        if k < good:
+            matcher.consume_token(drafts[k])
+    if good:
+        matcher.rollback(min(good, len(drafts)))
+    return good, masks
+
+
+def next_tokens(matcher, vocab: GrammarVocab) -> np.ndarray:
+    """(V,) bool: the tokens the grammar allows next; a stop token only once it is complete."""
+    if matcher.is_stopped():
+        mask = np.zeros(vocab.words * 32, dtype=bool)
+        mask[list(vocab.stops)] = True
+        return mask
+    mask = allowed(matcher, vocab.words)
+    mask[vocab.known :] = False
+    return mask
 
 
 def verify(matcher, drafts: list[int], wanted: int) -> tuple[int, bool]:
@@ -374,11 +467,6 @@ def refusal(runtime, guided: bool = True) -> str | None:
     family = family_of_model(runtime.loaded.model)
     if family.own_sampler or family.block_causal:
         return f"structured output is not supported for {family.title} (no frontier walk)"
-    if guided and runtime.guide is not None:
-        return (
-            "a grammar and the AR guide cannot verify the same drafts (the guide's corrections "
-            "would need the grammar's mask): use --no-guide (or guide: false)"
-        )
     return None
 
 
@@ -394,4 +482,7 @@ def runtime_committer(
     family = family_of(model)
     rule = RuleCommitter(settings, family.schedule)
     tempered = family.tempered_confidence
-    return GrammarCommitter(rule, vocab_of(runtime), tempered, default, fast_forward)
+    committer = GrammarCommitter(rule, vocab_of(runtime), tempered, default, fast_forward)
+    if guided and runtime.guide is not None:  # the guide verifies what the grammar allows
+        return GuidedGrammarCommitter(runtime.guide_committer(), committer)
+    return committer

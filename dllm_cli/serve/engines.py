@@ -113,10 +113,10 @@ def check_length(runtime: Runtime, ids: list[int], settings: DecodeSettings) -> 
 
 def build(runtime: Runtime, group: Group, slots: int) -> Pool:
     committer = runtime.committer() if group.guided else None
-    if group.constrained:
+    if group.constrained:  # requests bind their grammars (the guide verifies what they allow)
         from dllm_cli.decoding.grammar import runtime_committer
 
-        committer = runtime_committer(runtime, guided=False)  # requests bind their grammars
+        committer = runtime_committer(runtime, guided=group.guided)
     model, special = runtime.loaded.model, runtime.loaded.special
     whole = group.settings.batching == "static" or static_reason(model, group.guided)
     admission = "static" if whole else "continuous"

@@ -119,11 +119,7 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
         raise ApiError(400, "stream_options may only hold include_usage", "stream_options")
     usage = flag(options or {}, "include_usage", "stream_options.include_usage")
     structure = response_format(body.get("response_format"))
-    guide = flag(body, "guide", default=guided and structure is None)
-    if guide and structure is not None:
-        raise ApiError(
-            400, "guide: a response_format and the AR guide cannot verify the same drafts", "guide"
-        )
+    guide = flag(body, "guide", default=guided and structure is None)  # asked for: both verify
     if guide and not guided:
         raise ApiError(400, "guide: the served profile has no guide model loaded", "guide")
     settings, sampling = decode_settings(body, base)
