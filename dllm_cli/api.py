@@ -7,6 +7,7 @@
         print(c.text, c.forwards, c.steps)      # every count is that prompt's own
     for piece in llm.stream("2 + 2 = ?"):       # text as it is committed
         print(piece, end="")
+    llm.score("2 + 3 = ", "5", samples=64)      # log p("5" | "2 + 3 = "), estimated
 
 Settings are the CLI's (`dllm generate --help`), by their bare names (`gen_length`, `cache`,
 `threshold`, ...), and are validated exactly as the CLI validates them: a bad value raises the
@@ -23,11 +24,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from dllm_cli import scoring
+from dllm_cli.chat import encode_plain
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.lifetimes import split
 from dllm_cli.profiles import resolve
 from dllm_cli.runtime import Runtime, family_settings, open_runtime
+from dllm_cli.serve.conversation import Message, encode_messages
 from dllm_cli.view import TextStream
 
 
@@ -107,6 +111,31 @@ class LLM:
                 rest = view.finish(rt.text(f.tokens))[:-1]  # without the CLI's newline
                 if rest:
                     yield rest
+
+    def score(
+        self, context: str, continuation: str, *, samples: int | None = None,
+        batch: int | None = None, seed: int = 0, chat: bool = False,
+    ) -> float:  # fmt: skip
+        """log p(continuation | context): the family's reference Monte-Carlo estimate
+        (scoring.py; the same number for the same seed). The context is raw text unless
+        `chat` wraps it in the chat template as a user turn; the continuation's ids are the
+        whole text's past the context's."""
+        loaded = self.runtime.loaded
+        tok = loaded.tokenizer
+        if chat:
+            head = encode_messages(tok, [Message("user", context)])
+            whole = head + tok(continuation, add_special_tokens=False).input_ids
+        else:
+            head = encode_plain(tok, context)
+            whole = encode_plain(tok, context + continuation)
+            if whole[: len(head)] != head:  # the context's last token merged with the text
+                whole = head + tok(continuation, add_special_tokens=False).input_ids
+        model = loaded.model
+        return scoring.estimate(
+            model, loaded.special.mask, model.family, head, whole[len(head) :],
+            samples=samples, batch=batch, seed=seed, cfg=self.runtime.settings.cfg_scale,
+            eos=loaded.special.eos,
+        ).total  # fmt: skip
 
     def _engine(self, rt: Runtime, slots: int, admission: str, schema=None):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:

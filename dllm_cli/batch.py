@@ -103,6 +103,7 @@ class Pipeline:
     json_out: bool = False
     json_input: bool = False
     canvas: bool = False  # --json-canvas: records carry every generated position too
+    logprobs: int | None = None  # --logprobs K: records carry each answer token's logprobs
     totals: Totals = field(default_factory=Totals)
     finished: Callable[[Slot], None] = lambda slot: None  # a record is final (progress)
 
@@ -156,7 +157,8 @@ class Pipeline:
         order.pending.append(slot)
         if slot.error is None:
             try:
-                engine.add(slot.ids, key=slot, sampling=slot.sampling)
+                asked = {} if self.logprobs is None else {"logprobs": self.logprobs}
+                engine.add(slot.ids, key=slot, sampling=slot.sampling, **asked)
                 return
             except DllmError as e:  # a bad prompt, or a line's own sampling values
                 self.fail(slot, str(e))
@@ -223,6 +225,8 @@ class Pipeline:
         if self.json_out:
             stop = self.runtime.loaded.special.stop
             shown = record(slot.prompt, text, done, stop, self.canvas)
+            if self.logprobs is not None:
+                shown["logprobs"] = token_logprobs(self.runtime, done, self.logprobs)
             slot.output = json.dumps({"line": slot.line, **shown})
         else:
             slot.output = one_line(text)
@@ -296,6 +300,33 @@ def record(prompt: str, text: str, done: Finished, stop: Iterable[int], canvas: 
         "seconds": round(done.seconds, 4),
     }
     return shown | ({"canvas_ids": done.tokens} if canvas else {})
+
+
+def token_logprobs(runtime: Runtime, done: Finished, k: int) -> list[dict]:
+    """Per answer token: its text, its log-probability under the step that committed it, and
+    that step's k most likely tokens (decoding/logprobs.py)."""
+    chosen, ids, values = done.token_logprobs(k)
+    piece = runtime.loaded.tokenizer.decode
+    answer = answer_tokens(done.tokens, runtime.loaded.special.stop)
+    return [
+        {
+            "token": piece([t], skip_special_tokens=False),
+            "logprob": chosen[i],
+            "top_logprobs": [
+                {"token": piece([a], skip_special_tokens=False), "logprob": v}
+                for a, v in zip(ids[i], values[i], strict=True)
+            ],
+        }
+        for i, t in enumerate(answer)
+    ]
+
+
+def check_logprobs(runtime: Runtime) -> None:
+    """--logprobs: distributions exist only in an unguided masked-diffusion decode."""
+    if runtime.guide is not None:
+        raise SettingsError("--logprobs needs an unguided decode (add --no-guide)")
+    if runtime.loaded.architecture in ("sdar", "llada2", "diffusion_gemma"):
+        raise SettingsError(f"--logprobs: not supported for {runtime.loaded.architecture}")
 
 
 def solo(result: DecodeResult) -> Finished:

@@ -33,6 +33,7 @@ from dllm_cli.settings import DecodeSettings
 
 if TYPE_CHECKING:  # the guide is a transformers model: imported when a profile uses one
     from dllm_cli.decoding.grammar import Grammar
+    from dllm_cli.distributed.tensor import Shards
     from dllm_cli.models.guide import GuideModel
 
 
@@ -218,9 +219,10 @@ def open_runtime(
     place: Callable[[str], str] | None = None,
     slots: int = 1,
     force: bool = False,
+    shards: Shards | None = None,
 ) -> Runtime:
     """Resolve the profile with CLI overrides (which builds the settings), load the model and
-    guide.
+    guide; `shards`: only this rank's slices of it (tensor parallelism).
 
     `require_guide` (the CLI's explicit --guide) makes a profile without [guide] an error
     before anything is loaded. `place` maps the configured device to the one to load on
@@ -235,7 +237,7 @@ def open_runtime(
     set_threads(prof.model.threads)
     device = prof.model.device if place is None else place(prof.model.device)
     require_model_folder(prof)
-    if not force:
+    if not force and shards is None:  # (it sizes the whole model: a rank holds 1/N of it)
         check_fit(prof, device, slots)
     loaded = load_model(
         prof.model.path,
@@ -243,6 +245,7 @@ def open_runtime(
         device=device,
         special_overrides=prof.special_overrides(),
         quantize=prof.model.quantize,
+        shards=shards,
     )
     loaded = add_stop_tokens(loaded, prof.model.stop_tokens)
     wanted, family = prof.model.architecture, FAMILIES[loaded.family]

@@ -83,3 +83,18 @@ def test_per_call_sampling_is_each_requests_own(llm):
         llm.generate("x", temperature=-1.0)
     with pytest.raises(SettingsError, match="stop must be a list of token ids"):
         llm.generate("x", stop="done")
+
+
+def test_score_is_the_reference_estimate_of_the_continuation(llm):
+    from dllm_cli import scoring
+    from dllm_cli.chat import encode_plain
+
+    loaded = llm.runtime.loaded
+    got = llm.score("Tom has 3 apples and buys 2 more. 3 + 2 =", " 5", samples=8, seed=3)
+    head = encode_plain(loaded.tokenizer, "Tom has 3 apples and buys 2 more. 3 + 2 =")
+    whole = encode_plain(loaded.tokenizer, "Tom has 3 apples and buys 2 more. 3 + 2 = 5")
+    want = scoring.estimate(
+        loaded.model, loaded.special.mask, "llada", head, whole[len(head) :], samples=8, seed=3
+    )
+    assert got == want.total < 0
+    assert llm.score("3 + 2 =", " 5", samples=8, seed=3, chat=True) < 0

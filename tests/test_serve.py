@@ -141,8 +141,8 @@ def test_stop_strings_cut_before_the_first(client):
 @pytest.mark.parametrize(
     ("extra", "param", "words"),
     [
-        ({"n": 2}, "n", "n must be 1"),
-        ({"logprobs": True}, "logprobs", "not supported"),
+        ({"n": 0}, "n", "n must be an integer in [1, 16]"),
+        ({"logprobs": True}, "logprobs", "logprobs needs an unguided decode"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
         ({"max_tokens": 0}, "max_tokens", "max_tokens must be >= 1"),
         ({"temperature": "hot"}, "temperature", "temperature must be a number"),

@@ -126,7 +126,10 @@ def test_format_gives_json_under_the_schema(client):
 def test_raw_errors_and_load_requests(url):
     bad = httpx.post(url + "/api/chat", content=b"{nope", timeout=30)
     assert bad.status_code == 400 and set(bad.json()) == {"error"}
-    assert httpx.get(url + "/api/nothing").json() == {"error": "Not Found"}
+    missing = httpx.get(url + "/api/nothing")
+    assert missing.status_code == 404 and set(missing.json()) == {"error"}
+    assert missing.json()["error"].startswith("unknown route GET /api/nothing (dllm serves ")
+    assert "/api/chat" in missing.json()["error"]
     load = httpx.post(url + "/api/generate", json={"model": MODEL}, timeout=30).json()
     assert load["done"] and load["done_reason"] == "load"
 

@@ -25,6 +25,7 @@ from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.options import Choices
 
 if TYPE_CHECKING:  # torch and the models load only when a command decodes (cli.py)
+    from dllm_cli.distributed.tensor import Shards
     from dllm_cli.runtime import Runtime
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -128,13 +129,15 @@ def load_runtime(
     place: Callable[[str], str] | None = None,
     quiet: bool = False,
     slots: int = 1,
+    shards: Shards | None = None,
 ) -> Runtime:
     """open_runtime for the shared flags, with a spinner on a terminal; notes go to stderr.
 
     A --model replaces the profile's model, so the profile's guide (which must share that
     model's tokenizer) is left out unless --guide asks for it. `place`: see open_runtime;
     `quiet`: no spinner and no notes (torchrun's ranks other than 0); `slots`: the rows decoded
-    at once, which the fit check sizes the KV cache for.
+    at once, which the fit check sizes the KV cache for; `shards`: this rank's slices of the
+    model only (--tensor-parallel).
     """
     guide, overrides = choices.guide, choices.overrides
     swapped = "model.path" in overrides and guide is None
@@ -149,6 +152,7 @@ def load_runtime(
             place=place,
             slots=slots,
             force=choices.force,
+            shards=shards,
         )
     if quiet:
         return runtime

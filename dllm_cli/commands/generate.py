@@ -41,6 +41,7 @@ from dllm_cli.prompt_text import escape_bytes, from_argv
 if TYPE_CHECKING:  # the decoding modules (torch) are imported by the command, not at start-up
     from dllm_cli import distributed
     from dllm_cli.batch import Pipeline, Slot
+    from dllm_cli.distributed import tensor
     from dllm_cli.runtime import Runtime
 
 JsonInput = Annotated[
@@ -65,6 +66,29 @@ JsonCanvas = Annotated[
         help="Implies --json; each object also carries canvas_ids: every generated position "
         "(padding included), before the answer is cut.",
         rich_help_panel=o.OUTPUT,
+    ),
+]
+Logprobs = Annotated[
+    int | None,
+    typer.Option(
+        "--logprobs",
+        metavar="K",
+        help="Implies --json; each object also carries logprobs: per answer token its "
+        "log-probability under the step that committed it and that step's K most likely "
+        "tokens (unguided decodes; docs/scoring.md).",
+        rich_help_panel=o.OUTPUT,
+        show_default=False,
+    ),
+]
+TensorParallel = Annotated[
+    int,
+    typer.Option(
+        "--tensor-parallel",
+        help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
+        "every rank decodes every line, rank 0 writes them (docs/distributed.md). LLaDA, Dream "
+        "and LLaDA-MoE, greedy decoding; a multiple of N processes runs replicas of N ranks, "
+        "each decoding its share of the lines.",
+        rich_help_panel="Parallelism",
     ),
 ]
 JsonSchema = Annotated[
@@ -102,7 +126,9 @@ def generate_command(
     batch_size: o.BatchSize = 8,
     json_input: JsonInput = False,
     json_canvas: JsonCanvas = False,
+    logprobs: Logprobs = None,
     verbose_prompt: o.VerbosePrompt = False,
+    tensor_parallel: TensorParallel = 1,
     json_schema: JsonSchema = None,
     grammar: GrammarFile = None,
 ) -> None:
@@ -116,7 +142,7 @@ def generate_command(
     """
     with cli_errors():
         from dllm_cli import distributed
-        from dllm_cli.batch import Pipeline
+        from dllm_cli.batch import Pipeline, check_logprobs
 
         job = distributed.Job.from_env()
         leader = job is None or job.rank == 0  # the process that reads stdin and writes stdout
@@ -130,13 +156,21 @@ def generate_command(
             )
         if json_input and not batch:
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
+        if logprobs is not None and not 0 <= logprobs <= 20:
+            raise fail(f"--logprobs must be in 0..20 (got {logprobs})", USAGE)
+        shards = None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel)
+        if shards is not None and not batch:
+            raise fail("--tensor-parallel reads prompts from stdin: give '-' and pipe them", USAGE)
+        if shards is not None and logprobs is not None:
+            raise fail("--tensor-parallel does not support --logprobs yet", USAGE)
         source = grammar_source(json_schema, grammar)
         defaulted = choices.guide is None  # the profile's guide would have been loaded
         if source is not None:
             choices = without_guide(choices)
-        runtime = (
-            load_runtime(choices, slots=batch_size) if job is None else load_on_rank(job, choices)
-        )
+        if job is None:
+            runtime = load_runtime(choices, slots=batch_size)
+        else:
+            runtime = load_on_rank(job, choices, shards)
         if source is not None:
             from dllm_cli.decoding.grammar import compile_grammar, vocab_of
 
@@ -144,13 +178,18 @@ def generate_command(
                 note("the grammar verifies the drafts: decoding without the profile's guide")
             runtime.grammar = compile_grammar(*source, vocab_of(runtime))
             runtime.committer()  # refused here (one line) when this model cannot follow it
-        json_out = json_out or json_canvas
+        json_out = json_out or json_canvas or logprobs is not None
         pipeline = Pipeline(runtime, batch_size, json_out, json_input, canvas=json_canvas)
+        pipeline.logprobs = logprobs
+        if logprobs is not None:
+            check_logprobs(runtime)
         if batch and leader:
             note_static(pipeline)
         shown = runtime if verbose_prompt else None
-        if job is not None:
-            failed = run_sharded(job, pipeline, shown)
+        if shards is not None and shards.replicas == 1:
+            failed = run_split(job, pipeline, shards, shown, stats)
+        elif job is not None:
+            failed = run_sharded(job, pipeline, shown, shards)
         elif batch:
             failed = run_batch(pipeline, shown)
         else:
@@ -223,6 +262,8 @@ def run_single(runtime: Runtime, arg: str, pipeline: Pipeline, verbose: bool = F
     if verbose:
         show_prompt(runtime, ids)
     model, special = runtime.loaded.model, runtime.loaded.special
+    if pipeline.logprobs is not None:  # the engine's record, with each token's logprobs
+        return write(json.dumps(logprob_record(runtime, prompt, ids, pipeline)) + "\n")
     run = decode_steps(model, special, [ids], runtime.settings, committer=runtime.committer())
     stream = None
     if stdout_is_terminal() and not json_out:
@@ -240,6 +281,23 @@ def run_single(runtime: Runtime, arg: str, pipeline: Pipeline, verbose: bool = F
         write(stream.finish(text))
     else:
         write(text + "\n")
+
+
+def logprob_record(runtime: Runtime, prompt: str, ids: list[int], pipeline: Pipeline) -> dict:
+    """One prompt decoded alone with --logprobs: its --json record and logprobs."""
+    from dllm_cli.batch import record, token_logprobs
+    from dllm_cli.decoding.run import open_engine
+
+    model, special = runtime.loaded.model, runtime.loaded.special
+    engine = open_engine(model, special, runtime.settings, runtime.committer(), slots=1)
+    engine.add(ids, logprobs=pipeline.logprobs)
+    while engine.has_work:
+        finished = engine.step().finished
+    done = finished[0]
+    pipeline.totals.add_answer(done.tokens, special.stop)
+    pipeline.totals.add_run(engine.forwards, engine.guide_forwards, engine.steps, engine.seconds)
+    shown = record(prompt, runtime.text(done.tokens), done, special.stop, pipeline.canvas)
+    return shown | {"logprobs": token_logprobs(runtime, done, pipeline.logprobs)}
 
 
 def single_error(shown: dict[str, str], e: InputError, json_out: bool) -> None:
@@ -316,26 +374,114 @@ def decoding_progress(visible: bool = True) -> Progress:
 # --- under torchrun -------------------------------------------------------------------------
 
 
-def load_on_rank(job: distributed.Job, choices: o.Choices) -> Runtime:
-    """The runtime on this rank's own device; only rank 0 shows notes."""
+def load_on_rank(
+    job: distributed.Job, choices: o.Choices, shards: tensor.Shards | None = None
+) -> Runtime:
+    """The runtime on this rank's own device; only rank 0 shows notes. With `shards`
+    (--tensor-parallel) only this rank's slices load, and what tensor parallelism does not
+    support yet is refused on rank 0 alone (the other ranks exit with its code, silently)."""
     from dllm_cli import distributed
 
     flag = choices.overrides.get("model.device")
     place = partial(distributed.rank_device, job, flag if isinstance(flag, str) else None)
     try:
-        return load_runtime(choices, place=place, quiet=job.rank != 0)
+        runtime = load_runtime(choices, place=place, quiet=job.rank != 0, shards=shards)
+        if shards is not None:
+            check_split(runtime, shards)
+        return runtime
     except DllmError as e:  # say which rank could not load: ranks may sit on different machines
+        if shards is not None and e.exit_code == USAGE:  # every rank refuses it: rank 0 says so
+            if job.rank:
+                raise typer.Exit(e.exit_code) from None
+            raise
         raise type(e)(f"rank {job.rank}: {e}") from None
 
 
-def run_sharded(job: distributed.Job, pipeline: Pipeline, shown: Runtime | None = None) -> int:
-    """This rank's share of stdin through the pipeline; rank 0 writes every rank's records."""
+def tensor_shards(job: distributed.Job | None, degree: int) -> tensor.Shards:
+    """This rank's place in --tensor-parallel N: ranks r N .. r N + N - 1 hold replica r."""
+    from dllm_cli.distributed import tensor
+
+    return tensor.place(0 if job is None else job.rank, 1 if job is None else job.world, degree)
+
+
+def check_split(runtime: Runtime, shards: tensor.Shards) -> None:
+    """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
+    from dllm_cli.distributed import tensor
+
+    compiled = runtime.profile.model.compile
+    tensor.refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
+    if runtime.loaded.device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(runtime.loaded.device)  # NCCL's communicator on this rank's GPU
+        shards.backend = "nccl"
+    mine, whole = runtime.loaded.model.weight_bytes
+    mib = 2**20
+    replica = f" (replica {shards.replica} of {shards.replicas})" if shards.replicas > 1 else ""
+    note(
+        f"tensor parallel rank {shards.rank} of {shards.world}{replica}: {mine / mib:.2f} MiB "
+        f"of weights ({100 * mine / whole:.1f}% of {whole / mib:.2f} MiB)"
+    )
+
+
+def run_split(
+    job: distributed.Job,
+    pipeline: Pipeline,
+    shards: tensor.Shards,
+    shown: Runtime | None = None,
+    stats: bool = False,
+) -> int:
+    """Every line through every rank's share of the model; rank 0 writes the records."""
     from dllm_cli import distributed
 
     with distributed.process_group(job):
         lines = distributed.share_lines(job, sys.stdin.buffer)
         if lines is None:
             raise typer.Exit(1)  # rank 0 could not read stdin and says why
+        shards.join()
+        failed = 0
+
+        def write_out(slots: list[Slot]) -> None:
+            nonlocal failed
+            for slot in slots:
+                failed += slot.error is not None
+                if job.rank == 0:
+                    emit(slot, pipeline.json_out, shown)
+
+        with decoding_progress(visible=job.rank == 0) as progress:
+            task = progress.add_task("decoding", total=len(lines))
+            pipeline.finished = lambda slot: progress.advance(task)
+            pipeline.run(enumerate(lines, start=1), write_out)
+        if stats and job.rank == 0:
+            c = shards.counts
+            note(
+                f"tensor parallel: {c.forwards} forwards, {c.all_reduce} all-reduces, "
+                f"{c.all_gather} all-gathers on rank 0"
+            )
+    return failed if job.rank == 0 else 0
+
+
+def run_sharded(
+    job: distributed.Job,
+    pipeline: Pipeline,
+    shown: Runtime | None = None,
+    shards: tensor.Shards | None = None,
+) -> int:
+    """This rank's share of stdin through the pipeline; rank 0 writes every rank's records.
+
+    With `shards` (replicas of --tensor-parallel ranks) the lines are shared out over the
+    replicas: each replica's first rank reports as a rank does, the others decode alongside.
+    """
+    from dllm_cli import distributed
+
+    with distributed.process_group(job):
+        lines = distributed.share_lines(job, sys.stdin.buffer)
+        if lines is None:
+            raise typer.Exit(1)  # rank 0 could not read stdin and says why
+        if shards is not None:
+            job = replica_job(job, shards)
+            if shards.rank:
+                return follow_replica(job, pipeline, lines)
 
         def lost(line: int, reason: str) -> Slot:
             return pipeline.lost(line, lines[line - 1], reason)
@@ -352,6 +498,24 @@ def run_sharded(job: distributed.Job, pipeline: Pipeline, shown: Runtime | None 
             except distributed.Stranded as stranded:
                 exit_now(stranded.cause)
         return settle(job, outcome)
+
+
+def replica_job(job: distributed.Job, shards: tensor.Shards) -> distributed.Job:
+    """The job over replicas: replica r is one rank of it (its lines: every R-th)."""
+    from dllm_cli import distributed
+
+    shards.join()
+    return distributed.Job(shards.replica, shards.replicas, job.local_rank, job.timeout)
+
+
+def follow_replica(job: distributed.Job, pipeline: Pipeline, lines: list[bytes]) -> int:
+    """A replica's rank other than its first: the same lines through its share of the
+    model, nothing reported (the first rank reports them); then the job's closing barrier."""
+    import torch.distributed as dist
+
+    pipeline.run(job.shard(lines), lambda slots: None)
+    dist.barrier()
+    return 0
 
 
 def describe_failure(e: BaseException) -> tuple[str, int]:

@@ -45,6 +45,25 @@ MaxEngines = Annotated[
         rich_help_panel=SERVER,
     ),
 ]
+ScoreSamples = Annotated[
+    int | None,
+    typer.Option(
+        help="Monte-Carlo samples per likelihood estimate of echo scoring when a request gives "
+        "no score_samples (default: the family reference's, 128).",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
+ScoreSplits = Annotated[
+    int | None,
+    typer.Option(
+        help="Echo scoring estimates only the last N context/continuation splits of a prompt "
+        "(earlier positions get null logprobs) when a request gives no score_splits "
+        "(default: every split; docs/scoring.md).",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
 AbortOnExit = Annotated[
     bool,
     typer.Option(
@@ -66,6 +85,8 @@ def serve_command(
     max_queue: MaxQueue = 64,
     max_engines: MaxEngines = 4,
     abort_on_exit: AbortOnExit = False,
+    score_samples: ScoreSamples = None,
+    score_splits: ScoreSplits = None,
 ) -> None:
     """Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's API), POST /api/generate, /api/chat and /api/show, GET /api/tags, /api/ps, /api/version (Ollama's), GET /v1/models, /health and /metrics.
 
@@ -79,6 +100,10 @@ def serve_command(
                 raise fail(f"{name} must be at least {low} (got {value})", USAGE)
         if max_engines < 1:
             raise fail(f"--max-engines must be at least 1 (got {max_engines})", USAGE)
+        if score_samples is not None and not 1 <= score_samples <= 4096:
+            raise fail(f"--score-samples must be in 1..4096 (got {score_samples})", USAGE)
+        if score_splits is not None and score_splits < 1:
+            raise fail(f"--score-splits must be at least 1 (got {score_splits})", USAGE)
         if not 0 <= port <= 65535:
             raise fail(f"--port must be in 0..65535 (got {port})", USAGE)
         if api_key is not None and not api_key.strip():
@@ -87,8 +112,9 @@ def serve_command(
 
         runtime = load_runtime(choices, slots=batch_size)
         options = server.Options(
-            host, port, api_key, batch_size, max_queue, max_engines, abort_on_exit
-        )
+            host, port, api_key, batch_size, max_queue, max_engines, abort_on_exit,
+            score_samples=score_samples, score_splits=score_splits,
+        )  # fmt: skip
         try:
             server.run(
                 runtime,

@@ -69,7 +69,9 @@ class Engine(RequestQueue):
         self.admission = policy = ADMISSIONS[admission]
         self.slots, self.quantum = slots, quantum or policy.quantum
         family = family_of(model)
-        self.sampler = Sampler(settings, family, special.real_vocab(model.vocab_size), special.mask)
+        # A tensor-parallel model brings a sampler for its vocabulary shard (distributed/tensor.py).
+        make = getattr(model, "draft_sampler", Sampler)
+        self.sampler = make(settings, family, special.real_vocab(model.vocab_size), special.mask)
         self.committer = committer or RuleCommitter(settings, family.schedule)
         self.frontier = bool(getattr(self.committer, "frontier", False))
         self.draft_window = getattr(self.committer, "draft_window", None)
@@ -85,6 +87,7 @@ class Engine(RequestQueue):
             )
         self.policy = POLICIES[settings.cache]()
         probs = bool(getattr(self.committer, "needs_probs", False))  # eb, klass read them
+        self.keeps_probs = probs  # (a step where a request asks for logprobs keeps them too)
         # WINO's committer verifies earlier commits with a shadow block in the same forward.
         self.revokes = bool(getattr(self.committer, "needs_shadow", False))
         kind = ShadowForwards if self.revokes else Forwards
@@ -116,17 +119,21 @@ class Engine(RequestQueue):
         key: Any = None,
         settings: DecodeSettings | None = None,
         sampling: Sampling | dict | None = None,
+        logprobs: int | None = None,
     ) -> int:
         """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError).
 
         `sampling` (or whole `settings`) gives the request its own temperature, top_p, top_k,
         seed and stop ids (lifetimes.py); any other setting differing from the engine's is
-        refused (SettingsError naming it)."""
+        refused (SettingsError naming it). `logprobs` (k >= 0) records each answer token's
+        log-probability and k alternatives (logprobs.py; Finished.token_logprobs)."""
         own = self.sampling
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
         ids = canvas_prompt(prompt, self.settings.gen_length, self.model.context_length, self.table)
-        return self.enqueue(ids, key, own)
+        rid = self.enqueue(ids, key, own)
+        self.requests[rid].logprobs = logprobs
+        return rid
 
     @property
     def has_work(self) -> bool:

@@ -50,6 +50,8 @@ class Request:
     sampling: Sampling = field(default_factory=Sampling)  # its own temperature, seed, stops
     generator: Any = None  # its torch.Generator, seeded from sampling.seed at admission
     idle: bool = False  # waits in a finished block for its lockstep batch (draws nothing)
+    logprobs: int | None = None  # top alternatives per token it asked for (None: no logprobs)
+    logprob_buffers: Any = None  # logprobs.Buffers, made on its first recorded step
 
     def admit(self, step: int) -> None:
         self.status, self.first_step = Status.RUNNING, step
@@ -71,6 +73,7 @@ class Request:
             guide_seconds=self.guide_seconds,
             finished_at=step - self.first_step,
             waited=self.admitted_at - self.added_at,
+            logprobs=self.logprob_buffers,
         )
 
 
@@ -94,6 +97,14 @@ class Finished:
     guide_seconds: float = 0.0
     finished_at: int = 0  # its 0-based step (from admission) at which the answer was final
     waited: float = 0.0  # seconds between `add` and admission
+    logprobs: Any = None  # logprobs.Buffers of a request that asked (read with `token_logprobs`)
+
+    def token_logprobs(self, k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
+        """Per answer column: the committed token's log-probability, the step's k most likely
+        tokens and theirs (logprobs.py); empty lists when it asked for none."""
+        if self.logprobs is None:
+            return [], [], []
+        return self.logprobs.read(k)
 
     @property
     def tokens(self) -> list[int]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dllm_cli.decoding import logprobs
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
 from dllm_cli.decoding.forwards import Prediction
 from dllm_cli.decoding.request import Finished
@@ -63,6 +64,8 @@ def decode_step(e) -> StepOutput:
     cache = e.cache_view()
     decoded = spans(e, places, plans, firsts)
     draws = e.draws(decoded)  # each row samples with its own request's values and generator
+    asked = any(r.logprobs is not None for r in e.live)  # (logprobs.py: opt-in per request)
+    e.executor.probs = e.keeps_probs or asked
     pred = e.executor(c, cache, plans, decoded, draws)
     e.forwards += pred.forwards
     shared = decoded[0] if len(set(decoded)) == 1 else None  # one span, no padding slots
@@ -77,6 +80,8 @@ def decode_step(e) -> StepOutput:
     e.guide_seconds += decision.seconds
     commit = guard(e, decision, ctx, places)
     tokens = pred.drafts if decision.tokens is None else decision.tokens
+    if asked:
+        logprobs.record(e, pred.probs, commit, tokens, pred.columns)
     if shared is None:
         write(c, commit, tokens, pred.columns, e.steps)
     else:

@@ -65,7 +65,8 @@ class Outbox:
     def send(self, report: Report) -> None:
         self.flush()
         body = torch.frombuffer(bytearray(pickle.dumps(report)), dtype=torch.uint8)
-        head = torch.tensor([body.numel(), report.rank], dtype=torch.long)
+        # the sender's own rank in the world (a replica's lead under --tensor-parallel)
+        head = torch.tensor([body.numel(), dist.get_rank()], dtype=torch.long)
         try:
             self.pending = [
                 (dist.isend(head, dst=0, tag=_HEAD), head),
@@ -88,7 +89,7 @@ def receive(timeout: timedelta) -> Report:
     """The next report from whichever rank sends one first."""
     head = torch.zeros(2, dtype=torch.long)
     dist.irecv(head, tag=_HEAD).wait(timeout)
-    size, rank = head.tolist()
+    size, rank = head.tolist()  # (the sender's rank in the world)
     body = torch.empty(size, dtype=torch.uint8)
     dist.irecv(body, src=rank, tag=_BODY).wait(timeout)
     return pickle.loads(body.numpy().tobytes())

@@ -26,6 +26,7 @@ from dllm_cli.models.weights import check_weights, meta_skeleton, read_weights, 
 if TYPE_CHECKING:  # transformers is imported where a tokenizer needs it, not at start-up
     from transformers import PreTrainedTokenizerBase
 
+    from dllm_cli.distributed.tensor import Shards
     from dllm_cli.models.tokenizer import FastTokenizer
 
     AnyTokenizer = FastTokenizer | PreTrainedTokenizerBase
@@ -265,10 +266,12 @@ def load_model(
     device: str = "auto",
     special_overrides: dict | None = None,
     quantize: str = "none",
+    shards: Shards | None = None,
 ) -> LoadedModel:
     """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included).
 
-    `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load."""
+    `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load;
+    `shards` (tensor parallelism, distributed/tensor.py) loads only this rank's slices."""
     scheme = quant.scheme_for(quantize)
     folder = resolve_path(path)
     dev = resolve_device(device)
@@ -277,6 +280,9 @@ def load_model(
     family = family_for_config(raw, folder / "config.json")
     if family.own_sampler and scheme.bits:
         raise ModelLoadError(f"--quantize {scheme.name} does not apply to {family.name} models")
+    if shards is not None and (scheme.bits or family.own_sampler):
+        what = f"--quantize {scheme.name}" if scheme.bits else f"{family.name} models"
+        raise SettingsError(f"--tensor-parallel does not support {what} yet")
     if family.own_sampler:  # transformers' own model and sampler (DiffusionGemma)
         return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
     config, model_cls = config_from_json(raw, folder / "config.json", family)
@@ -289,12 +295,17 @@ def load_model(
         ) from None
     check_weights(folder, skeleton)
     try:
-        # Weights stream shard by shard onto the meta-built model (models/weights.py);
-        # device placement is a plain .to() so no accelerate dependency is needed.
-        read_as = quant.load_dtype(scheme, torch_dtype, weight_files(folder))  # bf16 under int8
-        model = read_weights(folder, skeleton, read_as)
-        model.to(dev)
-    except ModelLoadError:
+        if shards is not None:  # this rank's slices only, fused (distributed/tensor.py)
+            from dllm_cli.distributed.tensor import load_sharded
+
+            model = load_sharded(folder, skeleton, family.name, shards, torch_dtype, dev)
+        else:
+            # Weights stream shard by shard onto the meta-built model (models/weights.py);
+            # device placement is a plain .to() so no accelerate dependency is needed.
+            read_as = quant.load_dtype(scheme, torch_dtype, weight_files(folder))  # int8: bf16
+            model = read_weights(folder, skeleton, read_as)
+            model.to(dev)
+    except (ModelLoadError, SettingsError):
         raise
     except Exception as e:  # a damaged shard past our checks (safetensors raises several)
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
@@ -304,7 +315,7 @@ def load_model(
         model.to(torch_dtype)
         quant.refuse_float_groups(model)
         quant.release_freed_memory()
-    else:
+    elif shards is None:
         model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names, memory unchanged
     tokenizer = load_tokenizer(folder, config)
     rows = model.get_input_embeddings().num_embeddings

@@ -4,6 +4,7 @@
 - protocol.py: request bodies -> validated jobs; OpenAI-style error objects.
 - answers.py: committed token prefixes -> streamed text, stop strings, finish reasons.
 - worker.py: the stepping thread that owns the engines (one per settings group, bounded).
+- scores.py: answer logprobs and echo scores (scoring.py) in OpenAI's logprobs shapes.
 - metrics.py: Prometheus text exposition of the server's counters and histograms.
 - app.py: the FastAPI routes; server.py: uvicorn, signals and graceful shutdown.
 

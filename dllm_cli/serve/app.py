@@ -13,7 +13,7 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -21,9 +21,10 @@ from starlette.exceptions import HTTPException
 
 from dllm_cli.errors import DllmError
 from dllm_cli.serve import engines
-from dllm_cli.serve.metrics import CONTENT_TYPE, Metrics
-from dllm_cli.serve.protocol import ApiError, Job, parse
-from dllm_cli.serve.worker import Outcome, Ticket, Worker
+from dllm_cli.serve.metrics import CONTENT_TYPE, ROUTES, Metrics
+from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
+from dllm_cli.serve.scores import Scored, TokenLogprob
+from dllm_cli.serve.worker import Outcome, Worker
 
 MAX_BODY = 4 * 1024 * 1024  # bytes: a request body past this is refused (413)
 POLL = 0.25  # seconds between checks that a waiting client is still there
@@ -39,6 +40,8 @@ class Served:
     limit: int  # requests waiting or decoding before a 429
     api_key: str | None = None
     created: int = 0
+    score_samples: int | None = None  # echo scoring's default (None: the family's)
+    score_splits: int | None = None  # echo scoring's default (None: every position)
 
 
 class Gone(Exception):
@@ -67,7 +70,7 @@ def create_app(served: Served) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, e: HTTPException):
-        return answer_error(served, request.url.path, ApiError(e.status_code, str(e.detail)))
+        return answer_error(served, request.url.path, route_error(request, e))
 
     @app.get("/health")
     async def health():
@@ -102,6 +105,17 @@ def create_app(served: Served) -> FastAPI:
 
     add_routes(app, served)
     return app
+
+
+def route_error(request: Request, e: HTTPException) -> ApiError:
+    """Starlette's refusals (no such route, wrong method) as error objects naming the route."""
+    where = f"{request.method} {request.url.path}"
+    if e.status_code == 404:
+        message = f"unknown route {where} (dllm serves {', '.join(ROUTES)})"
+        return ApiError(404, message, kind="invalid_request_error", code="unknown_route")
+    if e.status_code == 405:
+        return ApiError(405, f"method not allowed: {where}", code="method_not_allowed")
+    return ApiError(e.status_code, str(e.detail))
 
 
 def authorized(request: Request, served: Served) -> bool:
@@ -143,6 +157,7 @@ async def answer(served: Served, request: Request, kind: str) -> Response:
 
 
 async def complete(served: Served, request: Request, kind: str) -> Response:
+    """Validate, submit every prompt and choice together, then answer (or stream) them."""
     path = request.url.path
     body = await read_json(request)
     worker = served.worker
@@ -154,34 +169,84 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
     except DllmError as e:
         raise ApiError(400, str(e)) from None
     job = engines.with_grammar(worker.runtime, job)
+    if job.kind == "score":
+        job = replace(job, score=served_defaults(served, job.score))
+    parts = choices(job)
     events: asyncio.Queue = asyncio.Queue()
     loop = asyncio.get_running_loop()
 
-    def post(what: str, payload: object) -> None:
-        loop.call_soon_threadsafe(events.put_nowait, (what, payload))
+    def poster(index: int):
+        def post(what: str, payload: object) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, (index, what, payload))
 
-    ticket = worker.submit(job, post, served.limit)
-    try:
-        what, payload = await next_event(events, request)
-    except Gone:
-        worker.abort(ticket)
-        raise
-    if what == "error":
-        raise payload  # type: ignore[misc]
+        return post
+
+    tickets = worker.submit_all([(p, poster(i)) for i, p in enumerate(parts)], served.limit)
+    waiting = Waiting(events, request, worker, tickets)
+    await waiting.accepted()
     if job.stream:
         served.metrics.request(path, 200)
-        chunks = stream(served, request, job, ticket, events, kind)
+        chunks = stream(served, job, waiting, kind)
         return StreamingResponse(chunks, media_type="text/event-stream")
-    try:
-        while what != "done":
-            what, payload = await next_event(events, request)
-            if what == "error":
-                raise payload  # type: ignore[misc]
-    except Gone:
-        worker.abort(ticket)
-        raise
+    outcomes = await waiting.outcomes()
     served.metrics.request(path, 200)
-    return JSONResponse(whole(served, job, payload, kind))  # type: ignore[arg-type]
+    if job.kind == "score":
+        return JSONResponse(scored_answer(served, job, outcomes))  # type: ignore[arg-type]
+    return JSONResponse(whole(served, job, outcomes, kind))  # type: ignore[arg-type]
+
+
+def served_defaults(served: Served, score: Score) -> Score:
+    """A scoring request's options with the server's defaults where it gave none."""
+    samples = score.samples or served.score_samples
+    batch = score.batch if samples is None or (score.batch or 0) <= samples else None
+    splits = score.splits or served.score_splits
+    return replace(score, samples=samples, batch=batch, splits=splits)
+
+
+class Waiting:
+    """A request's tickets and their tagged events; any failure aborts them all."""
+
+    def __init__(self, events: asyncio.Queue, request: Request, worker: Worker, tickets: list):
+        self.events, self.request, self.worker, self.tickets = events, request, worker, tickets
+        self.early: list[tuple[int, str, object]] = []  # text that came before every accept
+
+    async def next(self) -> tuple[int, str, object]:
+        if self.early:
+            return self.early.pop(0)
+        try:
+            return await next_event(self.events, self.request)
+        except Gone:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        for ticket in self.tickets:
+            self.worker.abort(ticket)
+
+    async def accepted(self) -> None:
+        """Every part accepted, or the first refusal raised (the others aborted)."""
+        pending = set(range(len(self.tickets)))
+        while pending:
+            index, what, payload = await self.next()
+            if what == "error":
+                self.abort()
+                raise payload  # type: ignore[misc]
+            if what == "accepted":
+                pending.discard(index)
+            else:
+                self.early.append((index, what, payload))
+
+    async def outcomes(self) -> list[object]:
+        """Every part's outcome, in part order."""
+        done: dict[int, object] = {}
+        while len(done) < len(self.tickets):
+            index, what, payload = await self.next()
+            if what == "error":
+                self.abort()
+                raise payload  # type: ignore[misc]
+            if what == "done":
+                done[index] = payload
+        return [done[i] for i in range(len(self.tickets))]
 
 
 async def next_event(events: asyncio.Queue, request: Request) -> tuple[str, object]:
@@ -194,31 +259,38 @@ async def next_event(events: asyncio.Queue, request: Request) -> tuple[str, obje
                 raise Gone() from None
 
 
-async def stream(
-    served: Served, request: Request, job: Job, ticket: Ticket, events: asyncio.Queue, kind: str
-) -> AsyncIterator[str]:
-    """Server-sent events: text as it is committed, the finish chunk (with usage), [DONE]."""
+async def stream(served: Served, job: Job, waiting: Waiting, kind: str) -> AsyncIterator[str]:
+    """Server-sent events: text as it is committed (each choice by its index), each choice's
+    finish chunk (the last one with the request's usage), [DONE]."""
     ids = response_id(kind)
-    finished = False
+    left = len(waiting.tickets)
+    finished: list[Outcome] = []
+    offsets = [0] * left  # completions: each choice's text sent so far (text_offset)
     try:
         if kind == "chat":
-            yield sse(chunk(served, ids, kind, {"role": "assistant", "content": ""}))
-        while True:
-            what, payload = await next_event(events, request)
+            for i in range(left):
+                yield sse(chunk(served, ids, kind, {"role": "assistant", "content": ""}, i))
+        while left:
+            index, what, payload = await waiting.next()
             if what == "text":
-                yield sse(chunk(served, ids, kind, payload))
+                text, entries = payload if isinstance(payload, tuple) else (payload, None)
+                logprobs = None if entries is None else shaped(entries, kind, offsets[index])
+                offsets[index] += len(text)  # type: ignore[arg-type]
+                yield sse(chunk(served, ids, kind, text, index, logprobs=logprobs))
             elif what == "error":
-                finished = True
+                left = 0
+                waiting.abort()
                 yield sse(payload.body())  # type: ignore[union-attr]
-                break
             elif what == "done":
-                finished = True
-                yield sse(chunk(served, ids, kind, None, payload))  # type: ignore[arg-type]
-                break
+                left -= 1
+                finished.append(payload)  # type: ignore[arg-type]
+                total = summed(finished) if not left else None
+                last = chunk(served, ids, kind, None, index, payload, total)  # type: ignore[arg-type]
+                yield sse(last)
         yield "data: [DONE]\n\n"
     finally:
-        if not finished:  # the client left (or the response was cancelled): free its slot
-            served.worker.abort(ticket)
+        if left:  # the client left (or the response was cancelled): free the slots
+            waiting.abort()
 
 
 def sse(data: dict) -> str:
@@ -230,42 +302,129 @@ def response_id(kind: str) -> str:
 
 
 def chunk(
-    served: Served, rid: str, kind: str, text: object, outcome: Outcome | None = None
+    served: Served,
+    rid: str,
+    kind: str,
+    text: object,
+    index: int = 0,
+    outcome: Outcome | None = None,
+    total: Outcome | None = None,
+    logprobs: dict | None = None,
 ) -> dict:
-    """One SSE chunk in OpenAI's format; the last carries the finish reason and usage."""
+    """One SSE chunk in OpenAI's format (logprobs: those of its text's tokens); a choice's
+    last carries its finish reason, the request's last the usage."""
     reason = outcome.finish_reason if outcome is not None else None
     if kind == "chat":
         delta = text if isinstance(text, dict) else ({"content": text} if text else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs}
+        choice["finish_reason"] = reason
         obj = "text_completion"
     out = {"id": rid, "object": obj, "created": int(time.time()), "model": served.model_id}
     out["choices"] = [choice]
-    if outcome is not None:
-        out["usage"] = usage(outcome)
+    if total is not None:
+        out["usage"] = usage(total)
     return out
 
 
-def whole(served: Served, job: Job, outcome: Outcome, kind: str) -> dict:
-    """A non-streamed answer."""
+def whole(served: Served, job: Job, outcomes: list[Outcome], kind: str) -> dict:
+    """A non-streamed answer: one choice per prompt and n, by index."""
+    picked = []
+    for i, outcome in enumerate(outcomes):
+        logprobs = rendered(outcome, kind)
+        if kind == "chat":
+            message = {"role": "assistant", "content": outcome.text}
+            choice = {"index": i, "message": message, "logprobs": logprobs}
+        else:
+            choice = {"index": i, "text": outcome.prompt_text + outcome.text}
+            choice["logprobs"] = logprobs
+        choice["finish_reason"] = outcome.finish_reason
+        picked.append(choice)
+    return envelope(served, kind, picked, usage(summed(outcomes)))
+
+
+def rendered(outcome: Outcome, kind: str) -> dict | None:
+    """An answer's token logprobs in OpenAI's shape for `kind` (None when not asked)."""
+    if outcome.logprobs is None:
+        return None
+    return shaped(outcome.logprobs, kind, len(outcome.prompt_text))
+
+
+def shaped(entries: list[TokenLogprob], kind: str, start: int) -> dict:
+    """Token logprobs as chat's `content` list or completions' parallel lists (text offsets
+    counted from `start`)."""
     if kind == "chat":
-        message = {"role": "assistant", "content": outcome.text}
-        choice = {"index": 0, "message": message, "logprobs": None}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": outcome.text, "logprobs": None}
-        obj = "text_completion"
-    choice["finish_reason"] = outcome.finish_reason
+        return {"content": [chat_token(t) for t in entries], "refusal": None}
+    offsets, at = [], start
+    for t in entries:
+        offsets.append(at)
+        at += len(t.token)
+    return {
+        "tokens": [t.token for t in entries],
+        "token_logprobs": [t.logprob for t in entries],
+        "top_logprobs": [dict(t.top) for t in entries],
+        "text_offset": offsets,
+    }
+
+
+def chat_token(t: TokenLogprob) -> dict:
+    top = [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in t.top]
+    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())} | {
+        "top_logprobs": top
+    }
+
+
+def envelope(served: Served, kind: str, picked: list[dict], counts: dict) -> dict:
+    obj = "chat.completion" if kind == "chat" else "text_completion"
     return {
         "id": response_id(kind),
         "object": obj,
         "created": int(time.time()),
         "model": served.model_id,
-        "choices": [choice],
-        "usage": usage(outcome),
+        "choices": picked,
+        "usage": counts,
     }
+
+
+def scored_answer(served: Served, job: Job, outcomes: list[Scored]) -> dict:
+    """Echo scoring in OpenAI's completions logprobs shape (see docs/scoring.md)."""
+    picked = []
+    for i, s in enumerate(outcomes):
+        offsets, at = [], 0
+        for piece in s.tokens:
+            offsets.append(at)
+            at += len(piece)
+        logprobs = {
+            "tokens": s.tokens,
+            "token_logprobs": s.values,
+            "top_logprobs": s.top,
+            "text_offset": offsets,
+        }
+        reason = "length" if job.score.generate else "stop"
+        choice = {"index": i, "text": "".join(s.tokens), "logprobs": logprobs}
+        picked.append(choice | {"finish_reason": reason})
+    prompt = sum(s.prompt_tokens for s in outcomes)
+    made = len(outcomes) if job.score.generate else 0
+    counts = {"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made}
+    counts |= {"forwards": sum(s.forwards for s in outcomes), "guide_forwards": 0, "steps": 0}
+    counts["seconds"] = round(max(s.seconds for s in outcomes), 6)
+    return envelope(served, "completion", picked, counts)
+
+
+def summed(outcomes: list[Outcome]) -> Outcome:
+    """One request's counts over its choices (seconds: the longest)."""
+    return Outcome(
+        text="",
+        finish_reason="",
+        prompt_tokens=sum(o.prompt_tokens for o in outcomes),
+        completion_tokens=sum(o.completion_tokens for o in outcomes),
+        forwards=sum(o.forwards for o in outcomes),
+        guide_forwards=sum(o.guide_forwards for o in outcomes),
+        steps=sum(o.steps for o in outcomes),
+        seconds=max(o.seconds for o in outcomes),
+    )
 
 
 def usage(o: Outcome) -> dict:

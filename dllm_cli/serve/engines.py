@@ -61,7 +61,10 @@ def group_of(job: Job, per_request: bool = True) -> Group:
 
 def add(pool: Pool, ids: list[int], job: Job, key) -> int:
     """The job into its group's engine, with its own sampling values (and grammar)."""
-    rid = pool.engine.add(ids, key=key, settings=job.settings)
+    if job.logprobs is None:
+        rid = pool.engine.add(ids, key=key, settings=job.settings)
+    else:
+        rid = pool.engine.add(ids, key=key, settings=job.settings, logprobs=job.logprobs)
     if job.grammar is not None:
         pool.engine.committer.bind(rid, job.grammar)
     return rid

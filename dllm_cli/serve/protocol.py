@@ -1,11 +1,14 @@
 """OpenAI request bodies -> validated jobs, and OpenAI-style error objects.
 
 Fields follow OpenAI's chat and completions APIs: `max_tokens` is the generation length (the
-canvas dllm denoises), `stop` cuts the answer before the first of its strings. What dllm
-cannot honour (`n` other than 1, logprobs, tools, ...) is refused with a 400 naming the field
-rather than silently ignored. dllm's own decoding settings come as extra body fields (the
-`openai` client's `extra_body`) under DecodeSettings' names and are validated by
-DecodeSettings itself, so a request hears the messages a CLI flag would.
+canvas dllm denoises), `stop` cuts the answer before the first of its strings. A completion's
+`prompt` may be a string, a list of strings, a list of token ids or a list of such lists (one
+choice per prompt and `n`); `echo` with `logprobs` and `max_tokens` 0 or 1 asks for
+likelihood scores of the prompt (scoring.py). What dllm cannot honour (tools, logit_bias,
+...) is refused with a 400 naming the field rather than silently ignored. dllm's own decoding
+settings come as extra body fields (the `openai` client's `extra_body`) under DecodeSettings'
+names and are validated by DecodeSettings itself, so a request hears the messages a CLI flag
+would.
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ EXTRA = tuple(
 IGNORED = ("user", "metadata", "store", "service_tier", "stream_options")
 # OpenAI fields dllm cannot honour, refused by name (a value equal to the default passes).
 UNSUPPORTED = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
@@ -44,26 +45,33 @@ UNSUPPORTED = {
     "prediction": (None,),
     "reasoning_effort": (None,),
     "web_search_options": (None,),
-    "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
 COMMON = ("model", "max_tokens", "stop", "stream", "n", *SAMPLING, "guide", "response_format")
-CHAT_FIELDS = ("messages", "max_completion_tokens", *COMMON)
-COMPLETION_FIELDS = ("prompt", *COMMON)
+CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON)
+SCORE_FIELDS = ("score_samples", "score_batch", "score_splits")  # dllm's own (docs/scoring.md)
+COMPLETION_FIELDS = ("prompt", "echo", "logprobs", *SCORE_FIELDS, *COMMON)
 MAX_STOPS = 4  # as OpenAI
+MAX_N = 16  # choices per prompt
+MAX_PROMPTS = 64  # prompts per completion request
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI: 5 on completions, 20 on chat)
+MAX_SCORE_SAMPLES = 4096
 
 
 class ApiError(Exception):
     """An HTTP error answered as OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = ""):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "", code: str = ""
+    ):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
         self.kind = kind or KINDS.get(status, "invalid_request_error")
+        self.code = code or CODES.get(status)
 
     def body(self) -> dict:
-        code = CODES.get(self.status)
+        code = self.code
         return {
             "error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}
         }
@@ -83,17 +91,34 @@ CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "queue_full", 503:
 class Job:
     """One request, validated: what to decode, with which settings, and how to answer."""
 
-    kind: str  # "chat" | "completion"
+    kind: str  # "chat" | "completion" | "score"
     messages: tuple[Message, ...] = ()  # chat
-    prompt: str = ""  # completion
+    prompt: str | tuple[int, ...] = ""  # completion, score: text or token ids
     settings: DecodeSettings = field(default_factory=DecodeSettings)  # the engine's group
     sampling: dict = field(default_factory=dict)  # per-request sampling overrides given
     guide: bool = True  # decode with the loaded guide (if any)
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a usage chunk before [DONE]
+    prompts: tuple[str | tuple[int, ...], ...] = ()  # completion: every prompt, in order
+    n: int = 1  # choices per prompt
+    echo: bool = False  # the answer's text starts with the prompt's
+    score: Score | None = None  # kind "score": how to estimate
+    logprobs: int | None = None  # answer tokens' logprobs with this many alternatives each
+
     structure: tuple[str, object] | None = None  # response_format: (grammar kind, source)
     grammar: object | None = None  # the compiled grammar (app.py compiles `structure`)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A scoring request's options (scoring.py): samples and batch None take the family's."""
+
+    samples: int | None
+    batch: int | None
+    splits: int | None  # score only the last this many positions (None: every one)
+    top: int  # alternatives per position (the request's logprobs)
+    generate: bool  # max_tokens 1: one token decoded after the prompt, as OpenAI's echo does
 
 
 def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: bool) -> Job:
@@ -109,10 +134,7 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
             hint = did_you_mean(name, allowed)
             raise ApiError(400, f"unknown field {name!r}{hint}", name)
     check_model(body.get("model"), model_id)
-    if body.get("n", 1) != 1 or isinstance(body.get("n"), bool):
-        raise ApiError(
-            400, f"n must be 1: dllm returns one answer per request (got {body['n']!r})", "n"
-        )
+    n = count(body, "n", 1, MAX_N)
     stream = flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
@@ -122,12 +144,74 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
     guide = flag(body, "guide", default=guided and structure is None)  # asked for: both verify
     if guide and not guided:
         raise ApiError(400, "guide: the served profile has no guide model loaded", "guide")
+    if kind == "completion" and flag(body, "echo") and body.get("logprobs") is not None:
+        return score_job(body, base, n, stream)
+    top = answer_logprobs(body, kind)
+    if top is not None and guide:
+        raise ApiError(
+            400, "logprobs needs an unguided decode (send guide: false): guided drafts are "
+            "the guide's argmax and keep no distribution", "logprobs",
+        )  # fmt: skip
     settings, sampling = decode_settings(body, base)
     common = {"settings": settings, "sampling": sampling, "guide": guide, "stream": stream}
-    common |= {"stop": stops(body.get("stop")), "include_usage": usage, "structure": structure}
+    common |= {"stop": stops(body.get("stop")), "include_usage": usage, "n": n, "logprobs": top}
+    common |= {"structure": structure}
     if kind == "chat":
         return Job("chat", messages=messages(body.get("messages")), **common)
-    return Job("completion", prompt=completion_prompt(body.get("prompt")), **common)
+    prompts = completion_prompts(body.get("prompt"))
+    echo = flag(body, "echo")
+    return Job("completion", prompt=prompts[0], prompts=prompts, echo=echo, **common)
+
+
+def answer_logprobs(body: dict, kind: str) -> int | None:
+    """Alternatives per answer token asked for (None: no logprobs): chat's logprobs: true with
+    top_logprobs k, a completion's logprobs: k."""
+    if kind == "completion":
+        return count(body, "logprobs", None, MAX_LOGPROBS, low=0)
+    asked = flag(body, "logprobs")
+    top = count(body, "top_logprobs", None, MAX_LOGPROBS, low=0)
+    if top is not None and not asked:
+        raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if asked else None
+
+
+def score_job(body: dict, base: DecodeSettings, n: int, stream: bool) -> Job:
+    """echo + logprobs: the prompt's likelihood scores (max_tokens 0, or 1 as lm-eval sends)."""
+    if stream:
+        raise ApiError(400, "stream is not supported with echo scoring", "stream")
+    if n != 1:
+        raise ApiError(400, "n must be 1 with echo scoring (scores are one estimate)", "n")
+    top = count(body, "logprobs", 0, MAX_LOGPROBS, low=0)
+    tokens = body.get("max_tokens", 0)
+    if tokens not in (0, 1) or isinstance(tokens, bool):
+        raise ApiError(
+            400, f"max_tokens must be 0 or 1 with echo and logprobs (got {tokens!r})", "max_tokens"
+        )
+    if tokens == 1 and body.get("temperature", 0) not in (0, 0.0, None):
+        raise ApiError(
+            400, "echo with max_tokens 1 decodes its token greedily: temperature must be 0",
+            "temperature",
+        )  # fmt: skip
+    rest = {k: v for k, v in body.items() if k in ("seed", "cfg_scale") and v is not None}
+    settings, _ = decode_settings(rest, base)
+    samples = count(body, "score_samples", None, MAX_SCORE_SAMPLES)
+    batch = count(body, "score_batch", None, MAX_SCORE_SAMPLES)
+    if samples is not None and batch is not None and batch > samples:
+        raise ApiError(400, "score_batch must not exceed score_samples", "score_batch")
+    splits = count(body, "score_splits", None, 1 << 20)
+    score = Score(samples, batch, splits, top, tokens == 1)
+    prompts = completion_prompts(body.get("prompt"))
+    return Job("score", prompt=prompts[0], prompts=prompts, settings=settings, score=score)
+
+
+def count(body: dict, name: str, default: int | None, high: int, low: int = 1) -> int | None:
+    """An integer field in [low, high] (None or absent: `default`)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ApiError(400, f"{name} must be an integer in [{low}, {high}] (got {value!r})", name)
+    return value
 
 
 def response_format(value: object) -> tuple[str, object] | None:
@@ -250,14 +334,54 @@ def content_text(value: object, where: str) -> str:
     )
 
 
-def completion_prompt(value: object) -> str:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        value = value[0]  # what the openai client sends for a one-prompt list
-    if not isinstance(value, str):
-        raise ApiError(400, "prompt must be a string (one prompt per request)", "prompt")
-    return value
+def completion_prompts(value: object) -> tuple[str | tuple[int, ...], ...]:
+    """OpenAI's prompt forms: a string, a list of strings, token ids, or lists of token ids."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and value and all(is_token(t) for t in value):
+        return (tuple(value),)
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, PROMPT_FORMS, "prompt")
+    if len(value) > MAX_PROMPTS:
+        raise ApiError(400, f"prompt may hold at most {MAX_PROMPTS} prompts", "prompt")
+    out: list[str | tuple[int, ...]] = []
+    for i, p in enumerate(value):
+        if isinstance(p, str):
+            out.append(p)
+        elif isinstance(p, list) and p and all(is_token(t) for t in p):
+            out.append(tuple(p))
+        else:
+            raise ApiError(400, f"prompt[{i}]: {PROMPT_FORMS}", "prompt")
+    return tuple(out)
+
+
+PROMPT_FORMS = (
+    "prompt must be a string, a list of strings, a list of token ids, or a list of lists of "
+    "token ids (none empty)"
+)
+
+
+def is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def input_error(e: InputError, kind: str) -> ApiError:
     """A prompt the model refuses, as a 400 on the field that carried it."""
     return ApiError(400, str(e), "messages" if kind == "chat" else "prompt")
+
+
+def choices(job: Job) -> list[Job]:
+    """A completion's one-prompt, one-choice jobs, in answer order (prompt-major, as OpenAI's
+    index); choice i of a prompt decodes with the request's seed + i."""
+    if job.kind == "chat" and job.n == 1:
+        return [job]
+    prompts = job.prompts or (job.prompt,)
+    out = []
+    for p in prompts:
+        for i in range(job.n):
+            seeded = dataclasses.replace(job.settings, seed=(job.settings.seed + i) % 2**63)
+            sampling = {**job.sampling, "seed": seeded.seed} if i else job.sampling
+            out.append(dataclasses.replace(
+                job, prompt=p, prompts=(p,), n=1, settings=seeded, sampling=sampling
+            ))  # fmt: skip
+    return out

@@ -33,6 +33,8 @@ class Options:
     max_engines: int = 4
     abort_on_exit: bool = False
     log_level: str = "warning"
+    score_samples: int | None = None  # echo scoring's default sample count (None: the family's)
+    score_splits: int | None = None  # echo scoring: positions scored from the end (None: all)
 
 
 class Server(uvicorn.Server):
@@ -63,6 +65,8 @@ def build(runtime: Runtime, options: Options) -> tuple[Served, Worker]:
         limit=options.slots + options.max_queue,
         api_key=options.api_key,
         created=int(time.time()),
+        score_samples=options.score_samples,
+        score_splits=options.score_splits,
     )
     return served, worker
 

@@ -11,6 +11,10 @@ settings differ (max_tokens, block length, steps, cache, threshold, guide, ...) 
 their own: one per distinct settings group, created on first use, at most `max_engines` at a
 time; a group without an engine waits until an engine falls idle and is dropped (least
 recently used first). Engines with work are stepped in turn, one step each.
+
+Scoring requests (echo + logprobs, scoring.py) run on the same thread, one estimate (one
+context/continuation split of one prompt) per turn between the engines' steps, so a long
+prompt to score delays decoding by one estimate at a time, never by its whole scoring.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dllm_cli.decoding import gemma
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
-from dllm_cli.serve import engines
+from dllm_cli.serve import engines, scores
 from dllm_cli.serve.answers import Deltas, cut_at_stops, finish_reason
 from dllm_cli.serve.conversation import encode_messages
 from dllm_cli.serve.metrics import Metrics
@@ -48,6 +52,8 @@ class Outcome:
     guide_forwards: int
     steps: int
     seconds: float
+    prompt_text: str = ""  # the prompt as text (an echoed answer starts with it)
+    logprobs: list[scores.TokenLogprob] | None = None  # per answer token, when the request asked
 
 
 @dataclass(eq=False)  # compared by identity: two equal requests are two tickets
@@ -63,6 +69,9 @@ class Ticket:
     added: float = field(default_factory=time.perf_counter)
     first_text: float | None = None
     done: bool = False
+    totals: list[float] = field(default_factory=list)  # a scoring job's estimates so far
+    buffers: object = None  # logprobs.Buffers of an answer a stop string ended
+    sent_tokens: int = 0  # streamed with logprobs: answer tokens whose logprobs went out
 
 
 class Worker:
@@ -74,6 +83,7 @@ class Worker:
         self.inbox: queue.Queue = queue.Queue()
         self.engines: OrderedDict[engines.Group, engines.Pool] = OrderedDict()
         self.parked: list[Ticket] = []  # their group has no engine yet
+        self.scoring: list[Ticket] = []  # scoring jobs, advanced one estimate per turn
         self.tickets: dict[tuple[engines.Group, int], Ticket] = {}
         self.count = 0  # requests submitted and not yet answered (the queue limit's count)
         self.lock = threading.Lock()
@@ -88,17 +98,23 @@ class Worker:
 
     def submit(self, job: Job, post: Post, limit: int) -> Ticket:
         """Queue a request, or ApiError(429) when `limit` requests are already in."""
+        return self.submit_all([(job, post)], limit)[0]
+
+    def submit_all(self, jobs: list[tuple[Job, Post]], limit: int) -> list[Ticket]:
+        """Queue one request's prompts together (all or none), in one message: they reach
+        their engine in the same turn and decode together."""
         with self.lock:
             if self.stopping.is_set():
                 raise ApiError(503, "the server is shutting down")
             if self.failure is not None:
                 raise ApiError(500, f"internal error: {type(self.failure).__name__}")
-            if self.count >= limit:
+            if self.count + len(jobs) > max(limit, len(jobs)) or self.count >= limit:
                 raise ApiError(429, f"the server is full ({limit} requests waiting or decoding)")
-            self.count += 1
-        ticket = Ticket(job, post)
-        self.inbox.put(("add", ticket))
-        return ticket
+            self.count += len(jobs)
+        tickets = [Ticket(job, post) for job, post in jobs]
+        for ticket in tickets:
+            self.inbox.put(("add", ticket))
+        return tickets
 
     def abort(self, ticket: Ticket) -> None:
         """The client left: drop its request (its slot is free on the next step)."""
@@ -125,12 +141,14 @@ class Worker:
                 for group, pool in list(self.engines.items()):
                     if pool.engine.has_work:
                         self.step_or_drop(group, pool)
+                if self.scoring:
+                    self.score_or_fail(self.scoring[0])
                 self.metrics.set_load(
                     self.waiting(), self.running(), self.slots * len(self.engines)
                 )
         except BaseException as e:  # a bug: answer every request rather than hang them
             self.failure = e
-            for ticket in [*self.tickets.values(), *self.parked]:
+            for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
                 self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"))
 
     def step_or_drop(self, group: engines.Group, pool: engines.Pool) -> None:
@@ -147,10 +165,12 @@ class Worker:
             del self.engines[group]
 
     def has_work(self) -> bool:
-        return bool(self.parked) or any(p.engine.has_work for p in self.engines.values())
+        engines_busy = any(p.engine.has_work for p in self.engines.values())
+        return bool(self.parked) or bool(self.scoring) or engines_busy
 
     def waiting(self) -> int:
-        return len(self.parked) + sum(p.engine.waiting for p in self.engines.values())
+        engines_waiting = sum(p.engine.waiting for p in self.engines.values())
+        return len(self.parked) + len(self.scoring) + engines_waiting
 
     def running(self) -> int:
         return sum(p.engine.running for p in self.engines.values())
@@ -176,7 +196,11 @@ class Worker:
 
     def on_add(self, ticket: Ticket) -> None:
         job = ticket.job
+        if job.kind == "score":
+            return self.add_scoring(ticket)
         try:
+            if job.logprobs is not None:
+                scores.check_logprobs(self.runtime)
             per_request = self.runtime.loaded.architecture != gemma.FAMILY
             ticket.group = engines.group_of(job, per_request)
             ticket.ids = self.encode(job)
@@ -196,6 +220,8 @@ class Worker:
             return
         if ticket in self.parked:
             self.parked.remove(ticket)
+        elif ticket in self.scoring:
+            self.scoring.remove(ticket)
         elif ticket.rid is not None:
             self.engines[ticket.group].engine.abort(ticket.rid)
             self.tickets.pop((ticket.group, ticket.rid), None)
@@ -203,13 +229,15 @@ class Worker:
 
     def on_abort_all(self, _: None) -> None:
         self.aborting = True
-        for ticket in [*self.tickets.values(), *self.parked]:
+        for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
             self.on_abort(ticket)
             ticket.post("error", ApiError(503, "the server is shutting down; request aborted"))
 
     def encode(self, job: Job) -> list[int]:
         if job.kind == "chat":
             return encode_messages(self.runtime.loaded.tokenizer, list(job.messages))
+        if isinstance(job.prompt, tuple):  # token ids, as given
+            return list(job.prompt)
         check_text(job.prompt)
         if not job.prompt.strip():
             raise InputError("empty prompt")
@@ -252,27 +280,44 @@ class Worker:
         for (g, rid), ticket in list(self.tickets.items()):
             if g != group or not (ticket.job.stream or ticket.job.stop):
                 continue
-            new = ticket.deltas.feed(pool.engine.progress(rid))
+            prefix = pool.engine.progress(rid)
+            new = ticket.deltas.feed(prefix)
             if new:
-                self.send(ticket, new)
+                self.send(ticket, new, self.streamed_logprobs(ticket, pool, rid, prefix))
             if ticket.deltas.stopped:  # a stop string: the answer is final before it
                 del self.tickets[(g, rid)]
+                ticket.buffers = pool.engine.requests[rid].logprob_buffers
                 self.complete(ticket, *engines.stop_early(pool.engine, rid))
 
-    def send(self, ticket: Ticket, text: str) -> None:
-        if ticket.first_text is None:
+    def streamed_logprobs(self, ticket: Ticket, pool: engines.Pool, rid: int, prefix: list[int]):
+        """A streamed answer's logprobs for the tokens its sent text now covers (a read of
+        the request's buffers, for requests that asked only)."""
+        if not ticket.job.stream or ticket.job.logprobs is None:
+            return None
+        buffers = pool.engine.requests[rid].logprob_buffers
+        lo = ticket.sent_tokens
+        ticket.sent_tokens = scores.covered(self.runtime, prefix, lo, ticket.deltas.sent)
+        k = ticket.job.logprobs
+        return scores.token_entries(self.runtime, buffers, k, prefix, lo, ticket.sent_tokens)
+
+    def send(self, ticket: Ticket, text: str, logprobs: list | None = None) -> None:
+        if ticket.first_text is None and text:
             ticket.first_text = time.perf_counter()
             self.metrics.first_text(ticket.first_text - ticket.added)
         if ticket.job.stream:
-            ticket.post("text", text)
+            ticket.post("text", text if logprobs is None else (text, logprobs))
 
     def complete(self, ticket: Ticket, tokens: list[int], done: engines.Counts) -> None:
         """The answer is final: the text still unsent, then the outcome with its counts."""
         special = self.runtime.loaded.special
         text = cut_at_stops(self.runtime.text(tokens), ticket.job.stop, final=True).text
         rest = ticket.deltas.finish(text)
-        if rest:
-            self.send(ticket, rest)
+        logprobs = self.answer_logprobs(ticket, tokens, done, text)
+        unsent = (
+            None if logprobs is None or not ticket.job.stream else logprobs[ticket.sent_tokens :]
+        )
+        if rest or unsent:
+            self.send(ticket, rest, unsent)
         outcome = Outcome(
             text=text,
             finish_reason=finish_reason(tokens, special.stop, ticket.deltas.stopped),
@@ -282,6 +327,8 @@ class Worker:
             guide_forwards=done.guide_forwards,
             steps=done.steps,
             seconds=time.perf_counter() - ticket.added,
+            prompt_text=self.prompt_text(ticket) if ticket.job.echo else "",
+            logprobs=logprobs,
         )
         self.metrics.answered(outcome)
         ticket.post("done", outcome)
@@ -297,3 +344,49 @@ class Worker:
         ticket.done = True
         with self.lock:
             self.count -= 1
+
+    def answer_logprobs(self, ticket: Ticket, tokens: list[int], done, text: str):
+        """The answer's per-token logprobs (scores.py), or None when not asked."""
+        if ticket.job.logprobs is None:
+            return None
+        buffers = getattr(done, "logprobs", None) or ticket.buffers
+        return scores.answer_logprobs(self.runtime, buffers, ticket.job.logprobs, tokens, text)
+
+    def prompt_text(self, ticket: Ticket) -> str:
+        """The prompt as text: as given, or its token ids decoded."""
+        prompt = ticket.job.prompt
+        if isinstance(prompt, str):
+            return prompt
+        return self.runtime.loaded.tokenizer.decode(list(prompt), skip_special_tokens=False)
+
+    # --- scoring -------------------------------------------------------------------------------
+    def add_scoring(self, ticket: Ticket) -> None:
+        """A scoring job's checks (one-line 400s), then its place in the scoring queue."""
+        try:
+            ticket.ids = self.encode(ticket.job)
+            scores.check_scoring(self.runtime, ticket.ids, ticket.job.score.generate)
+        except InputError as e:
+            return self.fail(ticket, input_error(e, "completion"))
+        if self.aborting:
+            return self.fail(ticket, ApiError(503, "the server is shutting down"))
+        self.scoring.append(ticket)
+        ticket.post("accepted", None)
+
+    def score_or_fail(self, ticket: Ticket) -> None:
+        """One estimate (one split) of the first scoring job; its answer after the last."""
+        job, ids = ticket.job, ticket.ids
+        try:
+            c = scores.first_split(len(ids), job.score.splits) + len(ticket.totals)
+            ticket.totals.append(
+                scores.split_estimate(self.runtime, ids, c, job.score, job.settings)
+            )
+            if c == len(ids) - 1:
+                self.scoring.remove(ticket)
+                seconds = time.perf_counter() - ticket.added
+                ticket.post(
+                    "done", scores.scored(self.runtime, ids, ticket.totals, job.score, seconds)
+                )
+                self.finish(ticket)
+        except Exception as e:  # a bug: this request's 500, the server goes on
+            self.scoring.remove(ticket)
+            self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"[:300]))

@@ -1,0 +1,68 @@
+"""Per-token log-probabilities of a request's answer, for the requests that ask (opt-in).
+
+A diffusion decode commits tokens out of order, each from the distribution of the step that
+committed it: that distribution's log-probability of the token, and its `k` most likely
+tokens with theirs, are what a request asking for logprobs gets (not an autoregressive
+model's left-to-right probability). The distribution is the sampler's (sampling.py): LLaDA's
+softmax of the raw logits, Dream's of its tempered and filtered logits (what it samples from);
+a token a filter removed has log-probability -9999.0, as OpenAI writes one.
+
+The engine calls `record` after a step's commits only when a live request asked, so a decode
+where none did computes nothing more. Values go into the request's own device buffers at the
+committed answer columns (by scatter, reading nothing from the device); they are read with the
+answer's tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FLOOR = -9999.0  # log-probability written for a token of probability 0
+
+
+@dataclass
+class Buffers:
+    """One request's answer columns (+1 scratch column for slots that committed nothing)."""
+
+    chosen: torch.Tensor  # (G + 1,) the committed token's log-probability
+    top_ids: torch.Tensor  # (G + 1, K) the step's K most likely tokens
+    top_values: torch.Tensor  # (G + 1, K) their log-probabilities
+
+    @classmethod
+    def empty(cls, length: int, k: int, device) -> Buffers:
+        k = max(k, 1)
+        return cls(
+            torch.full((length + 1,), FLOOR, dtype=torch.float64, device=device),
+            torch.zeros((length + 1, k), dtype=torch.long, device=device),
+            torch.full((length + 1, k), FLOOR, dtype=torch.float64, device=device),
+        )
+
+    def read(self, k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
+        """(chosen, top ids, top values) per answer column, read from the device."""
+        return (
+            self.chosen[:-1].tolist(),
+            self.top_ids[:-1, :k].tolist(),
+            self.top_values[:-1, :k].tolist(),
+        )
+
+
+def record(e, probs: torch.Tensor | None, commit, tokens, columns) -> None:
+    """Write each asking live row's commits of this step into its request's buffers."""
+    if probs is None:  # a decode without distributions (guided drafts): nothing to record
+        return
+    p, g = e.canvas.prompt_width, e.settings.gen_length
+    for i, r in enumerate(e.live):
+        if r.logprobs is None:
+            continue
+        if r.logprob_buffers is None:
+            r.logprob_buffers = Buffers.empty(g, r.logprobs, probs.device)
+        buf = r.logprob_buffers
+        lp = torch.log(probs[i].double()).nan_to_num(neginf=FLOOR)  # (L, V)
+        chosen = lp.gather(-1, tokens[i][:, None]).squeeze(-1)  # (L,)
+        values, ids = lp.topk(buf.top_ids.shape[1], dim=-1)  # (L, K)
+        at = torch.where(commit[i], columns[i] - p, g).clamp(0, g)  # (L,): scratch when not
+        buf.chosen.scatter_(0, at, chosen)
+        buf.top_ids.scatter_(0, at[:, None].expand_as(ids), ids)
+        buf.top_values.scatter_(0, at[:, None].expand_as(values), values)

@@ -1,0 +1,103 @@
+"""One rank of tests/test_tensor_parallel.py's torchrun launch (run as a script).
+
+`python tensor_parallel_rank.py OUT FOLDER...`: every rank loads each folder twice, its
+tensor-parallel shard and the whole model, and decodes the same prompts with each under every
+cache policy; it also drafts random logits with the sharded sampler and the one-process
+Sampler. Rank 0 writes what it saw to OUT as JSON; the test compares.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dllm_cli.decoding import decode
+from dllm_cli.decoding.sampling import FAMILIES, Sampler
+from dllm_cli.distributed.tensor import Counts, ShardedSampler, Shards
+from dllm_cli.models.loading import load_model
+from dllm_cli.settings import DecodeSettings
+
+CACHES = ("none", "prefix", "dual", "freecache")
+# Every cache policy under the threshold rule (one commit a step here: the most confident),
+# the prefix rule by margin, the fixed rule at 4 tokens a step by random confidence (every
+# rank draws the same numbers) and the origin rule (random positions).
+RUNS = [
+    *((cache, "threshold", "low_confidence") for cache in CACHES),
+    ("dual", "prefix", "margin"),
+    ("prefix", "fixed", "random"),
+    ("freecache", "origin", "low_confidence"),
+]
+PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: left padding in the batch
+
+
+def decodes(folder: str, shards: Shards) -> dict:
+    """Tokens of the shard and of the whole model per cache policy, and the collectives."""
+    split = load_model(folder, dtype="float32", device="cpu", shards=shards)
+    whole = load_model(folder, dtype="float32", device="cpu")
+    out = {"layers": len(split.model.blocks()), "bytes": list(split.model.weight_bytes)}
+    for cache, unmask, confidence in RUNS:
+        settings = DecodeSettings(
+            gen_length=16,
+            block_length=8,
+            cache=cache,
+            unmask=unmask,
+            confidence=confidence,
+            threshold=0.9,
+            steps=4,
+        )
+        before = replace(shards.counts)
+        tokens = decode(split.model, split.special, PROMPTS, settings).tokens
+        spent = {k: v - asdict(before)[k] for k, v in asdict(shards.counts).items()}
+        expected = decode(whole.model, whole.special, PROMPTS, settings).tokens
+        out[f"{cache} {unmask} {confidence}"] = {"split": tokens, "whole": expected, **spent}
+    return out
+
+
+def drafts(shards: Shards) -> list[dict]:
+    """Sharded drafts and confidences against the one-process Sampler's on random logits."""
+    torch.manual_seed(0)  # the same logits on every rank
+    logits = torch.randn(2, 5, 101) * 3  # (B, L, V): 101 splits unevenly over 2 ranks
+    logits[0, 0, 10] = logits[0, 0, 60] = 20.0  # a tie across ranks: the lower id wins
+    logits[1, 1, 7] = 30.0  # the mask id's logit is never drafted
+    logits[1, 2, 20:24] = 15.0  # four ties on rank 0 at the top: top_k 3 keeps all four
+    lo, hi = shards.vocabulary(101)
+    last = Shards(shards.world - 1, shards.world).vocabulary(101)
+    seen = []
+    for family in ("llada", "dream"):
+        for confidence in ("low_confidence", "margin"):
+            for top_k in (0, 3):
+                settings = DecodeSettings(confidence=confidence, top_k=top_k)
+                whole = Sampler(settings, FAMILIES[family], 99, 7)  # ids 99, 100: padding
+                sharded = ShardedSampler(
+                    shards, lo, last[1] - last[0], settings, FAMILIES[family], 99, 7
+                )
+                tokens, conf, _ = whole.draft(logits, torch.Generator())
+                mine, mine_conf, _ = sharded.draft(logits[..., lo:hi], torch.Generator())
+                seen.append(
+                    {
+                        "case": f"{family} {confidence} top_k {top_k}",
+                        "tokens": tokens.tolist() == mine.tolist(),
+                        "difference": float((conf.double() - mine_conf.double()).abs().max()),
+                    }
+                )
+    return seen
+
+
+def main(out: str, *folders: str) -> None:
+    dist.init_process_group("gloo")
+    shards = Shards(dist.get_rank(), dist.get_world_size(), counts=Counts())
+    results = {Path(f).name: decodes(f, shards) for f in folders}
+    results["drafts"] = drafts(shards)
+    if shards.rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,241 @@
+"""--tensor-parallel: a model split over torchrun ranks (CPU, gloo, 127.0.0.1) decodes the
+tokens one process decodes, every cache policy, LLaDA, Dream and LLaDA-MoE; each rank holds about half
+the weights; the collectives per forward stay at two per layer plus the embedding's, one
+gather per draft; what is not supported is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import write_dream, write_llada, write_llada_moe
+from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
+from test_distributed import LAUNCH_TIMEOUT, loopback_env
+
+from dllm_cli.distributed.tensor import Shards, check_degree, place, refuse_unsupported
+from dllm_cli.errors import SettingsError
+from dllm_cli.models.dream import DreamConfig
+from dllm_cli.models.llada import LLaDAConfig
+from dllm_cli.models.loading import load_model
+from dllm_cli.settings import DecodeSettings
+
+HERE = Path(__file__).resolve().parent
+DOWN = {  # a row-parallel weight: split over its inputs
+    "llada": "model.transformer.blocks.0.ff_out.weight",
+    "dream": "model.layers.0.mlp.down_proj.weight",
+    "llada_moe": "model.layers.0.mlp.experts.3.down_proj.weight",  # (summed once per block)
+}
+LINES = ["how many apples", "tom has 3 pens", "what is 2 + 2 ?"]
+
+
+@pytest.fixture(scope="module", name="folders")
+def folders_fixture(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tp")
+    return {
+        "llada": write_llada(root / "llada", seed=1, max_sequence_length=64).folder,
+        "dream": write_dream(root / "dream", seed=1).folder,
+        "llada_moe": write_llada_moe(root / "llada_moe", seed=1).folder,
+    }
+
+
+def launch(command: list[str], stdin: str = "", ranks: int = 2) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node RANKS COMMAND` on the loopback interface."""
+    env = loopback_env()
+    run = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+        "--master-addr", env["MASTER_ADDR"], "--master-port", env["MASTER_PORT"], *command,
+    ]  # fmt: skip
+    return subprocess.run(
+        run, input=stdin, capture_output=True, text=True, env=env, timeout=LAUNCH_TIMEOUT
+    )
+
+
+@pytest.mark.slow
+def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folders, tmp_path):
+    out = tmp_path / "seen.json"
+    script = str(HERE / "tensor_parallel_rank.py")
+    result = launch([script, str(out), *map(str, folders.values())])
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    for name in folders:
+        layers = seen[name]["layers"]
+        runs = {k: v for k, v in seen[name].items() if k not in ("layers", "bytes")}
+        assert len(runs) == 7, runs.keys()  # 4 cache policies, prefix, fixed, origin rules
+        for cache, run in runs.items():
+            assert run["split"] == run["whole"], (name, cache)
+            # two all-reduces per layer (attention, MLP or experts) and the embedding's; one
+            # gather per draft
+            assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
+            assert run["all_gather"] == run["forwards"], (name, cache)
+        mine, whole = seen[name]["bytes"]
+        assert mine <= whole * (1 / 2 + 0.05), name
+    for case in seen["drafts"]:
+        assert case["tokens"], case["case"]
+        assert case["difference"] < 1e-6, case["case"]
+
+
+@pytest.mark.slow
+def generate_twice(folder: Path, ranks: int, lines: list[str]) -> subprocess.CompletedProcess:
+    """`dllm generate - --tensor-parallel 2` under RANKS processes, its records checked
+    against one process's; the launch returned."""
+    args = [
+        "--model", str(folder), "--device", "cpu", "--dtype", "float32",
+        "--gen-length", "16", "--block-length", "8", "--cache", "dual", "--unmask", "threshold",
+        "--threshold", "0.9", "--json", "--batch-size", "2",
+    ]  # fmt: skip
+    text = "".join(f"{line}\n" for line in lines)
+    expected = invoke("generate", "-", *args, input=text)
+    assert expected.exit_code == 0, expected.output
+    command = ["-m", "dllm_cli", "generate", "-", *args, "--tensor-parallel", "2", "--stats"]
+    result = launch(command, text, ranks)
+    assert result.returncode == 0, result.stderr[-3000:]
+    fields = ("line", "text", "token_ids", "forwards", "steps")
+    records = [{k: json.loads(line)[k] for k in fields} for line in result.stdout.splitlines()]
+    wanted = [{k: json.loads(line)[k] for k in fields} for line in expected.stdout.splitlines()]
+    assert records == wanted
+    return result
+
+
+@pytest.mark.slow
+def test_generate_under_torchrun_writes_the_one_process_answers(folders):
+    result = generate_twice(folders["llada"], 2, LINES)
+    for rank in (0, 1):
+        assert f"tensor parallel rank {rank} of 2:" in result.stderr
+    assert "all-reduces" in result.stderr
+
+
+@pytest.mark.slow
+def test_two_replicas_of_two_ranks_share_the_lines_and_write_the_one_process_answers(folders):
+    result = generate_twice(folders["dream"], 4, [*LINES, "ann has 5 cats", "sam buys 4 books"])
+    for replica in (0, 1):
+        assert f"tensor parallel rank 1 of 2 (replica {replica} of 2):" in result.stderr
+    assert "5 prompt(s)" in result.stderr  # rank 0's --stats: both replicas' prompts
+
+
+def test_each_rank_reads_about_half_the_weights(folders):
+    for name, folder in folders.items():
+        halves = [
+            load_model(folder, dtype="float32", device="cpu", shards=Shards(r, 2)) for r in (0, 1)
+        ]
+        whole = load_model(folder, dtype="float32", device="cpu").model.state_dict()
+        for loaded in halves:
+            mine, total = loaded.model.weight_bytes
+            assert mine <= total * (1 / 2 + 0.05), name
+        # the two ranks' pieces, side by side, are the checkpoint's tensors
+        parts = [h.model.state_dict() for h in halves]
+        embed = "model.transformer.wte.weight" if name == "llada" else "model.embed_tokens.weight"
+        assert torch.equal(torch.cat([p[embed] for p in parts], 0), whole[embed])
+        down = DOWN[name]
+        assert torch.equal(torch.cat([p[down] for p in parts], 1), whole[down])
+
+
+def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
+    dream = DreamConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48
+    )
+    with pytest.raises(SettingsError, match="does not divide the model's 2 KV heads"):
+        check_degree("dream", dream, 4)
+    llada = LLaDAConfig(d_model=48, n_heads=6, n_layers=1, mlp_hidden_size=64)
+    with pytest.raises(SettingsError, match="does not divide the model's 6 attention heads"):
+        check_degree("llada", llada, 4)
+    with pytest.raises(SettingsError, match="does not support sdar models yet"):
+        check_degree("sdar", llada, 2)
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        (DecodeSettings(temperature=0.5), "sampled drafts"),
+        (DecodeSettings(top_p=0.9), "top-p"),
+        (DecodeSettings(cfg_scale=1.0), "classifier-free guidance"),
+        (DecodeSettings(unmask="wino"), "--unmask wino"),
+        (DecodeSettings(confidence="entropy"), "--confidence entropy"),
+    ],
+)
+def test_what_is_not_computed_yet_is_refused(settings, named):
+    with pytest.raises(SettingsError, match=f"--tensor-parallel does not support {named}"):
+        refuse_unsupported(settings)
+
+
+def test_tensor_parallel_outside_torchrun_is_refused_in_one_line(folders):
+    result = invoke(
+        "generate", "-", "--model", str(folders["llada"]), "--tensor-parallel", "2", input="hi\n"
+    )
+    assert result.exit_code == 2
+    assert error_lines(result) == [
+        "dllm: error: --tensor-parallel 2 needs 2 processes or a multiple (this run has 1): "
+        "launch with torchrun --nproc-per-node 2"
+    ]
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_setting_not_supported_yet_is_refused_by_rank_0_alone(folders, monkeypatch, rank):
+    # (refused after the load, before any rank talks to another: no process group needed)
+    launch_env = {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank}
+    for name, value in {**launch_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    model = ["--model", str(folders["dream"]), "--device", "cpu", "--temperature", "0.5"]
+    result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
+    assert result.exit_code == 2
+    said = [
+        "dllm: error: --tensor-parallel does not support sampled drafts (--temperature above 0) yet"
+    ]
+    assert error_lines(result) == (said if rank == "0" else [])
+
+
+def test_each_rank_reads_only_its_slices_of_the_split_tensors(folders, monkeypatch):
+    import safetensors
+
+    whole: list[str] = []
+    real = safetensors.safe_open
+
+    class Counted:
+        def __init__(self, *args, **kwargs):
+            self.inner = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def keys(self):
+            return self.inner.keys()
+
+        def get_slice(self, name):
+            return self.inner.get_slice(name)
+
+        def get_tensor(self, name):
+            whole.append(name)
+            return self.inner.get_tensor(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Counted)
+    load_model(folders["llada"], dtype="float32", device="cpu", shards=Shards(1, 2))
+    assert whole, "the norms are read whole"
+    assert all(name.endswith(("norm.weight", "ln_f.weight")) for name in whole), whole
+
+
+def test_ranks_form_replicas_of_consecutive_ranks():
+    assert [(s.replica, s.rank) for s in (place(r, 4, 2) for r in range(4))] == [
+        (0, 0), (0, 1), (1, 0), (1, 1),
+    ]  # fmt: skip
+    assert place(3, 4, 2).replicas == 2
+    with pytest.raises(SettingsError, match=r"needs 2 processes or a multiple \(this run has 3\)"):
+        place(0, 3, 2)
+    with pytest.raises(SettingsError, match="must be at least 1"):
+        place(0, 2, 0)
+
+
+def test_logprobs_under_tensor_parallel_are_refused_before_loading(folders, monkeypatch):
+    launch_env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**launch_env, "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    model = ["--model", str(folders["llada"]), "--device", "cpu", "--logprobs", "2"]
+    result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
+    assert result.exit_code == 2
+    assert error_lines(result) == ["dllm: error: --tensor-parallel does not support --logprobs yet"]
