@@ -1,4 +1,4 @@
-"""dllm: fast decoding for masked diffusion language models (LLaDA, Dream).
+"""dllm: fast decoding for diffusion language models (the families in families.py).
 
 `from dllm_cli import LLM` is the Python API (api.py); it is loaded on first use, so importing
 the package (or starting the CLI) does not import torch.

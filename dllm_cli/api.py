@@ -26,13 +26,14 @@ from dataclasses import dataclass, replace
 
 from dllm_cli import scoring
 from dllm_cli.chat import encode_plain
+from dllm_cli.decoding.request import check_slots
 from dllm_cli.decoding.run import open_engine
-from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import split
 from dllm_cli.profiles import resolve
-from dllm_cli.runtime import Runtime, family_settings, open_runtime
+from dllm_cli.runtime import Runtime, family_settings, given_by, open_runtime
 from dllm_cli.serve.conversation import Message, encode_messages
-from dllm_cli.view import TextStream
+from dllm_cli.text_stream import TextStream
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class LLM:
         self.profile, self.use_guide = profile, guide
         self.fixed = {"model.path": model} if model is not None else {}
         self.defaults = dict(settings)
-        self.runtime = open_runtime(profile, {**self.fixed, **self.defaults}, use_guide=guide)
+        overrides = {**self.fixed, **self.defaults}
+        self.runtime = open_runtime(profile, overrides, use_guide=guide, source="call")
 
     def generate(
         self,
@@ -138,8 +140,7 @@ class LLM:
         ).total  # fmt: skip
 
     def _engine(self, rt: Runtime, slots: int, admission: str, schema=None):
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise InputError(f"batch_size must be at least 1 (got {slots!r})")
+        check_slots(slots, "batch_size")
         model, special = rt.loaded.model, rt.loaded.special
         committer = rt.committer()
         if schema is not None:
@@ -156,6 +157,7 @@ class LLM:
         rt = self.runtime
         overrides = {**self.fixed, **self.defaults, **settings}
         prof, provenance = resolve(self.profile, overrides)
+        provenance = given_by(provenance, "call")
         if prof.model != rt.profile.model or (prof.guide is None) != (rt.profile.guide is None):
             raise SettingsError("model and guide settings are fixed when the LLM is built")
         if prof.guide is not None and prof.guide.path != rt.profile.guide.path:

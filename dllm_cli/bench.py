@@ -192,37 +192,19 @@ def run_bench(
 
 
 def check_family(runtime: Runtime, plan: BenchPlan) -> None:
-    """DiffusionGemma runs transformers' sampler: refuse other strategies before any decode."""
-    from dllm_cli.decoding import gemma
+    """Refuse a strategy the model's family cannot run (a guide, a setting it refuses) before
+    any decode, as `generate` would refuse its flags."""
+    from dllm_cli.runtime import check_family as check_settings
 
     family = FAMILIES[runtime.loaded.family]
-    if family.block_causal:
-        check_block_family(runtime, plan, family.title)
-    if not family.own_sampler:
-        return
-    canvas = runtime.loaded.model.canvas_length
     for name in plan.strategies:
         try:
-            settings = settings_for(runtime.settings, name, plan.lengths[0], plan.block_length)
-            gemma.check_settings(settings, canvas)
-            if STRATEGIES[name].guided:
-                raise SettingsError(f"a guide model does not apply to {gemma.FAMILY}")
-        except SettingsError as e:
-            raise SettingsError(f"strategy {name!r}: {e}") from None
-
-
-def check_block_family(runtime: Runtime, plan: BenchPlan, title: str) -> None:
-    """Block-causal models: refuse approximate caches, pruning and guides before any decode."""
-    from dllm_cli.decoding.block_rules import check_block_settings
-
-    for name in plan.strategies:
-        try:
-            if STRATEGIES[name].guided:
-                raise SettingsError(f"a guide model does not apply to {title}")
+            if STRATEGIES[name].guided and not family.takes_guide:
+                raise SettingsError(f"a guide model does not apply to {family.title}")
             settings = settings_for(
                 runtime.settings, name, plan.lengths[0], plan.block_length, plan.suffix_window
             )
-            check_block_settings(settings, title)
+            check_settings(runtime.loaded, settings)
         except SettingsError as e:
             raise SettingsError(f"strategy {name!r}: {e}") from None
 

@@ -28,6 +28,7 @@ from dllm_cli.commands.models import list_command, pull_command, rm_command
 from dllm_cli.commands.profiles import profiles_app
 from dllm_cli.commands.serve import serve_command
 from dllm_cli.commands.visualize import visualize_command
+from dllm_cli.families import FAMILIES
 from dllm_cli.omp import spin_briefly
 
 
@@ -60,10 +61,12 @@ def show_usage_error(e: typer.TyperException) -> int:
     return e.exit_code if e.exit_code else USAGE
 
 
+FAMILY_TITLES = [f.title for f in FAMILIES.values()]
+
 app = typer.Typer(
     cls=OneLineErrors,
     name="dllm",
-    help="Fast decoding for masked diffusion language models (LLaDA, Dream).",
+    help=f"Fast decoding for diffusion language models ({', '.join(FAMILY_TITLES)}).",
     epilog="Exit codes: 0 ok, 1 failed after it started (an output not written), 2 usage "
     "(flags, profile, settings, output paths), 3 model cannot load, 4 bad input (or some stdin "
     "line failed), 5 device not on this machine, 70 internal, 130 Ctrl-C, 141 stdout closed.",
@@ -91,7 +94,7 @@ def root(
         ),
     ] = False,
 ) -> None:
-    """Fast decoding for masked diffusion language models (LLaDA, Dream)."""
+    """Fast decoding for diffusion language models (every family in families.py)."""
     set_debug(debug)
 
 

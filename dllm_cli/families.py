@@ -22,36 +22,18 @@ from pathlib import Path
 from types import MappingProxyType
 
 from dllm_cli.errors import ModelLoadError
-from dllm_cli.folders import read_config_json, resolve_path
-from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
-
-# Settings DiffusionGemma's own sampler has no use for (decoding/gemma.py says why for each).
-GEMMA_UNUSED = (
-    "cache",
-    "refresh_interval",
-    "suffix_window",
-    "unmask",
-    "schedule",
-    "confidence",
-    "threshold",
-    "factor",
-    "temperature",
-    "top_p",
-    "top_k",
-    "cfg_scale",
-    "eps",
-    "alg_temp",
-    "eb_gamma",
-    "kl_threshold",
-    "kl_history",
-    "wino_verify",
-    "jump_threshold",
-    "credit_alpha",
-    "credit_boost",
-    "credit_decay",
-    "edit_threshold",
-    "max_post_steps",
+from dllm_cli.family_settings import (
+    BLOCK_REFUSES,
+    BLOCK_SUMMARY,
+    GEMMA_REFUSES,
+    GEMMA_SUMMARY,
+    GENERATION_CONFIG,
+    MASKED_REFUSES,
+    MASKED_SUMMARY,
 )
+from dllm_cli.folders import read_config_json, resolve_path
+from dllm_cli.settings import DecodeSettings
+
 GUIDED_STATIC = "guided decoding keeps one AR guide cache per batch"
 
 
@@ -71,11 +53,41 @@ class Family:
     source: str  # where `reference` was read
     whole_answer: bool = False  # the reference has no blocks: block_length = gen_length
     mask_id: int | None = None  # when neither config.json nor the tokenizer names the mask
-    own_sampler: bool = False  # decoded by transformers' own generate (no masks, no rules)
-    refuses: tuple[str, ...] = GEMMA_FIELDS  # settings this family cannot use
+    # setting -> why this family cannot use it (a value other than the default is refused)
+    refuses: Mapping[str, str] = field(default_factory=lambda: MASKED_REFUSES)
     static_batches: str | None = None  # why batch mode always runs whole static batches
     notes: tuple[str, ...] = field(default=())  # deviations and facts worth a line in docs
-    block_causal: bool = False  # decoded by the block-causal engine (exact block KV cache)
+    stepper: str = "masked"  # decoding/run.py ENGINES: masked | block (block-causal) | gemma
+    # setting -> (file, dotted key) read from the folder itself: what decoding it uses when no
+    # profile sets it (`--model PATH`), and what `profiles show --model` reports
+    folder_values: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    summary: tuple[str, ...] = MASKED_SUMMARY  # settings a run's one-line summary shows
+
+    @property
+    def own_sampler(self) -> bool:
+        """Decoded by transformers' own generate (no masks, no unmask rules)."""
+        return self.stepper == "gemma"
+
+    @property
+    def block_causal(self) -> bool:
+        """Decoded block by block with the exact block KV cache (SDAR, LLaDA2.x)."""
+        return self.stepper == "block"
+
+    @property
+    def uniform_state(self) -> bool:
+        """Uniform-state diffusion: drafts replace tokens, there are no masks."""
+        return self.stepper == "gemma"
+
+    @property
+    def takes_guide(self) -> bool:
+        """An AR guide can verify its drafts (the masked decoders' commit)."""
+        return self.stepper == "masked"
+
+    @property
+    def per_request_sampling(self) -> bool:
+        """Rows of one engine may sample with their own values (not under transformers'
+        sampler, which decodes a batch with one generation config)."""
+        return not self.own_sampler
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now (the first model build pays for torch)."""
@@ -200,8 +212,17 @@ FAMILIES: dict[str, Family] = {
             "transformers' DiffusionGemma generate: the checkpoint's generation_config.json for "
             "every knob left unset; a row ends at its eos_token_id"
         ),
-        own_sampler=True,
-        refuses=GEMMA_UNUSED,
+        stepper="gemma",
+        refuses=GEMMA_REFUSES,
+        summary=GEMMA_SUMMARY,
+        folder_values={
+            "block_length": ("config.json", "canvas_length"),
+            "t_min": (GENERATION_CONFIG, "t_min"),
+            "t_max": (GENERATION_CONFIG, "t_max"),
+            "entropy_bound": (GENERATION_CONFIG, "sampler_config.entropy_bound"),
+            "stability_threshold": (GENERATION_CONFIG, "stability_threshold"),
+            "confidence_threshold": (GENERATION_CONFIG, "confidence_threshold"),
+        },
         static_batches="DiffusionGemma decodes whole batches with transformers' own sampler",
     ),
     "sdar": Family(
@@ -231,7 +252,10 @@ FAMILIES: dict[str, Family] = {
             "temperature 1.0, top_k 0, top_p 1.0; stop at the generation_config eos ids "
             "after each block; gen_length 256 as the README's example (the CLI says 20480)"
         ),
-        block_causal=True,
+        stepper="block",
+        refuses=BLOCK_REFUSES,
+        folder_values={"block_length": ("config.json", "block_size")},  # as trained
+        summary=BLOCK_SUMMARY,
     ),
     "llada2": Family(
         name="llada2",
@@ -259,7 +283,9 @@ FAMILIES: dict[str, Family] = {
             "max_post_steps) is set by its profiles"
         ),
         mask_id=156895,  # <|mask|>: not in config.json
-        block_causal=True,
+        stepper="block",
+        refuses=BLOCK_REFUSES,
+        summary=BLOCK_SUMMARY,
     ),
 }
 

@@ -121,7 +121,13 @@ FLAGS: dict[str, Flag] = {
     ),
     "gen_length": _decode("gen_length", int, "Tokens to generate."),
     "block_length": _decode("block_length", int, "Semi-autoregressive block size."),
-    "steps": _decode("steps", int, "Denoising steps in all (fixed/origin); default one per token."),
+    "steps": _decode(
+        "steps",
+        int,
+        "Denoising steps over the answer, split over its blocks: fixed/origin take exactly "
+        "these; SDAR/LLaDA2.x's threshold commits at least a step's share; default one per "
+        "token.",
+    ),
     "cache": _decode("cache", str, "KV cache: none | prefix | dual | freecache."),
     "suffix_window": _decode(
         "suffix_window",

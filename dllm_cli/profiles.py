@@ -24,6 +24,7 @@ from dllm_cli.families import (
     folder_family,
     reference_settings,
 )
+from dllm_cli.family_settings import read_folder_values
 from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
 from dllm_cli.hub import HUB_NAME, is_hub_name
 from dllm_cli.profile_sections import (
@@ -275,15 +276,18 @@ def resolve(
     given = {_canonical(k, keys): v for k, v in (cli_overrides or {}).items() if v is not None}
     if is_hub_name(str(given.get("model.path", ""))):  # --model ORG/NAME: the pulled folder
         given["model.path"] = str(hub.local_folder(hub.Source(str(given["model.path"]))))
-    family = None
+    family, found = None, {}
     if name_or_path is None and "model.path" in given:
         path = None
-        family = folder_family(_resolve_model_path(str(given["model.path"]), Path.cwd()))
+        folder = _resolve_model_path(str(given["model.path"]), Path.cwd())
+        family = folder_family(folder)
+        found = read_folder_values(family, resolve_path(folder))
         profile, raw = family_profile(family), {}
     else:
         path = find_profile(name_or_path)
         profile, raw = _parse(path)
-    from_cli, decode = set(), {}
+    from_cli = set()
+    decode = {k: v for k, (v, _) in found.items()}  # the folder's own values; flags override
     for key in sorted(given, key=lambda k: k != "guide.path"):  # a guide first, then its rules
         _apply(profile, key, given[key], decode)
         from_cli.add(key)
@@ -295,6 +299,8 @@ def resolve(
             provenance[key] = "cli"
         elif _lookup(raw, key) is not _MISSING:
             provenance[key] = f"profile {path}"
+        elif key.removeprefix("decode.") in found:
+            provenance[key] = f"checkpoint {found[key.removeprefix('decode.')][1]}"
         elif family is not None and key.removeprefix("decode.") in family.reference_keys():
             provenance[key] = f"family default ({family.name})"
         else:
@@ -347,7 +353,7 @@ def require_model_folder(profile: Profile) -> None:
 def family_profile(family: Family) -> Profile:
     """The profile `--model PATH` starts from: the family's reference settings, no guide."""
     return Profile(
-        name=f"{family.name} reference",
+        name=f"{family.name}-reference",
         description=f"{family.title}'s own reference settings (--model without --profile)",
         decode=reference_settings(family),
     )

@@ -18,6 +18,7 @@ from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import DllmError, InputError, ModelLoadError, SettingsError
 from dllm_cli.families import FAMILIES, family_for_config
+from dllm_cli.family_settings import check_refused
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.loading import (
@@ -77,23 +78,27 @@ class Runtime:
     def prepare(self, prompt: str) -> list[int]:
         """Encoded prompt, refused here (not mid-batch) when it is empty or too long."""
         ids = self.encode(prompt)
+        self.check_room(ids, self.settings.gen_length, "gen_length", "--gen-length")
+        return ids
+
+    def check_room(self, ids: list[int], gen: int, name: str, flag: str) -> None:
+        """An empty prompt, or one that leaves no room for `gen` tokens in the model's
+        context, is an InputError naming the setting (`name`, as the caller spells it)."""
         if not ids:
             raise InputError("empty prompt (it encodes to no tokens)")
         context = self.loaded.model.context_length
-        gen = self.settings.gen_length
         if FAMILIES[self.loaded.family].own_sampler:  # DiffusionGemma denoises whole canvases
             gen = gemma.denoised_length(gen, self.loaded.model.canvas_length)
         if len(ids) + gen > context:
             fix = (
-                f"a prompt of at most {context - gen} tokens, or a smaller --gen-length"
+                f"a prompt of at most {context - gen} tokens, or a smaller {flag}"
                 if context > gen
-                else f"a --gen-length below {context}"
+                else f"{flag} below {context}"
             )
             raise InputError(
-                f"prompt too long: {len(ids)} tokens + gen_length {gen} exceeds the model's "
+                f"prompt too long: {len(ids)} tokens + {name} {gen} exceeds the model's "
                 f"context of {context} tokens (use {fix})"
             )
-        return ids
 
     def committer(self) -> Committer | None:
         """The guided-diffusion committer when a guide is loaded, else None (the settings' rule).
@@ -135,13 +140,22 @@ class Runtime:
         return self.loaded.tokenizer.decode(kept, skip_special_tokens=True).strip()
 
 
+# provenance of a value the caller gave -> how messages name it
+GIVEN_BY = {"cli": "the command line", "call": "the LLM call's arguments"}
+
+
+def given_by(provenance: dict[str, str], source: str) -> dict[str, str]:
+    """Provenance with the caller's values ("cli") named as `source` (GIVEN_BY's keys)."""
+    return {k: source if v == "cli" else v for k, v in provenance.items()}
+
+
 def origin(provenance: dict[str, str]) -> Callable[[str], str]:
     """decode setting -> " (from the command line)" / " (from profile FILE)" for messages."""
 
     def where(key: str) -> str:
         source = provenance.get(f"decode.{key}", "default")
-        if source == "cli":
-            return " (from the command line)"
+        if source in GIVEN_BY:
+            return f" (from {GIVEN_BY[source]})"
         return f" (from {source})" if source.startswith("profile ") else ""
 
     return where
@@ -152,28 +166,45 @@ def family_settings(
 ) -> tuple[DecodeSettings, list[str]]:
     """The profile's settings as the loaded model's family takes them, and notes to show;
     settings that mean nothing for the family are refused (SettingsError)."""
-    settings, family = prof.decode, FAMILIES[loaded.family]
-    notes = settings.adjustments()
-    if FAMILIES[loaded.family].own_sampler:  # settings that mean nothing there are refused
-        if use_guide and prof.guide is not None and prof.guide.path:
-            raise SettingsError(f"a guide model does not apply to {gemma.FAMILY} (use --no-guide)")
-        canvas = loaded.model.canvas_length
-        settings = gemma.check_settings(settings, canvas, origin(provenance))
-        notes = gemma.notes(settings, canvas)
-    elif FAMILIES[loaded.family].block_causal:  # SDAR, LLaDA2.x: refused in one line
-        from dllm_cli.decoding.block_rules import check_block_settings
+    family = FAMILIES[loaded.family]
+    guided = use_guide and prof.guide is not None and prof.guide.path
+    if guided and not family.takes_guide:  # it samples on its own
+        raise SettingsError(f"a guide model does not apply to {family.title} (use --no-guide)")
+    settings = check_family(loaded, prof.decode, origin(provenance))
+    notes = NOTES.get(family.stepper, lambda s, loaded: s.adjustments())
+    return settings, notes(settings, loaded)
 
-        if use_guide and prof.guide is not None and prof.guide.path:
-            raise SettingsError(f"a guide model does not apply to {family.title} (use --no-guide)")
-        check_block_settings(settings, family.title, origin(provenance))
-    else:
-        gemma.check_masked(settings, family.name, origin(provenance))
-        if settings.edit_threshold is not None:
-            raise SettingsError(
-                f"edit_threshold{origin(provenance)('edit_threshold')} applies to LLaDA2.x "
-                f"token editing only (this model is {family.name})"
-            )
-    return settings, notes
+
+def check_family(
+    loaded: LoadedModel, settings: DecodeSettings, where=lambda k: ""
+) -> DecodeSettings:
+    """The settings as the loaded model's family takes them; one it cannot use is refused
+    in one line (SettingsError): the CLI's flags and every server request pass here."""
+    family = FAMILIES[loaded.family]
+    return CHECKS[family.stepper](loaded, family, settings, where)
+
+
+def check_masked(loaded: LoadedModel, family, s: DecodeSettings, where) -> DecodeSettings:
+    check_refused(family, s, where)
+    return s
+
+
+def check_block(loaded: LoadedModel, family, s: DecodeSettings, where) -> DecodeSettings:
+    """SDAR, LLaDA2.x: the refusals and the block rule's own values."""
+    from dllm_cli.decoding.block_rules import check_block_settings
+
+    check_block_settings(s, family, where)
+    return s
+
+
+def check_gemma(loaded: LoadedModel, family, s: DecodeSettings, where) -> DecodeSettings:
+    """DiffusionGemma: the refusals; its canvas length is the block length."""
+    return gemma.check_settings(s, loaded.model.canvas_length, where)
+
+
+# Family.stepper -> how its settings are checked, and (where not `adjustments`) its notes
+CHECKS = {"masked": check_masked, "block": check_block, "gemma": check_gemma}
+NOTES = {"gemma": lambda s, loaded: gemma.notes(s, loaded.model.canvas_length)}
 
 
 def set_threads(threads: int) -> None:
@@ -220,6 +251,7 @@ def open_runtime(
     slots: int = 1,
     force: bool = False,
     shards: Shards | None = None,
+    source: str = "cli",
 ) -> Runtime:
     """Resolve the profile with CLI overrides (which builds the settings), load the model and
     guide; `shards`: only this rank's slices of it (tensor parallelism).
@@ -227,9 +259,11 @@ def open_runtime(
     `require_guide` (the CLI's explicit --guide) makes a profile without [guide] an error
     before anything is loaded. `place` maps the configured device to the one to load on
     (under torchrun: this rank's own GPU). A load that cannot fit in the device's free memory
-    with `slots` rows is refused before any weight is read (fit.py), unless `force`.
+    with `slots` rows is refused before any weight is read (fit.py), unless `force`. `source`: who gave
+    `overrides` (GIVEN_BY's keys), as error messages name it.
     """
     prof, provenance = resolve(profile, overrides)
+    provenance = given_by(provenance, source)
     if require_guide and prof.guide is None:
         raise SettingsError(
             f"--guide: profile {prof.name!r} has no [guide] section (no AR guide model to use)"

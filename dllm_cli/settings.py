@@ -12,9 +12,13 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
   than it has tokens (extra steps would commit nothing). `steps=None` is one token per step.
   So LLaDA's divisible settings behave exactly as in its reference code, and other settings
   are adjusted rather than refused, except `steps` below the number of blocks (an error).
-- `steps` drives the `fixed` and `origin` schedules only (and `klass`'s steps with nothing
-  ready); `threshold`, `factor`, `eb`, `klass` and `wino` commit by confidence and run each
-  block until it has no masks left (`wino` at most block_length steps: see decoding/wino.py).
+- `steps` means one thing everywhere: steps over the whole answer, split over its blocks as
+  above. On the masked families it drives the `fixed` and `origin` schedules only;
+  `threshold`, `factor`, `eb`, `klass` and `wino` commit by confidence and run each block
+  until it has no masks left (`wino` at most block_length steps: see decoding/wino.py). On
+  SDAR and LLaDA2.x a block's share is the references' own per-block `steps`: exactly the
+  tokens each step commits under `fixed`, the least it commits under `threshold`
+  (decoding/block_rules.py).
 """
 
 from __future__ import annotations
@@ -206,6 +210,8 @@ class DecodeSettings:
             _bad(f"wino drafts confidences above threshold, in [0, 1) (got {self.threshold})")
         if self.unmask == "prefix" and not 0.0 <= self.threshold < 1.0:
             _bad(f"prefix commits confidences above threshold, in [0, 1) (got {self.threshold})")
+        if not 0.0 <= self.threshold <= 1.0:  # a rule that ignores it too
+            _bad(f"threshold must be in [0, 1] (got {self.threshold})")
         if not 0.0 <= self.jump_threshold <= 1.0:
             _bad(f"jump_threshold must be in [0, 1] (got {self.jump_threshold})")
         if not 0.0 <= self.wino_verify <= 1.0:

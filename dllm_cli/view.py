@@ -10,6 +10,7 @@ import colorsys
 import math
 from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 
 from rich.color import Color
@@ -20,6 +21,7 @@ from rich.text import Text
 
 from dllm_cli.decoding import DecodeResult, RowCommit, StepEvent, answer_end
 from dllm_cli.errors import SettingsError
+from dllm_cli.families import FAMILIES
 from dllm_cli.runtime import Runtime
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.view_words import Speller
@@ -27,43 +29,6 @@ from dllm_cli.view_words import Speller
 MASK_GLYPH = "░"
 END_GLYPH = "∎"
 SAVE_KINDS = (".svg", ".html")
-
-
-class TextStream:
-    """Answer text printed as soon as its prefix is final (every position up to it committed)."""
-
-    def __init__(self, gen_length: int, to_text: Callable[[list[int]], str], row: int = 0):
-        self.tokens: list[int | None] = [None] * gen_length
-        self.to_text = to_text  # tokens -> answer text (cut at the first stop token)
-        self.row = row
-        self.final = 0  # length of the committed prefix
-        self.shown = ""
-
-    def feed(self, event: StepEvent) -> str:
-        """Text that became final with this event ("" when none did)."""
-        for commit in event.commits:
-            if commit.row == self.row:
-                for pos, tok in zip(commit.positions, commit.tokens, strict=True):
-                    self.tokens[pos] = tok
-        n = self.final
-        held = dict(event.revocable).get(self.row, len(self.tokens))  # WINO: not final yet
-        while n < min(len(self.tokens), held) and self.tokens[n] is not None:
-            n += 1
-        if n == self.final:
-            return ""
-        self.final = n
-        # A byte-level tokenizer may end a prefix inside a character: hold that part back.
-        text = self.to_text(self.tokens[:n]).rstrip("\ufffd")  # type: ignore[arg-type]
-        if not text.startswith(self.shown):
-            return ""
-        new, self.shown = text[len(self.shown) :], text
-        return new
-
-    def finish(self, text: str) -> str:
-        """The rest of the final answer, newline included."""
-        if text.startswith(self.shown):
-            return text[len(self.shown) :] + "\n"
-        return "\n" + text + "\n"  # the streamed part changed (not expected): print it whole
 
 
 class CanvasView:
@@ -89,12 +54,7 @@ class CanvasView:
         self.drafts: list[int | None] = [None] * g  # latest draft token, not yet final
         self.drafted = [-1] * g  # step that last replaced the draft
         self.settled: int | None = None  # step the stopping rule settled row 0's canvas
-        self.blocks: list[tuple[int, int]] = []
-        start = 0
-        for length, _ in settings.block_plan():
-            self.blocks.append((start, start + length))
-            start += length
-        self.starts = [a for a, _ in self.blocks]
+        self.lay_out(0)
         self.frozen: list[tuple[int, int]] = []
         self.event: StepEvent | None = None
         self.block = 0  # the block the last step worked in (see `update`)
@@ -112,12 +72,26 @@ class CanvasView:
     def for_runtime(cls, runtime: Runtime) -> CanvasView:
         """A view that spells tokens with the runtime's tokenizer."""
         tok, special = runtime.loaded.tokenizer, runtime.loaded.special
-        uniform = runtime.loaded.architecture == "diffusion_gemma"
+        uniform = FAMILIES[runtime.loaded.family].uniform_state
         guided = runtime.guide is not None
         return cls(runtime.settings, tok.decode, special.stop, uniform, guided)
 
+    def lay_out(self, offset: int) -> None:
+        """Answer blocks: the settings' plan, or (a block-causal canvas, whose blocks start at
+        the prompt's whole blocks) a first block `offset` columns short."""
+        g, size = self.s.gen_length, self.s.block_length
+        if offset:
+            edges = [*range(size - offset, g, size), g]
+        else:
+            edges = list(accumulate(length for length, _ in self.s.block_plan()))
+        self.blocks = list(zip([0, *edges[:-1]], edges, strict=True))
+        self.starts = [a for a, _ in self.blocks]
+
     def update(self, event: StepEvent, seconds: float) -> None:
         """Take one step's commits (row 0); `seconds` is decoding time so far."""
+        tail = next((ph.tail for ph in event.phases if ph.row == 0), 0)
+        if self.event is None and tail:  # the prompt's tail opens the first answer block
+            self.lay_out(tail)
         for commit in event.commits:
             if commit.row != 0:
                 continue
@@ -354,6 +328,8 @@ class CanvasView:
             tail += "" if self.settled is None else f", settled at step {self.settled + 1}"
         edited = self.s.edit_threshold is not None
         replaced = f"~{e.replaced} replaced, " if self.uniform or edited else ""
+        past = e.window[1] - self.s.gen_length  # the last block's columns past the answer
+        tail += f", {past} columns past the answer in this block" if past > 0 else ""
         return (
             f"step {e.step + 1} block {self.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
             f"{replaced}"

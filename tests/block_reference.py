@@ -242,3 +242,37 @@ def llada21_generate(t, cfg, prompt, mask_id, vocab, gen_length, block_length, t
             if (part == mask_id).sum() == 0 and (part == eos_id).any():
                 break
     return x
+
+
+@torch.no_grad()
+def llada20_generate(t, cfg, prompt, mask_id, vocab, gen_length, block_length, steps, threshold):
+    """LLaDA2.0's generate at temperature 0: `steps` per block, step i commits the masks above
+    `threshold` when at least `_get_num_transfer_tokens(block_length, steps)[i]` pass, else
+    that many of the most confident (no cache: the window is recomputed every step)."""
+    steps = min(steps, gen_length)  # minimal_topk 1
+    p_len = len(prompt)
+    num_blocks = (p_len + gen_length + block_length - 1) // block_length
+    blocks = torch.tril(torch.ones(num_blocks, num_blocks)).bool()
+    full_mask = blocks.repeat_interleave(block_length, 0).repeat_interleave(block_length, 1)
+    x = torch.full((num_blocks * block_length,), mask_id, dtype=torch.long)
+    x[:p_len] = torch.tensor(prompt)
+    schedule = num_transfer_tokens(block_length, steps)
+    for nb in range(p_len // block_length, num_blocks):
+        end = (nb + 1) * block_length
+        cur = x[:end]
+        for step in range(steps):
+            active = cur[-block_length:] == mask_id
+            if active.sum() == 0:
+                break
+            logits = llada2_forward(t, cfg, cur, full_mask[:end, :end])[0, -block_length:]
+            x0, p = sample(logits, 0, mask_id, vocab)
+            k = int(schedule[step])
+            conf = torch.where(active, p, -torch.inf)
+            high = conf > threshold
+            transfer = torch.zeros_like(active)
+            if high.sum() >= k:
+                transfer = high
+            else:
+                transfer[torch.topk(conf, k=min(k, int(active.sum()))).indices] = True
+            cur[-block_length:][transfer] = x0[transfer]
+    return x

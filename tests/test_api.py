@@ -98,3 +98,17 @@ def test_score_is_the_reference_estimate_of_the_continuation(llm):
     )
     assert got == want.total < 0
     assert llm.score("3 + 2 =", " 5", samples=8, seed=3, chat=True) < 0
+
+
+def test_api_errors_name_the_call_not_the_command_line(tmp_path):
+    from block_checkpoints import write_sdar
+
+    from dllm_cli.api import LLM
+    from dllm_cli.errors import SettingsError
+
+    folder = str(write_sdar(tmp_path / "sdar").folder)
+    with pytest.raises(SettingsError, match=r"cache 'dual' \(from the LLM call's arguments\)"):
+        LLM(model=folder, cache="dual")
+    llm = LLM(model=folder, gen_length=8)
+    with pytest.raises(SettingsError, match=r"unmask 'wino' \(from the LLM call's arguments\)"):
+        llm.generate("hi", unmask="wino")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from block_checkpoints import write_llada2
@@ -39,7 +40,10 @@ def test_settings_that_do_not_apply_are_one_line(folder, flags, words):
 def test_edit_threshold_is_refused_on_masked_families():
     result = invoke("generate", "-p", "tiny-gsm", "--edit-threshold", "0.5", "hi")
     assert result.exit_code == 2, result.output
-    assert "edit_threshold (from the command line) applies to LLaDA2.x" in result.stderr
+    assert (
+        "edit_threshold 0.5 (from the command line) does not apply to LLaDA: it is LLaDA2.1's"
+        in result.stderr
+    )
 
 
 def test_generate_with_editing_prints_an_answer(folder):
@@ -70,3 +74,55 @@ def test_view_shows_edits_as_replaced_tokens():
     assert "three" in text and "two" not in text  # the edit replaced the committed token
     assert "1 tokens replaced" in text and "replaced by a token edit" in text
     assert "~1 replaced" in view.summary()
+
+
+EDITING = dict(gen_length=16, block_length=4, edit_threshold=0.0, threshold=0.5, max_post_steps=2)
+
+
+@pytest.mark.slow
+def test_streamed_text_under_token_editing_is_the_final_answer(folder):
+    """LLaDA2.1's edits may replace committed tokens of the active block, so streamed text
+    (LLM.stream, the terminal's generate, chat) holds that block back: the pieces join to the
+    answer, never to a provisional text plus a corrected copy."""
+    from dllm_cli.api import LLM
+    from dllm_cli.serve.session import Session
+
+    llm = LLM(model=str(folder), **EDITING)
+    prompts = ["how many apples", "Tom has 3 pens", "a cat sleeps"]
+    edited = 0
+    for prompt in prompts:
+        final = llm.generate([prompt])[0].text
+        assert "".join(llm.stream(prompt)) == final
+        session = Session(llm.runtime)
+        answer = session.answer(prompt, session.prompt(prompt))
+        pieces = []
+        for event, new in answer:
+            pieces.append(new)
+            edited += sum(len(d.positions) for d in event.drafts)
+        assert "".join(pieces) + answer.rest == answer.text
+    assert edited > 0  # edits happened
+
+
+def test_bench_takes_the_editing_flags(folder, tmp_path):
+    out = tmp_path / "bench.json"
+    result = invoke(
+        "bench", "--model", str(folder), "--n", "1", "--shots", "0", "--gen-length", "8",
+        "--block-length", "4", "--strategies", "baseline", "--no-warmup",
+        "--edit-threshold", "0.0", "--max-post-steps", "2", "--json", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (record,) = json.loads(out.read_text())
+    assert record["settings"]["edit_threshold"] == 0.0
+    assert record["settings"]["max_post_steps"] == 2
+
+
+def test_visualize_counts_the_blocks_a_prompt_tail_opens(folder):
+    """A prompt that does not fill whole blocks shares the first answer block: 32 tokens in
+    blocks of 32 take two blocks, and steps spent past the answer say so."""
+    result = invoke("visualize", "--model", str(folder), "--gen-length", "32", "hi")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("step ")]
+    assert "block 1/2" in lines[0] and "block 2/2" in lines[-1]
+    assert all("/1:" not in line for line in lines)
+    idle = [line for line in lines if "+0 tokens" in line]
+    assert idle and all("columns past the answer" in line for line in idle)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 from block_checkpoints import write_llada2
-from block_reference import llada2_forward, llada21_generate
+from block_reference import llada2_forward, llada20_generate, llada21_generate
 
 from dllm_cli.decoding import decode, decode_steps
 from dllm_cli.decoding.run import open_engine
@@ -123,3 +123,26 @@ def test_bad_edit_settings_and_approximate_caches_are_refused(loaded):
         settings(max_post_steps=-1)
     with pytest.raises(SettingsError, match="does not apply to LLaDA2"):
         open_engine(loaded.model, loaded.special, settings(cache="dual"))
+
+
+@pytest.mark.parametrize("steps", [12, 6, 3])  # per block (of 4): 4, 2, 1 steps
+@pytest.mark.parametrize("threshold", [0.1, 0.95])
+def test_steps_set_the_least_a_threshold_step_commits_as_llada20_does(
+    llada2, loaded, steps, threshold
+):
+    """`--steps` (over the answer, split over its blocks) is LLaDA2.0's `steps` per block under
+    the threshold rule: step i commits at least the schedule's share of the block."""
+    s = settings(steps=steps, threshold=threshold)
+    got = decode(loaded.model, loaded.special, list(PROMPTS), s).tokens
+    per_block = steps * s.block_length // s.gen_length
+    for prompt, tokens in zip(PROMPTS, got, strict=True):
+        x = llada20_generate(
+            llada2.tensors, llada2.config, prompt, loaded.special.mask,
+            llada2.ids["vocab_size"], s.gen_length, s.block_length, per_block, s.threshold,
+        )  # fmt: skip
+        assert tokens == x[len(prompt) : len(prompt) + s.gen_length].tolist(), prompt
+
+
+def test_steps_below_the_block_count_are_refused(loaded):
+    with pytest.raises(SettingsError, match="fewer than the number of blocks"):
+        decode(loaded.model, loaded.special, [PROMPTS[0]], settings(steps=2))

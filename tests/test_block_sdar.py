@@ -38,7 +38,8 @@ def settings(**kw) -> DecodeSettings:
 
 
 def reference(sdar, loaded, prompt, s: DecodeSettings, stop=None) -> list[int]:
-    steps = max(1, s.block_length * s.total_steps // s.gen_length)
+    planned = s.gen_length if s.steps is None else s.steps  # over the answer: per block below
+    steps = max(1, s.block_length * planned // s.gen_length)
     strategy = "low_confidence_dynamic" if s.unmask == "threshold" else "low_confidence_static"
     x = sdar_generate(
         sdar.tensors, sdar.config, prompt, loaded.special.mask, sdar.ids["vocab_size"],
@@ -169,3 +170,16 @@ def test_progress_is_a_prefix_and_abort_frees_the_slot(loaded):
 def test_settings_that_do_not_apply_are_refused(loaded, kw):
     with pytest.raises(SettingsError, match="does not apply to SDAR"):
         open_engine(loaded.model, loaded.special, settings(**kw))
+
+
+def test_the_folders_block_size_is_the_block_length(tmp_path):
+    """`--model` without a profile decodes an SDAR folder with its config.json block_size (the
+    size it was trained with), not the family's usual 4; a flag still overrides it."""
+    from dllm_cli.profiles import resolve
+
+    folder = write_sdar(tmp_path / "sdar8", block_size=8).folder
+    profile, provenance = resolve(None, {"model.path": str(folder)})
+    assert profile.decode.block_length == 8
+    assert provenance["decode.block_length"] == "checkpoint config.json"
+    flagged, _ = resolve(None, {"model.path": str(folder), "decode.block_length": 4})
+    assert flagged.decode.block_length == 4

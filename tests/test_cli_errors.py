@@ -136,3 +136,9 @@ def test_a_closed_stdout_ends_quietly(profile_file, monkeypatch):
 def test_profiles_show_unknown_profile():
     result = invoke("profiles", "show", "nope")
     assert result.exit_code == 2 and "unknown profile" in error_lines(result)[0]
+
+
+def test_a_threshold_the_rule_ignores_is_still_range_checked():
+    result = invoke("generate", "-p", "tiny-gsm", "--unmask", "fixed", "--threshold", "2", "hi")
+    assert result.exit_code == 2, result.output
+    assert error_lines(result) == ["dllm: error: threshold must be in [0, 1] (got 2.0)"]

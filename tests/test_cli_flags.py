@@ -30,6 +30,7 @@ GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
 BENCH = (
     "temperature", "seed", "cache", "early_stop", "top_k", "threshold", "kl_history",
     "wino_verify", "jump_threshold", "credit_alpha", "credit_boost", "credit_decay",
+    "edit_threshold", "max_post_steps",
 )  # fmt: skip
 TAKES = {
     "generate": (*MODEL, *DECODE, *GUIDE, "batching"),

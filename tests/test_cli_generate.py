@@ -22,7 +22,7 @@ from dllm_cli.commands import common, generate
 from dllm_cli.decoding import RowCommit, StepEvent, decode
 from dllm_cli.decoding.guided import GuidedCommitter, GuideRules
 from dllm_cli.runtime import open_runtime
-from dllm_cli.view import TextStream
+from dllm_cli.text_stream import TextStream
 
 
 @pytest.fixture

@@ -59,3 +59,10 @@ def test_generate_help_says_what_the_built_in_model_can_do(monkeypatch):
         "--model PATH",
     ):
         assert words in text, words
+
+
+def test_top_level_help_names_every_family():
+    from dllm_cli.families import FAMILIES
+
+    text = " ".join(invoke("--help").stdout.replace("│", " ").split())
+    assert all(f.title in text for f in FAMILIES.values()), text

@@ -58,6 +58,8 @@ BAD = [
     ({"alg_temp": -1.0}, "alg_temp must be >= 0"),
     ({"seed": -1}, "seed must be in [0, 2**63)"),
     ({"early_stop": "yes"}, "early_stop must be true or false"),
+    ({"threshold": 2.0}, "threshold must be in [0, 1] (got 2.0)"),  # the fixed rule ignores it
+    ({"threshold": -0.5, "unmask": "eb"}, "threshold must be in [0, 1] (got -0.5)"),
 ]
 
 

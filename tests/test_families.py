@@ -63,7 +63,7 @@ def test_each_entry_agrees_with_its_classes(name):
 
 def test_diffusion_gemma_refuses_what_its_sampler_does_not_use():
     family = FAMILIES["diffusion_gemma"]
-    assert set(family.refuses) == set(gemma.NOT_USED) and family.own_sampler
+    assert not set(family.refuses) & set(gemma.USED) and family.own_sampler
     gemma.check_settings(reference_settings(family), canvas=256)  # its reference runs
 
 
@@ -283,4 +283,27 @@ def test_stop_tokens_end_the_answer(dream_folder, tmp_path):
     assert result.exit_code == 3
     assert "stop token '<|dlm_pad|>' (stop_tokens in [model]) is not in the tokenizer" in (
         result.stderr
+    )
+
+
+def test_summary_lines_name_what_each_family_uses():
+    """eval's settings line: DiffusionGemma's own knobs (unset: the checkpoint's), LLaDA2.1's
+    edit_threshold when set, the masked families' rule and cache."""
+    from dllm_cli.family_settings import summary_line
+
+    gemma = DecodeSettings(gen_length=32, block_length=16, t_min=0.4).to_dict()
+    line = summary_line(FAMILIES["diffusion_gemma"], gemma)
+    assert line == (
+        "block_length=16 steps=checkpoint t_min=0.4 t_max=checkpoint entropy_bound=checkpoint "
+        "early_stop=False"
+    )
+    assert "unmask" not in line and "cache" not in line
+    edit = DecodeSettings(cache="prefix", unmask="threshold", edit_threshold=0.0).to_dict()
+    line = summary_line(FAMILIES["llada2"], edit)
+    assert line.endswith("edit_threshold=0.0 max_post_steps=16")
+    assert "threshold=0.9" in line and "steps=256" in line
+    masked = summary_line(FAMILIES["llada"], DecodeSettings(suffix_window=8).to_dict())
+    assert (
+        masked
+        == "cache=none unmask=fixed block_length=32 steps=256 early_stop=False suffix_window=8"
     )

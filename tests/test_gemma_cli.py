@@ -25,6 +25,7 @@ from gemma_fixtures import (  # noqa: F401
 from rich.console import Console
 from test_distributed import LINES, check_matches_single_process
 
+from dllm_cli.commands.common import CONTROLS
 from dllm_cli.decoding import DecodeResult, RowCommit, StepEvent
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.view import CanvasView
@@ -39,7 +40,8 @@ def test_generate_prints_the_answer_json_and_stats(gemma_profile_file):
     record = invoke("generate", TEXTS[0], *args, "--json", "--stats")
     assert record.exit_code == 0, record.output
     data = json.loads(record.stdout)
-    assert data["text"] + "\n" == text.stdout and len(data["token_ids"]) <= 24
+    shown = data["text"].translate(CONTROLS)  # text mode escapes control characters
+    assert shown + "\n" == text.stdout and len(data["token_ids"]) <= 24
     assert data["forwards"] == data["steps"] and 0 < data["forwards"] <= 2 * 5
     assert f"{data['forwards']} forwards" in record.stderr and "tok/s" in record.stderr
     assert "whole canvases of 16 tokens: 2 for gen_length 24" in record.stderr
@@ -76,7 +78,7 @@ def test_settings_without_meaning_are_refused_in_one_line(gemma_profile_file, fl
     assert result.exit_code == 2 and result.stdout == ""
     assert error_lines(result) == [line for line in result.stderr.splitlines() if line]
     assert len(error_lines(result)) == 1 and message in result.stderr
-    assert "diffusion_gemma" in result.stderr
+    assert "DiffusionGemma" in result.stderr
 
 
 def test_a_profile_for_another_family_and_a_guide_are_refused(gemma_ckpt, profile_file, tmp_path):
@@ -90,10 +92,10 @@ def test_a_profile_for_another_family_and_a_guide_are_refused(gemma_ckpt, profil
     refused = invoke("generate", "hi", "-p", str(guided))
     assert refused.exit_code == 2
     assert error_lines(refused) == [
-        "dllm: error: a guide model does not apply to diffusion_gemma (use --no-guide)"
+        "dllm: error: a guide model does not apply to DiffusionGemma (use --no-guide)"
     ]
     knob = invoke("generate", "hi", "-p", str(profile_file), "--t-min", "0.3")
-    assert knob.exit_code == 2 and "applies to diffusion_gemma models only" in knob.stderr
+    assert knob.exit_code == 2 and "it is DiffusionGemma's own knob" in knob.stderr
 
 
 def test_family_knobs_reach_transformers(gemma_profile_file):
@@ -180,7 +182,7 @@ def test_profiles_show_says_which_settings_apply(gemma_profile_file):
     shipped = invoke("profiles", "show", "diffusiongemma-26b-a4b-it")
     assert "diffusion_gemma" in shipped.stdout and "t_min" in shipped.stdout
     llada = invoke("profiles", "show", "tiny-gsm")
-    assert "diffusion_gemma only" in llada.stdout
+    assert "LLaDA does not use t_min" in llada.stdout
 
 
 def test_bench_runs_the_baseline(gemma_profile_file, tmp_path):
@@ -212,3 +214,31 @@ def test_bench_runs_the_baseline(gemma_profile_file, tmp_path):
 @pytest.mark.slow
 def test_two_ranks_under_torchrun_write_the_single_process_output(gemma_profile_file):
     check_matches_single_process(["-p", str(gemma_profile_file)], LINES)
+
+
+def test_profiles_show_model_reads_the_folders_own_values(gemma_ckpt, monkeypatch):
+    """--model FOLDER shows the canvas length from config.json and the generation_config.json
+    knobs decoding takes from the folder; piped (no COLUMNS), no cell is folded at 80 columns."""
+    monkeypatch.delenv("COLUMNS")
+    result = invoke("profiles", "show", "--model", str(gemma_ckpt.folder))
+    assert result.exit_code == 0, result.output
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in result.stdout.splitlines()
+        if "│" in line
+    }
+    assert rows["decode.block_length"][:2] == ["16", "checkpoint config.json"]
+    for key, value in (("t_min", "0.4"), ("t_max", "0.8"), ("entropy_bound", "0.1")):
+        assert rows[f"decode.{key}"][:2] == [value, "checkpoint generation_config.json"]
+    assert rows["decode.steps"][0] == "unset (12 per canvas from generation_config.json)"
+    assert rows["model.path"][0] == str(gemma_ckpt.folder)  # one line, not folded
+
+
+@pytest.mark.slow
+def test_text_output_never_writes_control_bytes(gemma_ckpt):
+    """A random checkpoint's byte tokens (NUL, 0x01 here) reach stdout as `\\xNN` escapes."""
+    result = invoke("generate", "--model", str(gemma_ckpt.folder), "--gen-length", "32", "hi")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert not [c for c in out if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0]
+    assert "\\x00" in out  # this folder's answer holds a NUL, shown escaped

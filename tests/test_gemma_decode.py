@@ -21,8 +21,10 @@ from gemma_fixtures import (  # noqa: F401
 )
 
 from dllm_cli.decoding import decode, decode_steps
-from dllm_cli.decoding.gemma import NOT_USED, USED, check_masked, generation_kwargs
+from dllm_cli.decoding.gemma import USED, generation_kwargs
 from dllm_cli.errors import InputError, ModelLoadError, SettingsError
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import check_refused
 from dllm_cli.models.diffusion_gemma import DiffusionGemmaLM
 from dllm_cli.models.loading import load_model
 from dllm_cli.settings import DecodeSettings
@@ -185,7 +187,8 @@ def test_closing_a_run_stops_the_decode(gemma):
 def test_every_setting_is_either_mapped_or_refused():
     """A DecodeSettings field added later must say what it means for DiffusionGemma."""
     names = {f.name for f in dataclasses.fields(DecodeSettings)}
-    assert set(USED) | set(NOT_USED) == names and not set(USED) & set(NOT_USED)
+    refused = set(FAMILIES["diffusion_gemma"].refuses)
+    assert set(USED) | refused == names and not set(USED) & refused
 
 
 @pytest.mark.parametrize(
@@ -201,14 +204,14 @@ def test_every_setting_is_either_mapped_or_refused():
 )
 def test_settings_that_mean_nothing_are_refused(gemma, change):
     key = next(iter(change))
-    with pytest.raises(SettingsError, match=f"^{key} .* does not apply to diffusion_gemma"):
+    with pytest.raises(SettingsError, match=f"^{key} .* does not apply to DiffusionGemma"):
         decode(gemma.model, gemma.special, [encode(gemma, "hi")], gemma_settings(**change))
 
 
 def test_masked_families_refuse_gemma_knobs():
-    check_masked(gemma_settings(), "llada")
-    with pytest.raises(SettingsError, match=r"t_min 0\.3 applies to diffusion_gemma models only"):
-        check_masked(gemma_settings(t_min=0.3), "llada")
+    check_refused(FAMILIES["llada"], gemma_settings())
+    with pytest.raises(SettingsError, match=r"t_min 0\.3 does not apply to LLaDA: it is Diff"):
+        check_refused(FAMILIES["llada"], gemma_settings(t_min=0.3))
 
 
 def test_generation_settings_transformers_refuses(gemma):

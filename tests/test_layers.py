@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tinygsm",
         "folders",
         "families",
+        "family_settings",
         "lifetimes",
         "version",
         "omp",  # libgomp's spin default, set before torch loads
@@ -37,6 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
         "batch",
         "distributed",
         "view",
+        "text_stream",
         "view_words",
         "view_export",
         "bench",

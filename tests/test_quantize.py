@@ -189,3 +189,24 @@ def test_profile_key_quantize_is_read_and_checked(tmp_path):
     bad.write_text(f'name = "q"\n[model]\npath = "{folder}"\nquantize = "fp4"\n')
     with pytest.raises(ProfileError, match="quantize in \\[model\\] must be one of none, int8"):
         resolve(str(bad))
+
+
+@pytest.mark.parametrize("kind", ["sdar", "llada2"])
+def test_block_families_quantize_to_int8_and_decode(kind, tmp_path):
+    """SDAR and LLaDA2.x folders load with --quantize int8 (every projection but the router and
+    the first block's down_proj an int8 layer), decode, and batch rows equal their single runs."""
+    from block_checkpoints import write_llada2, write_sdar
+
+    folder = {"sdar": write_sdar, "llada2": write_llada2}[kind](tmp_path / kind).folder
+    q = load_model(folder, device="cpu", quantize="int8")
+    left = [n for n, m in q.model.named_modules() if type(m) is torch.nn.Linear]
+    assert left == ["model.layers.0.mlp.down_proj"]
+    assert sum(isinstance(m, Int8Linear) for m in q.model.modules()) > 0
+    ps = prompts([5, 8], seed=2)
+    s = settings(gen_length=8, block_length=4, cache="prefix", unmask="threshold")
+    got = decode(q.model, q.special, ps, s)
+    assert got.tokens == [decode(q.model, q.special, [p], s).tokens[0] for p in ps]
+    result = invoke(
+        "generate", "--model", str(folder), "--quantize", "int8", "--gen-length", "8", "hi"
+    )
+    assert result.exit_code == 0, result.output

@@ -189,7 +189,7 @@ def test_wino_progress_streams_only_tokens_no_step_can_revoke(kind, monkeypatch)
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_wino_streamed_text_is_never_retracted(kind):
-    from dllm_cli.view import TextStream
+    from dllm_cli.text_stream import TextStream
 
     model = tiny(kind, seed=2, head_scale=4.0).model
     s = settings(cache="dual", gen_length=24, **WINO)

@@ -51,16 +51,25 @@ def parse_lengths(text: str) -> list[int]:
         raise UsageError(f"--gen-length takes integers like 256,512 (got {text!r})") from None
 
 
+# Family.stepper -> the strategies its bench runs unasked, and why (others: every strategy)
+OWN_STRATEGIES = {
+    "gemma": ((BASELINE,), "decodes with transformers' own sampler: only the baseline applies"),
+    "block": (
+        BLOCK_STRATEGIES,
+        "is block-causal: its exact block cache (prefix) against recompute",
+    ),
+}
+
+
 def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> list[str]:
     """The requested names, or every strategy (the guided ones only when a guide is loaded)."""
     if text is not None:
         return split_list(text, "strategies")
-    if family in FAMILIES and FAMILIES[family].own_sampler:
-        note(f"{family} decodes with transformers' own sampler: only the baseline applies")
-        return [BASELINE]
-    if family in FAMILIES and FAMILIES[family].block_causal:
-        note(f"{family} is block-causal: its exact block cache (prefix) against recompute")
-        return list(BLOCK_STRATEGIES)
+    stepper = FAMILIES[family].stepper if family in FAMILIES else "masked"
+    if stepper in OWN_STRATEGIES:
+        names, why = OWN_STRATEGIES[stepper]
+        note(f"{family} {why}")
+        return list(names)
     names = [n for n, s in STRATEGIES.items() if has_guide or not s.guided]
     if not has_guide:
         note("no guide model loaded: skipping the guided strategies")
@@ -184,6 +193,8 @@ def write(path: Path, text: str) -> None:
     "credit_alpha",
     "credit_boost",
     "credit_decay",
+    "edit_threshold",
+    "max_post_steps",
 )
 def bench_command(
     shots: opt.Shots = 5,

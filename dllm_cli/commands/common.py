@@ -70,10 +70,16 @@ def note(message: str) -> None:
     stderr.print(Text.assemble(("dllm: note:", "dim"), " ", message), highlight=False)
 
 
+# Control characters a model may emit (a random checkpoint's byte tokens: NUL, ESC, ...) that
+# would corrupt a terminal or a text pipe; newline and tab are text.
+CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)] if c not in (9, 10)}
+
+
 def write(text: str) -> None:
-    """Results on stdout, flushed at once (a reader downstream sees each as it comes)."""
+    """Results on stdout, flushed at once (a reader downstream sees each as it comes); control
+    characters are written as `\\xNN` escapes."""
     if text:
-        sys.stdout.write(text)
+        sys.stdout.write(text.translate(CONTROLS))
         sys.stdout.flush()
 
 

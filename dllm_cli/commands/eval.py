@@ -17,6 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dllm_cli import options as opt
 from dllm_cli.commands.common import check_output, cli_errors, load_runtime, stderr
 from dllm_cli.errors import InputError, UsageError
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import summary_line
 
 if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
     from dllm_cli.evaluate import Score
@@ -59,6 +61,7 @@ def eval_report(
         "profile": rt.profile.name,
         "model": str(rt.loaded.path),
         "guide": guide,
+        "family": rt.loaded.family,
         "settings": rt.settings.to_dict(),
     }
 
@@ -85,12 +88,7 @@ def print_summary(report: dict) -> None:
         f"forwards  {report['forwards']}{guided}  ({report['tokens_per_forward']:.2f} tokens "
         f"per forward), {report['seconds']:.2f} s, batch {report['batch_size']}"
     )
-    out.print(
-        f"settings  cache={s['cache']} unmask={s['unmask']} block={s['block_length']} "
-        f"steps={s['steps'] or s['gen_length']} early_stop={s['early_stop']}"
-        + (f" suffix_window={s['suffix_window']}" if s.get("suffix_window") else "")
-        + f" {guide}"
-    )
+    out.print(f"settings  {summary_line(FAMILIES[report['family']], s)} {guide}")
     if report["mask_violations"]:
         out.print(f"{report['mask_violations']} answers still held a mask token", style="bold red")
 

@@ -246,7 +246,7 @@ def run_single(runtime: Runtime, arg: str, pipeline: Pipeline, verbose: bool = F
     """Decode one prompt; on a terminal, print text as soon as its prefix is final."""
     from dllm_cli.batch import record, solo
     from dllm_cli.decoding import decode_steps
-    from dllm_cli.view import TextStream
+    from dllm_cli.text_stream import TextStream
 
     json_out, totals = pipeline.json_out, pipeline.totals
     try:

@@ -16,6 +16,7 @@ from rich.text import Text
 from dllm_cli.commands.common import cli_errors
 from dllm_cli.errors import DllmError, ModelLoadError
 from dllm_cli.families import batching_reason, model_family
+from dllm_cli.family_settings import GEMMA_STEPS, read_json_value
 from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profiles import (
     DEFAULT_PROFILE,
@@ -25,6 +26,8 @@ from dllm_cli.profiles import (
     resolve,
     unset_variables,
 )
+
+PIPED_WIDTH = 400  # columns a piped `profiles show` may use: wide enough for any row
 
 profiles_app = typer.Typer(
     help="List the profiles dllm can find, or show one with where each value comes from.",
@@ -70,7 +73,7 @@ def show_command(
 
     with cli_errors():
         profile, provenance, unset = describe(name, model)
-    out = Console(highlight=False)
+    out = page_console()
     out.print(Text(profile.name, style="bold"), Text(f"- {profile.description}"))
     if profile.source is not None:
         out.print(Text(f"file: {profile.source}", style="dim"))
@@ -91,6 +94,8 @@ def show_command(
         shown = "unset" if values.get(key) is None else str(values[key])
         if key.endswith(".path"):
             shown += path_remark(values[key])
+        if key == "decode.steps" and own and values[key] is None:
+            shown += canvas_steps(profile.model.path)
         if key == "decode.batching" and static and values[key] != "static":
             shown = f"static ({static}; the setting says {values[key]})"
         use = [uses.get(key.removeprefix("decode."), "")] if own else []
@@ -108,7 +113,7 @@ def show_command(
     if family is not None and family.own_sampler:
         notes = gemma.notes(profile.decode, profile.decode.block_length)
     if uses and not own:
-        out.print(Text(f"note: {', '.join(uses)} apply to {gemma.FAMILY} only", style="dim"))
+        out.print(Text(f"note: {family.title} does not use {', '.join(uses)}", style="dim"))
     if family is not None and any(o.startswith("family default") for o in provenance.values()):
         for line in (f"{family.name} reference: {family.source}", *family.notes):
             out.print(Text(f"note: {line}", style="dim"))
@@ -138,6 +143,24 @@ def weight_sizes(path: str) -> str:
     if arch is None:
         return ""
     return ", ".join(f"{p} {fit.gb(fit.precision_bytes(arch, p))}" for p in fit.PRECISIONS)
+
+
+def page_console() -> Console:
+    """A terminal's width; piped (no COLUMNS set) the table's own, never 80 columns of cells
+    folded into fragments."""
+    out = Console(highlight=False)
+    if out.is_terminal or "COLUMNS" in os.environ:
+        return out
+    return Console(highlight=False, width=PIPED_WIDTH)
+
+
+def canvas_steps(path: str) -> str:
+    """DiffusionGemma's denoising steps per canvas from the folder, for an unset `steps`."""
+    try:
+        steps = read_json_value(resolve_path(path), *GEMMA_STEPS)
+    except ModelLoadError:
+        return ""
+    return "" if steps is None else f" ({steps} per canvas from {GEMMA_STEPS[0]})"
 
 
 def shown_origin(origin: str) -> str:

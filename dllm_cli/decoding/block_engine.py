@@ -26,10 +26,10 @@ import torch
 from dllm_cli.decoding import block_rules
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.decoding.block_step import block_step
-from dllm_cli.decoding.request import Request, RequestQueue, Status, canvas_prompt
+from dllm_cli.decoding.request import Request, RequestQueue, Status, canvas_prompt, check_slots
 from dllm_cli.decoding.slots import ADMISSIONS
 from dllm_cli.decoding.step import StepOutput
-from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.errors import SettingsError
 from dllm_cli.families import family_of_model, with_family_defaults
 from dllm_cli.lifetimes import Sampling, request_sampling
 from dllm_cli.models.block import BlockContext, block_causal
@@ -61,12 +61,11 @@ class BlockEngine(RequestQueue):
         family = family_of_model(model)
         if committer is not None:
             raise SettingsError(f"a guide model does not apply to {family.title}")
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise InputError(f"batch size must be at least 1 (got {slots})")
+        check_slots(slots)
         if admission not in ADMISSIONS:
             raise SettingsError(f"admission must be one of {', '.join(ADMISSIONS)}")
         settings = with_family_defaults(settings, model.family)
-        self.rule = block_rules.check_block_settings(settings, family.title)
+        self.rule = block_rules.check_block_settings(settings, family)
         self.settings, self.model, self.special, self.slots = settings, model, special, slots
         self.admission = ADMISSIONS[admission]
         self.cached = settings.cache == "prefix"

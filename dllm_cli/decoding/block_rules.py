@@ -19,17 +19,10 @@ import torch
 
 from dllm_cli.decoding.sampling import top_k_filter, top_p_filter
 from dllm_cli.errors import SettingsError
-from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
+from dllm_cli.families import Family
+from dllm_cli.family_settings import check_refused
+from dllm_cli.settings import DecodeSettings
 
-# Settings that make an approximate cache or belong to other decoders: refused with a reason.
-NOT_HERE = {
-    "refresh_interval": "the block cache is exact: nothing to refresh",
-    "suffix_window": "a block never attends to later blocks: there is no suffix to prune",
-    "cfg_scale": "no classifier-free guidance in the block-causal references",
-    "eps": "Dream's timestep floor",
-    "alg_temp": "Dream's position sampling",
-    "schedule": "a block's steps split it evenly, as the references do",
-}
 CACHES = {"prefix": "exact block KV cache", "none": "recompute every earlier block each step"}
 UNMASKS = ("threshold", "fixed")
 
@@ -55,17 +48,10 @@ def schedule(block: int, steps: int) -> tuple[int, ...]:
     return tuple(base + (i < extra) for i in range(steps))
 
 
-def check_block_settings(s: DecodeSettings, title: str, where=lambda k: "") -> BlockRule:
+def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") -> BlockRule:
     """The settings as a BlockRule; anything that does not apply is refused in one line."""
-    defaults = DecodeSettings()
-    for key, why in NOT_HERE.items():
-        if getattr(s, key) != getattr(defaults, key):
-            raise SettingsError(
-                f"{key} {getattr(s, key)!r}{where(key)} does not apply to {title}: {why}"
-            )
-    for key in GEMMA_FIELDS:
-        if getattr(s, key) is not None:
-            raise SettingsError(f"{key}{where(key)} applies to DiffusionGemma only (not {title})")
+    check_refused(family, s, where)
+    title = family.title
     if s.cache not in CACHES:
         raise SettingsError(
             f"cache {s.cache!r}{where('cache')} does not apply to {title}: its block cache is "
@@ -81,8 +67,14 @@ def check_block_settings(s: DecodeSettings, title: str, where=lambda k: "") -> B
             f"confidence {s.confidence!r}{where('confidence')} does not apply to {title}: "
             "the references rank by the draft's probability (low_confidence)"
         )
-    block = s.block_length
-    steps = max(1, min(block, block * s.total_steps // s.gen_length))
+    block, planned = s.block_length, s.gen_length if s.steps is None else s.steps
+    if planned < s.num_blocks:
+        raise SettingsError(
+            f"steps ({planned}){where('steps')} is fewer than the number of blocks "
+            f"({s.num_blocks}): every block needs at least one step"
+        )
+    # steps over the answer -> per block, the references' `steps` (both rules' schedule)
+    steps = max(1, min(block, block * planned // s.gen_length))
     return BlockRule(
         block=block,
         schedule=schedule(block, steps),

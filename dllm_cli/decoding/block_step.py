@@ -214,9 +214,9 @@ def finish(e, r, finished) -> None:
 def place(e, r) -> RowPhase:
     """Where a row is: its answer block (0 = the block after the prompt's whole blocks)."""
     b = e.rule.block
-    start = r.block * b - r.prompt
-    shown = min(r.block - r.prompt // b, -(-e.settings.gen_length // b) - 1)
-    return RowPhase(r.request.id, shown, r.step, (start, start + b), not e.cached)
+    start = r.block * b - r.prompt  # < 0: the prompt's tail shares the first answer block
+    index, window = r.block - r.prompt // b, (start, start + b)
+    return RowPhase(r.request.id, index, r.step, window, not e.cached, r.prompt % b)
 
 
 def event(e, step, phases, commits, drafts, stored, done) -> StepEvent:
@@ -250,4 +250,13 @@ def event(e, step, phases, commits, drafts, stored, done) -> StepEvent:
         finished=tuple(sorted(done)),
         phases=phases,
         drafts=records(drafts),
+        revocable=editable(e, phases, done),
     )
+
+
+def editable(e, phases, done) -> tuple[tuple[int, int], ...]:
+    """(row, answer position) from which LLaDA2.1's edits may still change a live row's
+    tokens (its active block): text is final only before it (none without editing)."""
+    if e.rule.edit_threshold is None:
+        return ()
+    return tuple((ph.row, max(0, ph.window[0])) for ph in phases if ph.row not in done)

@@ -28,7 +28,14 @@ from dllm_cli.decoding.answer import answer_tokens, first_stop
 from dllm_cli.decoding.canvas import Canvas, plan_blocks
 from dllm_cli.decoding.forwards import Forwards
 from dllm_cli.decoding.policies import POLICIES
-from dllm_cli.decoding.request import Finished, Request, RequestQueue, Status, canvas_prompt
+from dllm_cli.decoding.request import (
+    Finished,
+    Request,
+    RequestQueue,
+    Status,
+    canvas_prompt,
+    check_slots,
+)
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
@@ -59,8 +66,7 @@ class Engine(RequestQueue):
         lockstep: bool | None = None,
         quantum: int | None = None,
     ):
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise InputError(f"batch size must be at least 1 (got {slots})")
+        check_slots(slots)
         if admission not in ADMISSIONS:
             raise SettingsError(f"admission must be one of {', '.join(ADMISSIONS)}")
         # Unset values take the family's reference defaults (Dream: top_k 50; families.py).

@@ -32,6 +32,7 @@ class RowPhase:
     block_step: int
     window: tuple[int, int]  # answer positions its forward recomputed
     refresh: bool  # it was served by a full forward
+    tail: int = 0  # block-causal canvases: prompt columns sharing the row's first answer block
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,9 @@ class StepEvent:
     # whose draft the stopping rule declared stable and confident this step.
     drafts: tuple[RowCommit, ...] = ()
     settled: tuple[int, ...] = ()
-    # A revoking rule (WINO) may mask a row's commits again from its block's start on: (row,
-    # answer position) for each live row not finished this step; text is final only before it.
+    # A revoking rule (WINO) may mask a row's commits again from its block's start on, and
+    # LLaDA2.1's edits replace committed tokens of the active block: (row, answer position)
+    # for each live row not finished this step; text is final only before it.
     revocable: tuple[tuple[int, int], ...] = ()
 
     @property

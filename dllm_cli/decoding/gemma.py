@@ -8,7 +8,8 @@ one generator per row (gemma_stream.RowSampler), and the family's own knobs unde
 transformers names (t_min, t_max, entropy_bound, stability_threshold, confidence_threshold).
 Unset knobs take the checkpoint's generation_config.json, then transformers' defaults.
 block_length is the canvas length, fixed by the checkpoint. Every other setting means nothing
-here (`NOT_USED`) and is refused when it differs from its default, never silently ignored.
+here (families.py `GEMMA_REFUSES`) and is refused when it differs from its default, never
+silently ignored.
 
 This module imports transformers' DiffusionGemma code only when a run starts, so the checks
 cost nothing for the other families.
@@ -24,43 +25,15 @@ from dataclasses import fields, replace
 import torch
 
 from dllm_cli.decoding.answer import answer_length
-from dllm_cli.decoding.canvas import check_prompts
+from dllm_cli.decoding.canvas import check_prompts, check_token_ids
 from dllm_cli.decoding.events import DecodeResult, StepEvent
-from dllm_cli.errors import DllmError, InputError, SettingsError
-from dllm_cli.families import Family
-from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
+from dllm_cli.errors import DllmError, SettingsError
+from dllm_cli.families import FAMILIES, Family
+from dllm_cli.family_settings import check_refused
+from dllm_cli.settings import DecodeSettings
 
 FAMILY = "diffusion_gemma"
 PROFILE = "diffusiongemma-26b-a4b-it"
-_CACHE = "its encoder keeps its own KV cache of the prompt and of every finished canvas"
-_ACCEPT = "transformers' entropy-bound sampler picks the tokens to accept (see entropy_bound)"
-_TEMPERATURE = "its temperature follows a schedule from t_max down to t_min (see t_min, t_max)"
-NOT_USED: dict[str, str] = {
-    "eb_gamma": "an unmask rule's parameter (transformers' sampler picks the tokens)",
-    "kl_threshold": "an unmask rule's parameter (transformers' sampler picks the tokens)",
-    "kl_history": "an unmask rule's parameter (transformers' sampler picks the tokens)",
-    "wino_verify": "an unmask rule's parameter (transformers' sampler picks the tokens)",
-    "jump_threshold": "an unmask rule's parameter (transformers' sampler picks the tokens)",
-    "credit_alpha": "an unmask rule's parameter (transformers' sampler picks the tokens)",
-    "credit_boost": "an unmask rule's parameter (transformers' sampler picks the tokens)",
-    "credit_decay": "an unmask rule's parameter (transformers' sampler picks the tokens)",
-    "cache": _CACHE,
-    "refresh_interval": _CACHE,
-    "suffix_window": "it decodes one canvas at a time and attends to no masked suffix past it",
-    "unmask": _ACCEPT,
-    "schedule": _ACCEPT,
-    "confidence": _ACCEPT,
-    "threshold": _ACCEPT,
-    "factor": _ACCEPT,
-    "temperature": _TEMPERATURE,
-    "top_p": "it samples from the whole temperature-scaled distribution",
-    "top_k": "it samples from the whole temperature-scaled distribution",
-    "cfg_scale": "it has no classifier-free guidance",
-    "eps": "it is a timestep setting of Dream's schedule",
-    "alg_temp": "it is a setting of Dream's position sampling",
-    "edit_threshold": "it is LLaDA2.1's token editing",
-    "max_post_steps": "it is LLaDA2.1's token editing",
-}
 USED: dict[str, str] = {
     "gen_length": "max_new_tokens",
     "block_length": "canvas_length (fixed by the checkpoint)",
@@ -78,12 +51,13 @@ Where = Callable[[str], str]  # setting -> " (from ...)" for error messages
 
 
 def uses(family: Family | None) -> dict[str, str]:
-    """decode.* setting -> how `family` uses it (empty when the family is unknown)."""
+    """decode.* setting -> how `family` uses it: DiffusionGemma's transformers names, else the
+    settings the family refuses (empty when the family is unknown)."""
     if family is None:
         return {}
     if family.own_sampler:
         return {f.name: USED.get(f.name, "not used") for f in fields(DecodeSettings)}
-    return dict.fromkeys(family.refuses, f"{FAMILY} only")
+    return dict.fromkeys(family.refuses, "not used")
 
 
 def nowhere(key: str) -> str:
@@ -92,30 +66,13 @@ def nowhere(key: str) -> str:
 
 def check_settings(s: DecodeSettings, canvas: int, where: Where = nowhere) -> DecodeSettings:
     """Refuse settings that mean nothing here; block_length becomes the canvas length."""
-    defaults = DecodeSettings()
-    for key, why in NOT_USED.items():
-        value = getattr(s, key)
-        if value != getattr(defaults, key):
-            raise SettingsError(
-                f"{key} {value!r}{where(key)} does not apply to {FAMILY}: {why} (leave it out, "
-                f"or use a {FAMILY} profile such as {PROFILE})"
-            )
-    if s.block_length not in (canvas, defaults.block_length):
+    check_refused(FAMILIES[FAMILY], s, where)
+    if s.block_length not in (canvas, DecodeSettings().block_length):
         raise SettingsError(
-            f"block_length {s.block_length}{where('block_length')} does not apply to {FAMILY}: "
-            f"its canvas length is fixed by the checkpoint ({canvas}); leave it out"
+            f"block_length {s.block_length}{where('block_length')} does not apply to "
+            f"DiffusionGemma: its canvas length is fixed by the checkpoint ({canvas}); leave it out"
         )
     return replace(s, block_length=canvas)
-
-
-def check_masked(s: DecodeSettings, family: str, where: Where = nowhere) -> None:
-    """LLaDA and Dream refuse DiffusionGemma's own knobs."""
-    for key in GEMMA_FIELDS:
-        if getattr(s, key) is not None:
-            raise SettingsError(
-                f"{key} {getattr(s, key)!r}{where(key)} applies to {FAMILY} models only "
-                f"(this model is {family})"
-            )
 
 
 def denoised_length(gen_length: int, canvas: int) -> int:
@@ -192,7 +149,7 @@ class GemmaRun:
         prompts = [list(map(int, p)) for p in prompts]
         canvases = math.ceil(s.gen_length / canvas)
         check_prompts(prompts, denoised_length(s.gen_length, canvas), model.context_length)
-        check_vocabulary(prompts, model.config.text_config.vocab_size)
+        check_token_ids(prompts, model.config.text_config.vocab_size)
         self.prompt_lengths = [len(p) for p in prompts]
         self.width = max(self.prompt_lengths)
         device = next(model.parameters()).device
@@ -278,16 +235,6 @@ class GemmaRun:
             tokens.append(answer[:cut] + [self.eos] * (g - cut))
             steps.append([ends[p // canvas] if p < cut else -1 for p in range(g)])
         return tokens, steps
-
-
-def check_vocabulary(prompts: list[list[int]], size: int) -> None:
-    """Prompt ids must index the embedding table."""
-    for i, p in enumerate(prompts):
-        bad = [t for t in p if not 0 <= t < size]
-        if bad:
-            raise InputError(
-                f"prompt {i} has token id {bad[0]} outside the vocabulary (0..{size - 1})"
-            )
 
 
 def start_run(model, special, prompts, settings, committer=None) -> GemmaRun:

@@ -11,10 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_cli.decoding import gemma
-from dllm_cli.decoding.canvas import check_prompts
-from dllm_cli.decoding.request import Finished, Request, RequestQueue, Status, one_prompt
+from dllm_cli.decoding.canvas import check_prompts, check_token_ids
+from dllm_cli.decoding.request import (
+    Finished,
+    Request,
+    RequestQueue,
+    Status,
+    check_slots,
+    one_prompt,
+)
 from dllm_cli.decoding.step import StepOutput
-from dllm_cli.errors import InputError, SettingsError
+from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import Sampling, request_sampling
 
 
@@ -25,8 +32,7 @@ class GemmaEngine(RequestQueue):
     def __init__(self, model, special, settings, committer=None, *, slots: int = 8, **_):
         if committer is not None:
             raise SettingsError(f"a guide model does not apply to {gemma.FAMILY}")
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise InputError(f"batch size must be at least 1 (got {slots})")
+        check_slots(slots)
         self.model, self.special, self.slots = model, special, slots
         self.settings = gemma.check_settings(settings.validate(), model.canvas_length)
         super().__init__()  # the queue and requests by id
@@ -48,7 +54,7 @@ class GemmaEngine(RequestQueue):
         ids = one_prompt(
             prompt,
             lambda batch: check_prompts(batch, length, context),
-            lambda batch: gemma.check_vocabulary(batch, vocab),
+            lambda batch: check_token_ids(batch, vocab),
         )
         return self.enqueue(ids, key)
 

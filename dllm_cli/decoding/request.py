@@ -153,6 +153,12 @@ class RequestQueue:
         return len(self.queue)
 
 
+def check_slots(slots: object, name: str = "batch size") -> None:
+    """A slot count is a whole number of at least 1 (InputError naming `name` otherwise)."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise InputError(f"{name} must be at least 1 (got {slots!r})")
+
+
 def one_prompt(prompt: list[int], *checks: Callable[[list[list[int]]], None]) -> list[int]:
     """A prompt's ids, run through batch checks as a batch of one (errors name no index)."""
     ids = [int(t) for t in prompt]

@@ -11,6 +11,7 @@ lets each row move on by itself.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable, Iterator
 
@@ -24,6 +25,15 @@ from dllm_cli.families import family_of_model, with_family_defaults
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
+
+# Family.stepper -> its engine ("module:Class"), and the steppers whose one-batch run is their
+# own (DiffusionGemma's GemmaRun); imported on first use.
+ENGINES = {
+    "masked": "dllm_cli.decoding.engine:Engine",
+    "block": "dllm_cli.decoding.block_engine:BlockEngine",
+    "gemma": "dllm_cli.decoding.gemma_engine:GemmaEngine",
+}
+RUNS = {"gemma": "dllm_cli.decoding.gemma:start_run"}
 
 
 class Decoder:
@@ -40,14 +50,8 @@ class Decoder:
         self.model, self.special, self.committer = model, special, committer
 
     def engine(self, slots: int, admission: str, **options) -> Engine:
-        if family_of_model(self.model).block_causal:  # SDAR, LLaDA2.x
-            from dllm_cli.decoding.block_engine import BlockEngine
-
-            return BlockEngine(
-                self.model, self.special, self.settings, self.committer,
-                slots=slots, admission=admission,
-            )  # fmt: skip
-        return Engine(
+        """The family's engine (ENGINES); `options` reach the masked engine's own knobs."""
+        return engine_class(self.model)(
             self.model, self.special, self.settings, self.committer,
             slots=slots, admission=admission, **options,
         )  # fmt: skip
@@ -129,16 +133,15 @@ def open_engine(
     slots: int = 8,
     admission: str = "continuous",
 ):
-    """An engine for this model (DiffusionGemma: its own sampler, whole batches)."""
-    if family_of_model(model).own_sampler:  # DiffusionGemma: transformers' own sampler
-        from dllm_cli.decoding.gemma_engine import GemmaEngine
+    """An engine for this model: its family's stepper's (ENGINES), the one dispatch."""
+    cls = engine_class(model)
+    return cls(model, special, settings, committer, slots=slots, admission=admission)
 
-        return GemmaEngine(model, special, settings, committer, slots=slots)
-    if family_of_model(model).block_causal:  # SDAR, LLaDA2.x: the block-causal engine
-        from dllm_cli.decoding.block_engine import BlockEngine
 
-        return BlockEngine(model, special, settings, committer, slots=slots, admission=admission)
-    return Engine(model, special, settings, committer, slots=slots, admission=admission)
+def engine_class(model: DiffusionLM) -> type:
+    """The engine class of the model's family (imported on first use)."""
+    module, _, name = ENGINES[family_of_model(model).stepper].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def decode_steps(
@@ -150,10 +153,11 @@ def decode_steps(
     committer: Committer | None = None,
 ) -> DecodeRun:
     """Start a decode; iterate the returned run for StepEvents, then call `.result()`."""
-    if family_of_model(model).own_sampler:  # DiffusionGemma: transformers' own sampler
-        from dllm_cli.decoding.gemma import start_run
-
-        return start_run(model, special, prompts, settings, committer)
+    own = RUNS.get(family_of_model(model).stepper)  # a stepper with a run type of its own
+    if own is not None:
+        module, _, name = own.partition(":")
+        start = getattr(importlib.import_module(module), name)
+        return start(model, special, prompts, settings, committer)
     return Decoder(model, special, settings, committer).run(prompts)
 
 

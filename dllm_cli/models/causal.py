@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_cli.models.base import Backbone, output_head
-from dllm_cli.models.layers import RMSNorm, apply_rope, swiglu
+from dllm_cli.models.layers import RMSNorm, SwiGLU, apply_rope
 
 
 @dataclass(frozen=True)
@@ -221,22 +221,11 @@ def causal_mask(attention_mask: torch.Tensor | None, past: int, t: int, device) 
     return mask[:, None] if mask.dim() == 3 else mask[None, None]
 
 
-class MLP(nn.Module):
-    def __init__(self, c: GuideConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden, c.inner, bias=c.mlp_bias)
-        self.up_proj = nn.Linear(c.hidden, c.inner, bias=c.mlp_bias)
-        self.down_proj = nn.Linear(c.inner, c.hidden, bias=c.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
 class Layer(nn.Module):
     def __init__(self, c: GuideConfig):
         super().__init__()
         self.self_attn = Attention(c)
-        self.mlp = MLP(c)
+        self.mlp = SwiGLU(c.hidden, c.inner, c.mlp_bias)
         self.input_layernorm = RMSNorm(c.hidden, c.eps)
         self.post_attention_layernorm = RMSNorm(c.hidden, c.eps)
 

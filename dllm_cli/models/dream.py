@@ -13,7 +13,7 @@ from torch import nn
 from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.config import ModelConfig, unsupported_basics
 from dllm_cli.models.fused import Fusion
-from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
+from dllm_cli.models.layers import RMSNorm, SwiGLU, attend, residual, rotated_qkv
 
 # Dream's generation code refuses prompt + output beyond this many tokens.
 DREAM_CONTEXT = 2048
@@ -77,25 +77,6 @@ class DreamConfig(ModelConfig):
         return None
 
 
-class DreamMLP(nn.Module):
-    def __init__(self, cfg: DreamConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.fusion: Fusion | None = None  # after fuse()
-
-    def fuse(self) -> None:
-        self.fusion = Fusion(gate_up=(self.gate_proj, self.up_proj), down=(self.down_proj,))
-
-    def forward(self, x):
-        f = self.fusion
-        if f is not None and f.intact():
-            gate, up = f.gate_up(x).chunk(2, dim=-1)
-            return f.down(swiglu(gate, up))
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
 class DreamAttention(nn.Module):
     def __init__(self, cfg: DreamConfig):
         super().__init__()
@@ -135,7 +116,7 @@ class DreamLayer(nn.Module):
     def __init__(self, cfg: DreamConfig):
         super().__init__()
         self.self_attn = DreamAttention(cfg)
-        self.mlp = DreamMLP(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_cli.cache import Columns, KVCache
+from dllm_cli.models.fused import Fusion
 
 
 class RMSNorm(nn.Module):
@@ -113,6 +114,28 @@ def rotated_qkv(
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, the product in silu's fresh buffer (same arithmetic, one buffer less)."""
     return F.silu(gate).mul_(up)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)), every family's feed-forward (a dense layer, an expert, a
+    shared expert); `fuse` joins gate and up into one GEMM (fused.py)."""
+
+    def __init__(self, d: int, hidden: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=bias)
+        self.up_proj = nn.Linear(d, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, d, bias=bias)
+        self.fusion: Fusion | None = None  # after fuse()
+
+    def fuse(self) -> None:
+        self.fusion = Fusion(gate_up=(self.gate_proj, self.up_proj), down=(self.down_proj,))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.fusion
+        if f is not None and f.intact():
+            gate, up = f.gate_up(x).chunk(2, dim=-1)
+            return f.down(swiglu(gate, up))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 def residual(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from torch import nn
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import ModelConfig, unsupported_basics
-from dllm_cli.models.layers import RMSNorm, swiglu
+from dllm_cli.models.layers import RMSNorm, SwiGLU
 
 
 class LLaDA2MoeConfig(ModelConfig):
@@ -105,19 +105,6 @@ class LLaDA2MoeConfig(ModelConfig):
         return None
 
 
-class LLaDA2MLP(nn.Module):
-    """A SwiGLU feed-forward: the dense layer, one expert, or the shared experts."""
-
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
 class LLaDA2Gate(nn.Module):
     """The sigmoid, group-limited router (`mlp.gate.weight`, `mlp.gate.expert_bias`)."""
 
@@ -152,9 +139,9 @@ class LLaDA2MoE(nn.Module):
         super().__init__()
         d, ffn = cfg.hidden_size, cfg.moe_intermediate_size
         self.gate = LLaDA2Gate(cfg)
-        self.experts = nn.ModuleList(LLaDA2MLP(d, ffn) for _ in range(cfg.num_experts))
+        self.experts = nn.ModuleList(SwiGLU(d, ffn) for _ in range(cfg.num_experts))
         shared = cfg.num_shared_experts
-        self.shared_experts = LLaDA2MLP(d, ffn * shared) if shared else None
+        self.shared_experts = SwiGLU(d, ffn * shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -206,9 +193,12 @@ class LLaDA2Layer(nn.Module):
         d = cfg.hidden_size
         self.attention = LLaDA2Attention(cfg)
         dense = index < cfg.first_k_dense_replace or not cfg.num_experts
-        self.mlp = LLaDA2MLP(d, cfg.intermediate_size) if dense else LLaDA2MoE(cfg)
+        self.mlp = SwiGLU(d, cfg.intermediate_size) if dense else LLaDA2MoE(cfg)
         self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def fuse(self) -> None:
+        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
 
     def forward(self, x, rope, ctx, layer):
         x = x + self.attention(self.input_layernorm(x), rope, ctx, layer)

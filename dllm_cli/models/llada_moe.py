@@ -21,8 +21,8 @@ from torch import nn
 from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.config import ModelConfig, unsupported_basics
 from dllm_cli.models.fused import Fusion
-from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv
-from dllm_cli.models.moe import LLaDAMoEMLP, LLaDAMoESparseBlock
+from dllm_cli.models.layers import RMSNorm, SwiGLU, attend, residual, rotated_qkv
+from dllm_cli.models.moe import LLaDAMoESparseBlock
 
 
 class LLaDAMoEConfig(ModelConfig):
@@ -199,16 +199,16 @@ class LLaDAMoELayer(nn.Module):
                 cfg.moe_router_enable_expert_bias,
             )
         else:
-            self.mlp = LLaDAMoEMLP(d, cfg.dense_intermediate_size)
+            self.mlp = SwiGLU(d, cfg.dense_intermediate_size)
         shared = cfg.shared_expert_intermediate_size
-        self.shared_expert = LLaDAMoEMLP(d, shared) if moe and shared else None
+        self.shared_expert = SwiGLU(d, shared) if moe and shared else None
         self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
 
     def fuse(self) -> None:
         self.self_attn.fuse()
         for mlp in (self.mlp, self.shared_expert):
-            if isinstance(mlp, LLaDAMoEMLP):  # a dense layer or the shared expert
+            if isinstance(mlp, SwiGLU):  # a dense layer or the shared expert
                 mlp.fuse()
 
     def forward(self, x, rope, **kw):

@@ -11,29 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_cli.models.fused import Fusion
-from dllm_cli.models.layers import swiglu
-
-
-class LLaDAMoEMLP(nn.Module):
-    """A SwiGLU feed-forward: one expert, the shared expert, or a dense layer."""
-
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
-        self.fusion: Fusion | None = None  # after fuse()
-
-    def fuse(self) -> None:
-        self.fusion = Fusion(gate_up=(self.gate_proj, self.up_proj), down=(self.down_proj,))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = self.fusion
-        if f is not None and f.intact():
-            gate, up = f.gate_up(x).chunk(2, dim=-1)
-            return f.down(swiglu(gate, up))
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+from dllm_cli.models.layers import SwiGLU, swiglu
 
 
 def route(
@@ -104,7 +82,7 @@ class LLaDAMoESparseBlock(nn.Module):
         super().__init__()
         self.top_k = top_k
         self.gate = nn.Linear(d, experts, bias=False)
-        self.experts = nn.ModuleList(LLaDAMoEMLP(d, hidden) for _ in range(experts))
+        self.experts = nn.ModuleList(SwiGLU(d, hidden) for _ in range(experts))
         if expert_bias:
             self.register_buffer("expert_bias", torch.zeros(experts))
         else:

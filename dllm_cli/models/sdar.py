@@ -15,7 +15,7 @@ from torch import nn
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import ModelConfig, unsupported_basics
-from dllm_cli.models.layers import RMSNorm, swiglu
+from dllm_cli.models.layers import RMSNorm, SwiGLU
 
 
 class SDARConfig(ModelConfig):
@@ -109,24 +109,16 @@ class SDARAttention(nn.Module):
         return self.o_proj(ctx.attend(layer, q, k, v))
 
 
-class SDARMLP(nn.Module):
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
 class SDARLayer(nn.Module):
     def __init__(self, cfg: SDARConfig):
         super().__init__()
         self.self_attn = SDARAttention(cfg)
-        self.mlp = SDARMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def fuse(self) -> None:
+        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
 
     def forward(self, x, rope, ctx, layer):
         x = x + self.self_attn(self.input_layernorm(x), rope, ctx, layer)

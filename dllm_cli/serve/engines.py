@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from dllm_cli.decoding import Engine, gemma, open_engine
+from dllm_cli.decoding import Engine, open_engine
 from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.slots import static_reason
-from dllm_cli.errors import InputError
 from dllm_cli.lifetimes import SAMPLING_FIELDS
-from dllm_cli.runtime import Runtime, origin
+from dllm_cli.runtime import Runtime, check_family
 from dllm_cli.serve.protocol import ApiError, Job
 from dllm_cli.settings import DecodeSettings
 
@@ -88,30 +87,12 @@ def with_grammar(runtime: Runtime, job: Job) -> Job:
 
 def check_settings(runtime: Runtime, settings: DecodeSettings) -> DecodeSettings:
     """The family's own refusals, as `open_runtime` makes them for CLI flags."""
-    where = origin({})
-    if runtime.loaded.architecture == gemma.FAMILY:
-        return gemma.check_settings(settings, runtime.loaded.model.canvas_length, where)
-    gemma.check_masked(settings, runtime.loaded.architecture, where)
-    return settings
+    return check_family(runtime.loaded, settings)
 
 
 def check_length(runtime: Runtime, ids: list[int], settings: DecodeSettings) -> None:
     """A prompt that leaves no room for max_tokens in the model's context: InputError."""
-    if not ids:
-        raise InputError("empty prompt (it encodes to no tokens)")
-    context, gen = runtime.loaded.model.context_length, settings.gen_length
-    if runtime.loaded.architecture == gemma.FAMILY:  # whole canvases are denoised
-        gen = gemma.denoised_length(gen, runtime.loaded.model.canvas_length)
-    if len(ids) + gen > context:
-        fix = (
-            f"a prompt of at most {context - gen} tokens, or a smaller max_tokens"
-            if context > gen
-            else f"max_tokens below {context}"
-        )
-        raise InputError(
-            f"prompt too long: {len(ids)} tokens + max_tokens {gen} exceeds the model's "
-            f"context of {context} tokens (use {fix})"
-        )
+    runtime.check_room(ids, settings.gen_length, "max_tokens", "max_tokens")
 
 
 def build(runtime: Runtime, group: Group, slots: int) -> Pool:

@@ -17,11 +17,11 @@ from dllm_cli.decoding import decode_steps
 from dllm_cli.decoding.events import DecodeResult, StepEvent
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.runtime import Runtime
-from dllm_cli.serve.answers import Deltas
 from dllm_cli.serve.conversation import Message, encode_messages
 from dllm_cli.serve.engines import check_length, check_settings
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.strict_toml import did_you_mean
+from dllm_cli.text_stream import TextStream
 
 
 @dataclass
@@ -92,30 +92,20 @@ class Answer:
         model, special = rt.loaded.model, rt.loaded.special
         committer = rt.committer() if session.guided else None
         self.run = decode_steps(model, special, [prompt.ids], rt.settings, committer=committer)
-        self.deltas = Deltas(rt.text, ())
-        self.committed: list[int | None] = [None] * rt.settings.gen_length
+        self.stream = TextStream(rt.settings.gen_length, rt.text)  # final text only
         self.text: str | None = None
         self.result: DecodeResult | None = None
         self.rest = ""
 
     def __iter__(self) -> Iterator[tuple[StepEvent, str]]:
         for event in self.run:
-            for commit in event.commits:
-                if commit.row == 0:
-                    for pos, tok in zip(commit.positions, commit.tokens, strict=True):
-                        self.committed[pos] = tok
-            yield event, self.deltas.feed(self.prefix())
+            yield event, self.stream.feed(event)
         self.result = self.run.result()
         self.text = self.session.runtime.text(self.result.tokens[0])
-        self.rest = self.deltas.finish(self.text)  # text the last steps did not send
+        self.rest = self.stream.finish(self.text)[:-1]  # text the last steps did not send
         s = self.session
         kept = s.messages[2 * self.prompt.dropped :]
         s.messages = [*kept, Message("user", self.question), Message("assistant", self.text)]
-
-    def prefix(self) -> list[int]:
-        """The committed answer prefix (up to its first mask)."""
-        n = next((i for i, t in enumerate(self.committed) if t is None), len(self.committed))
-        return self.committed[:n]  # type: ignore[return-value]
 
 
 def parse_value(text: str) -> object:

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dllm_cli.chat import encode_plain
-from dllm_cli.decoding import gemma
 from dllm_cli.errors import DllmError, InputError
+from dllm_cli.families import FAMILIES
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve import engines, scores
@@ -201,7 +201,7 @@ class Worker:
         try:
             if job.logprobs is not None:
                 scores.check_logprobs(self.runtime)
-            per_request = self.runtime.loaded.architecture != gemma.FAMILY
+            per_request = FAMILIES[self.runtime.loaded.family].per_request_sampling
             ticket.group = engines.group_of(job, per_request)
             ticket.ids = self.encode(job)
             engines.check_length(self.runtime, ticket.ids, job.settings)
@@ -247,7 +247,11 @@ class Worker:
         """Parked requests into their group's engine, making one where there is room."""
         still = []
         for ticket in self.parked:
-            pool = self.engine_for(ticket.group)
+            try:
+                pool = self.engine_for(ticket.group)
+            except DllmError as e:  # settings this engine refuses: this request's 400 only
+                self.fail(ticket, ApiError(400, str(e)))
+                continue
             if pool is None:
                 still.append(ticket)
                 continue

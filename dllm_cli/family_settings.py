@@ -1,0 +1,134 @@
+"""What each model family does with the decode settings, declared as data (torch-free): the
+settings it refuses and why, the values it reads from the model folder itself, and the ones
+its one-line run summary names. families.py's table points each family at these.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
+
+from dllm_cli.errors import ModelLoadError, SettingsError
+from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
+
+
+class Family(Protocol):
+    """The parts of a families.py row these functions read."""
+
+    title: str
+    own_sampler: bool
+    refuses: Mapping[str, str]
+    folder_values: Mapping[str, tuple[str, str]]
+    summary: tuple[str, ...]
+
+
+DEFAULTS = DecodeSettings()
+
+# Settings a family cannot use, with the reason its refusal gives (a value other than the
+# default is refused in one line: `check_refused`), one table per kind of decoder.
+_RULE = "an unmask rule's parameter (transformers' sampler picks the tokens)"
+_CACHE = "its encoder keeps its own KV cache of the prompt and of every finished canvas"
+_ACCEPT = "transformers' entropy-bound sampler picks the tokens to accept (see entropy_bound)"
+_WHOLE = "it samples from the whole temperature-scaled distribution"
+_EDIT = "it is LLaDA2.1's token editing"
+GEMMA_REFUSES: Mapping[str, str] = MappingProxyType(
+    {
+        **dict.fromkeys(
+            ("eb_gamma", "kl_threshold", "kl_history", "wino_verify", "jump_threshold"), _RULE
+        ),
+        **dict.fromkeys(("credit_alpha", "credit_boost", "credit_decay"), _RULE),
+        "cache": _CACHE,
+        "refresh_interval": _CACHE,
+        "suffix_window": "it decodes one canvas at a time and attends to no masked suffix past it",
+        **dict.fromkeys(("unmask", "schedule", "confidence", "threshold", "factor"), _ACCEPT),
+        "temperature": "its temperature follows a schedule from t_max down to t_min",
+        "top_p": _WHOLE,
+        "top_k": _WHOLE,
+        "cfg_scale": "it has no classifier-free guidance",
+        "eps": "it is a timestep setting of Dream's schedule",
+        "alg_temp": "it is a setting of Dream's position sampling",
+        "edit_threshold": _EDIT,
+        "max_post_steps": _EDIT,
+    }
+)
+_GEMMA_KNOB = "it is DiffusionGemma's own knob"
+MASKED_REFUSES: Mapping[str, str] = MappingProxyType(
+    {**dict.fromkeys(GEMMA_FIELDS, _GEMMA_KNOB), "edit_threshold": _EDIT, "max_post_steps": _EDIT}
+)
+BLOCK_REFUSES: Mapping[str, str] = MappingProxyType(
+    {
+        "refresh_interval": "the block cache is exact: nothing to refresh",
+        "suffix_window": "a block never attends to later blocks: there is no suffix to prune",
+        "cfg_scale": "no classifier-free guidance in the block-causal references",
+        "eps": "Dream's timestep floor",
+        "alg_temp": "Dream's position sampling",
+        "schedule": "a block's steps split it evenly, as the references do",
+        **dict.fromkeys(GEMMA_FIELDS, _GEMMA_KNOB),
+    }
+)
+GENERATION_CONFIG = "generation_config.json"
+# The settings a run's summary line names (eval); set-only extras are added where they apply.
+MASKED_SUMMARY = ("cache", "unmask", "block_length", "steps", "early_stop")
+BLOCK_SUMMARY = ("cache", "unmask", "threshold", "block_length", "steps", "early_stop")
+GEMMA_SUMMARY = ("block_length", "steps", "t_min", "t_max", "entropy_bound", "early_stop")
+SUMMARY_EXTRAS = ("suffix_window", "edit_threshold")  # shown when set (not 0 / None)
+# DiffusionGemma's steps per canvas when `steps` is unset (dllm's steps count the whole answer)
+GEMMA_STEPS = (GENERATION_CONFIG, "max_denoising_steps")
+
+
+def check_refused(family: Family, s: DecodeSettings, where=lambda key: "") -> None:
+    """A setting the family cannot use, given a value other than its default, is refused in
+    one line naming where the value came from (`where`) and why."""
+    for key, why in family.refuses.items():
+        value = getattr(s, key)
+        if value != getattr(DEFAULTS, key):
+            raise SettingsError(
+                f"{key} {value!r}{where(key)} does not apply to {family.title}: {why} "
+                "(leave it out)"
+            )
+
+
+def summary_line(family: Family, s: Mapping[str, object]) -> str:
+    """`key=value` for the settings the family's summary shows (unset: the checkpoint's own),
+    then any set extra (suffix_window, LLaDA2.1's edit_threshold with its max_post_steps)."""
+    shown = [*family.summary, *(k for k in SUMMARY_EXTRAS if s.get(k))]
+    if s.get("edit_threshold") is not None:
+        shown = [*dict.fromkeys([*shown, "edit_threshold", "max_post_steps"])]
+
+    def value(key: str) -> object:
+        if s[key] is not None:
+            return s[key]
+        if family.own_sampler:  # generation_config.json, then transformers' defaults
+            return "checkpoint"
+        return s["gen_length"] if key == "steps" else "unset"  # steps: one token a step
+
+    return " ".join(f"{k}={value(k)}" for k in shown)
+
+
+def read_folder_values(family: Family, folder: Path) -> dict[str, tuple[object, str]]:
+    """setting -> (value, file) for the family's `folder_values` the folder's files hold (a
+    missing file or key is skipped)."""
+    found = {}
+    for setting, (name, dotted) in family.folder_values.items():
+        value = read_json_value(folder, name, dotted)
+        if value is not None:
+            found[setting] = (value, name)
+    return found
+
+
+def read_json_value(folder: Path, name: str, dotted: str) -> object:
+    """The value at `dotted` in the folder's JSON file `name`; None when the file or key is
+    missing (a file that is not JSON is a ModelLoadError)."""
+    path = folder / name
+    if not path.is_file():
+        return None
+    try:
+        node = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
