@@ -67,15 +67,21 @@ class LLM:
         self.runtime = open_runtime(profile, overrides, use_guide=guide, source="call")
 
     def generate(
-        self, prompts: str | Sequence[str], *, batch_size: int = 8, **settings: object
+        self,
+        prompts: str | Sequence[str],
+        *,
+        batch_size: int = 8,
+        json_schema: dict | str | None = None,
+        **settings: object,
     ) -> list[Completion]:
         """Answers in prompt order; prompts decode `batch_size` at a time (continuous
-        batching unless the settings or the model ask for static batches)."""
+        batching unless the settings or the model ask for static batches). `json_schema`:
+        every answer is JSON valid under it (docs/structured-output.md; without the guide)."""
         own, rest = split(settings)
         rt = self._runtime(rest)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [rt.prepare(p) for p in texts]
-        engine = self._engine(rt, batch_size, rt.admission())
+        engine = self._engine(rt, batch_size, rt.admission(), json_schema)
         for i, x in enumerate(ids):
             engine.add(x, key=i, sampling=own or None)
         done = {}
@@ -133,12 +139,16 @@ class LLM:
             eos=loaded.special.eos,
         ).total  # fmt: skip
 
-    def _engine(self, rt: Runtime, slots: int, admission: str):
+    def _engine(self, rt: Runtime, slots: int, admission: str, schema=None):
         check_slots(slots, "batch_size")
         model, special = rt.loaded.model, rt.loaded.special
-        return open_engine(
-            model, special, rt.settings, rt.committer(), slots=slots, admission=admission
-        )
+        committer = rt.committer()
+        if schema is not None:
+            from dllm_cli.decoding import grammar
+
+            compiled = grammar.compile_grammar("json_schema", schema, grammar.vocab_of(rt))
+            committer = grammar.runtime_committer(rt, compiled, guided=False)
+        return open_engine(model, special, rt.settings, committer, slots=slots, admission=admission)
 
     def _runtime(self, settings: dict[str, object]) -> Runtime:
         """The loaded runtime with this call's settings, validated as the CLI validates."""

@@ -33,6 +33,7 @@ from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
 
 if TYPE_CHECKING:  # the guide is a transformers model: imported when a profile uses one
+    from dllm_cli.decoding.grammar import Grammar
     from dllm_cli.distributed.tensor import Shards
     from dllm_cli.models.guide import GuideModel
 
@@ -48,6 +49,7 @@ class Runtime:
     guide: GuideModel | None = None
     chat: bool = True
     notes: list[str] = field(default_factory=list)  # adjustments worth telling the user
+    grammar: Grammar | None = None  # every answer follows it (structured output: grammar.py)
     _frame: Frame | None = field(default=None, init=False, repr=False)
 
     def encode(self, prompt: str) -> list[int]:
@@ -102,7 +104,16 @@ class Runtime:
         """The guided-diffusion committer when a guide is loaded, else None (the settings' rule).
 
         Pass it to the decoder as `committer=`; one may serve many decodes, one at a time.
+        With a grammar: the grammar's committer (its matchers are per request).
         """
+        if self.grammar is not None:
+            from dllm_cli.decoding.grammar import runtime_committer
+
+            return runtime_committer(self, self.grammar)
+        return self.guide_committer()
+
+    def guide_committer(self) -> GuidedCommitter | None:
+        """The AR guide's committer (None: no guide is loaded)."""
         if self.guide is None:
             return None
         g = self.profile.guide

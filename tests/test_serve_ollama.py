@@ -8,6 +8,7 @@ import json
 import time
 
 import httpx
+import jsonschema
 import ollama
 import pytest
 from test_serve_process import gauge, start
@@ -98,7 +99,7 @@ def test_list_show_ps_version(url, client):
     [
         (lambda c: c.generate(model="llama3", prompt="hi"), 404, "not found"),
         (lambda c: c.show("llama3"), 404, "not found"),
-        (lambda c: c.generate(model=MODEL, prompt="hi", format="json"), 400, "format"),
+        (lambda c: c.generate(model=MODEL, prompt="hi", format={"type": 3}), 400, "format"),
         (lambda c: c.generate(model=MODEL, prompt="hi", options={"mirostat": 2}), 400, "mirostat"),
         (lambda c: c.generate(model=MODEL, prompt="hi", options={"nope": 1}), 400, "unknown"),
         (lambda c: c.generate(model=MODEL, prompt="hi", options={"num_predict": 0}), 400, "num_"),
@@ -109,6 +110,17 @@ def test_errors_in_ollamas_shape(client, call, status, words):
     with pytest.raises(ollama.ResponseError) as caught:
         call(client)
     assert caught.value.status_code == status and words in caught.value.error
+
+
+def test_format_gives_json_under_the_schema(client):
+    schema = {"type": "object", "additionalProperties": False, "required": ["op", "ok"],
+              "properties": {"op": {"enum": ["+", "-"]}, "ok": {"type": "boolean"}}}  # fmt: skip
+    options = {"num_predict": 24}  # the guide stays out of a constrained request
+    reply = client.chat(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                        format=schema, options=options)  # fmt: skip
+    jsonschema.validate(json.loads(reply.message.content), schema)
+    plain = client.generate(model=MODEL, prompt=QUESTION, format="json", options=options)
+    assert isinstance(json.loads(plain.response), dict)
 
 
 def test_raw_errors_and_load_requests(url):

@@ -91,6 +91,28 @@ TensorParallel = Annotated[
         rich_help_panel="Parallelism",
     ),
 ]
+JsonSchema = Annotated[
+    str | None,
+    typer.Option(
+        "--json-schema",
+        metavar="FILE",
+        help="Every answer is JSON valid under this JSON schema (compact: no free whitespace), "
+        "decoded through the grammar engine llguidance (docs/structured-output.md).",
+        rich_help_panel=o.OUTPUT,
+        show_default=False,
+    ),
+]
+GrammarFile = Annotated[
+    str | None,
+    typer.Option(
+        "--grammar",
+        metavar="FILE",
+        help="Every answer matches this grammar: llguidance's Lark dialect (start: the "
+        "answer), or a regular expression if FILE ends in .regex.",
+        rich_help_panel=o.OUTPUT,
+        show_default=False,
+    ),
+]
 _SHOWN_LINES = 10  # line numbers listed in a failed rank's summary
 
 
@@ -107,6 +129,8 @@ def generate_command(
     logprobs: Logprobs = None,
     verbose_prompt: o.VerbosePrompt = False,
     tensor_parallel: TensorParallel = 1,
+    json_schema: JsonSchema = None,
+    grammar: GrammarFile = None,
 ) -> None:
     """Generate an answer to PROMPT (or to every line of stdin) and print it on stdout.
 
@@ -139,10 +163,21 @@ def generate_command(
             raise fail("--tensor-parallel reads prompts from stdin: give '-' and pipe them", USAGE)
         if shards is not None and logprobs is not None:
             raise fail("--tensor-parallel does not support --logprobs yet", USAGE)
+        source = grammar_source(json_schema, grammar)
+        defaulted = choices.guide is None  # the profile's guide would have been loaded
+        if source is not None:
+            choices = without_guide(choices)
         if job is None:
             runtime = load_runtime(choices, slots=batch_size)
         else:
             runtime = load_on_rank(job, choices, shards)
+        if source is not None:
+            from dllm_cli.decoding.grammar import compile_grammar, vocab_of
+
+            if defaulted and runtime.profile.guide is not None and job is None:
+                note("the grammar verifies the drafts: decoding without the profile's guide")
+            runtime.grammar = compile_grammar(*source, vocab_of(runtime))
+            runtime.committer()  # refused here (one line) when this model cannot follow it
         json_out = json_out or json_canvas or logprobs is not None
         pipeline = Pipeline(runtime, batch_size, json_out, json_input, canvas=json_canvas)
         pipeline.logprobs = logprobs
@@ -167,6 +202,35 @@ def generate_command(
                 f"{failed} of {pipeline.totals.prompts + failed} prompts failed",
                 InputError.exit_code,
             )
+
+
+def grammar_source(schema: str | None, grammar: str | None) -> tuple[str, str] | None:
+    """(kind, text) of --json-schema or --grammar FILE; None without either."""
+    if schema is not None and grammar is not None:
+        raise fail("give --json-schema or --grammar, not both", USAGE)
+    path = schema if schema is not None else grammar
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise fail(f"cannot read {path}: {e.strerror or e}", USAGE) from None
+    if schema is not None:
+        return "json_schema", text
+    from pathlib import Path
+
+    from dllm_cli.decoding.grammar import GRAMMAR_SUFFIXES
+
+    return GRAMMAR_SUFFIXES.get(Path(path).suffix, "lark"), text
+
+
+def without_guide(choices: o.Choices) -> o.Choices:
+    """A grammar verifies the drafts itself: the profile's guide stays unloaded unless --guide
+    asks for it (then the guide verifies what the grammar allows: grammar.py)."""
+    from dataclasses import replace
+
+    return replace(choices, guide=False) if choices.guide is None else choices
 
 
 def note_static(pipeline: Pipeline) -> None:

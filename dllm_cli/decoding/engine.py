@@ -98,9 +98,9 @@ class Engine(RequestQueue):
         self.revokes = bool(getattr(self.committer, "needs_shadow", False))
         kind = ShadowForwards if self.revokes else Forwards
         ragged = not policy.whole_batches  # rows apart: each refresh over its own columns
-        self.executor = kind(
-            model, self.sampler, settings.cfg_scale, self.frontier, probs, ragged=ragged
-        )
+        # A frontier walk drafts argmax (the guide) unless its committer samples (a grammar).
+        greedy = self.frontier and getattr(self.committer, "greedy_drafts", True)
+        self.executor = kind(model, self.sampler, settings.cfg_scale, greedy, probs, ragged=ragged)
         self.lockstep = policy.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
         super().__init__()  # the queue and requests by id

@@ -23,6 +23,7 @@ and the guide's own token is the argmax over the same ids.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +91,7 @@ class GuidedCommitter:
         self.draft_window = rules.draft_window
         self.cache = GuideCache(guide)
         self.started = False
+        self.allowed: torch.Tensor | None = None  # (B, L, V) per slot: a grammar's (grammar.py)
 
     @property
     def forwards(self) -> int:
@@ -153,6 +155,7 @@ class Verification:
         self.merged, self.pads = merged, c.pad
         zero = torch.zeros_like(self.n)
         self.accepted, self.fix, self.rejected = zero.clone(), zero.clone(), zero.bool()
+        self.allowed = committer.allowed  # tokens each slot may take (None: every token)
 
     def run(self) -> Verification:
         size, k = self.g.rules.verify_chunk, 0
@@ -185,6 +188,8 @@ class Verification:
         )
         index = (index - lowest).clamp(0, logits.shape[1] - 1)
         scores = self.g.scores(logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])))
+        if self.allowed is not None:  # only the grammar's tokens are judged and chosen
+            scores = scores.masked_fill(~self._allowed(k * size, size, scores.shape[-1]), -math.inf)
         drafts = self.merged.gather(1, (lo[:, None] + j).clamp(max=width - 1))  # (B, C)
         known = drafts < scores.shape[-1]
         ok = self.g.accept(scores, drafts.clamp(max=scores.shape[-1] - 1), self.g.rules.arg)
@@ -200,6 +205,15 @@ class Verification:
             torch.where(active, torch.clamp(last - start, min=0), 0).minimum(fed), len(span)
         )
         return full
+
+    def _allowed(self, first: int, size: int, vocab: int) -> torch.Tensor:
+        """(B, size, V) the allowed tokens of slots first.. (True past the given slots)."""
+        part = self.allowed[:, first : first + size, :vocab]
+        if part.shape[1] < size or part.shape[2] < vocab:
+            full = part.new_ones((part.shape[0], size, vocab))
+            full[:, : part.shape[1], : part.shape[2]] = part
+            part = full
+        return part
 
     def _last_committed(self) -> torch.Tensor:
         """Column of the last token committed so far this step (see `decision`)."""

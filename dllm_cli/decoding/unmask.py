@@ -92,7 +92,8 @@ class Committer(Protocol):
     reordered as `order` says (continuous batching; a committer with `start` but no `admit`
     is served in static batches only). A committer with
     `frontier = True` walks each row's first mask (guided decoding, see guided.py) and may set
-    `draft_window` (columns drafted from the first mask; None: to the canvas end).
+    `draft_window` (columns drafted from the first mask; None: to the canvas end) and
+    `greedy_drafts = False` (its drafts sampled as the request samples, not argmax: grammar.py).
     """
 
     def __call__(self, ctx: StepContext) -> Decision: ...

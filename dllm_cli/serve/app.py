@@ -171,6 +171,7 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
         engines.check_settings(worker.runtime, job.settings)
     except DllmError as e:
         raise ApiError(400, str(e)) from None
+    job = engines.with_grammar(worker.runtime, job)
     if job.kind == "score":
         job = replace(job, score=served_defaults(served, job.score))
     parts = choices(job)

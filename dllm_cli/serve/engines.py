@@ -20,7 +20,7 @@ from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.runtime import Runtime, check_family
-from dllm_cli.serve.protocol import Job
+from dllm_cli.serve.protocol import ApiError, Job
 from dllm_cli.settings import DecodeSettings
 
 
@@ -28,6 +28,7 @@ from dllm_cli.settings import DecodeSettings
 class Group:
     settings: DecodeSettings
     guided: bool
+    constrained: bool = False  # response_format: each request's grammar verifies its drafts
 
 
 @dataclass
@@ -54,14 +55,34 @@ ENGINE_SAMPLING = {f.name: f.default for f in fields(DecodeSettings) if f.name i
 def group_of(job: Job, per_request: bool = True) -> Group:
     """The engine a job decodes on: sampling is per request unless the family cannot."""
     settings = replace(job.settings, **ENGINE_SAMPLING) if per_request else job.settings
-    return Group(settings, job.guide)
+    return Group(settings, job.guide, job.grammar is not None)
 
 
 def add(pool: Pool, ids: list[int], job: Job, key) -> int:
-    """The job into its group's engine, with its own sampling values."""
+    """The job into its group's engine, with its own sampling values (and grammar)."""
     if job.logprobs is None:
-        return pool.engine.add(ids, key=key, settings=job.settings)
-    return pool.engine.add(ids, key=key, settings=job.settings, logprobs=job.logprobs)
+        rid = pool.engine.add(ids, key=key, settings=job.settings)
+    else:
+        rid = pool.engine.add(ids, key=key, settings=job.settings, logprobs=job.logprobs)
+    if job.grammar is not None:
+        pool.engine.committer.bind(rid, job.grammar)
+    return rid
+
+
+def with_grammar(runtime: Runtime, job: Job) -> Job:
+    """The job with its response_format compiled (ApiError 400 naming what is wrong)."""
+    if job.structure is None:
+        return job
+    from dllm_cli.decoding.grammar import GrammarError, compile_grammar, refusal, vocab_of
+
+    reason = refusal(runtime, guided=False)
+    if reason is not None:
+        raise ApiError(400, f"response_format: {reason}", "response_format")
+    try:
+        grammar = compile_grammar(*job.structure, vocab_of(runtime))
+    except GrammarError as e:
+        raise ApiError(400, f"response_format: {e}", "response_format") from None
+    return replace(job, grammar=grammar)
 
 
 def check_settings(runtime: Runtime, settings: DecodeSettings) -> DecodeSettings:
@@ -76,6 +97,10 @@ def check_length(runtime: Runtime, ids: list[int], settings: DecodeSettings) -> 
 
 def build(runtime: Runtime, group: Group, slots: int) -> Pool:
     committer = runtime.committer() if group.guided else None
+    if group.constrained:  # requests bind their grammars (the guide verifies what they allow)
+        from dllm_cli.decoding.grammar import runtime_committer
+
+        committer = runtime_committer(runtime, guided=group.guided)
     model, special = runtime.loaded.model, runtime.loaded.special
     whole = group.settings.batching == "static" or static_reason(model, group.guided)
     admission = "static" if whole else "continuous"

@@ -64,7 +64,6 @@ NEUTRAL_OPTIONS = {
 }
 # Top-level fields refused unless given the value that changes nothing.
 NEUTRAL_FIELDS = {
-    "format": ("",),
     "images": ([],),
     "tools": ([],),
     "suffix": ("",),
@@ -75,8 +74,8 @@ NEUTRAL_FIELDS = {
     "top_logprobs": (0,),
 }
 IGNORED_FIELDS = ("keep_alive", "truncate", "shift")
-GENERATE_FIELDS = ("model", "prompt", "system", "raw", "stream", "options")
-CHAT_FIELDS = ("model", "messages", "stream", "options")
+GENERATE_FIELDS = ("model", "prompt", "system", "raw", "stream", "options", "format")
+CHAT_FIELDS = ("model", "messages", "stream", "options", "format")
 MESSAGE_FIELDS = ("role", "content", "images", "thinking", "tool_calls", "tool_name")
 
 
@@ -168,6 +167,9 @@ def translate_options(options: object) -> dict:
 def to_openai(body: dict, route: str, chat_template: bool) -> tuple[dict, str]:
     """An Ollama body -> (the OpenAI-shaped body protocol.parse takes, its kind)."""
     openai = translate_options(body.get("options"))
+    structure = response_format(body.get("format"))
+    if structure is not None:
+        openai["response_format"] = structure
     if route == "chat":
         openai["messages"] = chat_messages(body["messages"])
         return openai, "chat"
@@ -187,6 +189,17 @@ def to_openai(body: dict, route: str, chat_template: bool) -> tuple[dict, str]:
     turns = [{"role": "system", "content": system}] if system else []
     openai["messages"] = [*turns, {"role": "user", "content": prompt}]
     return openai, "chat"
+
+
+def response_format(value: object) -> dict | None:
+    """Ollama's `format` ("json", or a JSON schema) as OpenAI's response_format."""
+    if value in (None, ""):
+        return None
+    if value == "json":
+        return {"type": "json_object"}
+    if isinstance(value, dict):
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": value}}
+    raise ApiError(400, 'format must be "json" or a JSON schema object')
 
 
 def chat_messages(value: object) -> list[dict]:
@@ -220,6 +233,7 @@ def to_job(served: Served, body: dict, route: str) -> Job:
     try:
         job = parse(openai, kind, runtime.settings, served.model_id, runtime.guide is not None)
         engines.check_settings(runtime, job.settings)
+        job = engines.with_grammar(runtime, job)
     except ApiError as e:
         raise ApiError(e.status, ollama_names(e.message)) from None
     except DllmError as e:

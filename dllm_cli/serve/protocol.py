@@ -36,7 +36,6 @@ UNSUPPORTED = {
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
@@ -49,7 +48,7 @@ UNSUPPORTED = {
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
-COMMON = ("model", "max_tokens", "stop", "stream", "n", *SAMPLING, "guide")
+COMMON = ("model", "max_tokens", "stop", "stream", "n", *SAMPLING, "guide", "response_format")
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON)
 SCORE_FIELDS = ("score_samples", "score_batch", "score_splits")  # dllm's own (docs/scoring.md)
 COMPLETION_FIELDS = ("prompt", "echo", "logprobs", *SCORE_FIELDS, *COMMON)
@@ -109,6 +108,9 @@ class Job:
     score: Score | None = None  # kind "score": how to estimate
     logprobs: int | None = None  # answer tokens' logprobs with this many alternatives each
 
+    structure: tuple[str, object] | None = None  # response_format: (grammar kind, source)
+    grammar: object | None = None  # the compiled grammar (app.py compiles `structure`)
+
 
 @dataclass(frozen=True)
 class Score:
@@ -145,7 +147,8 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
     canvas = flag(options or {}, "include_canvas", "stream_options.include_canvas")
     if canvas and not stream:
         raise ApiError(400, "include_canvas needs stream: true", "stream_options.include_canvas")
-    guide = flag(body, "guide", default=guided)
+    structure = response_format(body.get("response_format"))
+    guide = flag(body, "guide", default=guided and structure is None)  # asked for: both verify
     if guide and not guided:
         raise ApiError(400, "guide: the served profile has no guide model loaded", "guide")
     if kind == "completion" and flag(body, "echo") and body.get("logprobs") is not None:
@@ -160,6 +163,7 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
     common = {"settings": settings, "sampling": sampling, "guide": guide, "stream": stream}
     common |= {"stop": stops(body.get("stop")), "include_usage": usage, "n": n, "logprobs": top}
     common["include_canvas"] = canvas
+    common |= {"structure": structure}
     if kind == "chat":
         return Job("chat", messages=messages(body.get("messages")), **common)
     prompts = completion_prompts(body.get("prompt"))
@@ -216,6 +220,36 @@ def count(body: dict, name: str, default: int | None, high: int, low: int = 1) -
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ApiError(400, f"{name} must be an integer in [{low}, {high}] (got {value!r})", name)
     return value
+
+
+def response_format(value: object) -> tuple[str, object] | None:
+    """OpenAI's response_format -> (grammar kind, source); None for plain text."""
+    where = "response_format"
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ApiError(400, "response_format must be an object with a type", where)
+    kind = value["type"]
+    if kind not in FORMATS:
+        raise ApiError(400, f"response_format.type must be one of {', '.join(FORMATS)}", where)
+    extra = set(value) - {"type", *FORMATS[kind]}
+    if extra:
+        raise ApiError(400, f"response_format: unknown field {sorted(extra)[0]!r}", where)
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json_object", None
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise ApiError(400, "response_format.json_schema must be an object with a schema", where)
+    if not isinstance(spec.get("name", ""), str) or set(spec) - SCHEMA_FIELDS:
+        raise ApiError(400, "response_format.json_schema: name, schema, strict, description", where)
+    return "json_schema", spec.get("schema", {})
+
+
+# response_format.type -> the fields beside `type` it may have (OpenAI's shapes)
+FORMATS = {"text": (), "json_object": (), "json_schema": ("json_schema",)}
+SCHEMA_FIELDS = {"name", "schema", "strict", "description"}
 
 
 def check_model(name: object, model_id: str) -> None:
