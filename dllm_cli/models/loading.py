@@ -268,7 +268,7 @@ def load_model(
 ) -> LoadedModel:
     """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included).
 
-    `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load."""
+    `quantize` ("none" | "int8" | "int4", models/quantize.py) converts the projections as they load."""
     scheme = quant.scheme_for(quantize)
     folder = resolve_path(path)
     dev = resolve_device(device)
@@ -299,7 +299,7 @@ def load_model(
     except Exception as e:  # a damaged shard past our checks (safetensors raises several)
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
-    if scheme.bits:  # int8 layers of the fused groups, then the rest cast to the asked dtype
+    if scheme.bits:  # quantized layers of the fused groups, then the rest cast to the asked dtype
         quant.quantize_model(model, scheme)
         model.to(torch_dtype)
         quant.refuse_float_groups(model)
