@@ -19,10 +19,11 @@ from dllm_cli.models.int4 import (
     Narrowed,
     check_group,
     kernel_for,
+    pack_halves,
     pack_nibbles,
     quantize_groups,
     tinygemm_cpu,
-    unpack_nibbles,
+    unpack_halves,
 )
 from dllm_cli.models.loading import load_model
 from dllm_cli.models.quantize import quantize_model, weight_bytes
@@ -48,7 +49,11 @@ def test_codes_and_pairs_reproduce_each_weight_within_half_a_step():
     w = weight()
     codes, pairs = quantize_groups(w, 32)
     assert codes.dtype == torch.uint8 and int(codes.max()) <= 15
-    assert torch.equal(unpack_nibbles(pack_nibbles(codes)), codes)
+    assert torch.equal(unpack_halves(pack_halves(codes, 32), 32), codes)
+    pairs_of_inputs = pack_nibbles(codes)  # tinygemm's order: input 2i high, 2i + 1 low
+    assert torch.equal(pairs_of_inputs >> 4, codes[:, ::2]) and torch.equal(
+        pairs_of_inputs & 15, codes[:, 1::2]
+    )
     layer = Int4Linear.of(w)
     scale, zero = pairs.float().unbind(-1)  # (out, G) each
     step = scale.repeat_interleave(32, dim=1)  # (out, in)

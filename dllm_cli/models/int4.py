@@ -9,10 +9,9 @@ bfloat16: 4 bytes per 32 weights at the default group size, so 4.5 bits a weight
 
 Kernels, by device (`kernel_for`):
 
-- CPU, "dequant": the codes stay packed (uint8, the even input in the high nibble as tinygemm's
-  packer reads them); each call unpacks one layer's weight into bfloat16 and multiplies in
-  bfloat16 (oneDNN / MKL with AVX-512 BF16, float32 accumulation). Measured on this project's
-  CPU (192 x 512 @ 512 x 1408, one thread, CPU time): float32 3.0 ms, this 1.4 ms, torch's
+- CPU, "dequant": the codes stay packed two a byte (`pack_halves`); each call unpacks one
+  layer's weight, scales it in float32, rounds it to bfloat16 and multiplies in bfloat16 (oneDNN / MKL with AVX-512 BF16, float32 accumulation). Measured on this project's
+  CPU (192 x 512 @ 512 x 1408, one thread, CPU time): float32 3.0 ms, this 1.5 ms, torch's
   `_weight_int4pack_mm_for_cpu` 1.9 ms with bfloat16 input and 229 ms with float32 input
   (docs/quantization.md has the table).
 - CUDA, "tinygemm": `aten._convert_weight_to_int4pack` once, `aten._weight_int4pack_mm` per
@@ -95,13 +94,23 @@ def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """(out, in) codes -> (out, in / 2) uint8, the even input in the high nibble."""
+    """(out, in) codes -> (out, in / 2) uint8 as tinygemm's packer reads them: input 2i in the
+    high nibble of byte i, 2i + 1 in the low."""
     return (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
 
 
-def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """(out, in / 2) uint8 -> (out, in) codes (inverse of pack_nibbles; for tests and dequant)."""
-    return torch.stack((packed >> 4, packed & 15), dim=-1).view(packed.shape[0], -1)
+def pack_halves(codes: torch.Tensor, group: int) -> torch.Tensor:
+    """(out, in) codes -> (out, in / 2) uint8 for the dequant path: byte j of a group holds its
+    input j (low nibble) and j + group / 2 (high), so unpacking writes two contiguous runs."""
+    out_features, in_features = codes.shape
+    runs = codes.view(out_features, in_features // group, 2, group // 2)  # (out, G, 2, g/2)
+    return (runs[:, :, 0] | runs[:, :, 1] << 4).view(out_features, -1).contiguous()
+
+
+def unpack_halves(packed: torch.Tensor, group: int) -> torch.Tensor:
+    """(out, in / 2) uint8 -> (out, in) codes (inverse of pack_halves)."""
+    runs = packed.view(packed.shape[0], -1, group // 2)  # (out, G, g/2)
+    return torch.stack((runs & 15, runs >> 4), dim=2).view(packed.shape[0], -1)
 
 
 class Int4Linear(nn.Module):
@@ -133,7 +142,7 @@ class Int4Linear(nn.Module):
         kernel = kernel_for(weight.device, out_features, in_features, group)
         with torch.no_grad():
             codes, pairs = quantize_groups(weight, group)
-            packed = PACKERS[kernel](codes)
+            packed = PACKERS[kernel](codes, group)
             if kernel != "dequant":
                 pairs = pairs.transpose(0, 1).contiguous()  # (in / group, out, 2): tinygemm's
             kept = None if bias is None else bias.detach().float().clone()
@@ -157,18 +166,17 @@ class Int4Linear(nn.Module):
     def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The (out, in) weight this layer multiplies by, in `dtype` (dequant kernel only).
 
-        Unpacked and scaled in float32, rounded to `dtype` once at the end: torch's bfloat16
-        elementwise ops convert per element and measured 2x slower here (0.55 against 0.34 ms
-        for a 1408 x 512 weight); q * s + (z - 8 s) is (q - 8) * s + z up to float32 rounding.
+        Unpacked as uint8, scaled in float32, rounded to `dtype` once at the end: torch's
+        bfloat16 elementwise ops convert per element and measured slower here (0.70 against
+        0.50 ms for a 1408 x 512 weight); q * s + (z - 8 s) is (q - 8) * s + z up to float32
+        rounding.
         """
         out_features, g = self.out_features, self.in_features // self.group
         pairs = self.scales_and_zeros().float()  # (out, G, 2)
         scale, zero = pairs[..., :1], pairs[..., 1:]
         offset = zero - MID * scale  # (out, G, 1): small next to the weight
-        w = torch.empty(out_features, self.in_features // 2, 2, device=pairs.device)
-        w[..., 0].copy_(self.packed >> 4)  # the codes, converted as they are written
-        w[..., 1].copy_(self.packed & 15)
-        w = w.view(out_features, g, self.group).mul_(scale).add_(offset)
+        codes = unpack_halves(self.packed, self.group).view(out_features, g, self.group)
+        w = codes.float().mul_(scale).add_(offset)  # (out, G, group)
         return w.view(out_features, self.in_features).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -211,13 +219,13 @@ def _tinygemm_matmul(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._weight_int4pack_mm(x, layer.packed, layer.group, pairs)
 
 
-def _tinygemm_pack(codes: torch.Tensor) -> torch.Tensor:
+def _tinygemm_pack(codes: torch.Tensor, group: int) -> torch.Tensor:
     """tinygemm's tiles from (out, in) codes (torch >= 2.5 takes them two a byte)."""
     inner_tiles = next(t for t in (8, 4, 2) if codes.shape[1] % (16 * t) == 0)
     return torch.ops.aten._convert_weight_to_int4pack(pack_nibbles(codes), inner_tiles)
 
 
-PACKERS = {"dequant": pack_nibbles, "tinygemm": _tinygemm_pack}
+PACKERS = {"dequant": pack_halves, "tinygemm": _tinygemm_pack}
 MATMULS = {"dequant": _dequant_matmul, "tinygemm": _tinygemm_matmul}
 
 
