@@ -32,8 +32,9 @@ MKL_PACKED = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_
 # oneDNN's packed float32 linear (the weight reordered once into its blocked layout, as
 # Inductor's CPU freezing does with `mkldnn._linear_pointwise`): 2.2-2.5x MKL's GEMM here at
 # the peer's shapes (192 x 512 @ 512 x 2816, one thread: 3.0 against 7.0-7.3 ms; 1 or 2
-# threads, 32 to 320 rows alike; float32 throughout, relative error 4e-7 against float64). Its
-# pack does not depend on the row count, so it serves every call; preferred to MKL's.
+# threads, 32 to 320 rows alike; float32 throughout, relative error 4e-7 against float64) on
+# an AMD EPYC, where MKL runs a slower path; on the Intel Xeon of earlier rounds the two were
+# equal. Its pack does not depend on the row count, so it serves every call; preferred to MKL's.
 ONEDNN_PACKED = (
     torch.backends.mkldnn.is_available()
     and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
