@@ -268,7 +268,7 @@ def load_model(
 ) -> LoadedModel:
     """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included).
 
-    `quantize` ("none" | "int8" | "int4", models/quantize.py) converts the projections as they load."""
+    `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load."""
     scheme = quant.scheme_for(quantize)
     folder = resolve_path(path)
     dev = resolve_device(device)
