@@ -3,6 +3,7 @@
     python benchmarks/cpu_bench.py quant [--gen 128] [--reps 3]
     python benchmarks/cpu_bench.py profile [--width 512] [--quantize int8]
     python benchmarks/cpu_bench.py startup [--reps 5] [--against OTHER_CHECKOUT]
+    python benchmarks/cpu_bench.py forwards [--folder DIR] [--threads 1] [--reps 9]
 
 Every ratio is measured inside one process, the contenders interleaved, in CPU time
 (`time.process_time`, one thread), so other load on a shared machine barely moves it. Random
@@ -126,6 +127,36 @@ def quant(gen: int, reps: int) -> dict:
     return rows
 
 
+def forwards(folder: str | None, threads: int, reps: int) -> None:
+    """One no-cache forward of 192 and 320 columns: float32 on MKL's packed GEMM (before) and
+    on oneDNN's (now), int8 and int4, interleaved; median CPU time per thread, weight MiB."""
+    from dllm_cli.models import fused
+
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = folder or str(peer_folder(Path(tmp), 512))
+        fused.ONEDNN_PACKED = False
+        models = {"float32 MKL": load_model(folder, device="cpu")}
+        fused.ONEDNN_PACKED = True
+        models["float32 oneDNN"] = load_model(folder, device="cpu")
+        for q in ("int8", "int4"):
+            models[q] = load_model(folder, device="cpu", quantize=q)
+    print({k: round(weight_bytes(m.model) / 2**20, 2) for k, m in models.items()}, "MiB")
+    for t in (192, 320):
+        ids = torch.tensor([prompt_ids(models["int8"], t)])
+        cpu: dict[str, list[float]] = {q: [] for q in models}
+        with torch.inference_mode():
+            for _ in range(reps + 2):  # the first two of each: warm-up
+                for q, lm in models.items():
+                    start = time.process_time()
+                    lm.model(ids)
+                    cpu[q].append(time.process_time() - start)
+        med = {q: sorted(v[2:])[reps // 2] * 1e3 / threads for q, v in cpu.items()}
+        base = med["float32 MKL"]
+        cells = [f"{q} {v:.1f} ms ({base / v:.2f}x)" for q, v in med.items()]
+        print(f"{t} columns, {threads} threads: " + " | ".join(cells), flush=True)
+
+
 STARTUP = """
 import json, os, sys, time
 t0 = (time.perf_counter(), time.process_time())
@@ -176,15 +207,19 @@ def startup(reps: int = 5, against: str | None = None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["quant", "profile", "startup"])
+    parser.add_argument("what", choices=["quant", "profile", "startup", "forwards"])
     parser.add_argument("--gen", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--quantize", default="none")
     parser.add_argument("--against", default=None, help="startup: another checkout, interleaved")
+    parser.add_argument("--folder", default=None, help="forwards: a Dream folder (else random)")
+    parser.add_argument("--threads", type=int, default=1, help="forwards: torch threads")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.what == "quant":
+    if args.what == "forwards":
+        forwards(args.folder, args.threads, args.reps)
+    elif args.what == "quant":
         quant(args.gen, args.reps)
     elif args.what == "startup":
         startup(args.reps, args.against)

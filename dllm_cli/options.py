@@ -88,7 +88,8 @@ FLAGS: dict[str, Flag] = {
         _option(
             str,
             "none | int8: weights quantized per output channel as they load (int8 x int8 "
-            "matmuls; about a quarter of float32's weight memory).",
+            "matmuls; about a quarter of float32's weight memory) | int4: 4-bit weights in "
+            "groups of 32 with a bfloat16 scale and zero each (about 1/7 of float32's).",
             MODEL,
         ),
         "model",

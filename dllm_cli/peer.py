@@ -5,7 +5,10 @@ threads, with the work llama.cpp can do: no cache, every step forwards the whole
 (prompt + canvas), Dream's timestep schedule with one step per generated token, confidence
 ranking, all steps (no early stop). Each reports its own decode time (llama.cpp: the
 `total time` line of `diffusion_generate`; dllm: `generate --json`'s `seconds`); wall time
-is the whole process, start-up included. docs/cpu.md has the recipe and numbers.
+is the whole process, start-up included. The load average is read before each pair of runs
+(one of each tool): a pair measured above `LOAD_LIMIT` is marked not comparable (under load
+llama.cpp's spinning OpenMP threads slow down far more than dllm's). docs/cpu.md has the recipe
+and numbers.
 """
 
 from __future__ import annotations
@@ -31,6 +34,25 @@ PEER_PROMPT = (
 )
 DREAM_EPS = 1e-3  # Dream's timestep schedule ends at t = eps (its generation_utils default)
 
+# A pair of runs measured above this 1-minute load average is not comparable.
+LOAD_LIMIT = 1.5
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A GGUF precision (`--peer-quant`) and the `--quantize` dllm runs against it."""
+
+    gguf: str
+    quantize: str
+    what: str
+
+
+PRECISIONS: dict[str, Precision] = {
+    "f32": Precision("f32", "none", "float32"),
+    "q8_0": Precision("q8_0", "int8", "8-bit: Q8_0 against --quantize int8"),
+    "q4_0": Precision("q4_0", "int4", "4-bit: Q4_0 against --quantize int4"),
+}
+
 # diffusion.cpp: LOG_INF("\ntotal time: %0.2fms, time per step: %0.2fms, sampling time ...")
 TOTAL_TIME = re.compile(r"total time: ([0-9]+(?:\.[0-9]+)?)ms, time per step: ([0-9.]+)ms")
 
@@ -43,6 +65,7 @@ class Work:
     prompt_tokens: int
     gen: int
     threads: int
+    quantize: str = "none"  # dllm's --quantize (the GGUF's precision: PRECISIONS)
 
     @property
     def total(self) -> int:
@@ -93,15 +116,38 @@ def llamacpp_argv(binary: Path, gguf: Path, work: Work, seed: int = 0) -> list[s
 
 
 def dllm_argv(folder: str, work: Work) -> list[str]:
-    """`dllm generate` doing the same work in float32 on the CPU."""
+    """`dllm generate` doing the same work on the CPU (float32 activations, the work's
+    --quantize)."""
     g = str(work.gen)
     return [
         sys.executable, "-m", "dllm_cli", "generate", work.prompt,
         "--model", folder, "--device", "cpu", "--dtype", "float32", "--chat", "--no-guide",
+        "--quantize", work.quantize,
         "--cache", "none", "--gen-length", g, "--block-length", g, "--steps", g,
         "--unmask", "fixed", "--schedule", "dream", "--confidence", "low_confidence",
         "--temperature", "0", "--no-early-stop", "--threads", str(work.threads), "--json",
     ]  # fmt: skip
+
+
+def precision_for(peer_quant: str | None, quantize: object) -> Precision:
+    """The precision pair to run: --peer-quant's, checked against a --quantize also given."""
+    if peer_quant is None:
+        by_quantize = {p.quantize: p for p in PRECISIONS.values()}
+        if quantize is None:
+            return PRECISIONS["f32"]
+        if quantize in by_quantize:
+            want = by_quantize[quantize].gguf
+            raise UsageError(f"--quantize {quantize} with --peer: give --peer-quant {want}")
+        raise UsageError(f"--quantize {quantize} has no llama.cpp precision to run against")
+    precision = PRECISIONS.get(peer_quant)
+    if precision is None:
+        raise UsageError(f"--peer-quant takes one of: {', '.join(PRECISIONS)} (got {peer_quant!r})")
+    if quantize is not None and quantize != precision.quantize:
+        raise UsageError(
+            f"--quantize {quantize} does not match --peer-quant {peer_quant} "
+            f"(dllm runs --quantize {precision.quantize} against it)"
+        )
+    return precision
 
 
 def run_process(
@@ -153,16 +199,28 @@ def compare(
     for work in works:
         runs: dict[str, list[Timed]] = {name: [] for name in contenders}
         load_start = os.getloadavg()[0]
+        pair_loads = []
         for r in range(rounds):
             order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
+            pair_loads.append(round(os.getloadavg()[0], 2))  # before each pair
             for name in order:
                 timed = contenders[name](work)
                 runs[name].append(timed)
                 on_run(name, work, timed)
         record = summary(work, runs)
         record["load_average"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+        record |= comparability(pair_loads)
         records.append(record)
     return records
+
+
+def comparability(pair_loads: list[float]) -> dict:
+    """The load before each pair, and whether every pair was measured at or below LOAD_LIMIT."""
+    high = [x for x in pair_loads if x > LOAD_LIMIT]
+    verdict = (
+        "yes" if not high else f"no: {len(high)} of {len(pair_loads)} pairs above {LOAD_LIMIT}"
+    )
+    return {"pair_loads": pair_loads, "comparable": not high, "comparable_note": verdict}
 
 
 def summary(work: Work, runs: dict[str, list[Timed]]) -> dict:
@@ -175,6 +233,7 @@ def summary(work: Work, runs: dict[str, list[Timed]]) -> dict:
     peer_wall, ours_wall = median("llama.cpp", "wall_s"), median("dllm", "wall_s")
     return {
         "gen_length": work.gen,
+        "quantize": work.quantize,
         "prompt_tokens": work.prompt_tokens,
         "columns": work.total,
         "threads": work.threads,
@@ -211,6 +270,7 @@ COLUMNS = (
     ("dllm wall s", "dllm_wall_s"),
     ("wall ratio", "wall_ratio"),
     ("load average (start, end)", "load_average"),
+    ("comparable (load <= 1.5)", "comparable_note"),
 )
 
 

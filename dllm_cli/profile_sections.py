@@ -31,7 +31,7 @@ class ModelSection:
     architecture: str | None = None  # a families.py key, e.g. dream (None: config.json's)
     dtype: str = "auto"
     device: str = "auto"
-    quantize: str = "none"  # none | int8: weights quantized as they load (models/quantize.py)
+    quantize: str = "none"  # none | int8 | int4: quantized as they load (models/quantize.py)
     chat_template: bool = True
     compile: bool = False  # CUDA-graph replay of cached block steps (models/compiled.py)
     threads: int = 0  # torch's CPU threads, set before the first forward (0: torch's default)

@@ -19,8 +19,18 @@ from pathlib import Path
 import pytest
 from cli_fixtures import invoke, isolated_fixture  # noqa: F401
 
-from dllm_cli.errors import DllmError
-from dllm_cli.peer import Timed, Work, dllm_argv, llamacpp_argv, markdown, parse_llamacpp, summary
+from dllm_cli.errors import DllmError, UsageError
+from dllm_cli.peer import (
+    Timed,
+    Work,
+    comparability,
+    dllm_argv,
+    llamacpp_argv,
+    markdown,
+    parse_llamacpp,
+    precision_for,
+    summary,
+)
 
 HERE = Path(__file__).resolve().parent
 FIXTURE = HERE / "fixtures" / "llamacpp_diffusion_output.txt"
@@ -50,6 +60,30 @@ def test_both_sides_get_the_same_work():
     assert after(ours, "--gen-length") == after(ours, "--block-length") == "24"
     assert after(ours, "--schedule") == "dream" and "--no-early-stop" in ours
     assert after(peer, "-p") == after(ours, "generate") == "hi"
+    assert after(ours, "--quantize") == "none" and after(ours, "--dtype") == "float32"
+    q4 = Work("hi", prompt_tokens=40, gen=24, threads=3, quantize="int4")
+    assert after(dllm_argv("folder", q4), "--quantize") == "int4"
+
+
+def test_each_gguf_precision_runs_its_quantize_and_a_mismatch_is_refused():
+    assert precision_for(None, None).quantize == "none"
+    assert precision_for("q8_0", None).quantize == "int8"
+    assert precision_for("q4_0", "int4").quantize == "int4"
+    refusals = [
+        (("q4_0", "int8"), "--quantize int8 does not match --peer-quant q4_0"),
+        ((None, "int4"), "give --peer-quant q4_0"),
+        (("q5_k", None), "--peer-quant takes one of: f32, q8_0, q4_0"),
+    ]
+    for args, words in refusals:
+        with pytest.raises(UsageError, match=words):
+            precision_for(*args)
+
+
+def test_a_pair_measured_above_the_load_limit_is_not_comparable():
+    assert comparability([0.2, 1.5])["comparable"] is True
+    verdict = comparability([0.4, 2.7, 1.6])
+    assert verdict["comparable"] is False and verdict["pair_loads"] == [0.4, 2.7, 1.6]
+    assert verdict["comparable_note"] == "no: 2 of 3 pairs above 1.5"
 
 
 def test_the_summary_gives_medians_per_step_and_the_ratio():
@@ -65,8 +99,9 @@ def test_the_summary_gives_medians_per_step_and_the_ratio():
     assert record["decode_ratio"] == pytest.approx(6.4 / 3.84, abs=1e-3)
     assert record["llamacpp_runs_s"] == [6.4, 5.12, 9.0] and record["dllm_runs_s"][0] == 3.84
     record["load_average"] = [0.1, 1.5]
+    record |= comparability([0.1, 0.9, 1.2])
     row = markdown([record]).splitlines()[2]
-    assert row.startswith("| 128 | 192 | 6.4 | 3.84 |") and row.endswith("| 0.1, 1.5 |")
+    assert row.startswith("| 128 | 192 | 6.4 | 3.84 |") and row.endswith("| 0.1, 1.5 | yes |")
 
 
 def executable(path: Path, text: str) -> Path:
@@ -100,8 +135,10 @@ def test_a_bad_binary_is_one_line_and_exit_2_before_loading(make, words, tmp_pat
         (["--peer", "vllm"], "--peer takes one of: llama-cpp"),
         (["--peer", "llama-cpp", "--peer-model", "m.gguf"], "--peer needs --peer-binary"),
         (["--peer", "llama-cpp", "--peer-binary", "BIN", "--peer-model", "none.gguf"], "none.gguf"),
+        (["--peer", "llama-cpp", "--peer-quant", "q2_k"], "--peer-quant takes one of"),
+        (["--peer", "llama-cpp", "--peer-quant", "q4_0", "--quantize", "int8"], "does not match"),
     ],
-    ids=["unknown-peer", "no-binary", "missing-gguf"],
+    ids=["unknown-peer", "no-binary", "missing-gguf", "unknown-quant", "mismatched-quant"],
 )
 def test_peer_usage_errors(extra, words, tmp_path, dream_ckpt):
     binary = executable(tmp_path / "llama-diffusion-cli", "#!/bin/sh\nexit 0\n")
@@ -134,8 +171,9 @@ def test_a_run_against_a_binary_replaying_llamacpp_s_output(tmp_path, dream_ckpt
         record["llamacpp_decode_s"] / record["dllm_decode_s"], rel=0.01, abs=1e-3
     )
     assert record["llamacpp_step_ms"] == pytest.approx(record["llamacpp_decode_s"] * 1e3 / 8, 1e-3)
-    assert len(record["load_average"]) == 2
-    assert "| 8 |" in result.stdout
+    assert len(record["load_average"]) == 2 and len(record["pair_loads"]) == 2
+    assert record["quantize"] == "none" and isinstance(record["comparable"], bool)
+    assert "| 8 |" in result.stdout and "load average" in result.stderr
 
 
 @pytest.mark.slow

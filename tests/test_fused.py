@@ -10,7 +10,7 @@ from decode_fixtures import SPECIAL, prompts, settings, tiny
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding import Decoder, decode
-from dllm_cli.models.fused import MKL_PACKED, FusedLinear
+from dllm_cli.models.fused import MKL_PACKED, ONEDNN_PACKED, FusedLinear, PackedWeight
 from dllm_cli.models.layers import RMSNorm, apply_rope, rope_tables
 
 
@@ -139,14 +139,38 @@ def test_wide_models_stay_unfused_on_cpu():
     assert wide.blocks()[0].fusion is None
 
 
-@pytest.mark.skipif(not MKL_PACKED, reason="torch built without MKL")
+@pytest.mark.skipif(not ONEDNN_PACKED, reason="torch built without oneDNN")
 @torch.no_grad()  # as decoding runs (inference mode would keep no count of weight writes)
-def test_packed_gemm_serves_a_repeated_row_count_and_follows_weight_writes():
-    """MKL's packed weight is made on the second call in a row at one row count, matches the
+def test_onednn_packed_gemm_serves_every_row_count_and_follows_weight_writes():
+    """oneDNN's packed weight is made on the first call, serves any row count, matches the
     plain GEMM to float32 rounding, and is remade after an in-place write to the weight."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(1408, 96, bias=True)
     fused = FusedLinear(lin)
+    plain = lambda x: torch.addmm(fused.bias, x, fused.weight)  # noqa: E731
+    x, other = torch.randn(32, 1408), torch.randn(40, 1408)  # over PACK_MIN_MACS
+    assert torch.allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+    pack = fused.packed.pack
+    assert pack is not None
+    assert torch.allclose(fused(other), plain(other), rtol=1e-5, atol=1e-5)
+    assert fused.packed.pack is pack  # one pack for every row count
+    lin.weight.mul_(2)  # the view writes the fused storage
+    assert torch.allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+    assert fused.packed.version == fused.weight._version and fused.packed.pack is not pack
+    with torch.enable_grad():
+        assert fused(x.requires_grad_()).requires_grad  # autograd takes the plain GEMM
+
+
+@pytest.mark.skipif(not MKL_PACKED, reason="torch built without MKL")
+@torch.no_grad()  # as decoding runs (inference mode would keep no count of weight writes)
+def test_packed_gemm_serves_a_repeated_row_count_and_follows_weight_writes():
+    """MKL's packed weight (where torch has no oneDNN) is made on the second call in a row at
+    one row count, matches the plain GEMM to float32 rounding, and is remade after an in-place
+    write to the weight."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(1408, 96, bias=True)
+    fused = FusedLinear(lin)
+    fused.packed = PackedWeight(fused.weight)
     plain = lambda x: torch.addmm(fused.bias, x, fused.weight)  # noqa: E731
     x, other = torch.randn(32, 1408), torch.randn(5, 1408)  # 32 rows: over PACK_MIN_MACS
     assert torch.equal(fused(x), plain(x)) and fused.packed.pack is None  # first call: plain

@@ -29,9 +29,11 @@ LAYERS: list[tuple[str, ...]] = [
         "lifetimes",
         "version",
         "omp",  # libgomp's spin default, set before torch loads
+        "fit",  # config.json -> bytes; free memory
+        "hub",  # models by name: huggingface_hub's cache
     ),  # version: __version__ for any layer; tinygsm: the built-in model's files (no code)
     ("models",),
-    ("decoding",),
+    ("decoding", "scoring"),  # scoring: the diffusion likelihood estimators (models in, numbers out)
     ("profiles", "profile_sections"),
     ("runtime", "chat"),
     (

@@ -1,5 +1,5 @@
 """int8 weights (models/quantize.py): exact integer arithmetic, a bounded error against float32,
-every cache policy and batching on quantized folders, and one-line refusals."""
+every cache policy and batching on quantized folders, and one-line refusals (int4: test_int4.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from checkpoints import write_dream, write_llada
-from cli_fixtures import error_lines, invoke
+from cli_fixtures import invoke
 from decode_fixtures import KINDS, one_thread, prompts, settings, tiny  # noqa: F401
 
 from dllm_cli.decoding import decode
@@ -120,20 +120,10 @@ def test_quantized_folder_decodes_with_every_policy(kind, cache, tmp_path, recor
     record_property("agreement_with_float32", same / sum(map(len, ref)))
 
 
-def test_unknown_and_int4_quantization_are_refused(tmp_path):
+def test_unknown_quantization_is_refused(tmp_path):
     folder = write_dream(tmp_path / "d").folder
     with pytest.raises(ModelLoadError, match="unknown quantization 'int3'"):
         load_model(folder, device="cpu", quantize="int3")
-    with pytest.raises(ModelLoadError, match="int4 is not supported"):
-        load_model(folder, device="cpu", quantize="int4")
-
-
-def test_cli_refuses_int4_in_one_line(tmp_path):
-    folder = write_dream(tmp_path / "d").folder
-    result = invoke("generate", "hi", "--model", str(folder), "--quantize", "int4")
-    assert result.exit_code == 3
-    assert len(error_lines(result)) == 1 and "int4 is not supported" in result.stderr
-    assert "Traceback" not in result.output
 
 
 def test_int8_on_a_bfloat16_load_keeps_the_model_dtype(tmp_path):

@@ -27,7 +27,14 @@ from dllm_cli.bench import (
     run_bench,
     settings_for,
 )
-from dllm_cli.commands.bench_peer import Peer, PeerBinary, PeerModel, PeerPrompt, run_peer
+from dllm_cli.commands.bench_peer import (
+    Peer,
+    PeerBinary,
+    PeerModel,
+    PeerPrompt,
+    PeerQuant,
+    run_peer,
+)
 from dllm_cli.commands.common import check_output, cli_errors, fail, load_runtime, note, stderr
 from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.families import FAMILIES
@@ -293,6 +300,7 @@ def bench_command(
     peer_binary: PeerBinary = None,
     peer_model: PeerModel = None,
     peer_prompt: PeerPrompt = PEER_PROMPT,
+    peer_quant: PeerQuant = None,
     cancel: Annotated[
         float,
         typer.Option(
@@ -315,9 +323,8 @@ def bench_command(
         from dllm_cli.throughput import bench_inputs
 
         if peer is not None:
-            run_peer(
-                choices, peer, peer_binary, peer_model, peer_prompt, lengths, rounds, json_path
-            )
+            run_peer(choices, peer, peer_binary, peer_model, peer_prompt, lengths, rounds,
+                     json_path, peer_quant)  # fmt: skip
             return
         rt = load_runtime(choices)
         if serve:

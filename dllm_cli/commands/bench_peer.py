@@ -12,7 +12,16 @@ import typer
 from dllm_cli.commands.common import load_runtime, stderr
 from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.options import Choices
-from dllm_cli.peer import Timed, Work, check_peer, compare, markdown
+from dllm_cli.peer import (
+    LOAD_LIMIT,
+    PRECISIONS,
+    Timed,
+    Work,
+    check_peer,
+    compare,
+    markdown,
+    precision_for,
+)
 
 PANEL = "Peer comparison"
 PEERS = ("llama-cpp",)  # the tools --peer can run
@@ -31,7 +40,19 @@ PeerBinary = Annotated[
 ]
 PeerModel = Annotated[
     Path | None,
-    typer.Option(help="--peer: the GGUF (float32) of --model's folder.", rich_help_panel=PANEL),
+    typer.Option(
+        help="--peer: the GGUF of --model's folder (float32, or --peer-quant's precision).",
+        rich_help_panel=PANEL,
+    ),
+]
+PeerQuant = Annotated[
+    str | None,
+    typer.Option(
+        help=f"--peer: the GGUF's precision, {' | '.join(PRECISIONS)} (default f32); dllm runs "
+        "the matching --quantize (none, int8, int4). Quantize --peer-model to it with "
+        "llama-quantize.",
+        rich_help_panel=PANEL,
+    ),
 ]
 PeerPrompt = Annotated[
     str, typer.Option(help="--peer: the prompt both decode (chat-wrapped).", rich_help_panel=PANEL)
@@ -47,8 +68,10 @@ def run_peer(
     lengths: list[int],
     rounds: int,
     json_path: Path | None,
+    peer_quant: str | None = None,
 ) -> None:
     """Check the peer's paths (exit 2), read the prompt's length, run both, print the table."""
+    precision = precision_for(peer_quant, choices.overrides.get("model.quantize"))
     if peer not in PEERS:
         raise UsageError(f"--peer takes one of: {', '.join(PEERS)} (got {peer!r})")
     if binary is None or gguf is None:
@@ -60,20 +83,24 @@ def run_peer(
     rt = load_runtime(choices)
     folder = str(rt.loaded.path)
     n = len(chat_ids(rt, prompt))
-    works = [Work(prompt, n, gen, threads) for gen in lengths]
+    works = [Work(prompt, n, gen, threads, precision.quantize) for gen in lengths]
     stderr.print(
-        f"peer: {n}-token chat-wrapped prompt, {threads} threads, {rounds} rounds", highlight=False
+        f"peer: {n}-token chat-wrapped prompt, {threads} threads, {rounds} rounds, "
+        f"{precision.what}; load average now {os.getloadavg()[0]:.2f} (a pair of runs started "
+        f"above {LOAD_LIMIT} is marked not comparable)",
+        highlight=False,
     )
 
     def report(name: str, work: Work, t: Timed) -> None:
         stderr.print(
-            f"{name:>10} gen {work.gen}: decode {t.decode_s:.2f} s, wall {t.wall_s:.2f} s",
+            f"{name:>10} gen {work.gen}: decode {t.decode_s:.2f} s, wall {t.wall_s:.2f} s, "
+            f"load average {os.getloadavg()[0]:.2f}",
             highlight=False,
         )
 
     records = compare(binary, gguf, folder, works, rounds, on_run=report)
     typer.echo(
-        f"{folder} (float32) against {gguf}: no cache, one token per step, Dream's schedule, "
+        f"{folder} ({precision.what}) against {gguf}: no cache, one token per step, Dream's schedule, "
         f"{n}-token prompt, {threads} threads, medians of {rounds}; ratio = llama.cpp's "
         "seconds / dllm's (> 1: dllm faster)"
     )

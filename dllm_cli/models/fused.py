@@ -29,6 +29,17 @@ CPU_FUSE_MAX_WIDTH = 512
 # peer's shape (192 rows, one thread, CPU time): q/k/v 1.85 -> 1.69 ms, gate/up 5.26 -> 4.34,
 # down 2.53 -> 2.02, o 0.91 -> 0.80; a whole forward 115 -> 103 ms (medians of 8, alternating).
 MKL_PACKED = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+# oneDNN's packed float32 linear (the weight reordered once into its blocked layout, as
+# Inductor's CPU freezing does with `mkldnn._linear_pointwise`): 2.2-2.5x MKL's GEMM here at
+# the peer's shapes (192 x 512 @ 512 x 2816, one thread: 3.0 against 7.0-7.3 ms; 1 or 2
+# threads, 32 to 320 rows alike; float32 throughout, relative error 4e-7 against float64) on
+# an AMD EPYC, where MKL runs a slower path; on the Intel Xeon of earlier rounds the two were
+# equal. Its pack does not depend on the row count, so it serves every call; preferred to MKL's.
+ONEDNN_PACKED = (
+    torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+)
 # Below this many multiply-adds a GEMM costs less than the packed call's extra dispatch (a
 # d_model-64 block step: 32 x 64 x 192), so small products keep the one-call matmul.
 PACK_MIN_MACS = 1 << 22
@@ -57,7 +68,7 @@ class FusedLinear:
             if self.bias is not None:
                 lin.bias = nn.Parameter(self.bias[part], requires_grad=False)
             start = part.stop
-        self.packed = PackedWeight(self.weight) if packable(self.weight) else None
+        self.packed = packer_for(self.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in) -> (..., sum out) in one GEMM (the one F.linear runs for 2-D input)."""
@@ -75,8 +86,16 @@ class FusedLinear:
 
 
 def packable(weight: torch.Tensor) -> bool:
-    """MKL's packed GEMM serves CPU float32 weights (where torch was built with MKL)."""
-    return MKL_PACKED and weight.device.type == "cpu" and weight.dtype == torch.float32
+    """A packed GEMM serves CPU float32 weights (where torch was built with oneDNN or MKL)."""
+    cpu_float = weight.device.type == "cpu" and weight.dtype == torch.float32
+    return (ONEDNN_PACKED or MKL_PACKED) and cpu_float
+
+
+def packer_for(weight: torch.Tensor) -> OneDnnWeight | PackedWeight | None:
+    """oneDNN's packed weight where torch has it, else MKL's, else None (the plain GEMM)."""
+    if not packable(weight):
+        return None
+    return OneDnnWeight(weight) if ONEDNN_PACKED else PackedWeight(weight)
 
 
 def version(t: torch.Tensor) -> int:
@@ -116,6 +135,32 @@ class PackedWeight:
             self.pack, self.rows = torch.ops.mkl._mkl_reorder_linear_weight(rows_out, m), m
             self.version = version(self.weight)
         return torch.ops.mkl._mkl_linear(flat, self.pack, self.weight.t(), bias, m)
+
+
+class OneDnnWeight:
+    """A fused weight reordered once into oneDNN's blocked layout, for every row count.
+
+    Made on the first float32 call without autograd and remade after an in-place write to the
+    weight. A second copy of the weight (its bytes again; fusing is limited to d_model <= 512
+    on CPU, so this stays small). The same dot products summed in oneDNN's order: equal to the
+    plain GEMM within float32 rounding, not bit for bit (tests/test_fused.py).
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight  # (in, out), the fused storage
+        self.pack: torch.Tensor | None = None
+        self.version = -1  # the weight's version counter when packed (in-place writes bump it)
+
+    def __call__(self, flat: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """flat (M, in) @ weight (+ bias) through the packed weight, or None (autograd, or
+        another dtype: the plain GEMM)."""
+        if flat.requires_grad or flat.dtype != torch.float32:
+            return None
+        if self.pack is None or version(self.weight) != self.version:
+            rows_out = self.weight.t().contiguous()  # (out, in): the layout the reorder reads
+            self.pack = torch.ops.mkldnn._reorder_linear_weight(rows_out)
+            self.version = version(self.weight)
+        return torch.ops.mkldnn._linear_pointwise(flat, self.pack, bias, "none", [], "")
 
 
 class Fusion:

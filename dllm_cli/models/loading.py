@@ -310,7 +310,7 @@ def load_model(
     except Exception as e:  # a damaged shard past our checks (safetensors raises several)
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
-    if scheme.bits:  # int8 layers of the fused groups, then the rest cast to the asked dtype
+    if scheme.bits:  # quantized layers of the fused groups, then the rest cast to the asked dtype
         quant.quantize_model(model, scheme)
         model.to(torch_dtype)
         quant.refuse_float_groups(model)

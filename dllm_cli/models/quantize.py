@@ -1,4 +1,5 @@
-"""Quantized weights at load time: int8 per output channel, activations quantized per row.
+"""Quantized weights at load time: int8 per output channel (activations quantized per row), or
+int4 group-wise (models/int4.py).
 
 `quantize_model` swaps each projection (attention, MLP, experts, output head) of a loaded model
 for an `Int8Linear`; the checkpoint folder is read as it is, nothing is written back. Weights are
@@ -11,12 +12,13 @@ W8A8 arithmetic without the smoothing, Xiao et al. 2023). Measured on this proje
 Embeddings, norms, MoE routers and the first block's MLP output projection stay in the load
 dtype.
 
-int4 is refused: the maintained CPU kernel in torch (`_weight_int4pack_mm_for_cpu`) measured
-150x slower than float32 here, and the CUDA one was not validated on a GPU by this project.
+`--quantize int4` stores the same layers in 4 bits, one bfloat16 scale and zero per group of 32
+inputs (tinygemm's format), and multiplies in bfloat16 (models/int4.py says why and how).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,29 +28,10 @@ from torch import nn
 from dllm_cli.errors import ModelLoadError
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.fused import FusedLinear, Fusion
+from dllm_cli.models.int4 import DEFAULT_GROUP, Int4Linear, check_group
 
 INT8_MAX = 127
 
-
-@dataclass(frozen=True)
-class Scheme:
-    """One `--quantize` value: what it stores, or why it is refused (None: it runs)."""
-
-    name: str
-    bits: int
-    refused: str | None = None
-
-
-SCHEMES: dict[str, Scheme] = {
-    "none": Scheme("none", 0),
-    "int8": Scheme("int8", 8),
-    "int4": Scheme(
-        "int4",
-        4,
-        refused="int4 is not supported: torch's int4 CPU kernel measured 150x slower than "
-        "float32 here and no GPU kernel was validated (use --quantize int8)",
-    ),
-}
 
 # Linears kept in the load dtype: a MoE router's few logits decide which experts run.
 KEEP_FLOAT = ("gate",)
@@ -58,6 +41,17 @@ KEEP_FLOAT = ("gate",)
 # shipped model this one layer is 2/3 of int8's error in the logits (docs/quantization.md).
 FIRST_BLOCK_FLOAT = ("down",)  # the fused group (fused.py) of the MLP output projection
 MLP_OUT = ("down_proj", "ff_out")  # its linears' names in the families, fused or not
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One `--quantize` value: what it stores, how a layer is made, or why it is refused."""
+
+    name: str
+    bits: int
+    make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None
+    group: int = 0  # inputs per scale (0: one scale per output channel)
+    refused: str | None = None  # None: it runs
 
 
 def scheme_for(name: str) -> Scheme:
@@ -140,6 +134,13 @@ class Int8Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, int8 per channel, W8A8"
 
 
+SCHEMES: dict[str, Scheme] = {
+    "none": Scheme("none", 0),
+    "int8": Scheme("int8", 8, lambda w, b: Int8Linear.of(w, b)),
+    "int4": Scheme("int4", 4, lambda w, b: Int4Linear.of(w, b), group=DEFAULT_GROUP),
+}
+
+
 def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
     """Replace the model's projections in place; returns how many were quantized.
 
@@ -151,13 +152,14 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
     scheme = scheme if isinstance(scheme, Scheme) else scheme_for(scheme)
     if scheme.bits == 0:
         return 0
+    check_groups(model, scheme)
     count = 0
     kept: set[int] = set()  # the first block's MLP output linears
     for i, block in enumerate(model.blocks()):  # one block at a time: one float copy at most
         block.fuse()  # float groups first: their weights joined, the linears views of them
         skip = FIRST_BLOCK_FLOAT if i == 0 else ()
         owners = [m for m in block.modules() if isinstance(m.__dict__.get("fusion"), Fusion)]
-        count += sum(quantize_fusion(owner, owner.fusion, skip) for owner in owners)
+        count += sum(quantize_fusion(owner, owner.fusion, skip, scheme) for owner in owners)
         if i == 0:
             kept = {id(m) for n, m in block.named_modules() if n.rpartition(".")[2] in MLP_OUT}
     tied = {id(p) for p in _embedding_weights(model)}
@@ -171,14 +173,26 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
         and id(child) not in kept
     ]
     for parent, name, child in targets:
-        setattr(parent, name, Int8Linear.of(child.weight, child.bias))
+        setattr(parent, name, scheme.make(child.weight, child.bias))
     model.quantized = scheme.name
     return count + len(targets)
 
 
-def quantize_fusion(owner: nn.Module, fusion: Fusion, skip: tuple[str, ...] = ()) -> int:
-    """One int8 layer per fused group but those in `skip` (kept float); the owner's linears
-    become views of it (no float copy left)."""
+def check_groups(model: nn.Module, scheme: Scheme) -> None:
+    """Refuse (before any layer changes) a group size that does not divide a layer's inputs."""
+    if not scheme.group:
+        return
+    for name, child in model.named_modules():
+        if type(child) is nn.Linear:
+            check_group(scheme.group, child.in_features, name)
+
+
+def quantize_fusion(
+    owner: nn.Module, fusion: Fusion, skip: tuple[str, ...] = (), scheme: Scheme | None = None
+) -> int:
+    """One quantized layer (int8 unless `scheme` says) per fused group but those in `skip`
+    (kept float); the owner's linears become views of it (no float copy left)."""
+    make = (scheme or SCHEMES["int8"]).make
     names = {id(child): name for name, child in owner.named_children()}
     views: list[nn.Module] = []
     kept = 0
@@ -187,7 +201,7 @@ def quantize_fusion(owner: nn.Module, fusion: Fusion, skip: tuple[str, ...] = ()
             views.extend(fused.linears)
             kept += len(fused.linears)
             continue
-        joined = Int8Linear.of(fused.weight.t(), fused.bias)  # (sum out, in)
+        joined = make(fused.weight.t(), fused.bias)  # (sum out, in)
         fusion.groups[group] = joined
         start = 0
         for lin in fused.linears:

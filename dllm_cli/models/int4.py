@@ -1,0 +1,237 @@
+"""4-bit weights, group-wise: two weights a byte, one bfloat16 scale and zero per group of inputs.
+
+The format is tinygemm's (torch's int4 weight-only kernels, `aten._weight_int4pack_mm*`, the one
+torchao's int4 weight-only config stores too): per output channel and group of `group` inputs,
+w ~= (q - 8) * scale + zero with q in 0..15, scale = (max - min) / 15 and zero = min + 8 * scale
+(asymmetric, min/max rounding, no calibration data). One scale and one zero per group in
+bfloat16: 4 bytes per 32 weights at the default group size, so 4.5 bits a weight on average
+(GGUF's Q4_0 stores 4.5 too: one float16 scale per 32 weights, no zero).
+
+Kernels, by device (`kernel_for`):
+
+- CPU, "dequant": the codes stay packed two a byte (`pack_halves`); each call unpacks one
+  layer's weight, scales it in float32, rounds it to bfloat16 and multiplies in bfloat16 (oneDNN / MKL with AVX-512 BF16, float32 accumulation). Measured on this project's
+  CPU (192 x 512 @ 512 x 1408, one thread, CPU time): float32 3.0 ms, this 1.5 ms, torch's
+  `_weight_int4pack_mm_for_cpu` 1.9 ms with bfloat16 input and 229 ms with float32 input
+  (docs/quantization.md has the table).
+- CUDA, "tinygemm": `aten._convert_weight_to_int4pack` once, `aten._weight_int4pack_mm` per
+  call (bfloat16 activations), where the layer's shape fits its tiles (outputs a multiple of 8,
+  inputs of 32, group 32..256); other layers take the dequant path. Not run on a GPU by this
+  project: the same scale/zero layout is checked on CPU through the `_for_cpu` twin.
+
+The scale and zero tensor is held as int16 (the bfloat16 bits): a model's `.to(dtype)` casts
+floating buffers, which would double it to float32; the bits are read back as bfloat16 free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dllm_cli.errors import ModelLoadError
+
+GROUP_SIZES = (32, 64, 128, 256)  # the group sizes tinygemm's kernels take
+DEFAULT_GROUP = 32
+LEVELS = 15  # q in 0..15
+MID = 8  # tinygemm's codes are centred on 8
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """How a device multiplies by 4-bit weights: its name and whether a layer's shape fits."""
+
+    name: str
+    fits: callable  # (out, in, group) -> bool
+
+
+def _tinygemm_fits(out_features: int, in_features: int, group: int) -> bool:
+    """tinygemm tiles outputs by 8 and inputs by 16 x inner tiles (2 at least)."""
+    return out_features % 8 == 0 and in_features % 32 == 0 and group in GROUP_SIZES
+
+
+KERNELS: dict[str, Kernel] = {
+    "tinygemm": Kernel("tinygemm", _tinygemm_fits),
+    "dequant": Kernel("dequant", lambda *_: True),
+}
+# The kernel each device type tries first; the dequant path serves whatever does not fit.
+PREFERRED = {"cuda": "tinygemm"}
+
+
+def kernel_for(device: torch.device | str, out_features: int, in_features: int, group: int) -> str:
+    """The kernel a layer of this shape runs on `device` (the choice tested on CPU)."""
+    kind = torch.device(device).type
+    name = PREFERRED.get(kind, "dequant")
+    if name == "tinygemm" and not hasattr(torch.ops.aten, "_weight_int4pack_mm"):
+        return "dequant"
+    return name if KERNELS[name].fits(out_features, in_features, group) else "dequant"
+
+
+def check_group(group: int, in_features: int, name: str = "a layer") -> None:
+    """Refuse a group size tinygemm does not take, or one that does not divide the inputs."""
+    if group not in GROUP_SIZES:
+        sizes = ", ".join(map(str, GROUP_SIZES))
+        raise ModelLoadError(f"int4 group size {group} is not supported (use one of {sizes})")
+    if in_features % group:
+        raise ModelLoadError(
+            f"int4 group size {group} does not divide {name}'s {in_features} inputs "
+            "(use a group size that does)"
+        )
+
+
+def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, in) float -> codes uint8 (out, in) in 0..15 and bfloat16 (out, in / group, 2)
+    scale and zero, min/max per group; the codes are rounded against the bfloat16 values."""
+    out_features, in_features = weight.shape
+    w = weight.detach().float().view(out_features, in_features // group, group)
+    low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # (out, G, 1)
+    scale = ((high - low) / LEVELS).clamp_(min=1e-8).bfloat16().float()
+    zero = (low + MID * scale).bfloat16().float()
+    codes = ((w - zero) / scale + MID).round_().clamp_(0, LEVELS).to(torch.uint8)
+    pairs = torch.cat((scale, zero), dim=-1).bfloat16()  # (out, G, 2)
+    return codes.view(out_features, in_features), pairs
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """(out, in) codes -> (out, in / 2) uint8 as tinygemm's packer reads them: input 2i in the
+    high nibble of byte i, 2i + 1 in the low."""
+    return (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
+
+
+def pack_halves(codes: torch.Tensor, group: int) -> torch.Tensor:
+    """(out, in) codes -> (out, in / 2) uint8 for the dequant path: byte j of a group holds its
+    input j (low nibble) and j + group / 2 (high), so unpacking writes two contiguous runs."""
+    out_features, in_features = codes.shape
+    runs = codes.view(out_features, in_features // group, 2, group // 2)  # (out, G, 2, g/2)
+    return (runs[:, :, 0] | runs[:, :, 1] << 4).view(out_features, -1).contiguous()
+
+
+def unpack_halves(packed: torch.Tensor, group: int) -> torch.Tensor:
+    """(out, in / 2) uint8 -> (out, in) codes (inverse of pack_halves)."""
+    runs = packed.view(packed.shape[0], -1, group // 2)  # (out, G, g/2)
+    return torch.stack((runs & 15, runs >> 4), dim=2).view(packed.shape[0], -1)
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T + b with W stored in 4 bits, group-wise (module docstring)."""
+
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        pairs: torch.Tensor,
+        bias: torch.Tensor | None,
+        in_features: int,
+        group: int,
+        kernel: str,
+    ):
+        super().__init__()
+        self.in_features, self.group, self.kernel = in_features, group, kernel
+        self.out_features = pairs.shape[0] if kernel == "dequant" else pairs.shape[1]
+        self.register_buffer("packed", packed)  # dequant: (out, in/2) uint8; tinygemm: its tiles
+        self.register_buffer("pairs", pairs.view(torch.int16))  # bfloat16 bits (docstring)
+        self.register_buffer("bias", bias)  # (out,) float32, or None
+
+    @classmethod
+    def of(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = DEFAULT_GROUP
+    ) -> Int4Linear:
+        """Quantize a float (out, in) weight on its device (and keep its bias in float32)."""
+        out_features, in_features = weight.shape
+        check_group(group, in_features)
+        kernel = kernel_for(weight.device, out_features, in_features, group)
+        with torch.no_grad():
+            codes, pairs = quantize_groups(weight, group)
+            packed = PACKERS[kernel](codes, group)
+            if kernel != "dequant":
+                pairs = pairs.transpose(0, 1).contiguous()  # (in / group, out, 2): tinygemm's
+            kept = None if bias is None else bias.detach().float().clone()
+        return cls(packed, pairs, kept, in_features, group, kernel)
+
+    def part(self, start: int, stop: int) -> nn.Module:
+        """Output channels start..stop as a layer of their own (views of this one's storage;
+        tinygemm's tiles cannot be cut, so there the whole product is narrowed)."""
+        if self.kernel != "dequant":
+            return Narrowed(self, start, stop)
+        bias = None if self.bias is None else self.bias[start:stop]
+        pairs = self.pairs[start:stop].view(torch.bfloat16)
+        packed = self.packed[start:stop]
+        return Int4Linear(packed, pairs, bias, self.in_features, self.group, self.kernel)
+
+    def scales_and_zeros(self) -> torch.Tensor:
+        """The bfloat16 (out, in / group, 2) scale and zero pairs (dequant layout)."""
+        pairs = self.pairs.view(torch.bfloat16)
+        return pairs if self.kernel == "dequant" else pairs.transpose(0, 1)
+
+    def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """The (out, in) weight this layer multiplies by, in `dtype` (dequant kernel only).
+
+        Unpacked as uint8, scaled in float32, rounded to `dtype` once at the end: torch's
+        bfloat16 elementwise ops convert per element and measured slower here (0.70 against
+        0.50 ms for a 1408 x 512 weight); q * s + (z - 8 s) is (q - 8) * s + z up to float32
+        rounding.
+        """
+        out_features, g = self.out_features, self.in_features // self.group
+        pairs = self.scales_and_zeros().float()  # (out, G, 2)
+        scale, zero = pairs[..., :1], pairs[..., 1:]
+        offset = zero - MID * scale  # (out, G, 1): small next to the weight
+        codes = unpack_halves(self.packed, self.group).view(out_features, g, self.group)
+        w = codes.float().mul_(scale).add_(offset)  # (out, G, group)
+        return w.view(out_features, self.in_features).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (N, in)
+        out = MATMULS[self.kernel](self, flat.to(torch.bfloat16))  # (N, out) bfloat16
+        if self.bias is not None:  # added in float32, as Int8Linear does
+            out = out.float().add_(self.bias)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.in_features}, out={self.out_features}, int4 group {self.group}, "
+            f"{self.kernel}"
+        )
+
+
+class Narrowed(nn.Module):
+    """Output channels start..stop of a layer whose storage cannot be sliced."""
+
+    def __init__(self, whole: Int4Linear, start: int, stop: int):
+        super().__init__()
+        self.__dict__["whole"] = whole  # not a child: its bytes are counted once, by its owner
+        self.start, self.stop = start, stop
+        self.out_features = stop - start
+        for name in ("packed", "pairs", "bias"):  # the same tensors: counted once, and
+            self.register_buffer(name, getattr(whole, name))  # what Fusion.intact() reads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.whole(x)[..., self.start : self.stop]
+
+
+def _dequant_matmul(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    """(N, in) bfloat16 @ the dequantized weight^T, one bfloat16 GEMM."""
+    return torch.mm(x, layer.dequantized(torch.bfloat16).t())
+
+
+def _tinygemm_matmul(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    """tinygemm on CUDA: bfloat16 (N, in) against the tiled codes and (G, out, 2) pairs."""
+    pairs = layer.pairs.view(torch.bfloat16)
+    return torch.ops.aten._weight_int4pack_mm(x, layer.packed, layer.group, pairs)
+
+
+def _tinygemm_pack(codes: torch.Tensor, group: int) -> torch.Tensor:
+    """tinygemm's tiles from (out, in) codes (torch >= 2.5 takes them two a byte)."""
+    inner_tiles = next(t for t in (8, 4, 2) if codes.shape[1] % (16 * t) == 0)
+    return torch.ops.aten._convert_weight_to_int4pack(pack_nibbles(codes), inner_tiles)
+
+
+PACKERS = {"dequant": pack_halves, "tinygemm": _tinygemm_pack}
+MATMULS = {"dequant": _dequant_matmul, "tinygemm": _tinygemm_matmul}
+
+
+def tinygemm_cpu(codes: torch.Tensor, pairs: torch.Tensor, x: torch.Tensor, group: int):
+    """torch's CPU twin of tinygemm on the same codes and (out, G, 2) pairs (a cross-check of
+    the layout the CUDA path hands it; 1.4x slower than the dequant path here)."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    table = pairs.transpose(0, 1).contiguous()  # (G, out, 2)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, table)
