@@ -13,40 +13,28 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from dllm_cli.errors import DllmError
-from dllm_cli.serve import canvas, engines, page
-from dllm_cli.serve.metrics import CONTENT_TYPE, ROUTES, Metrics
+from dllm_cli.serve import canvas, engines, ollama, page
+from dllm_cli.serve.metrics import CONTENT_TYPE
+from dllm_cli.serve.plumbing import (
+    Gone,
+    Served,
+    answer_error,
+    authorized,
+    next_event,
+    read_json,
+    route_error,
+)
 from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
 from dllm_cli.serve.scores import Scored, TokenLogprob
-from dllm_cli.serve.worker import Outcome, Worker
-
-MAX_BODY = 4 * 1024 * 1024  # bytes: a request body past this is refused (413)
-POLL = 0.25  # seconds between checks that a waiting client is still there
-
-
-@dataclass
-class Served:
-    """What the routes need besides the worker."""
-
-    model_id: str
-    worker: Worker
-    metrics: Metrics
-    limit: int  # requests waiting or decoding before a 429
-    api_key: str | None = None
-    created: int = 0
-    score_samples: int | None = None  # echo scoring's default (None: the family's)
-    score_splits: int | None = None  # echo scoring's default (None: every position)
-    ui: bool = True  # the chat page at / (serve/page.py); --no-ui: 404
-
-
-class Gone(Exception):
-    """The client disconnected."""
+from dllm_cli.serve.tickets import Outcome
+from dllm_cli.serve.worker import Worker
 
 
 def create_app(served: Served) -> FastAPI:
@@ -103,52 +91,13 @@ def create_app(served: Served) -> FastAPI:
     async def completions(request: Request):
         return await answer(served, request, "completion")
 
-    from dllm_cli.serve.ollama import add_routes  # imports this module: added once it exists
-
-    add_routes(app, served)
+    ollama.add_routes(app, served)
     page.add_routes(app, served)
     return app
 
 
-def route_error(request: Request, e: HTTPException) -> ApiError:
-    """Starlette's refusals (no such route, wrong method) as error objects naming the route."""
-    where = f"{request.method} {request.url.path}"
-    if e.status_code == 404:
-        message = f"unknown route {where} (dllm serves {', '.join(ROUTES)})"
-        return ApiError(404, message, kind="invalid_request_error", code="unknown_route")
-    if e.status_code == 405:
-        return ApiError(405, f"method not allowed: {where}", code="method_not_allowed")
-    return ApiError(e.status_code, str(e.detail))
-
-
-def authorized(request: Request, served: Served) -> bool:
-    given = request.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), served.api_key)
-
-
-def answer_error(served: Served, path: str, e: ApiError) -> JSONResponse:
-    served.metrics.request(path, e.status)
-    body = {"error": e.message} if path.startswith("/api/") else e.body()  # Ollama's shape
-    return JSONResponse(body, status_code=e.status)
-
-
 def model_card(served: Served) -> dict:
     return {"id": served.model_id, "object": "model", "created": served.created, "owned_by": "dllm"}
-
-
-async def read_json(request: Request) -> object:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ApiError(413, f"request body over {MAX_BODY} bytes")
-    try:
-        return json.loads(raw, parse_constant=refuse_constant)
-    except (ValueError, RecursionError) as e:
-        raise ApiError(400, f"invalid JSON body: {str(e).splitlines()[0][:200]}") from None
-
-
-def refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
 
 
 async def answer(served: Served, request: Request, kind: str) -> Response:
@@ -250,16 +199,6 @@ class Waiting:
             if what == "done":
                 done[index] = payload
         return [done[i] for i in range(len(self.tickets))]
-
-
-async def next_event(events: asyncio.Queue, request: Request) -> tuple[str, object]:
-    """The request's next event; Gone when the client left while it waited."""
-    while True:
-        try:
-            return await asyncio.wait_for(events.get(), POLL)
-        except TimeoutError:
-            if await request.is_disconnected():
-                raise Gone() from None
 
 
 async def stream(served: Served, job: Job, waiting: Waiting, kind: str) -> AsyncIterator[str]:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import uvicorn
 
 from dllm_cli.runtime import Runtime
-from dllm_cli.serve.app import Served, create_app
+from dllm_cli.serve.app import create_app
 from dllm_cli.serve.metrics import Metrics
+from dllm_cli.serve.plumbing import Served
 from dllm_cli.serve.worker import Worker
 
 

@@ -23,8 +23,6 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from dllm_cli.chat import encode_plain
 from dllm_cli.errors import DllmError, InputError
@@ -33,48 +31,10 @@ from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve import canvas, engines, scores
 from dllm_cli.serve.answers import Deltas, cut_at_stops, finish_reason
-from dllm_cli.serve.canvas import Frames
 from dllm_cli.serve.conversation import encode_messages
 from dllm_cli.serve.metrics import Metrics
 from dllm_cli.serve.protocol import ApiError, Job, input_error
-
-Post = Callable[[str, object], None]  # (kind, payload) -> the request's own event queue
-
-
-@dataclass
-class Outcome:
-    """A finished request: its text and what it cost."""
-
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    forwards: int
-    guide_forwards: int
-    steps: int
-    seconds: float
-    prompt_text: str = ""  # the prompt as text (an echoed answer starts with it)
-    logprobs: list[scores.TokenLogprob] | None = None  # per answer token, when the request asked
-
-
-@dataclass(eq=False)  # compared by identity: two equal requests are two tickets
-class Ticket:
-    """One request inside the worker, from submit to its outcome."""
-
-    job: Job
-    post: Post
-    group: engines.Group | None = None
-    rid: int | None = None
-    ids: list[int] = field(default_factory=list)
-    deltas: Deltas | None = None
-    added: float = field(default_factory=time.perf_counter)
-    first_text: float | None = None
-    done: bool = False
-    totals: list[float] = field(default_factory=list)  # a scoring job's estimates so far
-    buffers: object = None  # logprobs.Buffers of an answer a stop string ended
-    sent_tokens: int = 0  # streamed with logprobs: answer tokens whose logprobs went out
-    frames: Frames | None = None  # its canvas stream (stream_options.include_canvas)
-    row: int | None = None  # its row in the engine's StepEvents, once decoding
+from dllm_cli.serve.tickets import Outcome, Post, Ticket
 
 
 class Worker:

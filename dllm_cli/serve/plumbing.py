@@ -1,0 +1,89 @@
+"""HTTP plumbing the OpenAI routes (app.py) and Ollama's (ollama.py) share.
+
+What the routes are served with, the API key check, error answers in each API's shape,
+reading a JSON body, and waiting on a request's events while its client is still there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from dllm_cli.serve.metrics import ROUTES, Metrics
+from dllm_cli.serve.protocol import ApiError
+from dllm_cli.serve.worker import Worker
+
+MAX_BODY = 4 * 1024 * 1024  # bytes: a request body past this is refused (413)
+POLL = 0.25  # seconds between checks that a waiting client is still there
+
+
+@dataclass
+class Served:
+    """What the routes need besides the worker."""
+
+    model_id: str
+    worker: Worker
+    metrics: Metrics
+    limit: int  # requests waiting or decoding before a 429
+    api_key: str | None = None
+    created: int = 0
+    score_samples: int | None = None  # echo scoring's default (None: the family's)
+    score_splits: int | None = None  # echo scoring's default (None: every position)
+    ui: bool = True  # the chat page at / (serve/page.py); --no-ui: 404
+
+
+class Gone(Exception):
+    """The client disconnected."""
+
+
+def route_error(request: Request, e: HTTPException) -> ApiError:
+    """Starlette's refusals (no such route, wrong method) as error objects naming the route."""
+    where = f"{request.method} {request.url.path}"
+    if e.status_code == 404:
+        message = f"unknown route {where} (dllm serves {', '.join(ROUTES)})"
+        return ApiError(404, message, kind="invalid_request_error", code="unknown_route")
+    if e.status_code == 405:
+        return ApiError(405, f"method not allowed: {where}", code="method_not_allowed")
+    return ApiError(e.status_code, str(e.detail))
+
+
+def authorized(request: Request, served: Served) -> bool:
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), served.api_key)
+
+
+def answer_error(served: Served, path: str, e: ApiError) -> JSONResponse:
+    served.metrics.request(path, e.status)
+    body = {"error": e.message} if path.startswith("/api/") else e.body()  # Ollama's shape
+    return JSONResponse(body, status_code=e.status)
+
+
+async def read_json(request: Request) -> object:
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise ApiError(413, f"request body over {MAX_BODY} bytes")
+    try:
+        return json.loads(raw, parse_constant=refuse_constant)
+    except (ValueError, RecursionError) as e:
+        raise ApiError(400, f"invalid JSON body: {str(e).splitlines()[0][:200]}") from None
+
+
+def refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def next_event(events: asyncio.Queue, request: Request) -> tuple[str, object]:
+    """The request's next event; Gone when the client left while it waited."""
+    while True:
+        try:
+            return await asyncio.wait_for(events.get(), POLL)
+        except TimeoutError:
+            if await request.is_disconnected():
+                raise Gone() from None
