@@ -145,9 +145,10 @@ class LLM:
         committer = rt.committer()
         if schema is not None:
             from dllm_cli.decoding import grammar
+            from dllm_cli.decoding.grammar_committer import runtime_committer
 
             compiled = grammar.compile_grammar("json_schema", schema, grammar.vocab_of(rt))
-            committer = grammar.runtime_committer(rt, compiled, guided=False)
+            committer = runtime_committer(rt, compiled, guided=False)
         return open_engine(model, special, rt.settings, committer, slots=slots, admission=admission)
 
     def _runtime(self, settings: dict[str, object]) -> Runtime:

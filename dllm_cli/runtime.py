@@ -49,7 +49,7 @@ class Runtime:
     guide: GuideModel | None = None
     chat: bool = True
     notes: list[str] = field(default_factory=list)  # adjustments worth telling the user
-    grammar: Grammar | None = None  # every answer follows it (structured output: grammar.py)
+    grammar: Grammar | None = None  # every answer follows it (grammar_committer.py)
     _frame: Frame | None = field(default=None, init=False, repr=False)
 
     def encode(self, prompt: str) -> list[int]:
@@ -107,7 +107,7 @@ class Runtime:
         With a grammar: the grammar's committer (its matchers are per request).
         """
         if self.grammar is not None:
-            from dllm_cli.decoding.grammar import runtime_committer
+            from dllm_cli.decoding.grammar_committer import runtime_committer
 
             return runtime_committer(self, self.grammar)
         return self.guide_committer()

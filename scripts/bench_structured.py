@@ -18,6 +18,7 @@ import time
 import jsonschema
 
 from dllm_cli.decoding import grammar as G
+from dllm_cli.decoding import grammar_committer as GC
 from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.runtime import open_runtime
@@ -58,7 +59,7 @@ def run(rt, requests: int, constrained: bool, forward: bool) -> tuple[int, int, 
     vocab = G.vocab_of(rt)
     committer = None
     if constrained:
-        committer = G.runtime_committer(rt, guided=False, fast_forward=forward)
+        committer = GC.runtime_committer(rt, guided=False, fast_forward=forward)
     model, special = rt.loaded.model, rt.loaded.special
     engine = open_engine(model, special, rt.settings, committer, slots=8)
     schema_of = {}

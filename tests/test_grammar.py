@@ -1,4 +1,5 @@
-"""Structured output (decoding/grammar.py): every answer parses and validates against its schema.
+"""Structured output (decoding/grammar.py, grammar_committer.py): every answer parses and
+validates against its schema.
 
 On the shipped tiny-gsm-dream model (its WordPiece vocabulary spells JSON), greedy and sampled,
 under every cache policy, with rows admitted mid-decode, through `dllm generate` and through a
@@ -18,6 +19,7 @@ import pytest
 from cli_fixtures import invoke
 
 from dllm_cli.decoding import grammar as G
+from dllm_cli.decoding import grammar_committer as GC
 from dllm_cli.decoding.run import decode, open_engine
 from dllm_cli.runtime import open_runtime
 from dllm_cli.serve import server
@@ -72,7 +74,7 @@ def test_every_answer_validates_under_every_cache(runtime, cache, temperature):
     rt = replace(runtime, settings=settings)
     ids = [rt.prepare(q) for q in QUESTIONS]
     for schema in (SCHEMAS[0], OP):
-        committer = G.runtime_committer(rt, grammar(rt, schema))
+        committer = GC.runtime_committer(rt, grammar(rt, schema))
         result = decode(rt.loaded.model, rt.loaded.special, ids, settings, committer=committer)
         for tokens in result.tokens:
             valid(rt.text(tokens), schema)
@@ -84,7 +86,7 @@ def test_forced_tokens_are_committed_in_the_step_that_forces_them(runtime):
     model, special = rt.loaded.model, rt.loaded.special
     forwards = {}
     for fast in (True, False):
-        committer = G.runtime_committer(rt, grammar(rt, OP), fast_forward=fast)
+        committer = GC.runtime_committer(rt, grammar(rt, OP), fast_forward=fast)
         result = decode(model, special, ids, rt.settings, committer=committer)
         valid(rt.text(result.tokens[0]), OP)
         forwards[fast] = (result.forwards, committer.forced)
@@ -100,10 +102,10 @@ def test_rows_admitted_mid_decode_equal_alone(runtime):
     schemas = [OP, SCHEMAS[0], SCHEMAS[1]]
 
     def alone(i: int) -> list[int]:
-        committer = G.runtime_committer(rt, grammar(rt, schemas[i]))
+        committer = GC.runtime_committer(rt, grammar(rt, schemas[i]))
         return decode(model, special, [prompts[i]], rt.settings, committer=committer).tokens[0]
 
-    committer = G.runtime_committer(rt, guided=False)
+    committer = GC.runtime_committer(rt, guided=False)
     engine = open_engine(model, special, rt.settings, committer, slots=2)
     answers, rids = {}, []
     for i in range(2):
@@ -149,8 +151,8 @@ def test_the_guide_verifies_what_the_grammar_allows():
     rt = open_runtime(None, {"decode.gen_length": GEN})  # the default profile has a guide
     model, special = rt.loaded.model, rt.loaded.special
     prompts = [rt.prepare(q) for q in QUESTIONS]
-    committer = G.runtime_committer(rt, guided=True)
-    assert isinstance(committer, G.GuidedGrammarCommitter)
+    committer = GC.runtime_committer(rt, guided=True)
+    assert isinstance(committer, GC.GuidedGrammarCommitter)
     engine = open_engine(model, special, rt.settings, committer, slots=2)
     rids, answers = [], {}
     for prompt, schema in zip(prompts, (OP, SCHEMAS[0]), strict=True):
@@ -162,7 +164,7 @@ def test_the_guide_verifies_what_the_grammar_allows():
     for rid, schema in zip(rids, (OP, SCHEMAS[0]), strict=True):
         valid(rt.text(answers[rid][0]), schema)
         assert answers[rid][1] > 0  # the guide verified its drafts
-    alone = G.runtime_committer(rt, grammar(rt, OP))
+    alone = GC.runtime_committer(rt, grammar(rt, OP))
     assert (
         decode(model, special, prompts[:1], rt.settings, committer=alone).tokens[0]
         == (answers[rids[0]][0])

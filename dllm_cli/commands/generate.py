@@ -227,7 +227,7 @@ def grammar_source(schema: str | None, grammar: str | None) -> tuple[str, str] |
 
 def without_guide(choices: o.Choices) -> o.Choices:
     """A grammar verifies the drafts itself: the profile's guide stays unloaded unless --guide
-    asks for it (then the guide verifies what the grammar allows: grammar.py)."""
+    asks for it (then the guide verifies what the grammar allows: grammar_committer.py)."""
     from dataclasses import replace
 
     return replace(choices, guide=False) if choices.guide is None else choices

@@ -91,7 +91,7 @@ class GuidedCommitter:
         self.draft_window = rules.draft_window
         self.cache = GuideCache(guide)
         self.started = False
-        self.allowed: torch.Tensor | None = None  # (B, L, V) per slot: a grammar's (grammar.py)
+        self.allowed: torch.Tensor | None = None  # (B, L, V) grammar masks (grammar_committer.py)
 
     @property
     def forwards(self) -> int:

@@ -93,7 +93,7 @@ class Committer(Protocol):
     is served in static batches only). A committer with
     `frontier = True` walks each row's first mask (guided decoding, see guided.py) and may set
     `draft_window` (columns drafted from the first mask; None: to the canvas end) and
-    `greedy_drafts = False` (its drafts sampled as the request samples, not argmax: grammar.py).
+    `greedy_drafts = False` (its drafts sampled as the request samples, not argmax: grammar_committer.py).
     """
 
     def __call__(self, ctx: StepContext) -> Decision: ...

@@ -73,7 +73,8 @@ def with_grammar(runtime: Runtime, job: Job) -> Job:
     """The job with its response_format compiled (ApiError 400 naming what is wrong)."""
     if job.structure is None:
         return job
-    from dllm_cli.decoding.grammar import GrammarError, compile_grammar, refusal, vocab_of
+    from dllm_cli.decoding.grammar import GrammarError, compile_grammar, vocab_of
+    from dllm_cli.decoding.grammar_committer import refusal
 
     reason = refusal(runtime, guided=False)
     if reason is not None:
@@ -98,7 +99,7 @@ def check_length(runtime: Runtime, ids: list[int], settings: DecodeSettings) -> 
 def build(runtime: Runtime, group: Group, slots: int) -> Pool:
     committer = runtime.committer() if group.guided else None
     if group.constrained:  # requests bind their grammars (the guide verifies what they allow)
-        from dllm_cli.decoding.grammar import runtime_committer
+        from dllm_cli.decoding.grammar_committer import runtime_committer
 
         committer = runtime_committer(runtime, guided=group.guided)
     model, special = runtime.loaded.model, runtime.loaded.special

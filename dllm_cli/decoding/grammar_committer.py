@@ -1,0 +1,327 @@
+"""Structured output's commit: a grammar (llguidance) verifies the drafts in front of it.
+
+A diffusion canvas commits out of order; a grammar reads left to right. The grammar therefore
+stands where guided decoding's AR guide stands (guided.py): every row walks its frontier, its
+first masked column, and each step
+
+1. the diffusion model drafts every masked column from the frontier on (sampled as the
+   request samples: argmax when greedy, its temperature / top-p / top-k otherwise);
+2. the row's matcher checks the drafts left to right: `a` = the longest run it accepts;
+   the unmask rule picks its own run from the frontier (`r`, at least one column);
+3. `min(a, r)` drafts are committed; when the rule wanted more than the grammar accepted,
+   the first rejected column takes the grammar-masked argmax of its distribution (a
+   grammar-masked sample when the request samples), one more token;
+4. the tokens the grammar then forces (it allows one token only) are committed too, as far
+   as the drafts reach (llguidance's fast-forward tokens); columns past the commit stay
+   masked drafts for the next step.
+
+A stop token (EOS, end of turn) is a token of the grammar: allowed only where the grammar
+accepts, and the only token left once the grammar is complete (so a complete grammar forces
+the stop). A committed stop ends the row; the engine fills the rest of its answer with EOS.
+
+Each row's matcher is keyed by its request id (the canvas's `rows`), made when the request
+first appears in a step and dropped when it no longer does: requests join a running decode
+(continuous batching) and leave it without any hook. `bind(rid, grammar)` gives a request its
+own grammar (the server), `default` serves every other row (the CLI); a row with neither is
+unconstrained but still walks its frontier.
+
+Costs: a frontier walk commits only a run from the first mask, so a rule that commits out of
+order commits fewer tokens per forward; each step reads the drafts to the host (one read)
+and, when some row needs a masked token, its masks go to the device and the chosen tokens
+come back (a second read).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from dllm_cli.decoding.grammar import Grammar, GrammarError, GrammarVocab, vocab_of
+from dllm_cli.decoding.row_sampling import RowDraws
+from dllm_cli.decoding.sampling import family_of
+from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
+from dllm_cli.families import family_of_model, with_family_defaults
+
+
+class GrammarCommitter:
+    """A frontier-walking `Committer`: each row's grammar verifies its drafts (module doc).
+
+    `rule` is the unmask rule's committer (how far a row would commit unconstrained); the
+    grammar's per-row matchers live here, keyed by request id.
+    """
+
+    frontier = True
+    greedy_drafts = False  # drafts are sampled as the request samples (engine reads this)
+    needs_probs = True  # a rejected column's masked token comes from its distribution
+
+    def __init__(
+        self,
+        rule: Committer,
+        vocab: GrammarVocab,
+        tempered: bool,
+        default: Grammar | None = None,
+        fast_forward: bool = True,
+    ):
+        if getattr(rule, "needs_shadow", False) or getattr(rule, "redrafts", False):
+            raise GrammarError(
+                "a grammar cannot follow an unmask rule that re-masks or re-drafts its "
+                "commits (wino, credit): use threshold, factor, fixed, eb, klass or prefix"
+            )
+        self.rule, self.vocab, self.default = rule, vocab, default
+        self.tempered = tempered  # the distributions are already tempered (Dream's sampler)
+        self.fast_forward = fast_forward  # commit the tokens the grammar forces after a run
+        self.bound: dict[int, Grammar] = {}  # request id -> its grammar, until it appears
+        self.matchers: dict[int, Any] = {}  # request id -> its llguidance matcher
+        self.masked = 0  # tokens the grammar chose over a rejected draft (lifetime)
+        self.forced = 0  # tokens committed because the grammar allowed nothing else (lifetime)
+
+    def bind(self, rid: int, grammar: Grammar) -> None:
+        """Request `rid` decodes under `grammar` (call before its first step)."""
+        self.bound[rid] = grammar
+
+    def __call__(self, ctx: StepContext) -> Decision:
+        runs = self.rule(ctx).commit.bool() & ctx.candidates  # (B, L)
+        wanted = runs.long().cumprod(dim=1).sum(dim=1).clamp(min=1)  # (B,) the rule's run
+        counts = ctx.candidates.sum(dim=1)  # (B,) drafts from the frontier
+        host = torch.cat(
+            [ctx.canvas.rows[:, None], counts[:, None], wanted[:, None], ctx.drafts], 1
+        )
+        table = host.tolist()  # the step's read of the drafts
+        matchers = self._matchers([row[0] for row in table])
+        plans = [
+            verify(m, row[3 : 3 + row[1]], row[2]) for m, row in zip(matchers, table, strict=True)
+        ]
+        tokens, corrected = ctx.drafts.clone(), torch.zeros_like(ctx.candidates)
+        lengths = self._fix(ctx, plans, matchers, tokens, corrected)
+        if self.fast_forward:
+            rooms = [row[1] - n for row, n in zip(table, lengths, strict=True)]
+            self._forced(matchers, rooms, lengths, tokens, corrected)
+        slots = torch.arange(ctx.drafts.shape[1], device=ctx.drafts.device)[None]
+        commit = (slots < torch.tensor(lengths, device=slots.device)[:, None]) & ctx.candidates
+        accepted = sum(n for n, _ in plans)
+        return Decision(commit, accepted=accepted, tokens=tokens, corrected=corrected & commit)
+
+    def _fix(self, ctx, plans, matchers, tokens, corrected) -> list[int]:
+        """Rows whose run stopped at a rejection take the masked token there; each row's
+        committed length so far."""
+        fixes = [r for r, (_, fix) in enumerate(plans) if fix]
+        if fixes:
+            chosen = self._masked_tokens(ctx, fixes, [plans[r][0] for r in fixes], matchers)
+            for r, token in zip(fixes, chosen, strict=True):
+                tokens[r, plans[r][0]] = token
+                corrected[r, plans[r][0]] = True
+                if matchers[r] is not None:
+                    matchers[r].consume_token(token)
+            self.masked += len(fixes)
+        return [n + bool(fix) for n, fix in plans]
+
+    def _forced(self, matchers, rooms, lengths, tokens, corrected) -> None:
+        """After each row's commit, the tokens its grammar forces (no other token allowed)
+        are committed too, as far as its drafts reach; `lengths` grows by them."""
+        for r, (m, room) in enumerate(zip(matchers, rooms, strict=True)):
+            run = forced_tokens(m, room)
+            if run:
+                at = lengths[r]
+                tokens[r, at : at + len(run)] = torch.tensor(run, device=tokens.device)
+                corrected[r, at : at + len(run)] = True
+                lengths[r] += len(run)
+                self.forced += len(run)
+
+    def _matchers(self, rids: list[int]) -> list:
+        """Each row's matcher (None: unconstrained); those of departed requests are dropped,
+        and grammars bound to requests older than every live one (admission is first come,
+        first served: they were aborted before they ran)."""
+        live, oldest = set(rids), min(rids)
+        for rid in [r for r in self.matchers if r not in live]:
+            del self.matchers[rid]
+        for rid in [r for r in self.bound if r < oldest]:
+            del self.bound[rid]
+        out = []
+        for rid in rids:
+            if rid not in self.matchers:
+                grammar = self.bound.pop(rid, self.default)
+                self.matchers[rid] = None if grammar is None else self.vocab.matcher(grammar)
+            out.append(self.matchers[rid])
+        return out
+
+    def _masked_tokens(self, ctx: StepContext, rows: list[int], slots: list[int], matchers):
+        """The grammar-masked argmax (or sample) at each row's first rejected slot."""
+        device = ctx.drafts.device
+        vocab = ctx.probs.shape[-1]
+        bits = np.stack([next_tokens(matchers[r], self.vocab) for r in rows])[:, :vocab]
+        allow = torch.from_numpy(bits).to(device)  # (F, V) bool
+        index = torch.tensor(rows, device=device)
+        probs = ctx.probs[index, torch.tensor(slots, device=device)].double()  # (F, V)
+        # Allowed tokens the filters zeroed stay above disallowed ones (never -inf).
+        scores = torch.where(allow, probs.log().clamp(min=-1e30), -math.inf)
+        draws = ctx.generator if isinstance(ctx.generator, RowDraws) else None
+        for j, r in enumerate(rows):
+            t = 0.0 if draws is None else draws.samplings[r].temperature
+            if t > 0:
+                scale = 1.0 if self.tempered else t  # LLaDA's probs are softmax(raw logits)
+                u = torch.rand(vocab, generator=draws.generators[r], dtype=torch.float64,
+                               device=device)  # fmt: skip
+                scores[j] = scores[j] / scale - torch.log(-torch.log(u))
+        best = scores.argmax(dim=-1)
+        none = ~allow.any(dim=-1)  # a dead grammar: end the answer
+        stop = torch.full_like(best, self.vocab.stops[0])
+        return torch.where(none, stop, best).tolist()
+
+
+class GuidedGrammarCommitter:
+    """The grammar filters what the AR guide verifies (guided.py, FlashDLM).
+
+    Each step a row's drafts are cut at the first one its grammar rejects, which is replaced
+    by an id no token has (the guide must reject it); the guide judges and chooses among the
+    grammar's tokens only (each slot's mask), so its accepted run and its token on a rejection
+    both follow the grammar. The forced run follows, as in GrammarCommitter.
+    """
+
+    frontier = True
+
+    def __init__(self, guide, grammar: GrammarCommitter):
+        if guide.rules.on_reject != "guide":
+            raise GrammarError(
+                "a grammar with the AR guide needs on_reject = guide (the diffusion draft "
+                "committed on a rejection would not follow the grammar)"
+            )
+        self.guide, self.grammar = guide, grammar
+        self.draft_window = guide.draft_window
+        self.start, self.select, self.admit = guide.start, guide.select, guide.admit
+        self.bind = grammar.bind  # a request's own grammar, as GrammarCommitter.bind
+
+    @property
+    def forwards(self) -> int:
+        return self.guide.forwards
+
+    def __call__(self, ctx: StepContext) -> Decision:
+        counts = ctx.candidates.sum(dim=1)  # (B,)
+        table = torch.cat([ctx.canvas.rows[:, None], counts[:, None], ctx.drafts], 1).tolist()
+        matchers = self.grammar._matchers([row[0] for row in table])
+        runs = [row_masks(m, row[2 : 2 + row[1]], self.grammar.vocab) for m, row in
+                zip(matchers, table, strict=True)]  # fmt: skip
+        drafts, candidates = ctx.drafts.clone(), ctx.candidates.clone()
+        width = max(1, *(len(masks) for _, masks in runs))
+        vocab = self.grammar.vocab.words * 32
+        allowed = np.ones((len(runs), width, vocab), dtype=bool)
+        for r, (good, masks) in enumerate(runs):
+            if masks:
+                allowed[r, : len(masks)] = np.stack(masks)
+            if good < table[r][1]:  # the first rejected draft: the guide must reject it
+                drafts[r, good] = vocab
+                candidates[r, good + 1 :] = False
+        self.guide.allowed = torch.from_numpy(allowed).to(ctx.drafts.device)
+        try:
+            decision = self.guide(replace(ctx, drafts=drafts, candidates=candidates))
+        finally:
+            self.guide.allowed = None
+        return self._consume(decision, matchers, [row[1] for row in table])
+
+    def _consume(self, decision: Decision, matchers, counts: list[int]) -> Decision:
+        """The matchers take the committed tokens, then the forced run is committed too."""
+        taken = decision.commit.sum(dim=1)
+        host = torch.cat([taken[:, None], decision.tokens], 1).tolist()
+        tokens, corrected = decision.tokens.clone(), decision.corrected.clone()
+        lengths = []
+        for m, row in zip(matchers, host, strict=True):
+            for token in row[1 : 1 + row[0]] if m is not None else ():
+                if not m.is_stopped() and not m.consume_token(token):
+                    raise RuntimeError(f"grammar matcher: {m.get_error()}")
+            lengths.append(row[0])
+        rooms = [n - k for n, k in zip(counts, lengths, strict=True)]
+        self.grammar._forced(matchers, rooms, lengths, tokens, corrected)
+        slots = torch.arange(tokens.shape[1], device=tokens.device)[None]
+        commit = slots < torch.tensor(lengths, device=tokens.device)[:, None]
+        decision.commit, decision.tokens, decision.corrected = commit, tokens, corrected & commit
+        return decision
+
+
+def row_masks(matcher, drafts: list[int], vocab: GrammarVocab) -> tuple[int, list[np.ndarray]]:
+    """(the grammar's run of drafts, each slot's allowed tokens up to the first rejected one)."""
+    if matcher is None or not drafts:
+        return len(drafts), []
+    good = 0 if matcher.is_stopped() else matcher.validate_tokens(drafts)
+    masks = []
+    for k in range(min(good + 1, len(drafts))):
+        masks.append(next_tokens(matcher, vocab))
+        if k < good:
+            matcher.consume_token(drafts[k])
+    if good:
+        matcher.rollback(min(good, len(drafts)))
+    return good, masks
+
+
+def next_tokens(matcher, vocab: GrammarVocab) -> np.ndarray:
+    """(V,) bool: the tokens the grammar allows next; a stop token only once it is complete."""
+    if matcher.is_stopped():
+        mask = np.zeros(vocab.words * 32, dtype=bool)
+        mask[list(vocab.stops)] = True
+        return mask
+    mask = allowed(matcher, vocab.words)
+    mask[vocab.known :] = False
+    return mask
+
+
+def verify(matcher, drafts: list[int], wanted: int) -> tuple[int, bool]:
+    """(drafts committed, whether the next slot takes a masked token) for one row.
+
+    The matcher consumes the committed drafts; the caller consumes the masked token."""
+    if not drafts:
+        return 0, False
+    if matcher is None:  # unconstrained: the rule's run
+        return min(wanted, len(drafts)), False
+    if matcher.is_stopped():  # complete: nothing but a stop token may follow
+        return 0, True
+    good = matcher.validate_tokens(drafts)  # the longest run the grammar accepts
+    take = min(good, wanted)
+    if take and not matcher.consume_tokens(drafts[:take]):
+        raise RuntimeError(f"grammar matcher: {matcher.get_error()}")
+    return take, take < wanted and take < len(drafts)
+
+
+def forced_tokens(matcher, room: int) -> list[int]:
+    """Up to `room` tokens the grammar forces next (nothing else is allowed: llguidance's
+    fast-forward tokens), consumed; [] for an unconstrained or complete row."""
+    if matcher is None or room <= 0 or matcher.is_stopped():
+        return []
+    run = matcher.compute_ff_tokens()[:room]
+    if run and not matcher.consume_tokens(run):
+        raise RuntimeError(f"grammar matcher: {matcher.get_error()}")
+    return run
+
+
+def allowed(matcher, words: int) -> np.ndarray:
+    """(V,) bool: tokens the matcher allows next (stop tokens only where it accepts)."""
+    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[: words * 32].astype(bool)
+
+
+def refusal(runtime, guided: bool = True) -> str | None:
+    """Why this runtime cannot decode under a grammar (None: it can); `guided`: its guide
+    (if loaded) would verify the drafts too."""
+    family = family_of_model(runtime.loaded.model)
+    if family.own_sampler or family.block_causal:
+        return f"structured output is not supported for {family.title} (no frontier walk)"
+    return None
+
+
+def runtime_committer(
+    runtime, default: Grammar | None = None, guided: bool = True, fast_forward: bool = True
+) -> GrammarCommitter:
+    """A GrammarCommitter for this runtime's model and settings (GrammarError: it cannot)."""
+    reason = refusal(runtime, guided)
+    if reason is not None:
+        raise GrammarError(reason)
+    model = runtime.loaded.model
+    settings = with_family_defaults(runtime.settings, model.family)
+    family = family_of(model)
+    rule = RuleCommitter(settings, family.schedule)
+    tempered = family.tempered_confidence
+    committer = GrammarCommitter(rule, vocab_of(runtime), tempered, default, fast_forward)
+    if guided and runtime.guide is not None:  # the guide verifies what the grammar allows
+        return GuidedGrammarCommitter(runtime.guide_committer(), committer)
+    return committer
