@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import re
 import typing
 from pathlib import Path
 
@@ -25,8 +24,9 @@ from dllm_cli.families import (
     reference_settings,
 )
 from dllm_cli.family_settings import read_folder_values
-from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
+from dllm_cli.folders import resolve_path
 from dllm_cli.hub import HUB_NAME, is_hub_name
+from dllm_cli.profile_paths import resolve_model_path, unset_variables, use_pulled
 from dllm_cli.profile_sections import (
     GuideSection,
     ModelSection,
@@ -43,7 +43,6 @@ from dllm_cli.strict_toml import build, check_type, did_you_mean, read_toml, sho
 DEFAULT_PROFILE = "tiny-gsm-dream"
 ENV_DIR = "DLLM_PROFILES_DIR"
 BUILTIN_SOURCE = "built-in"
-_UNSET_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 
 
 # --- reading one file -----------------------------------------------------------------------
@@ -87,9 +86,9 @@ def _parse(path: Path) -> tuple[Profile, dict]:
     name, description = data.get("name", path.stem), data.get("description", "")
     profile = Profile(name, description, model, decode, guide, source=path)
     _check_values(profile, where)
-    profile.model.path = _resolve_model_path(profile.model.path, path.parent)
+    profile.model.path = resolve_model_path(profile.model.path, path.parent)
     if profile.guide:
-        profile.guide.path = _resolve_model_path(profile.guide.path, path.parent)
+        profile.guide.path = resolve_model_path(profile.guide.path, path.parent)
     return profile, data
 
 
@@ -138,24 +137,6 @@ def _check_values(profile: Profile, where: str | None) -> None:
         problem = profile.guide.problem()
         if problem:
             raise bad("guide", problem)
-
-
-def _resolve_model_path(text: str, base: Path | None) -> str:
-    """builtin:NAME stays; ~ and $VARS expand; a relative path is taken from `base`."""
-    if text.startswith(BUILTIN_PREFIX):
-        return text
-    expanded = os.path.expanduser(os.path.expandvars(text))
-    if _UNSET_VAR.search(expanded):
-        return expanded  # an unset variable: leave it visible for `unset_variables`
-    path = Path(expanded)
-    if base is not None and not path.is_absolute():
-        path = base / path
-    return str(path.resolve()) if base is not None else str(path)
-
-
-def unset_variables(path: str) -> list[str]:
-    """Environment variables a (resolved) model path still names because they are unset."""
-    return [] if path.startswith(BUILTIN_PREFIX) else _UNSET_VAR.findall(path)
 
 
 # --- finding profiles -----------------------------------------------------------------------
@@ -279,7 +260,7 @@ def resolve(
     family, found = None, {}
     if name_or_path is None and "model.path" in given:
         path = None
-        folder = _resolve_model_path(str(given["model.path"]), Path.cwd())
+        folder = resolve_model_path(str(given["model.path"]), Path.cwd())
         family = folder_family(folder)
         found = read_folder_values(family, resolve_path(folder))
         profile, raw = family_profile(family), {}
@@ -324,30 +305,6 @@ def resolve(
 
     apply_family_defaults(profile, provenance)
     return profile, provenance
-
-
-def use_pulled(profile: Profile) -> None:
-    """A profile naming a hub repo loads the pulled copy when its path is not there."""
-    m = profile.model
-    if not m.hub or is_folder(m.path):
-        return
-    folder = hub.cached(hub_source(profile))
-    if folder is not None:
-        m.path = str(folder)
-
-
-def is_folder(path: str) -> bool:
-    return not unset_variables(path) and Path(resolve_path(path)).is_dir()
-
-
-def hub_source(profile: Profile) -> hub.Source:
-    return hub.Source(profile.model.hub, profile.model.revision, profile.name)
-
-
-def require_model_folder(profile: Profile) -> None:
-    """A hub profile whose folder is neither at its path nor pulled: say what to run."""
-    if profile.model.hub and not is_folder(profile.model.path):
-        hub.local_folder(hub_source(profile))
 
 
 def family_profile(family: Family) -> Profile:
@@ -398,7 +355,7 @@ def _apply(profile: Profile, key: str, value, decode: dict[str, object]) -> None
     except TypeError as e:
         raise ProfileError(f"command-line value for {key} must be {e}") from None
     if field_name == "path":
-        value = _resolve_model_path(value, base=Path.cwd())
+        value = resolve_model_path(value, base=Path.cwd())
     if target is profile.decode:
         decode[field_name] = value
     else:

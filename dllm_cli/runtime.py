@@ -28,7 +28,8 @@ from dllm_cli.models.loading import (
     resolve_device,
     resolve_dtype,
 )
-from dllm_cli.profiles import Profile, require_model_folder, resolve
+from dllm_cli.profile_paths import require_model_folder
+from dllm_cli.profiles import Profile, resolve
 from dllm_cli.prompt_text import check_text
 from dllm_cli.settings import DecodeSettings
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dllm_cli import frontier
 from dllm_cli import options as opt
 from dllm_cli.bench import (
     BASELINE,
@@ -25,8 +23,8 @@ from dllm_cli.bench import (
     plot,
     progress_line,
     run_bench,
-    settings_for,
 )
+from dllm_cli.commands.bench_modes import bench_serve, run_batching_mode, run_frontier_mode, write
 from dllm_cli.commands.bench_peer import (
     Peer,
     PeerBinary,
@@ -36,9 +34,9 @@ from dllm_cli.commands.bench_peer import (
     run_peer,
 )
 from dllm_cli.commands.common import check_output, cli_errors, fail, load_runtime, note, stderr
-from dllm_cli.errors import DllmError, UsageError
+from dllm_cli.errors import UsageError
 from dllm_cli.families import FAMILIES
-from dllm_cli.frontier import SWEEPS, parse_frontier, run_frontier
+from dllm_cli.frontier import SWEEPS
 from dllm_cli.peer import PEER_PROMPT
 
 BENCH = "Benchmark"
@@ -83,15 +81,6 @@ def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> li
     return names
 
 
-def report_pass(r: dict) -> None:
-    stderr.print(
-        f"{r['batching']:>10} round {r['round']}: {r['prompts_per_second']:.3f} prompts/s, "
-        f"{r['steps']} steps, {r['forwards']} forwards, {r['row_columns'] / 1e3:.1f}k "
-        f"row-columns, {r['identical']}/{r['prompts']} identical",
-        highlight=False,
-    )
-
-
 def rich_table(records: list[dict], title: str) -> Table:
     table = Table(title=title)
     for heading, key, _ in MARKDOWN_COLUMNS:
@@ -127,52 +116,6 @@ def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> N
         write(markdown_path, markdown_table(records))
     if plot_path is not None:
         plot(records, plot_path)
-
-
-def run_frontier_mode(
-    rt, text, lengths, shots, n, start, batch_size, block_length, window, json_path,
-    markdown_path, plot_path,
-) -> None:  # fmt: skip
-    """`--frontier`: every rule's sweep on the same problems; table on stdout, files on request."""
-    if len(lengths) != 1:
-        raise UsageError("--frontier measures one --gen-length at a time")
-    points = parse_frontier(text)
-    base = replace(
-        rt.settings, gen_length=lengths[0], block_length=block_length, suffix_window=window
-    )
-    from dllm_cli.evaluate import held_out
-
-    tasks = held_out(rt.encode, n, shots, start)
-
-    def report(r: dict) -> None:
-        stderr.print(frontier.progress_line(r), highlight=False)
-
-    records = run_frontier(rt, tasks, points, base, batch_size, on_record=report)
-    s = base
-    title = (
-        f"{rt.profile.name}: {n} held-out TinyGSM problems, {shots}-shot, gen {s.gen_length}, "
-        f"block {s.block_length}, cache {s.cache}, early stop {s.early_stop}, suffix window "
-        f"{s.suffix_window};\nrows at their own pace, {batch_size} at a time"
-    )
-    typer.echo(title)
-    typer.echo(frontier.markdown(records), nl=False)
-    if json_path is not None:
-        write(json_path, json.dumps(records, indent=2) + "\n")
-        markdown_path = markdown_path or json_path.with_suffix(".md")
-    if markdown_path is not None:
-        write(markdown_path, title + "\n\n" + frontier.markdown(records))
-    if plot_path is not None:
-        frontier.plot(records, plot_path, title)
-    bad = sum(r["mask_violations"] for r in records)
-    if bad:
-        raise fail(f"{bad} answers contained a mask token (a decoder bug; see the table)", 1)
-
-
-def write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text)
-    except OSError as e:
-        raise DllmError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 @opt.shared(
@@ -319,7 +262,6 @@ def bench_command(
         preflight(json_path, markdown_path, plot_path)
         if plot_path is not None and prompt_length is not None:
             raise UsageError("--plot draws accuracy, which --prompt-length runs do not measure")
-        from dllm_cli.bench_batching import compare_batching, mixed_shots, table
         from dllm_cli.throughput import bench_inputs
 
         if peer is not None:
@@ -335,22 +277,8 @@ def bench_command(
                               suffix_window, json_path, markdown_path, plot_path)  # fmt: skip
             return
         if batching_compare is not None:
-            strategy = STRATEGIES.get(batching_compare)
-            usable = [k for k, v in STRATEGIES.items() if rt.guide is not None or not v.guided]
-            if strategy is None or batching_compare not in usable:
-                raise UsageError(f"--batching-compare takes one of: {', '.join(usable)}")
-            settings = settings_for(
-                rt.settings, batching_compare, lengths[0], block_length, suffix_window
-            )
-            prompts = mixed_shots(rt.encode, n, shots, start)
-            records = compare_batching(
-                rt, prompts, settings, batch_size, rounds, report_pass, strategy.guided
-            )
-            for r in records:
-                del r["tokens"]
-            print(table(records), end="")
-            if json_path is not None:
-                write(json_path, json.dumps(records, indent=2) + "\n")
+            run_batching_mode(rt, batching_compare, lengths, shots, n, start, batch_size,
+                              block_length, suffix_window, rounds, json_path)  # fmt: skip
             return
         names = choose_strategies(strategies, rt.guide is not None, rt.loaded.family)
         plan = BenchPlan.make(
@@ -376,31 +304,3 @@ def bench_command(
         bad = sum(r["mask_violations"] for r in records)
     if bad:
         raise fail(f"{bad} answers contained a mask token (a decoder bug; see the table)", 1)
-
-
-def bench_serve(rt, n: int, concurrency: int, cancel: float, slots: int, gen: int, json_path):
-    """`--serve`: the server under load (dllm_cli/serve/load.py); slots: --batch-size, at least
-    --concurrency."""
-    import dataclasses
-
-    from dllm_cli.serve import load
-
-    rt.settings = dataclasses.replace(rt.settings, gen_length=gen)
-    records = load.run(rt, n, concurrency, cancel, max(slots, concurrency), report_serve)
-    if json_path is not None:
-        write(json_path, json.dumps(records, indent=2) + "\n")
-
-
-def report_serve(r: dict) -> None:
-    """One line per pass on stdout."""
-    same = f", identical {r['identical']}" if "identical" in r else ""
-    print(
-        f"concurrency {r['concurrency']}: {r['requests']} requests ({r['cancelled']} cancelled) "
-        f"in {r['seconds']:.2f}s, {r['requests_per_second']:.2f} req/s, "
-        f"{r['tokens_per_second']:.1f} tok/s, latency p50 {r['latency_p50']:.3f}s "
-        f"p99 {r['latency_p99']:.3f}s, ttft p50 {r['ttft_p50']:.3f}s p99 {r['ttft_p99']:.3f}s, "
-        f"lost {r['lost']}, answered twice {r['answered_twice']}{same}, "
-        f"rss {r['rss_mb_warm']:.0f} -> {r['rss_mb']:.0f} MB"
-        + (f", speedup {r['speedup']:.2f}x" if "speedup" in r else ""),
-        flush=True,
-    )

@@ -180,7 +180,7 @@ def cli_errors() -> Iterator[None]:
         if is_debug():
             traceback.print_exc(file=sys.stderr)
         raise fail(str(e), e.exit_code) from None
-    except KeyboardInterrupt as e:  # batch mode says how far it got (generate.interrupted_at)
+    except KeyboardInterrupt as e:  # batch mode says how far it got (generate_runs.interrupted_at)
         stderr.print(Text(f"dllm: interrupted: {e}" if str(e) else "dllm: interrupted"))
         raise typer.Exit(INTERRUPTED) from None
     except BrokenPipeError:  # stdout's reader left (`dllm generate - | head`): stop quietly

@@ -20,8 +20,9 @@ from dllm_cli.commands.common import cli_errors, note, write
 from dllm_cli.errors import DllmError, ProfileError, UsageError
 from dllm_cli.families import family_for_config
 from dllm_cli.folders import read_config_json, resolve_path
+from dllm_cli.profile_paths import hub_source, is_folder
 from dllm_cli.profile_sections import Profile
-from dllm_cli.profiles import hub_source, is_folder, list_profiles, load_profile
+from dllm_cli.profiles import list_profiles, load_profile
 
 Name = Annotated[
     str,

@@ -18,13 +18,13 @@ from dllm_cli.errors import DllmError, ModelLoadError
 from dllm_cli.families import batching_reason, model_family
 from dllm_cli.family_settings import GEMMA_STEPS, read_json_value
 from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
+from dllm_cli.profile_paths import unset_variables
 from dllm_cli.profiles import (
     DEFAULT_PROFILE,
     Profile,
     list_profiles,
     load_profile,
     resolve,
-    unset_variables,
 )
 
 PIPED_WIDTH = 400  # columns a piped `profiles show` may use: wide enough for any row

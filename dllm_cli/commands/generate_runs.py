@@ -1,0 +1,283 @@
+"""The batch and torchrun run paths of `dllm generate`: stdin through the pipeline, records out.
+
+Split from generate.py (the command: flags, checks, one prompt) so each stays readable; typer
+only for exit codes.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from functools import partial
+from typing import TYPE_CHECKING
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dllm_cli import options as o
+from dllm_cli.commands.common import (
+    USAGE,
+    describe_error,
+    error_line,
+    exit_now,
+    is_debug,
+    load_runtime,
+    note,
+    show_prompt,
+    stderr,
+    stderr_is_terminal,
+    write,
+)
+from dllm_cli.errors import DllmError
+
+if TYPE_CHECKING:  # the decoding modules (torch) are imported when a run starts
+    from dllm_cli import distributed
+    from dllm_cli.batch import Pipeline, Slot
+    from dllm_cli.distributed import tensor
+    from dllm_cli.runtime import Runtime
+
+_SHOWN_LINES = 10  # line numbers listed in a failed rank's summary
+
+
+def run_batch(pipeline: Pipeline, shown: Runtime | None = None) -> int:
+    """The pipeline on stdin, records to stdout as they are ready; returns how many failed.
+
+    Ctrl-C says how far it got: lines written, lines read but not written (each record goes
+    out whole, in input order, so the output is every line up to the last one written).
+    """
+    failed = read = written = 0
+
+    def numbered():
+        nonlocal read
+        for number, raw in enumerate(sys.stdin.buffer, start=1):
+            read = number
+            progress.update(task, total=number)
+            yield number, raw
+
+    def write_out(slots: list[Slot]) -> None:
+        nonlocal failed, written
+        for slot in slots:
+            failed += slot.error is not None
+            emit(slot, pipeline.json_out, shown)
+            written = slot.line
+
+    with decoding_progress() as progress:
+        task = progress.add_task("decoding", total=None)
+        pipeline.finished = lambda slot: progress.advance(task)  # as each prompt finishes
+        try:
+            pipeline.run(numbered(), write_out)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(interrupted_at(written, read)) from None
+    return failed
+
+
+def interrupted_at(written: int, read: int) -> str:
+    """`12 lines written; lines 13-16 read but not written; stdin past line 16 not read`."""
+    done = f"{written} line{'s' if written != 1 else ''} written"
+    if read > written:
+        span = f"line {read}" if read == written + 1 else f"lines {written + 1}-{read}"
+        done += f"; {span} read but not written"
+    return f"{done}; stdin past line {read} not read"
+
+
+def emit(slot: Slot, json_out: bool, shown: Runtime | None = None) -> None:
+    """Write one record (and flush) so a reader sees each answer as soon as it is ready;
+    with `shown` (--verbose-prompt), its prompt's tokens first, on stderr."""
+    if shown is not None and slot.ids is not None:
+        show_prompt(shown, slot.ids, slot.line)
+    if slot.error is not None and not json_out:
+        error_line(f"line {slot.line}: {slot.error}")
+    write(f"{slot.output}\n")
+
+
+def decoding_progress(visible: bool = True) -> Progress:
+    """The batch progress bar on stderr (a terminal only; gone when done).
+
+    It must not redirect stdout: Rich's default sends whatever is written to stdout while
+    the bar is up to the bar's console, so records meant for a file or a pipe were drawn on
+    the terminal instead (and the file stayed empty).
+    """
+    return Progress(
+        TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=stderr, disable=not (visible and stderr_is_terminal()), transient=True,
+        redirect_stdout=False,
+    )  # fmt: skip
+
+
+# --- under torchrun -------------------------------------------------------------------------
+
+
+def load_on_rank(
+    job: distributed.Job, choices: o.Choices, shards: tensor.Shards | None = None
+) -> Runtime:
+    """The runtime on this rank's own device; only rank 0 shows notes. With `shards`
+    (--tensor-parallel) only this rank's slices load, and what tensor parallelism does not
+    support yet is refused on rank 0 alone (the other ranks exit with its code, silently)."""
+    from dllm_cli import distributed
+
+    flag = choices.overrides.get("model.device")
+    place = partial(distributed.rank_device, job, flag if isinstance(flag, str) else None)
+    try:
+        runtime = load_runtime(choices, place=place, quiet=job.rank != 0, shards=shards)
+        if shards is not None:
+            check_split(runtime, shards)
+        return runtime
+    except DllmError as e:  # say which rank could not load: ranks may sit on different machines
+        if shards is not None and e.exit_code == USAGE:  # every rank refuses it: rank 0 says so
+            if job.rank:
+                raise typer.Exit(e.exit_code) from None
+            raise
+        raise type(e)(f"rank {job.rank}: {e}") from None
+
+
+def tensor_shards(job: distributed.Job | None, degree: int) -> tensor.Shards:
+    """This rank's place in --tensor-parallel N: ranks r N .. r N + N - 1 hold replica r."""
+    from dllm_cli.distributed import tensor
+
+    return tensor.place(0 if job is None else job.rank, 1 if job is None else job.world, degree)
+
+
+def check_split(runtime: Runtime, shards: tensor.Shards) -> None:
+    """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
+    from dllm_cli.distributed import tensor
+
+    compiled = runtime.profile.model.compile
+    tensor.refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
+    if runtime.loaded.device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(runtime.loaded.device)  # NCCL's communicator on this rank's GPU
+        shards.backend = "nccl"
+    mine, whole = runtime.loaded.model.weight_bytes
+    mib = 2**20
+    replica = f" (replica {shards.replica} of {shards.replicas})" if shards.replicas > 1 else ""
+    note(
+        f"tensor parallel rank {shards.rank} of {shards.world}{replica}: {mine / mib:.2f} MiB "
+        f"of weights ({100 * mine / whole:.1f}% of {whole / mib:.2f} MiB)"
+    )
+
+
+def run_split(
+    job: distributed.Job,
+    pipeline: Pipeline,
+    shards: tensor.Shards,
+    shown: Runtime | None = None,
+    stats: bool = False,
+) -> int:
+    """Every line through every rank's share of the model; rank 0 writes the records."""
+    from dllm_cli import distributed
+
+    with distributed.process_group(job):
+        lines = distributed.share_lines(job, sys.stdin.buffer)
+        if lines is None:
+            raise typer.Exit(1)  # rank 0 could not read stdin and says why
+        shards.join()
+        failed = 0
+
+        def write_out(slots: list[Slot]) -> None:
+            nonlocal failed
+            for slot in slots:
+                failed += slot.error is not None
+                if job.rank == 0:
+                    emit(slot, pipeline.json_out, shown)
+
+        with decoding_progress(visible=job.rank == 0) as progress:
+            task = progress.add_task("decoding", total=len(lines))
+            pipeline.finished = lambda slot: progress.advance(task)
+            pipeline.run(enumerate(lines, start=1), write_out)
+        if stats and job.rank == 0:
+            c = shards.counts
+            note(
+                f"tensor parallel: {c.forwards} forwards, {c.all_reduce} all-reduces, "
+                f"{c.all_gather} all-gathers on rank 0"
+            )
+    return failed if job.rank == 0 else 0
+
+
+def run_sharded(
+    job: distributed.Job,
+    pipeline: Pipeline,
+    shown: Runtime | None = None,
+    shards: tensor.Shards | None = None,
+) -> int:
+    """This rank's share of stdin through the pipeline; rank 0 writes every rank's records.
+
+    With `shards` (replicas of --tensor-parallel ranks) the lines are shared out over the
+    replicas: each replica's first rank reports as a rank does, the others decode alongside.
+    """
+    from dllm_cli import distributed
+
+    with distributed.process_group(job):
+        lines = distributed.share_lines(job, sys.stdin.buffer)
+        if lines is None:
+            raise typer.Exit(1)  # rank 0 could not read stdin and says why
+        if shards is not None:
+            job = replica_job(job, shards)
+            if shards.rank:
+                return follow_replica(job, pipeline, lines)
+
+        def lost(line: int, reason: str) -> Slot:
+            return pipeline.lost(line, lines[line - 1], reason)
+
+        with decoding_progress(visible=job.rank == 0) as progress:
+            task = progress.add_task("decoding", total=len(lines))
+            try:
+                outcome = distributed.run(
+                    job, lines, pipeline.run,
+                    emit=partial(emit, json_out=pipeline.json_out, shown=shown),
+                    lost=lost, totals=pipeline.totals, advance=partial(progress.advance, task),
+                    describe=describe_failure,
+                )  # fmt: skip
+            except distributed.Stranded as stranded:
+                exit_now(stranded.cause)
+        return settle(job, outcome)
+
+
+def replica_job(job: distributed.Job, shards: tensor.Shards) -> distributed.Job:
+    """The job over replicas: replica r is one rank of it (its lines: every R-th)."""
+    from dllm_cli import distributed
+
+    shards.join()
+    return distributed.Job(shards.replica, shards.replicas, job.local_rank, job.timeout)
+
+
+def follow_replica(job: distributed.Job, pipeline: Pipeline, lines: list[bytes]) -> int:
+    """A replica's rank other than its first: the same lines through its share of the
+    model, nothing reported (the first rank reports them); then the job's closing barrier."""
+    import torch.distributed as dist
+
+    pipeline.run(job.shard(lines), lambda slots: None)
+    dist.barrier()
+    return 0
+
+
+def describe_failure(e: BaseException) -> tuple[str, int]:
+    """A rank's error as its report carries it (--debug: the traceback first, on stderr)."""
+    if is_debug():
+        traceback.print_exc()
+    return describe_error(e)
+
+
+def settle(job: distributed.Job, outcome: distributed.Outcome) -> int:
+    """Say on stderr how the ranks ended; exit with the lowest failed rank's code, if any."""
+    if outcome.failure is not None:
+        error_line(f"rank {job.rank}: {outcome.failure.message}")
+    if outcome.lost is not None:
+        error_line(f"rank {job.rank}: lost rank 0: {outcome.lost}")
+        raise typer.Exit(outcome.failure.code if outcome.failure else 1)
+    if outcome.failure is not None:
+        raise typer.Exit(outcome.failure.code)
+    for rank, (failure, held) in sorted(outcome.stopped.items()):
+        error_line(f"rank {rank} failed: {failure.message}; {lines_text(held)} not decoded")
+    if outcome.stopped:
+        raise typer.Exit(min(outcome.stopped.items())[1][0].code)
+    return outcome.failed
+
+
+def lines_text(held: list[int]) -> str:
+    """`line 8`, `lines 3, 6, 9` or the first ten and a count."""
+    if not held:
+        return "no lines left"
+    shown = ", ".join(map(str, held[:_SHOWN_LINES]))
+    more = f", ... ({len(held)} lines)" if len(held) > _SHOWN_LINES else ""
+    return f"line{'s' if len(held) > 1 else ''} {shown}{more}"
