@@ -35,8 +35,8 @@ from dllm_cli.settings import DecodeSettings
 
 if TYPE_CHECKING:  # the guide is a transformers model: imported when a profile uses one
     from dllm_cli.decoding.grammar import Grammar
-    from dllm_cli.distributed.tensor import Shards
     from dllm_cli.models.guide import GuideModel
+    from dllm_cli.models.sharding import Shards
 
 
 @dataclass

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
         "hub",  # models by name: huggingface_hub's cache
     ),  # version: __version__ for any layer; tinygsm: the built-in model's files (no code)
     ("models",),
-    ("decoding", "scoring"),  # scoring: the diffusion likelihood estimators (models in, numbers out)
+    ("decoding", "scoring"),  # scoring: the likelihood estimators (models in, numbers out)
     ("profiles", "profile_sections", "profile_paths"),  # profile_paths: model folders, hub copies
     ("runtime", "chat"),
     (

@@ -16,11 +16,13 @@ from checkpoints import write_dream, write_llada, write_llada_moe
 from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
 from test_distributed import LAUNCH_TIMEOUT, loopback_env
 
-from dllm_cli.distributed.tensor import Shards, check_degree, place, refuse_unsupported
+from dllm_cli.decoding.sharded_sampling import refuse_unsupported
+from dllm_cli.distributed.tensor import place
 from dllm_cli.errors import SettingsError
 from dllm_cli.models.dream import DreamConfig
 from dllm_cli.models.llada import LLaDAConfig
 from dllm_cli.models.loading import load_model
+from dllm_cli.models.sharding import Shards, check_degree
 from dllm_cli.settings import DecodeSettings
 
 HERE = Path(__file__).resolve().parent

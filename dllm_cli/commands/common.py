@@ -25,7 +25,7 @@ from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.options import Choices
 
 if TYPE_CHECKING:  # torch and the models load only when a command decodes (cli.py)
-    from dllm_cli.distributed.tensor import Shards
+    from dllm_cli.models.sharding import Shards
     from dllm_cli.runtime import Runtime
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -33,7 +33,7 @@ from dllm_cli.errors import DllmError
 if TYPE_CHECKING:  # the decoding modules (torch) are imported when a run starts
     from dllm_cli import distributed
     from dllm_cli.batch import Pipeline, Slot
-    from dllm_cli.distributed import tensor
+    from dllm_cli.models.sharding import Shards
     from dllm_cli.runtime import Runtime
 
 _SHOWN_LINES = 10  # line numbers listed in a failed rank's summary
@@ -107,9 +107,7 @@ def decoding_progress(visible: bool = True) -> Progress:
 # --- under torchrun -------------------------------------------------------------------------
 
 
-def load_on_rank(
-    job: distributed.Job, choices: o.Choices, shards: tensor.Shards | None = None
-) -> Runtime:
+def load_on_rank(job: distributed.Job, choices: o.Choices, shards: Shards | None = None) -> Runtime:
     """The runtime on this rank's own device; only rank 0 shows notes. With `shards`
     (--tensor-parallel) only this rank's slices load, and what tensor parallelism does not
     support yet is refused on rank 0 alone (the other ranks exit with its code, silently)."""
@@ -130,19 +128,21 @@ def load_on_rank(
         raise type(e)(f"rank {job.rank}: {e}") from None
 
 
-def tensor_shards(job: distributed.Job | None, degree: int) -> tensor.Shards:
+def tensor_shards(job: distributed.Job | None, degree: int) -> Shards:
     """This rank's place in --tensor-parallel N: ranks r N .. r N + N - 1 hold replica r."""
-    from dllm_cli.distributed import tensor
+    from dllm_cli.distributed.tensor import place
+    from dllm_cli.models.sharding import Shards
 
-    return tensor.place(0 if job is None else job.rank, 1 if job is None else job.world, degree)
+    p = place(0 if job is None else job.rank, 1 if job is None else job.world, degree)
+    return Shards(p.rank, p.world, p.replica, p.replicas)
 
 
-def check_split(runtime: Runtime, shards: tensor.Shards) -> None:
+def check_split(runtime: Runtime, shards: Shards) -> None:
     """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
-    from dllm_cli.distributed import tensor
+    from dllm_cli.decoding.sharded_sampling import refuse_unsupported
 
     compiled = runtime.profile.model.compile
-    tensor.refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
+    refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
     if runtime.loaded.device.type == "cuda":
         import torch
 
@@ -160,7 +160,7 @@ def check_split(runtime: Runtime, shards: tensor.Shards) -> None:
 def run_split(
     job: distributed.Job,
     pipeline: Pipeline,
-    shards: tensor.Shards,
+    shards: Shards,
     shown: Runtime | None = None,
     stats: bool = False,
 ) -> int:
@@ -198,7 +198,7 @@ def run_sharded(
     job: distributed.Job,
     pipeline: Pipeline,
     shown: Runtime | None = None,
-    shards: tensor.Shards | None = None,
+    shards: Shards | None = None,
 ) -> int:
     """This rank's share of stdin through the pipeline; rank 0 writes every rank's records.
 
@@ -233,7 +233,7 @@ def run_sharded(
         return settle(job, outcome)
 
 
-def replica_job(job: distributed.Job, shards: tensor.Shards) -> distributed.Job:
+def replica_job(job: distributed.Job, shards: Shards) -> distributed.Job:
     """The job over replicas: replica r is one rank of it (its lines: every R-th)."""
     from dllm_cli import distributed
 

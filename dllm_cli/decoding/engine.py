@@ -39,6 +39,7 @@ from dllm_cli.decoding.request import (
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
+from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.decoding.slots import ADMISSIONS, cat_canvases, empty_canvas, pad_left
 from dllm_cli.decoding.step import StepOutput, decode_step
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
@@ -75,9 +76,12 @@ class Engine(RequestQueue):
         self.admission = policy = ADMISSIONS[admission]
         self.slots, self.quantum = slots, quantum or policy.quantum
         family = family_of(model)
-        # A tensor-parallel model brings a sampler for its vocabulary shard (distributed/tensor.py).
-        make = getattr(model, "draft_sampler", Sampler)
-        self.sampler = make(settings, family, special.real_vocab(model.vocab_size), special.mask)
+        # A tensor-parallel model samples from its vocabulary shard (models/sharding.py).
+        vocab = special.real_vocab(model.vocab_size)
+        if model.shards is None:
+            self.sampler = Sampler(settings, family, vocab, special.mask)
+        else:
+            self.sampler = ShardedSampler.of(model, settings, family, vocab, special.mask)
         self.committer = committer or RuleCommitter(settings, family.schedule)
         self.frontier = bool(getattr(self.committer, "frontier", False))
         self.draft_window = getattr(self.committer, "draft_window", None)

@@ -15,7 +15,7 @@ the command turns it into stderr lines and an exit code.
     exchange.py  reports from ranks to rank 0 (gloo point-to-point, a listener thread)
     merge.py     rank 0's ledger: records in from every rank, out in input order; Ctrl-C
     run.py       one rank's part of the job
-    tensor.py    --tensor-parallel: one model split over ranks, sampling from vocabulary shards
+    tensor.py    --tensor-parallel: which ranks form each replica (the split model: models/)
 """
 
 from dllm_cli.distributed.exchange import Failure

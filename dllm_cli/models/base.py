@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -11,6 +11,9 @@ from torch import nn
 from dllm_cli.cache import Columns, KVCache
 from dllm_cli.models.fused import worth_fusing
 from dllm_cli.models.layers import RMSNorm, default_positions, rope_tables, signed_sin
+
+if TYPE_CHECKING:
+    from dllm_cli.models.sharding import Shards
 
 
 class DiffusionLM(nn.Module):
@@ -35,6 +38,8 @@ class DiffusionLM(nn.Module):
     family: ClassVar[str]  # its families.py key (sampler, reference settings)
     # Its layers attend through layers.attend, so a forward may pack rows (layers.PackedRows).
     packs: ClassVar[bool] = True
+    # Tensor parallelism: this rank's place (models/sharding.py); None: the whole model here.
+    shards: Shards | None = None
 
     def __init__(self, config) -> None:
         super().__init__()

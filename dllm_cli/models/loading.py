@@ -26,7 +26,7 @@ from dllm_cli.models.weights import check_weights, meta_skeleton, read_weights, 
 if TYPE_CHECKING:  # transformers is imported where a tokenizer needs it, not at start-up
     from transformers import PreTrainedTokenizerBase
 
-    from dllm_cli.distributed.tensor import Shards
+    from dllm_cli.models.sharding import Shards
     from dllm_cli.models.tokenizer import FastTokenizer
 
     AnyTokenizer = FastTokenizer | PreTrainedTokenizerBase
@@ -271,7 +271,7 @@ def load_model(
     """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included).
 
     `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load;
-    `shards` (tensor parallelism, distributed/tensor.py) loads only this rank's slices."""
+    `shards` (tensor parallelism, models/sharding.py) loads only this rank's slices."""
     scheme = quant.scheme_for(quantize)
     folder = resolve_path(path)
     dev = resolve_device(device)
@@ -295,8 +295,8 @@ def load_model(
         ) from None
     check_weights(folder, skeleton)
     try:
-        if shards is not None:  # this rank's slices only, fused (distributed/tensor.py)
-            from dllm_cli.distributed.tensor import load_sharded
+        if shards is not None:  # this rank's slices only, fused (models/sharded_load.py)
+            from dllm_cli.models.sharded_load import load_sharded
 
             model = load_sharded(folder, skeleton, family.name, shards, torch_dtype, dev)
         else:

@@ -1,0 +1,169 @@
+"""Sampling from vocabulary shards: every rank's greedy drafts and confidences from one
+all-gather of a few numbers per column, so the logits of tensor parallelism are never gathered.
+
+Each rank reduces its (rows, columns, own vocabulary) shard to a few numbers per column (its
+best logit and id, its sum of exp, its top candidates) and one all-gather of those gives every
+rank the same greedy drafts and confidences, so every rank takes the same decisions and runs the
+same collectives in the same order; what a rule draws at random, every rank draws alike (the
+same seed). Sampled drafts and the settings that need the whole distribution are refused
+(`refuse_unsupported`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dllm_cli.decoding.row_sampling import RowDraws, uniform
+from dllm_cli.errors import SettingsError
+from dllm_cli.models.sharding import ShardedLM, Shards
+
+UNMASKS = ("fixed", "threshold", "factor", "prefix", "origin")  # no whole distributions
+CONFIDENCES = ("low_confidence", "margin", "random")
+
+
+def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False) -> None:
+    """One line for what tensor parallelism does not compute yet (rather than computing it
+    wrong): sampled drafts, top-p, classifier-free guidance, rules that read distributions."""
+    why = None
+    if settings.temperature > 0:
+        why = "sampled drafts (--temperature above 0)"
+    elif settings.top_p is not None and settings.top_p < 1.0:
+        why = "top-p filtering (--top-p)"
+    elif settings.cfg_scale > 0:
+        why = "classifier-free guidance (--cfg-scale)"
+    elif settings.alg_temp > 0:
+        why = "sampled positions (alg_temp)"
+    elif settings.unmask not in UNMASKS:
+        why = f"--unmask {settings.unmask} (supported: {', '.join(UNMASKS)})"
+    elif settings.confidence not in CONFIDENCES:
+        why = f"--confidence {settings.confidence} (supported: {', '.join(CONFIDENCES)})"
+    elif guided:
+        why = "a guide model (use --no-guide)"
+    elif compiled:
+        why = "--compile"
+    if why:
+        raise SettingsError(f"--tensor-parallel does not support {why} yet")
+
+
+class ShardedSampler:
+    """Greedy drafts and confidences from every rank's vocabulary shard, one all-gather of a
+    few numbers per column (decoding/sampling.py's Sampler computes them from whole logits).
+
+    Each rank sends per column: its best logit and that token's id (its first maximum), its
+    sum of exp(logit - best), its `k` largest logits and how many of its logits reach its
+    top-k-th (ties). From these every rank gets the global first maximum and the softmax
+    denominator of the whole distribution, or of the top-k filtered one (Dream's confidence).
+    """
+
+    def __init__(self, shards: Shards, start: int, smallest: int, settings, family, vocab, mask):
+        refuse_unsupported(settings)
+        self.shards, self.start, self.family = shards, start, family
+        self.vocab_size, self.mask_id = vocab, mask
+        self.confidence, self.given_top_k = settings.confidence, settings.top_k
+        self.margin = settings.confidence == "margin"
+        self.top_k = (settings.top_k or 0) if family.tempered_confidence else 0
+        self.k = max(self.top_k, 2 if self.margin else 1)  # candidates each rank sends
+        if self.k > smallest:
+            raise SettingsError(
+                f"--tensor-parallel {shards.world}: top_k {self.k} exceeds a rank's "
+                f"{smallest} vocabulary ids"
+            )
+
+    @classmethod
+    def of(cls, model: ShardedLM, settings, family, vocab: int, mask: int) -> ShardedSampler:
+        """The sampler for a split model's own range of the vocabulary."""
+        start, smallest = model.vocab_start, model.vocab_smallest
+        return cls(model.shards, start, smallest, settings, family, vocab, mask)
+
+    def __call__(self, logits: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, confidence, _ = self.draft(logits, generator)
+        return tokens, confidence
+
+    def draft(self, logits: torch.Tensor, generator):
+        """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L), no distribution."""
+        self.check_rows(generator)
+        dtype = self.family.dtype or (logits.dtype if logits.dtype.itemsize >= 4 else None)
+        s = self.gather(self.working(logits, dtype or torch.float32), self.k)
+        if self.top_k:
+            denominator, second = self.filtered(s)
+        else:
+            denominator, second = s.denominator(), s.second()
+        if self.confidence == "random":  # LLaDA's random remasking: every rank draws the same
+            return s.tokens, uniform(generator, s.tokens.shape, s.best.dtype, s.best.device), None
+        if not self.margin:
+            return s.tokens, 1.0 / denominator, None
+        return s.tokens, (1.0 - torch.exp(second - s.best)) / denominator, None
+
+    def check_rows(self, generator) -> None:
+        """Refuse rows whose own sampling (a --json-input line's) differs from the run's."""
+        if not isinstance(generator, RowDraws):
+            return
+        for s in generator.samplings:
+            own = (s.top_p is not None and s.top_p < 1.0) or s.confidence != self.confidence
+            if not s.greedy or own or s.top_k not in (None, self.given_top_k):
+                raise SettingsError(
+                    "--tensor-parallel does not support per-request temperature, top_p, top_k "
+                    "or confidence yet"
+                )
+
+    def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy drafts and their probability under softmax(raw logits), at least float32."""
+        dtype = logits.dtype if logits.dtype.itemsize >= 4 else torch.float32
+        s = self.gather(self.working(logits, dtype), 1)
+        return s.tokens, 1.0 / s.denominator()
+
+    def working(self, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's logits in `dtype`, ids past the real vocabulary and [MASK] at -inf (as
+        Sampler.working_logits drops and masks them)."""
+        ids = torch.arange(self.start, self.start + logits.shape[-1], device=logits.device)
+        dropped = (ids >= self.vocab_size) | (ids == self.mask_id)  # (V_r,)
+        return logits.to(dtype).masked_fill(dropped, -math.inf)
+
+    def gather(self, work: torch.Tensor, k: int) -> Summaries:
+        """Every rank's summary of its (B, L, V_r) shard, in one all-gather."""
+        best, index = work.max(dim=-1)  # (B, L): the first maximum
+        shift = torch.where(torch.isfinite(best), best, 0.0)  # a shard of padding ids only
+        total = (work - shift[..., None]).exp().sum(dim=-1)  # (B, L)
+        top = work.topk(k, dim=-1).values  # (B, L, k)
+        kth = top[..., (self.top_k or 1) - 1 : self.top_k or 1]
+        ties = (work >= kth).sum(dim=-1).to(work.dtype)  # (B, L)
+        ids = (index + self.start).to(work.dtype)  # exact: ids < 2^24
+        columns = [best[..., None], ids[..., None], total[..., None], ties[..., None], top]
+        every = self.shards.all_gather(torch.cat(columns, dim=-1))  # (world, B, L, 4 + k)
+        return Summaries(every)
+
+    def filtered(self, s: Summaries) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dream: the softmax denominator over the global top-k (ties with the k-th kept, as
+        top_k_filter keeps them), and the second largest kept logit (-inf: none)."""
+        k = self.top_k
+        mine = s.top[..., :k]  # (world, B, L, k)
+        union = mine.permute(1, 2, 0, 3).flatten(2)  # (B, L, world k)
+        kth = union.topk(k, dim=-1).values[..., -1]  # (B, L)
+        kept = torch.where(union >= kth[..., None], torch.exp(union - s.best[..., None]), 0.0)
+        # A rank whose own k-th equals the global k-th may hold more ties than it sent.
+        more = torch.where(mine[..., -1] == kth, s.ties - k, 0.0).sum(dim=0)  # (B, L)
+        denominator = kept.sum(dim=-1) + more * torch.exp(kth - s.best)
+        second = s.second()
+        return denominator, torch.where(second >= kth, second, -math.inf)
+
+
+class Summaries:
+    """The gathered per-column summaries, (world, B, L, 4 + k): best, id, sum, ties, top k."""
+
+    def __init__(self, every: torch.Tensor):
+        self.bests, ids, self.totals, self.ties = every.unbind(-1)[:4]
+        self.top = every[..., 4:]  # (world, B, L, k)
+        self.best, rank = self.bests.max(dim=0)  # (B, L): the lowest rank among equals
+        self.tokens = ids.gather(0, rank[None])[0].long()  # so the lowest id, as argmax's
+
+    def denominator(self) -> torch.Tensor:
+        """sum of exp(logit - best) over the whole vocabulary (empty shards add 0)."""
+        scale = torch.exp(self.bests - self.best)  # (world, B, L); a -inf shard: 0
+        return (self.totals * scale).sum(dim=0)
+
+    def second(self) -> torch.Tensor:
+        """The second largest logit of the whole vocabulary (B, L)."""
+        union = self.top.permute(1, 2, 0, 3).flatten(2)  # (B, L, world k)
+        return union.topk(2, dim=-1).values[..., 1]

@@ -1,0 +1,241 @@
+"""Tensor parallelism's model side: where a family's pieces split (Megatron's layout), a rank's
+place in its group (`Shards`, its collectives), and the modules that sum partial products.
+
+Each block's query, key and value projections and its MLP's gate and up projections are split
+over their outputs (column-parallel: a rank holds its share of the heads and of the MLP's
+columns), the attention output and the MLP's down projection over their inputs (row-parallel:
+each rank's partial product is summed by one all-reduce). The embedding and the LM head are
+split over the vocabulary: a rank looks up only the ids in its range (one all-reduce sums the
+rows) and computes only its range of the logits. The KV cache holds only the rank's KV heads.
+LLaDA-MoE's experts are split as dense MLPs are (the router replicated), their routed sum
+reduced once per layer. Per forward: two all-reduces per layer plus one for the embedding (a
+shared expert adds one per layer). Splitting and reading a rank's slices: sharded_load.py;
+sampling from vocabulary shards: decoding/sharded_sampling.py; which rank holds which replica
+(torchrun): distributed/tensor.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from dllm_cli.errors import SettingsError
+from dllm_cli.models.moe import LLaDAMoESparseBlock
+
+Slice = tuple[int, int, int] | None  # (dim, start, stop) of a checkpoint tensor; None: whole
+ZERO = "zero"  # a row-parallel bias on ranks other than 0: added once, after the sum
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a family's parallel pieces are: names inside a block, and at the model's level."""
+
+    sizes: Callable[[object], dict[str, int]]  # config -> what must divide by the degree
+    attention: str  # the block's submodule holding n_heads / n_kv ("": the block itself)
+    columns: tuple[str, ...]  # linears split over their outputs
+    rows: tuple[str, ...]  # linears split over their inputs, summed by an all-reduce
+    vocabulary: tuple[str, ...]  # the embedding and the LM head (model-level names)
+    feed_forward: str | None = None  # a block's MLP that is sparse in some layers (MoE)
+
+
+def moe_sizes(c) -> dict[str, int]:
+    """LLaDA-MoE: heads, KV heads, and every feed-forward width its layers have."""
+    sizes = {"attention heads": c.num_attention_heads, "KV heads": c.num_key_value_heads}
+    sizes["expert MLP columns"] = c.expert_intermediate_size
+    if not all(c.moe_layer_freq):
+        sizes["dense MLP columns"] = c.dense_intermediate_size
+    if c.shared_expert_intermediate_size:
+        sizes["shared expert MLP columns"] = c.shared_expert_intermediate_size
+    return sizes
+
+
+# Keyed by families.py names; a family absent here is refused (`layout_of`).
+LAYOUTS: dict[str, Layout] = {
+    "llada": Layout(
+        lambda c: {"attention heads": c.n_heads, "KV heads": c.kv_heads, "MLP columns": c.ffn_size},
+        "",
+        ("q_proj", "k_proj", "v_proj", "ff_proj", "up_proj"),
+        ("attn_out", "ff_out"),
+        ("model.transformer.wte", "model.transformer.ff_out"),
+    ),
+    "dream": Layout(
+        lambda c: {
+            "attention heads": c.num_attention_heads,
+            "KV heads": c.num_key_value_heads,
+            "MLP columns": c.intermediate_size,
+        },
+        "self_attn",
+        (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+        ),
+        ("self_attn.o_proj", "mlp.down_proj"),
+        ("model.embed_tokens", "lm_head"),
+    ),
+    # Attention as Dream's; each expert's columns split as a dense MLP's, the router replicated
+    # (every rank routes the same all-reduced hidden states), one all-reduce per sparse block.
+    "llada_moe": Layout(
+        moe_sizes,
+        "self_attn",
+        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        ("self_attn.o_proj",),
+        ("model.embed_tokens", "lm_head"),
+        feed_forward="mlp",
+    ),
+}
+
+
+@dataclass
+class Counts:
+    """Collectives this rank has run (tests and --stats check they stay at the minimum)."""
+
+    all_reduce: int = 0
+    all_gather: int = 0
+    forwards: int = 0
+
+
+@dataclass
+class Shards:
+    """This rank's place in a tensor-parallel group of `world` ranks."""
+
+    rank: int
+    world: int
+    replica: int = 0  # which group of `world` ranks (data parallelism on top)
+    replicas: int = 1
+    backend: str = "gloo"  # nccl on CUDA (the default group is gloo, for the job's messages)
+    counts: Counts = field(default_factory=Counts)
+
+    @cached_property
+    def group(self) -> dist.ProcessGroup | None:
+        """The group collectives run in, made at the first one (every rank reaches it there);
+        None: the whole job (one replica on gloo)."""
+        if self.replicas == 1 and self.backend == "gloo":
+            return None
+        if self.replicas == 1:
+            return dist.new_group(backend=self.backend)
+        return self.connect()
+
+    def join(self) -> dist.ProcessGroup | None:
+        """Make this rank's group now, before any rank decodes (every rank makes every
+        replica's group, in the same order)."""
+        return self.group
+
+    def connect(self) -> dist.ProcessGroup:
+        """Every replica's group, made by every rank in the same order (as new_group needs);
+        this rank's own."""
+        n = self.world
+        groups = [
+            dist.new_group(list(range(r * n, (r + 1) * n)), backend=self.backend)
+            for r in range(self.replicas)
+        ]
+        return groups[self.replica]
+
+    def even(self, size: int) -> tuple[int, int]:
+        """This rank's equal piece [start, stop) of `size` (the size divides by the world)."""
+        piece = size // self.world
+        return self.rank * piece, (self.rank + 1) * piece
+
+    def vocabulary(self, size: int) -> tuple[int, int]:
+        """This rank's contiguous range of `size` ids (the last rank's may be shorter)."""
+        piece = math.ceil(size / self.world)
+        return min(size, self.rank * piece), min(size, (self.rank + 1) * piece)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the ranks, in place."""
+        self.counts.all_reduce += 1
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """(world, *x.shape): every rank's `x`, in rank order."""
+        self.counts.all_gather += 1
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.stack(parts)
+
+
+def layout_of(family: str) -> Layout:
+    """The family's layout, or a one-line refusal."""
+    if family not in LAYOUTS:
+        raise SettingsError(
+            f"--tensor-parallel does not support {family} models yet "
+            f"(supported: {', '.join(LAYOUTS)})"
+        )
+    return LAYOUTS[family]
+
+
+def check_degree(family: str, config, world: int) -> None:
+    """Refuse a degree that does not divide the heads, the KV heads or an MLP's width."""
+    sizes = layout_of(family).sizes(config)
+    every = ", ".join(f"{count} {what}" for what, count in sizes.items())
+    for what, count in sizes.items():
+        if count % world:
+            raise SettingsError(
+                f"--tensor-parallel {world} does not divide the model's {count} {what} ({every})"
+            )
+
+
+# --- the modules of a split model ---------------------------------------------------------
+
+
+class VocabEmbedding(nn.Embedding):
+    """An embedding holding ids [start, stop) of the table; other ids' rows come from other
+    ranks through one all-reduce. `num_embeddings` stays the whole table's size."""
+
+    shards: Shards
+    start: int
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start  # (B, T)
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        rows = F.embedding(local.masked_fill(outside, 0), self.weight)  # (B, T, d)
+        return self.shards.all_reduce(rows.masked_fill_(outside[..., None], 0.0))
+
+
+class RowLinear(nn.Linear):
+    """A linear over this rank's share of its inputs: partial products summed over ranks."""
+
+    shards: Shards
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shards.all_reduce(super().forward(x))
+
+
+class ShardedLM:
+    """Mixed in before a DiffusionLM class: a KV cache of this rank's heads, forwards counted.
+    Its `shards` (None on an unsplit model) makes the engine sample from vocabulary shards
+    (decoding/sharded_sampling.py)."""
+
+    shards: Shards
+    local_kv: int
+    vocab_start: int  # the first id of this rank's logits
+    vocab_smallest: int  # the shortest rank's count of logits
+    weight_bytes: tuple[int, int]  # (this rank's, the whole model's)
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        layers, _, head_dim = super().kv_shape()
+        return layers, self.local_kv, head_dim
+
+    def forward(self, *args, **kwargs):
+        self.shards.counts.forwards += 1
+        return super().forward(*args, **kwargs)
+
+
+class SummedExperts(LLaDAMoESparseBlock):
+    """A sparse block whose experts hold this rank's share of their columns: the routed sum of
+    partial expert outputs is summed over ranks once (not once per expert)."""
+
+    shards: Shards
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shards.all_reduce(super().forward(x))
