@@ -90,7 +90,23 @@ def compile_grammar(kind: str, source: Any, vocab: GrammarVocab | None = None) -
     message = llg.LLMatcher.validate_grammar(text, None if vocab is None else vocab.tokenizer)
     if message and not message.startswith("WARNING"):
         raise GrammarError(f"bad {kind}: {one_line(message)}")
-    return Grammar(kind, text)
+    grammar = Grammar(kind, text)
+    if vocab is not None:
+        check_writable(grammar, vocab)
+    return grammar
+
+
+def check_writable(grammar: Grammar, vocab: GrammarVocab) -> None:
+    """GrammarError when the vocabulary cannot spell the bytes the grammar forces first
+    (JSON's `{` under a vocabulary with no token for it): every answer would otherwise end
+    empty and invalid, decoded without a word of warning."""
+    m = vocab.matcher(grammar)
+    if not m.is_error() and not vocab.spells(m.compute_ff_bytes()):
+        raise GrammarError(
+            f"this model's vocabulary cannot write an answer under this {grammar.kind}: no "
+            f"tokens spell the {one_line(repr(m.compute_ff_bytes().decode('utf-8', 'replace')))} "
+            "it begins with (use a model whose tokenizer can)"
+        )
 
 
 def one_line(text: str) -> str:
@@ -126,6 +142,10 @@ class GrammarVocab:
         # ids past the tokenizer's own (embedding rows no token names) are never allowed
         self.known = backend.get_vocab_size(with_added_tokens=True)
 
+    def spells(self, data: bytes) -> bool:
+        """Whether some tokens of the vocabulary write exactly `data`."""
+        return self.tokenizer.decode_bytes(self.tokenizer.tokenize_bytes(data)) == data
+
     def matcher(self, grammar: Grammar):
         m = llg.LLMatcher(self.tokenizer, grammar.text)
         if m.is_error():
@@ -148,8 +168,18 @@ class SpelledTokens:
 
     def __call__(self, text: str | bytes) -> list[int]:
         """The tokenizer's own ids for `text` (llguidance tokenizes forced strings)."""
-        text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-        return self.backend.encode(text, add_special_tokens=False).ids
+        data = text if isinstance(text, bytes) else text.encode()
+        ids = self.backend.encode(data.decode("utf-8", "replace"), add_special_tokens=False).ids
+        # Only ids that spell the text: a piece the vocabulary cannot write comes back as its
+        # unknown token, which is no spelling of it (llguidance would force it, then reject it).
+        out, at = [], 0
+        for i in ids:
+            piece = self.tokens[i]
+            if not piece or piece[:1] == b"\xff" or not data.startswith(piece, at):
+                break
+            out.append(i)
+            at += len(piece)
+        return out
 
 
 def spell(backend, i: int, special: set[int], anchor: int, base: str) -> bytes:

@@ -263,6 +263,8 @@ def next_tokens(matcher, vocab: GrammarVocab) -> np.ndarray:
         return mask
     mask = allowed(matcher, vocab.words)
     mask[vocab.known :] = False
+    if not vocab.spells(matcher.compute_ff_bytes()):  # forced bytes no token writes: dead
+        mask[:] = False
     return mask
 
 
