@@ -66,7 +66,7 @@ def test_pull_resumes_a_dropped_download_then_loads_offline(tmp_path, monkeypatc
     monkeypatch.delenv("DLLM_MODELS_DIR", raising=False)
     by_profile = invoke("generate", "-p", str(profile), "--gen-length", "8", "--json", "hello")
     assert by_profile.exit_code == 0, by_profile.output
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv("COLUMNS", raising=False)  # piped: rows stay whole, never folded at 80
     listed = invoke("list")
     rows = {line.split("│")[1].strip(): line for line in listed.stdout.splitlines() if "│" in line}
     assert listed.exit_code == 0 and "pulled" in rows[REPO] and "fits" in rows[REPO]

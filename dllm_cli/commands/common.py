@@ -221,3 +221,15 @@ def exit_now(e: BaseException) -> NoReturn:
         with suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+PIPED_WIDTH = 400  # columns a piped table (profiles show, list) may use: wide enough for any row
+
+
+def page_console() -> Console:
+    """A terminal's width; piped (no COLUMNS set) the table's own, never 80 columns of cells
+    folded into fragments."""
+    out = Console(highlight=False)
+    if out.is_terminal or "COLUMNS" in os.environ:
+        return out
+    return Console(highlight=False, width=PIPED_WIDTH)

@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from dllm_cli import fit, hub
-from dllm_cli.commands.common import cli_errors, note, write
+from dllm_cli.commands.common import cli_errors, note, page_console, write
 from dllm_cli.errors import DllmError, ProfileError, UsageError
 from dllm_cli.families import family_for_config
 from dllm_cli.folders import read_config_json, resolve_path
@@ -98,7 +97,7 @@ def list_command() -> None:
     for r in rows:
         verdict = Text(r.verdict, style=styles.get(r.verdict, "dim"))
         table.add_row(Text(r.name, style="bold"), r.repo, r.where, r.disk, r.precision, verdict)
-    Console(highlight=False).print(table)
+    page_console().print(table)
 
 
 def profiles() -> list[Profile]:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dllm_cli.commands.common import cli_errors
+from dllm_cli.commands.common import cli_errors, page_console
 from dllm_cli.errors import DllmError, ModelLoadError
 from dllm_cli.families import batching_reason, model_family
 from dllm_cli.family_settings import GEMMA_STEPS, read_json_value
@@ -26,8 +26,6 @@ from dllm_cli.profiles import (
     load_profile,
     resolve,
 )
-
-PIPED_WIDTH = 400  # columns a piped `profiles show` may use: wide enough for any row
 
 profiles_app = typer.Typer(
     help="List the profiles dllm can find, or show one with where each value comes from.",
@@ -143,15 +141,6 @@ def weight_sizes(path: str) -> str:
     if arch is None:
         return ""
     return ", ".join(f"{p} {fit.gb(fit.precision_bytes(arch, p))}" for p in fit.PRECISIONS)
-
-
-def page_console() -> Console:
-    """A terminal's width; piped (no COLUMNS set) the table's own, never 80 columns of cells
-    folded into fragments."""
-    out = Console(highlight=False)
-    if out.is_terminal or "COLUMNS" in os.environ:
-        return out
-    return Console(highlight=False, width=PIPED_WIDTH)
 
 
 def canvas_steps(path: str) -> str:
