@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 from cli_fixtures import invoke
+from served import launch
 
 from dllm_cli.runtime import open_runtime
 from dllm_cli.serve.conversation import Message, encode_messages
@@ -87,13 +86,7 @@ def mc_docs() -> list[dict]:
 def start_server(*flags: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     args = [sys.executable, "-m", "dllm_cli", "serve", "-p", PROFILE, "--port", "0", *flags]
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    for line in proc.stderr:
-        found = re.search(r"serving \S+ on (http://\S+)", line)
-        if found:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, found.group(1)
-    raise AssertionError(f"server did not start (exit {proc.wait()})")
+    return launch(args, env)
 
 
 def lm_eval(tmp: Path, model: str, model_args: str, task: str, *extra: str) -> tuple[dict, str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from served import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-test-key"
@@ -27,13 +28,7 @@ def start(*flags: str) -> tuple[subprocess.Popen, str]:
     """`dllm serve --port 0 ...` on the shipped model; its URL from the note on stderr."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     args = [sys.executable, "-m", "dllm_cli", "serve", "--port", "0", "--gen-length", "16", *flags]
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    for line in proc.stderr:
-        found = re.search(r"serving \S+ on (http://\S+)", line)
-        if found:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining
-            return proc, found.group(1)
-    raise AssertionError(f"server did not start (exit {proc.wait()})")
+    return launch(args, env)
 
 
 def post(url: str, body: dict, key: str | None = KEY) -> httpx.Response:

@@ -14,13 +14,13 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from browser import Browser, find_chromium
+from served import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = find_chromium()
@@ -52,13 +52,7 @@ pytestmark = pytest.mark.slow
 def serve(*flags: str) -> tuple[subprocess.Popen, str]:
     """`dllm serve --port 0 FLAGS`; its URL from the note on stderr."""
     args = [sys.executable, "-m", "dllm_cli", "serve", "--port", "0", *FLAGS, *flags]
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
-    for line in proc.stderr:
-        found = re.search(r"serving \S+ on (http://\S+)", line)
-        if found:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining
-            return proc, found.group(1)
-    raise AssertionError(f"server did not start (exit {proc.wait()})")
+    return launch(args, ENV)
 
 
 def generated(questions: tuple[str, ...], *flags: str) -> list[str]:
