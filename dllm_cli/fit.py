@@ -83,16 +83,24 @@ def read_llada(c: dict) -> Arch:
     )
 
 
-def read_qwen(c: dict, qkv_bias: bool, qk_norm: bool) -> Arch:
+def hf_shape(c: dict) -> dict:
+    """The attention and vocabulary shape under Hugging Face's config names (Qwen2 and the MoE
+    families spell them alike)."""
     heads = c["num_attention_heads"]
+    return {
+        "hidden": c["hidden_size"],
+        "layers": c["num_hidden_layers"],
+        "heads": heads,
+        "kv_heads": c.get("num_key_value_heads") or heads,
+        "head_dim": c.get("head_dim") or c["hidden_size"] // heads,
+        "vocab": c["vocab_size"],
+        "tied": bool(c.get("tie_word_embeddings", False)),
+    }
+
+
+def read_qwen(c: dict, qkv_bias: bool, qk_norm: bool) -> Arch:
     return Arch(
-        hidden=c["hidden_size"],
-        layers=c["num_hidden_layers"],
-        heads=heads,
-        kv_heads=c.get("num_key_value_heads") or heads,
-        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-        vocab=c["vocab_size"],
-        tied=bool(c.get("tie_word_embeddings", False)),
+        **hf_shape(c),
         ffn=c["intermediate_size"],
         dense_layers=c["num_hidden_layers"],
         qkv_bias=qkv_bias,
@@ -101,16 +109,10 @@ def read_qwen(c: dict, qkv_bias: bool, qk_norm: bool) -> Arch:
 
 
 def read_llada_moe(c: dict) -> Arch:
-    layers, heads = c["num_hidden_layers"], c["num_attention_heads"]
+    layers = c["num_hidden_layers"]
     moe = c.get("moe_layer_freq") or [1] * layers
     return Arch(
-        hidden=c["hidden_size"],
-        layers=layers,
-        heads=heads,
-        kv_heads=c.get("num_key_value_heads") or heads,
-        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-        vocab=c["vocab_size"],
-        tied=bool(c.get("tie_word_embeddings", False)),
+        **hf_shape(c),
         ffn=c.get("dense_intermediate_size") or 0,
         dense_layers=layers - sum(moe),  # the dense ones lead (moe_layer_freq [0, 1, 1, ...])
         experts=c["num_experts"],
@@ -124,17 +126,11 @@ def read_llada_moe(c: dict) -> Arch:
 
 
 def read_llada2(c: dict) -> Arch:
-    heads, layers = c["num_attention_heads"], c["num_hidden_layers"]
+    layers = c["num_hidden_layers"]
     experts = c.get("num_experts") or 0
     dense = min(c.get("first_k_dense_replace", 1), layers) if experts else layers
     return Arch(
-        hidden=c["hidden_size"],
-        layers=layers,
-        heads=heads,
-        kv_heads=c.get("num_key_value_heads") or heads,
-        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-        vocab=c["vocab_size"],
-        tied=bool(c.get("tie_word_embeddings", False)),
+        **hf_shape(c),
         ffn=c["intermediate_size"],
         dense_layers=dense,
         experts=experts,
