@@ -3,6 +3,7 @@
 (() => {
   "use strict";
   const $ = (id) => document.getElementById(id);
+  const el = (tag, cls) => Object.assign(document.createElement(tag), { className: cls });
   const config = JSON.parse($("config").textContent);
   const history = []; // {role, content} of the finished exchanges
   let running = null; // {controller, answer} while a request is in flight
@@ -76,15 +77,11 @@
       this.end = layout.gen_length;
       this.tokens = new Array(layout.gen_length).fill(null);
       layout.blocks.forEach(([a, b], i) => {
-        const row = document.createElement("div");
-        row.className = "block waiting";
-        const mark = document.createElement("span");
-        mark.className = "mark";
-        const cells = document.createElement("span");
-        cells.className = "cells";
+        const row = el("div", "block waiting");
+        const mark = el("span", "mark");
+        const cells = el("span", "cells");
         for (let p = a; p < b; p++) {
-          const cell = document.createElement("span");
-          cell.className = "cell mask";
+          const cell = el("span", "cell mask");
           cell.textContent = "░";
           cells.append(cell);
           this.cells.push(cell);
@@ -197,8 +194,7 @@
 
   // --- the chat ------------------------------------------------------------------------------
   function bubble(role, text) {
-    const div = document.createElement("div");
-    div.className = `msg ${role}`;
+    const div = el("div", `msg ${role}`);
     if (text !== undefined) div.textContent = text;
     $("log").append(div);
     div.scrollIntoView({ block: "end" });
@@ -207,12 +203,9 @@
 
   function answerBox() {
     const div = bubble("assistant");
-    const stats = document.createElement("div");
-    stats.className = "stats";
-    const canvas = document.createElement("div");
-    canvas.className = "canvas";
-    const text = document.createElement("div");
-    text.className = "text";
+    const stats = el("div", "stats");
+    const canvas = el("div", "canvas");
+    const text = el("div", "text");
     div.append(stats, canvas, text);
     return { div, stats, canvas, text, view: new Canvas(canvas, stats), content: "" };
   }
@@ -317,8 +310,7 @@
         `forwards ${u.forwards}` + (u.guide_forwards ? ` (+${u.guide_forwards} guide)` : "") +
         ` · ${rate.toFixed(1)} tok/s`;
     }
-    const toggle = document.createElement("button");
-    toggle.className = "toggle";
+    const toggle = el("button", "toggle");
     toggle.type = "button";
     toggle.textContent = "show canvas";
     toggle.addEventListener("click", () => answer.div.classList.toggle("show-canvas"));
