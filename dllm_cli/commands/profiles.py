@@ -108,7 +108,7 @@ def show_command(
                  "(or edit the path) before using this profile", style="yellow")
         )  # fmt: skip
     notes = profile.decode.adjustments()
-    if family is not None and family.own_sampler:
+    if own:
         notes = gemma.notes(profile.decode, profile.decode.block_length)
     if uses and not own:
         out.print(Text(f"note: {family.title} does not use {', '.join(uses)}", style="dim"))
