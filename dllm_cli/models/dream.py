@@ -7,11 +7,13 @@ per-column predictions for every cache policy.
 
 from __future__ import annotations
 
+from dataclasses import InitVar
+
 import torch
 from torch import nn
 
 from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
-from dllm_cli.models.config import ModelConfig, unsupported_basics
+from dllm_cli.models.config import ModelConfig, model_config, unsupported_basics
 from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, SwiGLU, attend, residual, rotated_qkv
 
@@ -19,50 +21,32 @@ from dllm_cli.models.layers import RMSNorm, SwiGLU, attend, residual, rotated_qk
 DREAM_CONTEXT = 2048
 
 
+@model_config
 class DreamConfig(ModelConfig):
     """Dream's config.json fields (Qwen2 names plus mask_token_id)."""
 
     model_type = "Dream"
 
-    def __init__(
-        self,
-        vocab_size: int = 152064,
-        hidden_size: int = 3584,
-        intermediate_size: int = 18944,
-        num_hidden_layers: int = 28,
-        num_attention_heads: int = 28,
-        num_key_value_heads: int | None = 4,
-        hidden_act: str = "silu",
-        max_position_embeddings: int = 131072,
-        rms_norm_eps: float = 1e-6,
-        rope_theta: float = 1000000.0,
-        rope_scaling: dict | None = None,
-        tie_word_embeddings: bool = False,
-        mask_token_id: int | None = 151666,
-        pad_token_id: int | None = 151643,
-        eos_token_id: int | None = 151643,
-        bos_token_id: int | None = 151665,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.hidden_act = hidden_act
-        self.max_position_embeddings = max_position_embeddings
-        self.rms_norm_eps = rms_norm_eps
-        self.rope_theta = rope_theta
+    vocab_size: int = 152064
+    hidden_size: int = 3584
+    intermediate_size: int = 18944
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 28
+    num_key_value_heads: int | None = 4
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 131072
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1000000.0
+    rope_scaling: InitVar[dict | None] = None
+    tie_word_embeddings: bool = False
+    mask_token_id: int | None = 151666
+    pad_token_id: int | None = 151643
+    eos_token_id: int | None = 151643
+    bos_token_id: int | None = 151665
+
+    def __post_init__(self, rope_scaling: dict | None) -> None:
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
-        self.mask_token_id = mask_token_id
-        super().__init__(
-            tie_word_embeddings=tie_word_embeddings,
-            pad_token_id=pad_token_id,
-            eos_token_id=eos_token_id,
-            bos_token_id=bos_token_id,
-            **kwargs,
-        )
 
     @property
     def head_dim(self) -> int:

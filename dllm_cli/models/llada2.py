@@ -15,82 +15,57 @@ on every token. Embeddings `model.word_embeddings`; no logit shift. The mask id 
 
 from __future__ import annotations
 
+from dataclasses import InitVar
+
 import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
-from dllm_cli.models.config import ModelConfig, unsupported_basics
+from dllm_cli.models.config import ModelConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
 
 
+@model_config
 class LLaDA2MoeConfig(ModelConfig):
     """LLaDA2's config.json fields; defaults: LLaDA2.0-mini / LLaDA2.1-mini."""
 
     model_type = "llada2_moe"
 
-    def __init__(
-        self,
-        vocab_size: int = 157184,
-        hidden_size: int = 2048,
-        intermediate_size: int = 5120,
-        num_hidden_layers: int = 20,
-        num_attention_heads: int = 16,
-        num_key_value_heads: int = 4,
-        head_dim: int | None = 128,
-        hidden_act: str = "silu",
-        use_qkv_bias: bool = False,
-        use_qk_norm: bool = True,
-        use_bias: bool = False,
-        norm_head: bool = False,
-        rms_norm_eps: float = 1e-6,
-        max_position_embeddings: int = 16384,
-        rope_theta: float = 600000.0,
-        rope_scaling: dict | None = None,
-        partial_rotary_factor: float = 0.5,
-        num_experts: int = 256,
-        num_shared_experts: int | None = 1,
-        num_experts_per_tok: int = 8,
-        n_group: int = 8,
-        topk_group: int = 4,
-        routed_scaling_factor: float = 2.5,
-        moe_intermediate_size: int = 512,
-        first_k_dense_replace: int = 1,
-        block_size: int = 32,  # not in config.json: generate's block_length
-        tie_word_embeddings: bool = False,
-        pad_token_id: int | None = 156892,
-        eos_token_id: int | None = 156892,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.head_dim = head_dim or hidden_size // num_attention_heads
-        self.hidden_act = hidden_act
-        self.use_qkv_bias, self.use_qk_norm, self.use_bias = use_qkv_bias, use_qk_norm, use_bias
-        self.norm_head = norm_head
-        self.rms_norm_eps = rms_norm_eps
-        self.max_position_embeddings = max_position_embeddings
-        self.rope_theta = rope_theta
+    vocab_size: int = 157184
+    hidden_size: int = 2048
+    intermediate_size: int = 5120
+    num_hidden_layers: int = 20
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 4
+    head_dim: int | None = 128
+    hidden_act: str = "silu"
+    use_qkv_bias: bool = False
+    use_qk_norm: bool = True
+    use_bias: bool = False
+    norm_head: bool = False
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 16384
+    rope_theta: float = 600000.0
+    rope_scaling: InitVar[dict | None] = None
+    partial_rotary_factor: float = 0.5
+    num_experts: int = 256
+    num_shared_experts: int | None = 1
+    num_experts_per_tok: int = 8
+    n_group: int = 8
+    topk_group: int = 4
+    routed_scaling_factor: float = 2.5
+    moe_intermediate_size: int = 512
+    first_k_dense_replace: int = 1
+    block_size: int = 32  # not in config.json: generate's block_length
+    tie_word_embeddings: bool = False
+    pad_token_id: int | None = 156892
+    eos_token_id: int | None = 156892
+
+    def __post_init__(self, rope_scaling: dict | None) -> None:
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
         self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
-        self.partial_rotary_factor = partial_rotary_factor
-        self.num_experts = num_experts
-        self.num_shared_experts = num_shared_experts
-        self.num_experts_per_tok = num_experts_per_tok
-        self.n_group, self.topk_group = n_group, topk_group
-        self.routed_scaling_factor = routed_scaling_factor
-        self.moe_intermediate_size = moe_intermediate_size
-        self.first_k_dense_replace = first_k_dense_replace
-        self.block_size = block_size
-        super().__init__(
-            tie_word_embeddings=tie_word_embeddings,
-            pad_token_id=pad_token_id,
-            eos_token_id=eos_token_id,
-            **kwargs,
-        )
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""

@@ -15,90 +15,62 @@ the tokenizer's `<|mask|>` or the family table.
 
 from __future__ import annotations
 
+from dataclasses import InitVar
+
 import torch
 from torch import nn
 
 from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
-from dllm_cli.models.config import ModelConfig, unsupported_basics
+from dllm_cli.models.config import ModelConfig, model_config, unsupported_basics
 from dllm_cli.models.fused import Fusion
 from dllm_cli.models.layers import RMSNorm, SwiGLU, attend, residual, rotated_qkv
 from dllm_cli.models.moe import LLaDAMoESparseBlock
 
 
+@model_config
 class LLaDAMoEConfig(ModelConfig):
     """LLaDA-MoE's config.json fields (the reference's `LLaDAConfig`); defaults: 7B-A1B."""
 
     model_type = "llada"
 
-    def __init__(
-        self,
-        vocab_size: int = 157184,
-        hidden_size: int = 2048,
-        dense_intermediate_size: int = 8192,
-        expert_intermediate_size: int = 1024,
-        shared_expert_intermediate_size: int | None = None,
-        num_hidden_layers: int = 16,
-        num_attention_heads: int = 16,
-        num_key_value_heads: int | None = None,
-        hidden_act: str = "silu",
-        max_position_embeddings: int = 8192,
-        rms_norm_eps: float = 1e-5,
-        rope_theta: float = 50000.0,
-        partial_rotary_factor: float = 1.0,
-        rope_scaling: dict | None = None,
-        attention_bias: bool = False,
-        clip_qkv: float | None = None,
-        num_experts: int = 64,
-        num_experts_per_tok: int = 8,
-        norm_topk_prob: bool | None = None,  # read, never used: the reference ignores it too
-        qk_layernorm: bool = True,
-        moe_layer_freq: list[int] | None = None,  # 1: MoE layer, 0: dense (None: all MoE)
-        moe_router_enable_expert_bias: bool | None = False,
-        moe_router_score_function: str | None = "softmax",
-        routed_scaling_factor: float = 1.0,
-        router_num_group: int | None = None,
-        router_topk_group: int | None = None,
-        tie_word_embeddings: bool = False,
-        mask_token_id: int | None = None,
-        pad_token_id: int | None = 156892,
-        eos_token_id: int | None = 156892,
-        bos_token_id: int | None = None,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.dense_intermediate_size = dense_intermediate_size
-        self.expert_intermediate_size = expert_intermediate_size
-        self.shared_expert_intermediate_size = shared_expert_intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.hidden_act = hidden_act
-        self.max_position_embeddings = max_position_embeddings
-        self.rms_norm_eps = rms_norm_eps
-        self.rope_theta = rope_theta
-        self.partial_rotary_factor = partial_rotary_factor
+    vocab_size: int = 157184
+    hidden_size: int = 2048
+    dense_intermediate_size: int = 8192
+    expert_intermediate_size: int = 1024
+    shared_expert_intermediate_size: int | None = None
+    num_hidden_layers: int = 16
+    num_attention_heads: int = 16
+    num_key_value_heads: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 8192
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 50000.0
+    partial_rotary_factor: float = 1.0
+    rope_scaling: InitVar[dict | None] = None
+    attention_bias: bool = False
+    clip_qkv: float | None = None
+    num_experts: int = 64
+    num_experts_per_tok: int = 8
+    norm_topk_prob: bool | None = None  # read, never used: the reference ignores it too
+    qk_layernorm: bool = True
+    moe_layer_freq: list[int] | None = None  # 1: MoE layer, 0: dense (None: all MoE)
+    moe_router_enable_expert_bias: bool | None = False
+    moe_router_score_function: str | None = "softmax"
+    routed_scaling_factor: float = 1.0
+    router_num_group: int | None = None
+    router_topk_group: int | None = None
+    tie_word_embeddings: bool = False
+    mask_token_id: int | None = None
+    pad_token_id: int | None = 156892
+    eos_token_id: int | None = 156892
+    bos_token_id: int | None = None
+
+    def __post_init__(self, rope_scaling: dict | None) -> None:
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
-        self.attention_bias = attention_bias
-        self.clip_qkv = clip_qkv
-        self.num_experts = num_experts
-        self.num_experts_per_tok = num_experts_per_tok
-        self.norm_topk_prob = norm_topk_prob
-        self.qk_layernorm = qk_layernorm
-        self.moe_layer_freq = [1] * num_hidden_layers if moe_layer_freq is None else moe_layer_freq
-        self.moe_router_enable_expert_bias = bool(moe_router_enable_expert_bias)
-        self.moe_router_score_function = moe_router_score_function
-        self.routed_scaling_factor = routed_scaling_factor
-        self.router_num_group = router_num_group
-        self.router_topk_group = router_topk_group
-        self.mask_token_id = mask_token_id
-        super().__init__(
-            tie_word_embeddings=tie_word_embeddings,
-            pad_token_id=pad_token_id,
-            eos_token_id=eos_token_id,
-            bos_token_id=bos_token_id,
-            **kwargs,
-        )
+        if self.moe_layer_freq is None:
+            self.moe_layer_freq = [1] * self.num_hidden_layers
+        self.moe_router_enable_expert_bias = bool(self.moe_router_enable_expert_bias)
 
     @property
     def head_dim(self) -> int:
