@@ -216,9 +216,3 @@ class QwenLayout:
 
     def get_input_embeddings(self) -> nn.Embedding:
         return getattr(self.model, self.embeddings_name)
-
-    def set_input_embeddings(self, value):
-        setattr(self.model, self.embeddings_name, value)
-
-    def get_output_embeddings(self):
-        return self.lm_head

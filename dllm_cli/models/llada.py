@@ -207,6 +207,3 @@ class LLaDAModelLM(DiffusionLM):
 
     def get_input_embeddings(self):
         return self.model.transformer.wte
-
-    def set_input_embeddings(self, value):
-        self.model.transformer.wte = value
