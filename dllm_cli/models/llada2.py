@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM, BlockLayer, rope_partial
 from dllm_cli.models.config import ModelConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
 
@@ -162,22 +162,13 @@ class LLaDA2Attention(nn.Module):
         return self.dense(ctx.attend(layer, q, k, v))
 
 
-class LLaDA2Layer(nn.Module):
-    def __init__(self, cfg: LLaDA2MoeConfig, index: int):
-        super().__init__()
-        d = cfg.hidden_size
-        self.attention = LLaDA2Attention(cfg)
-        dense = index < cfg.first_k_dense_replace or not cfg.num_experts
-        self.mlp = SwiGLU(d, cfg.intermediate_size) if dense else LLaDA2MoE(cfg)
-        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-
-    def fuse(self) -> None:
-        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
-
-    def forward(self, x, rope, ctx, layer):
-        x = x + self.attention(self.input_layernorm(x), rope, ctx, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def llada2_layer(cfg: LLaDA2MoeConfig, index: int) -> BlockLayer:
+    """The first `first_k_dense_replace` layers with a dense SwiGLU MLP, the others a MoE."""
+    d = cfg.hidden_size
+    attention = LLaDA2Attention(cfg)
+    dense = index < cfg.first_k_dense_replace or not cfg.num_experts
+    mlp = SwiGLU(d, cfg.intermediate_size) if dense else LLaDA2MoE(cfg)
+    return BlockLayer(d, cfg.rms_norm_eps, attention, mlp, "attention")
 
 
 class LLaDA2MoeModelLM(QwenLayout, BlockDiffusionLM):
@@ -191,7 +182,7 @@ class LLaDA2MoeModelLM(QwenLayout, BlockDiffusionLM):
 
     def __init__(self, config: LLaDA2MoeConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: LLaDA2Layer(config, i), self.embeddings_name)
+        self.model = qwen_backbone(config, lambda i: llada2_layer(config, i), self.embeddings_name)
         self.lm_head = output_head(self.get_input_embeddings(), config.tie_word_embeddings)
         self.post_init()
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM, BlockLayer, rope_partial
 from dllm_cli.models.config import ModelConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
 
@@ -90,20 +90,10 @@ class SDARAttention(nn.Module):
         return self.o_proj(ctx.attend(layer, q, k, v))
 
 
-class SDARLayer(nn.Module):
-    def __init__(self, cfg: SDARConfig):
-        super().__init__()
-        self.self_attn = SDARAttention(cfg)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def fuse(self) -> None:
-        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
-
-    def forward(self, x, rope, ctx, layer):
-        x = x + self.self_attn(self.input_layernorm(x), rope, ctx, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def sdar_layer(cfg: SDARConfig) -> BlockLayer:
+    attention = SDARAttention(cfg)  # built first: the random init's order stays
+    mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+    return BlockLayer(cfg.hidden_size, cfg.rms_norm_eps, attention, mlp, "self_attn")
 
 
 class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
@@ -116,6 +106,6 @@ class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
 
     def __init__(self, config: SDARConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: SDARLayer(config))
+        self.model = qwen_backbone(config, lambda i: sdar_layer(config))
         self.lm_head = output_head(self.model.embed_tokens, config.tie_word_embeddings)
         self.post_init()
