@@ -11,7 +11,7 @@ import functools
 import inspect
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -42,6 +42,27 @@ class ModelConfig:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({json.dumps(self.to_dict(), sort_keys=True)})"
+
+
+@dataclass(kw_only=True, repr=False, eq=False)
+class QwenConfig(ModelConfig):
+    """The Qwen-named fields of Dream, LLaDA-MoE, SDAR and LLaDA2 (each declares its sizes)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None  # None: one per attention head
+    hidden_act: str = "silu"
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float
+    rope_scaling: InitVar[dict | None] = None
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self, rope_scaling: dict | None) -> None:
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
 
 
 def model_config(cls: type[ModelConfig]) -> type[ModelConfig]:

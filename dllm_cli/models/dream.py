@@ -7,10 +7,8 @@ per-column predictions for every cache policy.
 
 from __future__ import annotations
 
-from dataclasses import InitVar
-
 from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
-from dllm_cli.models.config import ModelConfig, model_config, unsupported_basics
+from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import QwenAttention, QwenLayer, SwiGLU
 
 # Dream's generation code refuses prompt + output beyond this many tokens.
@@ -18,7 +16,7 @@ DREAM_CONTEXT = 2048
 
 
 @model_config
-class DreamConfig(ModelConfig):
+class DreamConfig(QwenConfig):
     """Dream's config.json fields (Qwen2 names plus mask_token_id)."""
 
     model_type = "Dream"
@@ -29,20 +27,12 @@ class DreamConfig(ModelConfig):
     num_hidden_layers: int = 28
     num_attention_heads: int = 28
     num_key_value_heads: int | None = 4
-    hidden_act: str = "silu"
     max_position_embeddings: int = 131072
-    rms_norm_eps: float = 1e-6
     rope_theta: float = 1000000.0
-    rope_scaling: InitVar[dict | None] = None
-    tie_word_embeddings: bool = False
     mask_token_id: int | None = 151666
     pad_token_id: int | None = 151643
     eos_token_id: int | None = 151643
     bos_token_id: int | None = 151665
-
-    def __post_init__(self, rope_scaling: dict | None) -> None:
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
 
     @property
     def head_dim(self) -> int:

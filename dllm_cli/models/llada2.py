@@ -15,19 +15,17 @@ on every token. Embeddings `model.word_embeddings`; no logit shift. The mask id 
 
 from __future__ import annotations
 
-from dataclasses import InitVar
-
 import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, BlockLayer, rope_partial
-from dllm_cli.models.config import ModelConfig, model_config, unsupported_basics
+from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
 
 
 @model_config
-class LLaDA2MoeConfig(ModelConfig):
+class LLaDA2MoeConfig(QwenConfig):
     """LLaDA2's config.json fields; defaults: LLaDA2.0-mini / LLaDA2.1-mini."""
 
     model_type = "llada2_moe"
@@ -39,15 +37,12 @@ class LLaDA2MoeConfig(ModelConfig):
     num_attention_heads: int = 16
     num_key_value_heads: int = 4
     head_dim: int | None = 128
-    hidden_act: str = "silu"
     use_qkv_bias: bool = False
     use_qk_norm: bool = True
     use_bias: bool = False
     norm_head: bool = False
-    rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 16384
     rope_theta: float = 600000.0
-    rope_scaling: InitVar[dict | None] = None
     partial_rotary_factor: float = 0.5
     num_experts: int = 256
     num_shared_experts: int | None = 1
@@ -58,14 +53,12 @@ class LLaDA2MoeConfig(ModelConfig):
     moe_intermediate_size: int = 512
     first_k_dense_replace: int = 1
     block_size: int = 32  # not in config.json: generate's block_length
-    tie_word_embeddings: bool = False
     pad_token_id: int | None = 156892
     eos_token_id: int | None = 156892
 
     def __post_init__(self, rope_scaling: dict | None) -> None:
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        super().__post_init__(rope_scaling)
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""

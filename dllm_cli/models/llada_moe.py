@@ -15,16 +15,14 @@ the tokenizer's `<|mask|>` or the family table.
 
 from __future__ import annotations
 
-from dataclasses import InitVar
-
 from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
-from dllm_cli.models.config import ModelConfig, model_config, unsupported_basics
+from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import QwenAttention, QwenLayer, SwiGLU
 from dllm_cli.models.moe import LLaDAMoESparseBlock
 
 
 @model_config
-class LLaDAMoEConfig(ModelConfig):
+class LLaDAMoEConfig(QwenConfig):
     """LLaDA-MoE's config.json fields (the reference's `LLaDAConfig`); defaults: 7B-A1B."""
 
     model_type = "llada"
@@ -36,13 +34,10 @@ class LLaDAMoEConfig(ModelConfig):
     shared_expert_intermediate_size: int | None = None
     num_hidden_layers: int = 16
     num_attention_heads: int = 16
-    num_key_value_heads: int | None = None
-    hidden_act: str = "silu"
     max_position_embeddings: int = 8192
     rms_norm_eps: float = 1e-5
     rope_theta: float = 50000.0
     partial_rotary_factor: float = 1.0
-    rope_scaling: InitVar[dict | None] = None
     attention_bias: bool = False
     clip_qkv: float | None = None
     num_experts: int = 64
@@ -55,15 +50,13 @@ class LLaDAMoEConfig(ModelConfig):
     routed_scaling_factor: float = 1.0
     router_num_group: int | None = None
     router_topk_group: int | None = None
-    tie_word_embeddings: bool = False
     mask_token_id: int | None = None
     pad_token_id: int | None = 156892
     eos_token_id: int | None = 156892
     bos_token_id: int | None = None
 
     def __post_init__(self, rope_scaling: dict | None) -> None:
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
-        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
+        super().__post_init__(rope_scaling)
         if self.moe_layer_freq is None:
             self.moe_layer_freq = [1] * self.num_hidden_layers
         self.moe_router_enable_expert_bias = bool(self.moe_router_enable_expert_bias)

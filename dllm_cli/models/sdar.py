@@ -9,19 +9,17 @@ and `mask_token_id`. Parameter names are Qwen3's, so real folders load as they a
 
 from __future__ import annotations
 
-from dataclasses import InitVar
-
 import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, BlockLayer, rope_partial
-from dllm_cli.models.config import ModelConfig, model_config, unsupported_basics
+from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
 
 
 @model_config
-class SDARConfig(ModelConfig):
+class SDARConfig(QwenConfig):
     """SDAR's config.json fields (the reference's `SDARConfig`); defaults: SDAR-4B-Chat."""
 
     model_type = "sdar"
@@ -33,14 +31,10 @@ class SDARConfig(ModelConfig):
     num_attention_heads: int = 32
     num_key_value_heads: int | None = 8
     head_dim: int | None = 128
-    hidden_act: str = "silu"
     max_position_embeddings: int = 32768
-    rms_norm_eps: float = 1e-6
     rope_theta: float = 1e6
-    rope_scaling: InitVar[dict | None] = None
     attention_bias: bool = False
     use_sliding_window: bool = False
-    tie_word_embeddings: bool = False
     block_size: int = 4
     mask_token_id: int | None = 151669
     bos_token_id: int | None = 151643
@@ -48,9 +42,8 @@ class SDARConfig(ModelConfig):
     pad_token_id: int | None = None
 
     def __post_init__(self, rope_scaling: dict | None) -> None:
-        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        super().__post_init__(rope_scaling)
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
