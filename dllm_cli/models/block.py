@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from dllm_cli.models.base import DiffusionLM
-from dllm_cli.models.layers import RMSNorm
 
 
 def block_causal(length: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -74,27 +72,6 @@ def rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     turned = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
     out = rot * cos + turned * sin
     return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
-
-
-class BlockLayer(nn.Module):
-    """Pre-norm x + attention(norm(x)), then x + mlp(norm(x)); the attention under its
-    checkpoint name (SDAR's `self_attn`, LLaDA2's `attention`)."""
-
-    def __init__(self, d: int, eps: float, attention: nn.Module, mlp: nn.Module, name: str):
-        super().__init__()
-        self.attention_name = name
-        setattr(self, name, attention)
-        self.mlp = mlp
-        self.input_layernorm = RMSNorm(d, eps)
-        self.post_attention_layernorm = RMSNorm(d, eps)
-
-    def fuse(self) -> None:
-        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
-
-    def forward(self, x, rope, ctx: BlockContext, layer: int) -> torch.Tensor:
-        attention = getattr(self, self.attention_name)
-        x = x + attention(self.input_layernorm(x), rope, ctx, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class BlockDiffusionLM(DiffusionLM):

@@ -236,6 +236,28 @@ class QwenLayer(nn.Module):
         return residual(x, out)
 
 
+class PreNormLayer(nn.Module):
+    """x + attention(norm(x), rope, *where), then x + mlp(norm(x)), added out of place; the
+    attention under its checkpoint name (`self_attn`, LLaDA2's `attention`). SDAR's, LLaDA2's
+    and the guide's layers: nothing to fuse."""
+
+    def __init__(self, d: int, eps: float, attention: nn.Module, mlp: nn.Module, name: str):
+        super().__init__()
+        self.attention_name = name
+        setattr(self, name, attention)
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(d, eps)
+        self.post_attention_layernorm = RMSNorm(d, eps)
+
+    def fuse(self) -> None:
+        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
+
+    def forward(self, x: torch.Tensor, rope, *where) -> torch.Tensor:
+        attention = getattr(self, self.attention_name)
+        x = x + attention(self.input_layernorm(x), rope, *where)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
 def residual(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
     """x + branch, added into the branch's fresh buffer (addition commutes exactly)."""
     return branch.add_(x)

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM, BlockLayer, rope_partial
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
-from dllm_cli.models.layers import RMSNorm, SwiGLU
+from dllm_cli.models.layers import PreNormLayer, RMSNorm, SwiGLU
 
 
 @model_config
@@ -155,13 +155,13 @@ class LLaDA2Attention(nn.Module):
         return self.dense(ctx.attend(layer, q, k, v))
 
 
-def llada2_layer(cfg: LLaDA2MoeConfig, index: int) -> BlockLayer:
+def llada2_layer(cfg: LLaDA2MoeConfig, index: int) -> PreNormLayer:
     """The first `first_k_dense_replace` layers with a dense SwiGLU MLP, the others a MoE."""
     d = cfg.hidden_size
     attention = LLaDA2Attention(cfg)
     dense = index < cfg.first_k_dense_replace or not cfg.num_experts
     mlp = SwiGLU(d, cfg.intermediate_size) if dense else LLaDA2MoE(cfg)
-    return BlockLayer(d, cfg.rms_norm_eps, attention, mlp, "attention")
+    return PreNormLayer(d, cfg.rms_norm_eps, attention, mlp, "attention")
 
 
 class LLaDA2MoeModelLM(QwenLayout, BlockDiffusionLM):

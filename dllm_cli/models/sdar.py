@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM, BlockLayer, rope_partial
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
-from dllm_cli.models.layers import RMSNorm, SwiGLU
+from dllm_cli.models.layers import PreNormLayer, RMSNorm, SwiGLU
 
 
 @model_config
@@ -83,10 +83,10 @@ class SDARAttention(nn.Module):
         return self.o_proj(ctx.attend(layer, q, k, v))
 
 
-def sdar_layer(cfg: SDARConfig) -> BlockLayer:
+def sdar_layer(cfg: SDARConfig) -> PreNormLayer:
     attention = SDARAttention(cfg)  # built first: the random init's order stays
     mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-    return BlockLayer(cfg.hidden_size, cfg.rms_norm_eps, attention, mlp, "self_attn")
+    return PreNormLayer(cfg.hidden_size, cfg.rms_norm_eps, attention, mlp, "self_attn")
 
 
 class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
