@@ -14,6 +14,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from itertools import accumulate
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -301,16 +302,19 @@ def shaped(entries: list[TokenLogprob], kind: str, start: int) -> dict:
     counted from `start`)."""
     if kind == "chat":
         return {"content": [chat_token(t) for t in entries], "refusal": None}
-    offsets, at = [], start
-    for t in entries:
-        offsets.append(at)
-        at += len(t.token)
+    tokens = [t.token for t in entries]
     return {
-        "tokens": [t.token for t in entries],
+        "tokens": tokens,
         "token_logprobs": [t.logprob for t in entries],
         "top_logprobs": [dict(t.top) for t in entries],
-        "text_offset": offsets,
+        "text_offset": text_offsets(tokens, start),
     }
+
+
+def text_offsets(pieces: list[str], start: int = 0) -> list[int]:
+    """Where each piece starts in their joined text, counted from `start` (OpenAI's
+    text_offset)."""
+    return list(accumulate((len(p) for p in pieces[:-1]), initial=start)) if pieces else []
 
 
 def chat_token(t: TokenLogprob) -> dict:
@@ -336,15 +340,11 @@ def scored_answer(served: Served, job: Job, outcomes: list[Scored]) -> dict:
     """Echo scoring in OpenAI's completions logprobs shape (see docs/scoring.md)."""
     picked = []
     for i, s in enumerate(outcomes):
-        offsets, at = [], 0
-        for piece in s.tokens:
-            offsets.append(at)
-            at += len(piece)
         logprobs = {
             "tokens": s.tokens,
             "token_logprobs": s.values,
             "top_logprobs": s.top,
-            "text_offset": offsets,
+            "text_offset": text_offsets(s.tokens),
         }
         reason = "length" if job.score.generate else "stop"
         choice = {"index": i, "text": "".join(s.tokens), "logprobs": logprobs}
