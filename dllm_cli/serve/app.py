@@ -29,8 +29,10 @@ from dllm_cli.serve.plumbing import (
     answer_error,
     authorized,
     next_event,
+    poster,
     read_json,
     route_error,
+    unless_gone,
 )
 from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
 from dllm_cli.serve.scores import Scored, TokenLogprob
@@ -86,11 +88,11 @@ def create_app(served: Served) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        return await answer(served, request, "chat")
+        return await unless_gone(served, request, complete(served, request, "chat"))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await answer(served, request, "completion")
+        return await unless_gone(served, request, complete(served, request, "completion"))
 
     ollama.add_routes(app, served)
     page.add_routes(app, served)
@@ -99,14 +101,6 @@ def create_app(served: Served) -> FastAPI:
 
 def model_card(served: Served) -> dict:
     return {"id": served.model_id, "object": "model", "created": served.created, "owned_by": "dllm"}
-
-
-async def answer(served: Served, request: Request, kind: str) -> Response:
-    try:
-        return await complete(served, request, kind)
-    except Gone:  # nobody reads this answer; 499 as nginx logs a client that left
-        served.metrics.request(request.url.path, 499)
-        return Response(status_code=499)
 
 
 async def complete(served: Served, request: Request, kind: str) -> Response:
@@ -126,15 +120,8 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
         job = replace(job, score=served_defaults(served, job.score))
     parts = choices(job)
     events: asyncio.Queue = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-
-    def poster(index: int):
-        def post(what: str, payload: object) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, (index, what, payload))
-
-        return post
-
-    tickets = worker.submit_all([(p, poster(i)) for i, p in enumerate(parts)], served.limit)
+    posts = [(p, poster(events, i)) for i, p in enumerate(parts)]
+    tickets = worker.submit_all(posts, served.limit)
     waiting = Waiting(events, request, worker, tickets)
     await waiting.accepted()
     if job.stream:
