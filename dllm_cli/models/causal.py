@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_cli.models.base import Backbone, output_head
-from dllm_cli.models.layers import PreNormLayer, RMSNorm, SwiGLU, apply_rope
+from dllm_cli.models.layers import RMSNorm, SwiGLU, apply_rope
+from dllm_cli.models.qwen_layers import PreNormLayer
 
 
 @dataclass(frozen=True)

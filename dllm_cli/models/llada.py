@@ -13,7 +13,7 @@ from torch import nn
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.config import ModelConfig, model_config
 from dllm_cli.models.fused import Fusion
-from dllm_cli.models.layers import RMSNorm, attend, intact, residual, rotated_qkv, swiglu
+from dllm_cli.models.layers import RMSNorm, attend_qkv, intact, residual, swiglu
 
 
 @model_config
@@ -120,18 +120,8 @@ class LLaDABlock(nn.Module):
             qkv = f.qkv(n)  # (B, T, (H + 2 H_kv) D)
         else:
             qkv = torch.cat([self.q_proj(n), self.k_proj(n), self.v_proj(n)], dim=-1)
-        q, k, v = rotated_qkv(qkv, self.n_heads, self.n_kv, rope, self.full_precision_rope)
-        a = attend(
-            q,
-            k,
-            v,
-            None,  # already rotated
-            full_precision_rope=self.full_precision_rope,
-            cache=cache,
-            layer=layer,
-            columns=columns,
-            key_mask=key_mask,
-        )
+        fp = self.full_precision_rope
+        a = attend_qkv(qkv, self.n_heads, self.n_kv, rope, fp, cache, layer, columns, key_mask)
         x = residual(x, f.out(a) if f is not None else self.attn_out(a))
         n = self.ff_norm.forward(x)
         if f is not None:

@@ -21,7 +21,8 @@ from torch import nn
 from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
-from dllm_cli.models.layers import PreNormLayer, RMSNorm, SwiGLU
+from dllm_cli.models.layers import RMSNorm, SwiGLU
+from dllm_cli.models.qwen_layers import PreNormLayer
 
 
 @model_config

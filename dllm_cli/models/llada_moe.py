@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
-from dllm_cli.models.layers import QwenAttention, QwenLayer, SwiGLU
+from dllm_cli.models.layers import SwiGLU
 from dllm_cli.models.moe import LLaDAMoESparseBlock
+from dllm_cli.models.qwen_layers import QwenAttention, QwenLayer
 
 
 @model_config
