@@ -193,6 +193,14 @@ class QwenLayout:
 
     embeddings_name: ClassVar[str] = "embed_tokens"  # LLaDA2 calls them `word_embeddings`
 
+    def build(self, layer: Callable[[int], nn.Module]) -> None:
+        """`model` (embeddings, `layer(i)` for every layer, final norm), the LM head (tied
+        where config.json says), then random weights."""
+        config = self.config
+        self.model = qwen_backbone(config, layer, self.embeddings_name)
+        self.lm_head = output_head(self.get_input_embeddings(), config.tie_word_embeddings)
+        self.post_init()
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.get_input_embeddings()(input_ids)
 

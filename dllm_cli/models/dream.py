@@ -7,7 +7,7 @@ per-column predictions for every cache policy.
 
 from __future__ import annotations
 
-from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
+from dllm_cli.models.base import DiffusionLM, QwenLayout
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import SwiGLU
 from dllm_cli.models.qwen_layers import QwenAttention, QwenLayer
@@ -65,9 +65,7 @@ class DreamModel(QwenLayout, DiffusionLM):
 
     def __init__(self, config: DreamConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: dream_layer(config))
-        self.lm_head = output_head(self.model.embed_tokens, config.tie_word_embeddings)
-        self.post_init()
+        self.build(lambda i: dream_layer(config))
 
     def rope_dtype(self, dtype):
         return dtype  # Qwen2 rotates in the model dtype

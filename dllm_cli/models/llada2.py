@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
+from dllm_cli.models.base import QwenLayout
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
@@ -176,9 +176,7 @@ class LLaDA2MoeModelLM(QwenLayout, BlockDiffusionLM):
 
     def __init__(self, config: LLaDA2MoeConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: llada2_layer(config, i), self.embeddings_name)
-        self.lm_head = output_head(self.get_input_embeddings(), config.tie_word_embeddings)
-        self.post_init()
+        self.build(lambda i: llada2_layer(config, i))
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

@@ -15,7 +15,7 @@ the tokenizer's `<|mask|>` or the family table.
 
 from __future__ import annotations
 
-from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
+from dllm_cli.models.base import DiffusionLM, QwenLayout
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import SwiGLU
 from dllm_cli.models.moe import LLaDAMoESparseBlock
@@ -130,9 +130,7 @@ class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
 
     def __init__(self, config: LLaDAMoEConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: llada_moe_layer(config, i))
-        self.lm_head = output_head(self.model.embed_tokens, config.tie_word_embeddings)
-        self.post_init()
+        self.build(lambda i: llada_moe_layer(config, i))
 
     def fuse_projections(self) -> None:
         """Fuse q/k/v and gate/up where it pays (base class); always stack the experts."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
+from dllm_cli.models.base import QwenLayout
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
@@ -100,6 +100,4 @@ class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
 
     def __init__(self, config: SDARConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: sdar_layer(config))
-        self.lm_head = output_head(self.model.embed_tokens, config.tie_word_embeddings)
-        self.post_init()
+        self.build(lambda i: sdar_layer(config))
