@@ -179,13 +179,6 @@ def output_head(embeddings: nn.Embedding, tied: bool) -> nn.Linear:
     return head
 
 
-def qwen_backbone(cfg, layer: Callable[[int], nn.Module], embeddings: str = "embed_tokens"):
-    """A Backbone sized by a diffusion config's Qwen field names."""
-    return Backbone(
-        cfg.vocab_size, cfg.hidden_size, cfg.rms_norm_eps, cfg.num_hidden_layers, layer, embeddings
-    )
-
-
 class QwenLayout:
     """The accessors of models laid out as `model.embed_tokens / model.layers / model.norm`
     plus `lm_head` (Dream's Qwen2 names, SDAR's Qwen3 names, LLaDA-MoE); list it before the
@@ -196,9 +189,10 @@ class QwenLayout:
     def build(self, layer: Callable[[int], nn.Module]) -> None:
         """`model` (embeddings, `layer(i)` for every layer, final norm), the LM head (tied
         where config.json says), then random weights."""
-        config = self.config
-        self.model = qwen_backbone(config, layer, self.embeddings_name)
-        self.lm_head = output_head(self.get_input_embeddings(), config.tie_word_embeddings)
+        c = self.config
+        sizes = (c.vocab_size, c.hidden_size, c.rms_norm_eps, c.num_hidden_layers)
+        self.model = Backbone(*sizes, layer, self.embeddings_name)
+        self.lm_head = output_head(self.get_input_embeddings(), c.tie_word_embeddings)
         self.post_init()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
