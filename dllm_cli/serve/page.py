@@ -18,7 +18,7 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 
-from dllm_cli.serve.protocol import EXTRA, SAMPLING, ApiError
+from dllm_cli.serve.protocol import SETTINGS, ApiError
 from dllm_cli.settings import CACHES, DecodeSettings
 
 # file name -> media type: the only files served under /web/
@@ -71,7 +71,7 @@ def page_config(served) -> dict:
     runtime = served.worker.runtime
     settings: DecodeSettings = runtime.settings
     types = {f.name: str(f.type) for f in dataclasses.fields(DecodeSettings)}
-    names = [n for n in (*EXTRA, *SAMPLING) if n in types]
+    names = list(SETTINGS)
     rows = [
         {
             "name": n,
