@@ -4,15 +4,12 @@ Every setting has one lifetime, declared with its DecodeSettings field (settings
 gathered in `LIFETIMES` (a name -> entry table), so what a request may vary is data that one
 function (`request_sampling`) reads, not checks spread over the engine, the API and the server:
 
-| lifetime  | fixed for                          | settings                                      |
-|-----------|------------------------------------|-----------------------------------------------|
-| engine    | a loaded model and its engine      | cache, refresh interval, suffix window, slots, |
-|           |                                    | batching, compile, device, threads, quantize  |
-| request   | one request (rows sample apart)    | temperature, top_p, top_k, seed, confidence,  |
-|           |                                    | stop ids                                      |
-| schedule  | an engine (rows walk one schedule) | gen_length, block length, steps, unmask rule, |
-|           |                                    | threshold, factor, the rules' parameters      |
-| gemma     | DiffusionGemma's static batch      | t_min, t_max, entropy bound, stability, ...   |
+| lifetime  | fixed for                          | e.g.                                        |
+|-----------|------------------------------------|---------------------------------------------|
+| engine    | a loaded model and its engine      | cache, batching, slots, device, quantize    |
+| request   | one request (rows sample apart)    | temperature, top_p, top_k, seed, stop ids   |
+| schedule  | an engine (rows walk one schedule) | gen_length, steps, unmask, the rules' knobs |
+| gemma     | DiffusionGemma's static batch      | t_min, t_max, entropy_bound, ...            |
 
 A request's sampling values are a `Sampling`: validated by building the DecodeSettings they
 make with the engine's (DecodeSettings validates in one place: a confidence that is not a
@@ -77,10 +74,6 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-def lifetime_of(name: str) -> Lifetime:
-    return LIFETIMES[name].lifetime
 
 
 def refusal(name: str) -> str:

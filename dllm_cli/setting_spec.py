@@ -15,7 +15,7 @@ import math
 import types
 import typing
 from collections.abc import Iterator, Mapping
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
@@ -129,7 +129,6 @@ class Setting:
     why: str = ""  # why it cannot change per request ("": the lifetime's reason)
     panel: str = DECODE  # the flag's --help panel
     group: str = "decode"  # the options.shared group its flag belongs to
-    names: tuple[str, ...] = ()  # the flag's spellings ((): --field-name)
     choices: tuple[str, ...] = ()  # the values a str setting may take
     range: Range | None = None  # numbers: what any rule accepts
     ranges: Mapping[str, Range] = field(default_factory=dict)  # unmask rule -> its narrower range
@@ -159,11 +158,7 @@ def setting(default: object, **declared: Any) -> Any:
 def declared(cls: type) -> Iterator[tuple[str, Setting]]:
     """(name, Setting) for every field of `cls`, in field order."""
     for f in fields(cls):
-        yield f.name, spec_of(f)
-
-
-def spec_of(f: Field) -> Setting:
-    return f.metadata.get("setting", Setting())
+        yield f.name, f.metadata.get("setting", Setting())
 
 
 def refusals(cls: type, kind: str) -> Mapping[str, str]:
@@ -171,9 +166,9 @@ def refusals(cls: type, kind: str) -> Mapping[str, str]:
     return MappingProxyType({n: s.refused[kind] for n, s in declared(cls) if kind in s.refused})
 
 
-def check_fields(settings: object, rule: str) -> None:
+def check_fields(settings: object, rule: object) -> None:
     """Every declared field of `settings` checked by `check_field` (`rule`: the unmask rule)."""
-    kinds = kinds_of(type(settings))
+    kinds, rule = kinds_of(type(settings)), rule if isinstance(rule, str) else ""  # a bad rule
     for name, spec in declared(type(settings)):
         check_field(name, getattr(settings, name), kinds[name], spec, rule)
 
@@ -203,7 +198,7 @@ def check_field(name: str, value: object, kind: tuple[type, bool], spec: Setting
         return
     if not is_a(value, base):
         bad(f"{name} must be {WHAT[base]}{' or unset' if optional else ''} (got {value!r})")
-    if base is float and not math.isfinite(value):  # type: ignore[arg-type]
+    if isinstance(value, float) and not math.isfinite(value):  # (a huge int is finite)
         bad(f"{name} must be finite (got {value!r})")
     for limits, under in ((spec.ranges.get(rule), f" under unmask={rule}"), (spec.range, "")):
         if limits is not None and not limits.holds(value):  # type: ignore[arg-type]

@@ -23,7 +23,6 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -46,6 +45,11 @@ OFF_AT_0 = Range(0, note="0 turns it off")
 # and sampling is greedy or uniform long before.
 TEMPERATURE_RANGE = Range(1e-6, 1e6, off="greedy")
 MAX_CFG_SCALE = 100.0
+
+
+def rule_param(rule: str, default: float, range: Range, help: str) -> Any:
+    """A parameter of one unmask rule (DiffusionGemma has none: it refuses every one)."""
+    return setting(default, help=help, range=range, rules=(rule,), refused=spec.RULE_ONLY)
 
 
 def gemma_knob(help: str, range: Range) -> Any:
@@ -135,66 +139,49 @@ class DecodeSettings:
         rules=("factor",),
         refused=spec.GEMMA_ACCEPTS,
     )
-    eb_gamma: float = setting(  # eb (EB-Sampler): entropy budget of one step's commits
+    eb_gamma: float = rule_param(
+        "eb",
         0.1,
-        help="eb rule (EB-Sampler): commit the most confident masks while their entropies, all "
+        Range(0),
+        "eb rule (EB-Sampler): commit the most confident masks while their entropies, all "
         "but the largest, sum to <= gamma.",
-        range=Range(0),
-        rules=("eb",),
-        refused=spec.RULE_ONLY,
     )
-    kl_threshold: float = setting(  # klass: a mask is stable while its step-to-step KL is below
+    kl_threshold: float = rule_param(
+        "klass",
         0.01,
-        help="klass rule: a mask is ready when above --threshold and its step-to-step KL stayed "
+        Range(0, open_low=True),
+        "klass rule: a mask is ready when above --threshold and its step-to-step KL stayed "
         "below this for --kl-history steps.",
-        range=Range(0, open_low=True),
-        rules=("klass",),
-        refused=spec.RULE_ONLY,
     )
-    kl_history: int = setting(  # klass: ... for this many consecutive steps
-        2,
-        help="klass rule: steps a mask's KL must stay low.",
-        range=Range(1),
-        rules=("klass",),
-        refused=spec.RULE_ONLY,
+    kl_history: int = rule_param(
+        "klass", 2, Range(1), "klass rule: steps a mask's KL must stay low."
     )
-    wino_verify: float = setting(  # wino: earlier commits whose shadow p falls below go back
+    wino_verify: float = rule_param(
+        "wino",
         0.9,
-        help="wino rule (WINO): drafts above --threshold are committed; an earlier commit of the "
+        Range(0, 1),
+        "wino rule (WINO): drafts above --threshold are committed; an earlier commit of the "
         "block whose shadow-block probability falls below this is masked again.",
-        range=Range(0, 1),
-        rules=("wino",),
-        refused=spec.RULE_ONLY,
     )
-    jump_threshold: float = setting(  # prefix: masks past the left run committed above this
+    jump_threshold: float = rule_param(
+        "prefix",
         1.0,
-        help="prefix rule (SDLM): the run of masks from the block's leftmost above --threshold "
+        Range(0, 1),
+        "prefix rule (SDLM): the run of masks from the block's leftmost above --threshold "
         "is committed; a mask past it only when more confident than this (1: never).",
-        range=Range(0, 1),
-        rules=("prefix",),
-        refused=spec.RULE_ONLY,
     )
-    credit_alpha: float = setting(  # credit (dInfer): weight of log(1 + credit) in the logits
+    credit_alpha: float = rule_param(
+        "credit",
         0.7,
-        help="credit rule (dInfer): the threshold rule on logits + alpha * log(1 + credit), where "
+        Range(0),
+        "credit rule (dInfer): the threshold rule on logits + alpha * log(1 + credit), where "
         "a mask's top-1 token earns credit each step it stays the favourite.",
-        range=Range(0),
-        rules=("credit",),
-        refused=spec.RULE_ONLY,
     )
-    credit_boost: float = setting(  # credit: a step's top-1 token gains its probability ** this
-        0.2,
-        help="credit rule: a step's top-1 token earns its probability ** this.",
-        range=Range(0),
-        rules=("credit",),
-        refused=spec.RULE_ONLY,
+    credit_boost: float = rule_param(
+        "credit", 0.2, Range(0), "credit rule: a step's top-1 token earns its probability ** this."
     )
-    credit_decay: float = setting(  # credit: credits are multiplied by this each step
-        0.8,
-        help="credit rule: credits are multiplied by this each step.",
-        range=Range(0, 1),
-        rules=("credit",),
-        refused=spec.RULE_ONLY,
+    credit_decay: float = rule_param(
+        "credit", 0.8, Range(0, 1), "credit rule: credits are multiplied by this each step."
     )
     temperature: float = setting(
         0.0,
@@ -296,7 +283,7 @@ class DecodeSettings:
     @property
     def num_blocks(self) -> int:
         """Blocks the answer is cut into (the last one may be shorter)."""
-        return math.ceil(self.gen_length / min(self.block_length, self.gen_length))
+        return -(-self.gen_length // min(self.block_length, self.gen_length))
 
     @property
     def total_steps(self) -> int:

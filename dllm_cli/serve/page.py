@@ -19,7 +19,8 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 
 from dllm_cli.serve.protocol import SETTINGS, ApiError
-from dllm_cli.settings import CACHES, DecodeSettings
+from dllm_cli.setting_spec import declared
+from dllm_cli.settings import DecodeSettings
 
 # file name -> media type: the only files served under /web/
 ASSETS = {
@@ -27,8 +28,9 @@ ASSETS = {
     "style.css": "text/css; charset=utf-8",
 }
 CONFIG_MARK = "{{config}}"
-# Settings the panel offers a choice list for (the rest are typed in; the server validates).
-CHOICES = {"cache": CACHES}
+# The choice list the panel offers per setting, as declared (empty: typed in; the server
+# validates either).
+CHOICES = {name: spec.choices for name, spec in declared(DecodeSettings)}
 
 
 def is_page(path: str, ui: bool) -> bool:
