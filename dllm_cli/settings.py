@@ -79,8 +79,9 @@ class DecodeSettings:
         lifetime=Lifetime.ENGINE,
         refused={"gemma": spec.GEMMA_CACHE},
     )
-    refresh_interval: int = setting(  # cached policies: extra full refresh every N steps
+    refresh_interval: int = setting(
         0,
+        help="Cached policies: also recompute the whole canvas every N steps of a block (0: off).",
         range=OFF_AT_0,
         lifetime=Lifetime.ENGINE,
         refused={
@@ -235,14 +236,17 @@ class DecodeSettings:
         why="admission is the engine's policy",
         served=False,
     )
-    eps: float = setting(  # Dream's final timestep
+    eps: float = setting(
         1e-3,
+        help="Dream's timestep schedule: its last timestep (steps walk linspace(1, eps, steps + 1)).",
         range=Range(0.0, 1.0, open_low=True, open_high=True),
         rules=("fixed", "origin", "klass"),
         refused=dict.fromkeys(("block", "gemma"), "it is a timestep setting of Dream's schedule"),
     )
-    alg_temp: float = setting(  # Dream: sample positions with softmax(conf / alg_temp) when > 0
+    alg_temp: float = setting(
         0.0,
+        help="fixed rule: sample the positions from softmax(confidence / this) (Dream's alg_temp; "
+        "0: the most confident).",
         range=Range(0),
         rules=("fixed",),
         refused=dict.fromkeys(("block", "gemma"), "it is a setting of Dream's position sampling"),
