@@ -1,7 +1,10 @@
 """Per-request decoding settings (the "sampling params" of this tool), validated in one place:
 when they are built. A DecodeSettings is immutable and valid by construction, so the code that
 receives one (the decoder, the benchmark) never checks it again; change one with
-`dataclasses.replace`, which builds (and validates) a new one.
+`dataclasses.replace`, which builds (and validates) a new one. Each field is declared once,
+with `setting(default, ...)` (setting_spec.py): its flag's help, lifetime, choices, ranges, the
+unmask rules that read it and the decoders that refuse it; the CLI flags, `LIFETIMES`, the
+families' refusals and the server's fields are made from these declarations.
 
 How the numbers combine (`split_blocks` below; `adjustments()` says it in words):
 - The answer is cut into blocks of `block_length` decoded left to right (LLaDA's semi-
