@@ -186,7 +186,9 @@ def kinds_of(cls: type) -> dict[str, tuple[type, bool]]:
 WHAT = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
-def check_field(name: str, value: object, kind: tuple[type, bool], spec: Setting, rule: str):
+def check_field(
+    name: str, value: object, kind: tuple[type, bool], spec: Setting, rule: str
+) -> None:
     """Raise SettingsError (one line naming the setting) unless `value` is of its type, among
     its choices and within its range, and within the narrower range of unmask `rule`."""
     base, optional = kind
@@ -207,6 +209,7 @@ def check_field(name: str, value: object, kind: tuple[type, bool], spec: Setting
 
 
 def is_a(value: object, base: type) -> bool:
+    """Of the type, as settings count types: a bool is no number, an int is a float."""
     if base is bool:
         return isinstance(value, bool)
     if isinstance(value, bool):
