@@ -157,16 +157,11 @@ class SwiGLU(nn.Module):
         self.fusion = Fusion(gate_up=(self.gate_proj, self.up_proj), down=(self.down_proj,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = intact(self.fusion)
-        if f is not None:
+        f = self.fusion  # checked inline: this runs once per expert of a MoE layer
+        if f is not None and f.intact():
             gate, up = f.gate_up(x).chunk(2, dim=-1)
             return f.down(swiglu(gate, up))
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
-def intact(fusion: Fusion | None) -> Fusion | None:
-    """The fused projections when they still view the module's weights, else None."""
-    return fusion if fusion is not None and fusion.intact() else None
 
 
 def residual(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:

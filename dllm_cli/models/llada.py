@@ -13,7 +13,7 @@ from torch import nn
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.config import ModelConfig, model_config
 from dllm_cli.models.fused import Fusion
-from dllm_cli.models.layers import RMSNorm, attend_qkv, intact, residual, swiglu
+from dllm_cli.models.layers import RMSNorm, attend_qkv, residual, swiglu
 
 
 @model_config
@@ -112,7 +112,7 @@ class LLaDABlock(nn.Module):
         )
 
     def forward(self, x, rope, *, cache, layer, columns, key_mask):
-        f = intact(self.fusion)
+        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
         # The norms' forward is called directly: nothing hooks them, and a module call
         # costs its hook checks at every layer of every step.
         n = self.attn_norm.forward(x)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from dllm_cli.models.fused import Fusion
-from dllm_cli.models.layers import RMSNorm, SwiGLU, attend_qkv, intact, residual
+from dllm_cli.models.layers import RMSNorm, SwiGLU, attend_qkv, residual
 
 
 class QwenAttention(nn.Module):
@@ -55,7 +55,7 @@ class QwenAttention(nn.Module):
         return heads.view(b, t, -1)
 
     def forward(self, x, rope, *, cache, layer, columns, key_mask):
-        f = intact(self.fusion)
+        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
         if f is not None:
             qkv = f.qkv(x)  # (B, T, (H + 2 H_kv) D)
         else:
