@@ -21,6 +21,7 @@ class Family(Protocol):
     title: str
     own_sampler: bool
     refuses: Mapping[str, str]
+    only: Mapping[str, tuple[tuple[str, ...], str]]
     folder_values: Mapping[str, tuple[str, str]]
     summary: tuple[str, ...]
 
@@ -69,6 +70,28 @@ BLOCK_REFUSES: Mapping[str, str] = MappingProxyType(
         **dict.fromkeys(GEMMA_FIELDS, _GEMMA_KNOB),
     }
 )
+# Settings a family takes only some values of: setting -> (those values, why another is
+# refused); the refusal names the values to use instead.
+BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
+    {
+        "cache": (
+            ("prefix", "none"),
+            "its block cache is exact, approximate caches are not offered (none recomputes)",
+        ),
+        "unmask": (
+            ("threshold", "fixed"),
+            "the references commit by a confidence threshold or a fixed count per step",
+        ),
+        "confidence": (
+            ("low_confidence",),
+            "the references rank by the draft's probability",
+        ),
+    }
+)
+# Load options a family cannot take: option -> why (models/loading.py refuses them in one line).
+GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
+    {"quantize": "transformers' own model runs it (dllm quantizes only its own model classes)"}
+)
 GENERATION_CONFIG = "generation_config.json"
 # The settings a run's summary line names (eval); set-only extras are added where they apply.
 MASKED_SUMMARY = ("cache", "unmask", "block_length", "steps", "early_stop")
@@ -79,15 +102,25 @@ SUMMARY_EXTRAS = ("suffix_window", "edit_threshold")  # shown when set (not 0 / 
 GEMMA_STEPS = (GENERATION_CONFIG, "max_denoising_steps")
 
 
+def refusal(family: Family, key: str, value: object) -> str | None:
+    """Why the family refuses `key` = `value` (None: it takes it): a setting in `refuses` at
+    a value other than its default, or one in `only` at a value not listed."""
+    if key in family.refuses and value != getattr(DEFAULTS, key):
+        return family.refuses[key]
+    values, why = family.only.get(key, ((value,), ""))
+    return None if value in values else f"{why} (use {' or '.join(values)})"
+
+
 def check_refused(family: Family, s: DecodeSettings, where=lambda key: "") -> None:
-    """A setting the family cannot use, given a value other than its default, is refused in
-    one line naming where the value came from (`where`) and why."""
-    for key, why in family.refuses.items():
+    """A setting the family cannot use at its value is refused in one line naming where the
+    value came from (`where`) and why (families.py `refuses` and `only`)."""
+    for key in dict.fromkeys([*family.refuses, *family.only]):
         value = getattr(s, key)
-        if value != getattr(DEFAULTS, key):
+        why = refusal(family, key, value)
+        if why is not None:
+            hint = "" if key in family.only else " (leave it out)"
             raise SettingsError(
-                f"{key} {value!r}{where(key)} does not apply to {family.title}: {why} "
-                "(leave it out)"
+                f"{key} {value!r}{where(key)} does not apply to {family.title}: {why}{hint}"
             )
 
 

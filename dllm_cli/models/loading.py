@@ -278,8 +278,9 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, dev)
     raw = read_config_json(folder)
     family = family_for_config(raw, folder / "config.json")
-    if family.own_sampler and scheme.bits:
-        raise ModelLoadError(f"--quantize {scheme.name} does not apply to {family.name} models")
+    if scheme.bits and "quantize" in family.cannot:
+        why = family.cannot["quantize"]
+        raise SettingsError(f"--quantize {scheme.name} does not apply to {family.title}: {why}")
     if shards is not None and (scheme.bits or family.own_sampler):
         what = f"--quantize {scheme.name}" if scheme.bits else f"{family.name} models"
         raise SettingsError(f"--tensor-parallel does not support {what} yet")

@@ -1,0 +1,130 @@
+"""Every feature on every family (issue 36, item 4), at the CLI: one row per families.py family
+(and LLaDA2.1's editing), each on its tiny random folder; a cell either decodes or is refused
+in one line, exit 2, with the reason the family table gives. The serve, Python API and
+torchrun cells are in test_family_matrix_serve.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
+from family_matrix import (  # noqa: F401
+    GEN,
+    PROMPTS,
+    WRITERS,
+    expected_refusal,
+    folder_fixture,
+    matrix_folders_fixture,
+    model_args,
+    row_fixture,
+)
+
+from dllm_cli import bench
+from dllm_cli.commands.common import CONTROLS
+from dllm_cli.families import FAMILIES
+from dllm_cli.settings import CACHES, UNMASKS
+
+
+def test_every_family_has_a_tiny_folder_writer():
+    assert set(FAMILIES) <= set(WRITERS), set(FAMILIES) - set(WRITERS)
+
+
+def generate_json(args: list[str], *prompts: str, stdin: str | None = None) -> list[dict]:
+    """`dllm generate --json ARGS PROMPT` (or stdin lines): its records, after exit 0."""
+    result = invoke("generate", *prompts, *args, "--json", input=stdin)
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def answer(record: dict) -> tuple[str, list[int]]:
+    return record["text"], record["token_ids"]
+
+
+def check_decoded(record: dict) -> None:
+    """A real answer: tokens within the length, at least one forward."""
+    assert 0 < len(record["token_ids"]) <= GEN and record["forwards"] > 0, record
+
+
+def test_generate_text_is_the_json_answer(row, folder):
+    args = model_args(row, folder)
+    text = invoke("generate", PROMPTS[0], *args)
+    assert text.exit_code == 0, text.output
+    (record,) = generate_json(args, PROMPTS[0])
+    check_decoded(record)
+    assert text.stdout == record["text"].translate(CONTROLS) + "\n"
+
+
+def test_stdin_batch_static_and_continuous_equal_each_prompt_alone(row, folder):
+    args = [*model_args(row, folder), "--batch-size", "2"]
+    alone = [answer(generate_json(args, p)[0]) for p in PROMPTS]
+    stdin = "".join(f"{p}\n" for p in PROMPTS)
+    for batching in ("static", "continuous"):
+        records = generate_json([*args, "--batching", batching], "-", stdin=stdin)
+        assert [answer(r) for r in records] == alone, batching
+
+
+def test_visualize_saves_the_player_and_the_final_frame(row, folder, tmp_path):
+    for name in ("steps.html", "final.svg"):
+        out = tmp_path / name
+        result = invoke("visualize", PROMPTS[0], *model_args(row, folder), "--save", str(out))
+        assert result.exit_code == 0, result.output
+        assert "<svg" in out.read_text() if name.endswith("svg") else "<html" in out.read_text()
+
+
+def test_eval_data_scores_a_jsonl_file(row, folder, tmp_path):
+    data = tmp_path / "data.jsonl"
+    lines = [{"question": q, "answer": f"#### {i}"} for i, q in enumerate(PROMPTS)]
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = ["--data", str(data), "--shots", "1", "--no-warmup", "--json"]
+    result = invoke("eval", *model_args(row, folder), *args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["n"] == 2 and 0 <= summary["correct"] <= 2, summary
+
+
+def test_bench_runs_one_tiny_baseline(row, folder, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["--n", "1", "--shots", "0", "--strategies", "baseline", "--no-warmup"]
+    result = invoke("bench", *model_args(row, folder), *args, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    (record,) = json.loads(out.read_text())
+    assert record["strategy"] == "baseline" and record["forwards"] > 0, record
+    kept = {k: v for k, v in row.settings.items() if k not in bench.REFERENCE}  # strategy's own
+    assert {k: record["settings"][k] for k in kept} == kept, record["settings"]
+
+
+def check_cell(row, folder, key: str, value: str) -> None:
+    """`--KEY VALUE` decodes, or is refused in one line (exit 2) with the table's reason."""
+    args = [*model_args(row, folder), f"--{key}", value]
+    why = expected_refusal(row, key, value)
+    if why is None:
+        check_decoded(generate_json(args, PROMPTS[1])[0])
+        return
+    result = invoke("generate", PROMPTS[1], *args)
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result)
+    assert f"{key} {value!r} (from the command line) does not apply" in line and why in line
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("cache", CACHES)
+def test_every_cache_policy_decodes_or_is_refused_by_the_family_table(row, folder, cache):
+    check_cell(row, folder, "cache", cache)
+
+
+@pytest.mark.parametrize("unmask", UNMASKS)
+def test_every_unmask_rule_decodes_or_is_refused_by_the_family_table(row, folder, unmask):
+    check_cell(row, folder, "unmask", unmask)
+
+
+def test_quantize_int8_decodes_or_is_refused_by_the_family_table(row, folder):
+    args = [*model_args(row, folder), "--quantize", "int8"]
+    why = FAMILIES[row.family].cannot.get("quantize")
+    if why is None:
+        check_decoded(generate_json(args, PROMPTS[1])[0])
+        return
+    result = invoke("generate", PROMPTS[1], *args)
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result)
+    assert "--quantize int8 does not apply" in line and why in line
