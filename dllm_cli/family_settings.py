@@ -76,7 +76,7 @@ BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
     {
         "cache": (
             ("prefix", "none"),
-            "its block cache is exact, approximate caches are not offered (none recomputes)",
+            "its block cache is exact, approximate caches are not offered",
         ),
         "unmask": (
             ("threshold", "fixed"),

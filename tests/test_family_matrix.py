@@ -5,7 +5,9 @@ torchrun cells are in test_family_matrix_serve.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
@@ -25,9 +27,20 @@ from dllm_cli.commands.common import CONTROLS
 from dllm_cli.families import FAMILIES
 from dllm_cli.settings import CACHES, UNMASKS
 
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gen_family_table.py"
+
 
 def test_every_family_has_a_tiny_folder_writer():
     assert set(FAMILIES) <= set(WRITERS), set(FAMILIES) - set(WRITERS)
+
+
+def test_the_docs_feature_table_is_the_family_tables():
+    """docs/families.md's table is what the script writes from families.py (not by hand)."""
+    spec = importlib.util.spec_from_file_location("gen_family_table", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = script.TARGET.read_text(encoding="utf-8")
+    assert script.render(page) == page, "docs/families.md is stale: run the script"
 
 
 def generate_json(args: list[str], *prompts: str, stdin: str | None = None) -> list[dict]:

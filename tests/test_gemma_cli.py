@@ -23,7 +23,6 @@ from gemma_fixtures import (  # noqa: F401
     gemma_profile_file_fixture,
 )
 from rich.console import Console
-from test_distributed import LINES, check_matches_single_process
 
 from dllm_cli.commands.common import CONTROLS
 from dllm_cli.decoding import DecodeResult, RowCommit, StepEvent
@@ -209,11 +208,6 @@ def test_bench_runs_the_baseline(gemma_profile_file, tmp_path):
     # throughput mode (synthetic prompts) goes through the same check
     synthetic = invoke(*args, "--prompt-length", "6", "--strategies", "baseline,dual")
     assert synthetic.exit_code == 2 and "strategy 'dual'" in error_lines(synthetic)[0]
-
-
-@pytest.mark.slow
-def test_two_ranks_under_torchrun_write_the_single_process_output(gemma_profile_file):
-    check_matches_single_process(["-p", str(gemma_profile_file)], LINES)
 
 
 def test_profiles_show_model_reads_the_folders_own_values(gemma_ckpt, monkeypatch):
