@@ -25,6 +25,7 @@ from family_matrix import (  # noqa: F401
 from dllm_cli import bench
 from dllm_cli.commands.common import CONTROLS
 from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import read_json_value
 from dllm_cli.settings import CACHES, UNMASKS
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gen_family_table.py"
@@ -85,15 +86,34 @@ def test_visualize_saves_the_player_and_the_final_frame(row, folder, tmp_path):
         assert "<svg" in out.read_text() if name.endswith("svg") else "<html" in out.read_text()
 
 
-def test_eval_data_scores_a_jsonl_file(row, folder, tmp_path):
+def test_eval_data_scores_a_jsonl_file_and_names_the_family_settings(row, folder, tmp_path):
     data = tmp_path / "data.jsonl"
     lines = [{"question": q, "answer": f"#### {i}"} for i, q in enumerate(PROMPTS)]
     data.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    args = ["--data", str(data), "--shots", "1", "--no-warmup", "--json"]
+    args = ["--data", str(data), "--shots", "1", "--no-warmup"]
     result = invoke("eval", *model_args(row, folder), *args)
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout)
-    assert summary["n"] == 2 and 0 <= summary["correct"] <= 2, summary
+    summary = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert "/2 " in summary["accuracy"], summary  # the first line is the shot
+    shown = [*FAMILIES[row.family].summary, *row.settings]
+    assert all(f" {key}=" in summary["settings"] for key in shown), summary["settings"]
+
+
+def test_profiles_show_model_reports_the_folders_own_values(row, folder, monkeypatch):
+    """The settings the family reads from its folder, with the file they came from."""
+    monkeypatch.delenv("COLUMNS")  # piped: cells stay whole
+    result = invoke("profiles", "show", "--model", str(folder))
+    assert result.exit_code == 0, result.output
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in result.stdout.splitlines()
+        if "│" in line
+    }
+    family = FAMILIES[row.family]
+    for key, (name, dotted) in family.folder_values.items():
+        value = read_json_value(folder, name, dotted)
+        assert rows[f"decode.{key}"][:2] == [str(value), f"checkpoint {name}"], key
+    assert f"{family.name} reference:" in result.stdout
 
 
 def test_bench_runs_one_tiny_baseline(row, folder, tmp_path):
