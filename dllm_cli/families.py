@@ -23,9 +23,7 @@ from types import MappingProxyType
 
 from dllm_cli.errors import ModelLoadError
 from dllm_cli.family_settings import (
-    BLOCK_ONLY,
-    BLOCK_REFUSES,
-    BLOCK_SUMMARY,
+    BLOCK_CAUSAL,
     GEMMA_CANNOT,
     GEMMA_REFUSES,
     GEMMA_SUMMARY,
@@ -59,7 +57,7 @@ class Family:
     refuses: Mapping[str, str] = field(default_factory=lambda: MASKED_REFUSES)
     # setting -> (the only values this family takes, why another is refused)
     only: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
-    cannot: Mapping[str, str] = field(default_factory=dict)  # load option -> why it is refused
+    cannot: Mapping[str, str] = field(default_factory=dict)  # feature -> why it is refused
     static_batches: str | None = None  # why batch mode always runs whole static batches
     notes: tuple[str, ...] = field(default=())  # deviations and facts worth a line in docs
     stepper: str = "masked"  # decoding/run.py ENGINES: masked | block (block-causal) | gemma
@@ -258,11 +256,8 @@ FAMILIES: dict[str, Family] = {
             "temperature 1.0, top_k 0, top_p 1.0; stop at the generation_config eos ids "
             "after each block; gen_length 256 as the README's example (the CLI says 20480)"
         ),
-        stepper="block",
-        refuses=BLOCK_REFUSES,
-        only=BLOCK_ONLY,
         folder_values={"block_length": ("config.json", "block_size")},  # as trained
-        summary=BLOCK_SUMMARY,
+        **BLOCK_CAUSAL,
     ),
     "llada2": Family(
         name="llada2",
@@ -290,10 +285,7 @@ FAMILIES: dict[str, Family] = {
             "max_post_steps) is set by its profiles"
         ),
         mask_id=156895,  # <|mask|>: not in config.json
-        stepper="block",
-        refuses=BLOCK_REFUSES,
-        only=BLOCK_ONLY,
-        summary=BLOCK_SUMMARY,
+        **BLOCK_CAUSAL,
     ),
 }
 

@@ -88,9 +88,16 @@ BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
         ),
     }
 )
-# Load options a family cannot take: option -> why (models/loading.py refuses them in one line).
+# Features a family cannot run: feature -> why (refused in one line where the feature starts:
+# models/loading.py for quantize, batch.py and serve/scores.py for answer logprobs).
 GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
-    {"quantize": "transformers' own model runs it (dllm quantizes only its own model classes)"}
+    {
+        "quantize": "transformers' own model runs it (dllm quantizes only its own model classes)",
+        "logprobs": "transformers' own sampler picks the tokens (no distribution reaches dllm)",
+    }
+)
+BLOCK_CANNOT: Mapping[str, str] = MappingProxyType(
+    {"logprobs": "the block-causal engine does not keep the committing step's distribution"}
 )
 GENERATION_CONFIG = "generation_config.json"
 # The settings a run's summary line names (eval); set-only extras are added where they apply.
@@ -98,6 +105,16 @@ MASKED_SUMMARY = ("cache", "unmask", "block_length", "steps", "early_stop")
 BLOCK_SUMMARY = ("cache", "unmask", "threshold", "block_length", "steps", "early_stop")
 GEMMA_SUMMARY = ("block_length", "steps", "t_min", "t_max", "entropy_bound", "early_stop")
 SUMMARY_EXTRAS = ("suffix_window", "edit_threshold")  # shown when set (not 0 / None)
+# The fields SDAR's and LLaDA2.x's families.py rows share: the block-causal stepper, its tables.
+BLOCK_CAUSAL: Mapping[str, object] = MappingProxyType(
+    {
+        "stepper": "block",
+        "refuses": BLOCK_REFUSES,
+        "only": BLOCK_ONLY,
+        "cannot": BLOCK_CANNOT,
+        "summary": BLOCK_SUMMARY,
+    }
+)
 # DiffusionGemma's steps per canvas when `steps` is unset (dllm's steps count the whole answer)
 GEMMA_STEPS = (GENERATION_CONFIG, "max_denoising_steps")
 

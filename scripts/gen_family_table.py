@@ -32,6 +32,8 @@ EVERYWHERE = (
     "`bench`",
     "torchrun data parallel",
 )
+# Family.cannot keys -> their row (every key a family uses needs one: KeyError otherwise)
+CANNOT = {"quantize": "`--quantize int8`", "logprobs": "answer logprobs (`--logprobs`, serve)"}
 
 
 def cells(family: Family) -> list[tuple[str, str | None, bool]]:
@@ -39,8 +41,9 @@ def cells(family: Family) -> list[tuple[str, str | None, bool]]:
     out = [(name, None, False) for name in EVERYWHERE]
     batch = "stdin batch, static == continuous == alone"
     out.append((batch, family.static_batches, False))  # a note: why its batches are static
-    quantize = family.cannot.get("quantize")
-    out.append(("`--quantize int8`", quantize, quantize is not None))
+    for key, feature in CANNOT.items():
+        why = family.cannot.get(key)
+        out.append((feature, why, why is not None))
     for key, values in (("cache", CACHES), ("unmask", UNMASKS)):
         for value in values:
             why = refusal(family, key, value)
@@ -51,6 +54,9 @@ def cells(family: Family) -> list[tuple[str, str | None, bool]]:
 def table() -> str:
     """The markdown between the markers: the table, then the numbered reasons."""
     families = list(FAMILIES.values())
+    unknown = {key for f in families for key in f.cannot} - set(CANNOT)
+    if unknown:
+        raise KeyError(f"Family.cannot keys without a row in CANNOT: {sorted(unknown)}")
     columns = [cells(f) for f in families]
     reasons: dict[str, int] = {}
 

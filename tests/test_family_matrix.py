@@ -151,13 +151,22 @@ def test_every_unmask_rule_decodes_or_is_refused_by_the_family_table(row, folder
     check_cell(row, folder, "unmask", unmask)
 
 
-def test_quantize_int8_decodes_or_is_refused_by_the_family_table(row, folder):
-    args = [*model_args(row, folder), "--quantize", "int8"]
-    why = FAMILIES[row.family].cannot.get("quantize")
+@pytest.mark.parametrize(
+    "feature, flags",
+    [("quantize", ["--quantize", "int8"]), ("logprobs", ["--logprobs", "2"])],
+    ids=["quantize-int8", "logprobs"],
+)
+def test_a_feature_decodes_or_is_refused_by_the_family_table(row, folder, feature, flags):
+    """`--quantize int8`, `--logprobs K`: an answer (with a log-probability per token), or
+    one line, exit 2, with the family's `cannot` reason."""
+    args = [*model_args(row, folder), *flags]
+    why = FAMILIES[row.family].cannot.get(feature)
     if why is None:
-        check_decoded(generate_json(args, PROMPTS[1])[0])
+        (record,) = generate_json(args, PROMPTS[1])
+        check_decoded(record)
+        assert feature != "logprobs" or len(record["logprobs"]) == len(record["token_ids"])
         return
     result = invoke("generate", PROMPTS[1], *args)
     assert result.exit_code == 2, result.output
     (line,) = error_lines(result)
-    assert "--quantize int8 does not apply" in line and why in line
+    assert f"{flags[0]} " in line and "does not apply" in line and why in line, line

@@ -21,6 +21,7 @@ from family_matrix import (  # noqa: F401
 from test_distributed import LINES, check_matches_single_process
 
 from dllm_cli.api import LLM
+from dllm_cli.families import FAMILIES
 from dllm_cli.runtime import open_runtime
 from dllm_cli.serve import server
 
@@ -84,6 +85,18 @@ def test_serve_refuses_what_the_family_table_refuses_and_goes_on(row, client):
         assert expected_refusal(row, key, value) in message, message
     reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=GEN)
     assert reply.usage.completion_tokens > 0
+
+
+def test_serve_answers_logprobs_or_refuses_them_by_the_family_table(row, client):
+    model, why = served(client), FAMILIES[row.family].cannot.get("logprobs")
+    ask = dict(model=model, messages=QUESTION, max_tokens=GEN, logprobs=True, top_logprobs=2)
+    if why is None:
+        reply = client.chat.completions.create(**ask)
+        assert len(reply.choices[0].logprobs.content) == reply.usage.completion_tokens
+        return
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**ask)
+    assert why in e.value.body["message"], e.value.body
 
 
 def test_python_api_generates_the_cli_answers_and_streams_them(row, folder):
