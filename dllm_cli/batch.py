@@ -22,6 +22,7 @@ from dllm_cli.decoding import DecodeResult, Finished, answer_length, answer_toke
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import DllmError, InputError, SettingsError
 from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.lifetimes import LIFETIMES, PER_REQUEST, refusal
 from dllm_cli.prompt_text import decode_line, escape_bytes, strip_line_end
 from dllm_cli.runtime import Runtime
@@ -326,10 +327,7 @@ def check_logprobs(runtime: Runtime) -> None:
     """--logprobs: distributions exist only in an unguided masked-diffusion decode."""
     if runtime.guide is not None:
         raise SettingsError("--logprobs needs an unguided decode (add --no-guide)")
-    family = FAMILIES[runtime.loaded.family]
-    if "logprobs" in family.cannot:
-        why = family.cannot["logprobs"]
-        raise SettingsError(f"--logprobs does not apply to {family.title}: {why}")
+    refuse_feature(FAMILIES[runtime.loaded.family], "logprobs", "--logprobs")
 
 
 def solo(result: DecodeResult) -> Finished:

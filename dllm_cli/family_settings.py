@@ -20,6 +20,7 @@ class Family(Protocol):
 
     title: str
     own_sampler: bool
+    cannot: Mapping[str, str]
     refuses: Mapping[str, str]
     only: Mapping[str, tuple[tuple[str, ...], str]]
     folder_values: Mapping[str, tuple[str, str]]
@@ -88,16 +89,21 @@ BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
         ),
     }
 )
-# Features a family cannot run: feature -> why (refused in one line where the feature starts:
-# models/loading.py for quantize, batch.py and serve/scores.py for answer logprobs).
+# Features a family cannot run: feature -> why, refused in one line where the feature starts
+# (`refuse_feature`: models/loading.py for quantize, batch.py and serve/scores.py for answer
+# logprobs, commands/generate.py, api.py and serve/engines.py for a grammar or JSON schema).
 GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
     {
         "quantize": "transformers' own model runs it (dllm quantizes only its own model classes)",
         "logprobs": "transformers' own sampler picks the tokens (no distribution reaches dllm)",
+        "grammar": "transformers' own sampler picks the tokens (no frontier walk)",
     }
 )
 BLOCK_CANNOT: Mapping[str, str] = MappingProxyType(
-    {"logprobs": "the block-causal engine does not keep the committing step's distribution"}
+    {
+        "logprobs": "the block-causal engine does not keep the committing step's distribution",
+        "grammar": "the block-causal engine has no frontier walk",
+    }
 )
 GENERATION_CONFIG = "generation_config.json"
 # The settings a run's summary line names (eval); set-only extras are added where they apply.
@@ -139,6 +145,13 @@ def check_refused(family: Family, s: DecodeSettings, where=lambda key: "") -> No
             raise SettingsError(
                 f"{key} {value!r}{where(key)} does not apply to {family.title}: {why}{hint}"
             )
+
+
+def refuse_feature(family: Family, feature: str, what: str, error=SettingsError) -> None:
+    """`what` (a flag, a request field) in one line naming why, when the family `cannot`
+    run `feature`."""
+    if feature in family.cannot:
+        raise error(f"{what} does not apply to {family.title}: {family.cannot[feature]}")
 
 
 def summary_line(family: Family, s: Mapping[str, object]) -> str:

@@ -33,7 +33,11 @@ EVERYWHERE = (
     "torchrun data parallel",
 )
 # Family.cannot keys -> their row (every key a family uses needs one: KeyError otherwise)
-CANNOT = {"quantize": "`--quantize int8`", "logprobs": "answer logprobs (`--logprobs`, serve)"}
+CANNOT = {
+    "quantize": "`--quantize int8`",
+    "logprobs": "answer logprobs (`--logprobs`, serve)",
+    "grammar": "structured output (`--json-schema`, `--grammar`, `response_format`)",
+}
 
 
 def cells(family: Family) -> list[tuple[str, str | None, bool]]:

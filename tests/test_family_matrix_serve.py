@@ -12,6 +12,8 @@ from cli_fixtures import invoke, isolated_fixture  # noqa: F401
 from family_matrix import (  # noqa: F401
     GEN,
     PROMPTS,
+    UNWRITABLE,
+    WORD_LEVEL,
     expected_refusal,
     folder_fixture,
     matrix_folders_fixture,
@@ -87,12 +89,29 @@ def test_serve_refuses_what_the_family_table_refuses_and_goes_on(row, client):
     assert reply.usage.completion_tokens > 0
 
 
-def test_serve_answers_logprobs_or_refuses_them_by_the_family_table(row, client):
-    model, why = served(client), FAMILIES[row.family].cannot.get("logprobs")
-    ask = dict(model=model, messages=QUESTION, max_tokens=GEN, logprobs=True, top_logprobs=2)
+INTEGER = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
+FEATURES = {  # Family.cannot key -> (the request's fields, a check of an answer)
+    "logprobs": (
+        {"logprobs": True, "top_logprobs": 2},
+        lambda reply: len(reply.choices[0].logprobs.content) == reply.usage.completion_tokens,
+    ),
+    "grammar": (
+        {"response_format": INTEGER},
+        lambda reply: isinstance(json.loads(reply.choices[0].message.content), int),
+    ),
+}
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_serve_runs_a_feature_or_refuses_it_by_the_family_table(row, client, feature, request):
+    if feature == "grammar" and row.family in WORD_LEVEL:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=UNWRITABLE))
+    fields, check = FEATURES[feature]
+    ask = dict(model=served(client), messages=QUESTION, max_tokens=GEN, **fields)
+    why = FAMILIES[row.family].cannot.get(feature)
     if why is None:
         reply = client.chat.completions.create(**ask)
-        assert len(reply.choices[0].logprobs.content) == reply.usage.completion_tokens
+        assert check(reply), reply
         return
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(**ask)

@@ -18,6 +18,7 @@ from dllm_cli import scoring
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.errors import InputError
 from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.runtime import Runtime
 
 
@@ -44,9 +45,7 @@ class Scored:
 
 def check_logprobs(runtime: Runtime) -> None:
     """Answer logprobs come from the masked-diffusion engine's sampler only."""
-    family = FAMILIES[runtime.loaded.family]
-    if "logprobs" in family.cannot:
-        raise InputError(f"logprobs do not apply to {family.title}: {family.cannot['logprobs']}")
+    refuse_feature(FAMILIES[runtime.loaded.family], "logprobs", "logprobs", InputError)
 
 
 def piece(runtime: Runtime, token: int) -> str:
