@@ -91,18 +91,21 @@ BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
 )
 # Features a family cannot run: feature -> why, refused in one line where the feature starts
 # (`refuse_feature`: models/loading.py for quantize, batch.py and serve/scores.py for answer
-# logprobs, commands/generate.py, api.py and serve/engines.py for a grammar or JSON schema).
+# logprobs, commands/generate.py, api.py and serve/engines.py for a grammar or JSON schema,
+# scoring.py for likelihood scoring).
 GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
     {
         "quantize": "transformers' own model runs it (dllm quantizes only its own model classes)",
         "logprobs": "transformers' own sampler picks the tokens (no distribution reaches dllm)",
         "grammar": "transformers' own sampler picks the tokens (no frontier walk)",
+        "scoring": "transformers' own generate scores no likelihood",
     }
 )
 BLOCK_CANNOT: Mapping[str, str] = MappingProxyType(
     {
         "logprobs": "the block-causal engine does not keep the committing step's distribution",
         "grammar": "the block-causal engine has no frontier walk",
+        "scoring": "it decodes block-causally and its reference scores no likelihood",
     }
 )
 GENERATION_CONFIG = "generation_config.json"

@@ -37,6 +37,7 @@ CANNOT = {
     "quantize": "`--quantize int8`",
     "logprobs": "answer logprobs (`--logprobs`, serve)",
     "grammar": "structured output (`--json-schema`, `--grammar`, `response_format`)",
+    "scoring": "likelihood scoring (`LLM.score`, serve's echo scoring)",
 }
 
 

@@ -23,6 +23,7 @@ from family_matrix import (  # noqa: F401
 from test_distributed import LINES, check_matches_single_process
 
 from dllm_cli.api import LLM
+from dllm_cli.errors import InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.runtime import open_runtime
 from dllm_cli.serve import server
@@ -118,8 +119,12 @@ def test_serve_runs_a_feature_or_refuses_it_by_the_family_table(row, client, fea
     assert why in e.value.body["message"], e.value.body
 
 
-def test_python_api_generates_the_cli_answers_and_streams_them(row, folder):
-    llm = LLM(model=str(folder), gen_length=GEN, **row.settings)
+@pytest.fixture(scope="module", name="llm")
+def llm_fixture(row, folder) -> LLM:
+    return LLM(model=str(folder), gen_length=GEN, **row.settings)
+
+
+def test_python_api_generates_the_cli_answers_and_streams_them(row, folder, llm):
     completions = llm.generate(list(PROMPTS), batch_size=2)
     result = invoke("generate", "-", *model_args(row, folder), "--json", input="\n".join(PROMPTS))
     assert result.exit_code == 0, result.output
@@ -127,6 +132,16 @@ def test_python_api_generates_the_cli_answers_and_streams_them(row, folder):
     assert [c.token_ids for c in completions] == cli
     for prompt, completion in zip(PROMPTS, completions, strict=True):
         assert "".join(llm.stream(prompt)) == completion.text
+
+
+def test_python_api_scores_or_refuses_scoring_by_the_family_table(row, llm):
+    why = FAMILIES[row.family].cannot.get("scoring")
+    if why is None:
+        assert llm.score(PROMPTS[0], " 3", samples=4) < 0  # a log-probability
+        return
+    with pytest.raises(InputError, match="scoring does not apply") as e:
+        llm.score(PROMPTS[0], " 3", samples=4)
+    assert why in str(e.value)
 
 
 @pytest.mark.slow

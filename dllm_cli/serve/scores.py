@@ -87,7 +87,7 @@ def token_entries(runtime: Runtime, buffers, k: int, tokens: list[int], lo: int,
 def check_scoring(runtime: Runtime, ids: list[int], generate: bool) -> None:
     """A prompt echo scoring can estimate, or InputError saying why not."""
     model = runtime.loaded.model
-    scoring.estimator_for(runtime.loaded.architecture)
+    scoring.estimator_for(runtime.loaded.family)
     if len(ids) < 2:
         raise InputError("echo scoring needs a prompt of at least two tokens")
     if max(ids) >= model.get_input_embeddings().num_embeddings:
