@@ -25,10 +25,12 @@ TARGET = ROOT / "docs" / "families.md"
 BEGIN, END = "<!-- feature table: scripts/gen_family_table.py -->", "<!-- end of feature table -->"
 EVERYWHERE = (
     "`generate` (text, `--json`)",
+    "`chat` (the first answer is generate's)",
     "`visualize --save`",
     "`serve` (chat, stream, a refused setting is one request's 400)",
     "Python API (`LLM.generate`, `LLM.stream`)",
     "`eval --data`",
+    "`profiles show --model` (the folder's own values)",
     "`bench`",
     "torchrun data parallel",
 )

@@ -71,6 +71,17 @@ def test_generate_text_is_the_json_answer(row, folder):
     assert text.stdout == record["text"].translate(CONTROLS) + "\n"
 
 
+def test_chat_answers_the_first_turn_as_generate_does(row, folder):
+    """`dllm chat`, piped: the first answer is generate's for the same prompt (both through
+    the chat template), LLaDA2.1's edits included."""
+    args = model_args(row, folder)
+    (record,) = generate_json(args, PROMPTS[0])
+    result = invoke("chat", *args, input=f"{PROMPTS[0]}\n/exit\n")
+    assert result.exit_code == 0, result.output
+    check_decoded(record)
+    assert result.stdout == record["text"].translate(CONTROLS) + "\n", (record, result.stdout)
+
+
 def test_stdin_batch_static_and_continuous_equal_each_prompt_alone(row, folder):
     args = [*model_args(row, folder), "--batch-size", "2"]
     alone = [answer(generate_json(args, p)[0]) for p in PROMPTS]
