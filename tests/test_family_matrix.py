@@ -83,12 +83,11 @@ def test_chat_answers_the_first_turn_as_generate_does(row, folder):
 
 
 def test_stdin_batch_static_and_continuous_equal_each_prompt_alone(row, folder):
-    args = [*model_args(row, folder), "--batch-size", "2"]
-    alone = [answer(generate_json(args, p)[0]) for p in PROMPTS]
-    stdin = "".join(f"{p}\n" for p in PROMPTS)
+    args, stdin = model_args(row, folder), "".join(f"{p}\n" for p in PROMPTS)
+    alone = [answer(r) for r in generate_json([*args, "--batch-size", "1"], "-", stdin=stdin)]
     for batching in ("static", "continuous"):
-        records = generate_json([*args, "--batching", batching], "-", stdin=stdin)
-        assert [answer(r) for r in records] == alone, batching
+        batch = [*args, "--batch-size", "2", "--batching", batching]
+        assert [answer(r) for r in generate_json(batch, "-", stdin=stdin)] == alone, batching
 
 
 def test_visualize_saves_the_player_and_the_final_frame(row, folder, tmp_path):
