@@ -34,6 +34,8 @@ from dllm_cli.commands.generate_runs import (
     tensor_shards,
 )
 from dllm_cli.errors import InputError
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.prompt_text import escape_bytes, from_argv
 
 if TYPE_CHECKING:  # the decoding modules (torch) are imported by the command, not at start-up
@@ -171,6 +173,8 @@ def generate_command(
 
             if defaulted and runtime.profile.guide is not None and job is None:
                 note("the grammar verifies the drafts: decoding without the profile's guide")
+            family = FAMILIES[runtime.loaded.family]
+            refuse_feature(family, "grammar", "--json-schema" if json_schema else "--grammar")
             runtime.grammar = compile_grammar(*source, vocab_of(runtime))
             runtime.committer()  # refused here (one line) when this model cannot follow it
         json_out = json_out or json_canvas or logprobs is not None

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from dllm_cli import scoring
-from dllm_cli.decoding import gemma
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.errors import InputError
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.runtime import Runtime
-
-BLOCK_CAUSAL = ("sdar", "llada2")
 
 
 @dataclass
@@ -46,11 +45,7 @@ class Scored:
 
 def check_logprobs(runtime: Runtime) -> None:
     """Answer logprobs come from the masked-diffusion engine's sampler only."""
-    family = runtime.loaded.architecture
-    if family == gemma.FAMILY:
-        raise InputError("logprobs: not supported for DiffusionGemma (its own sampler)")
-    if family in BLOCK_CAUSAL:
-        raise InputError("logprobs: not supported by the block-causal engine (SDAR, LLaDA2)")
+    refuse_feature(FAMILIES[runtime.loaded.family], "logprobs", "logprobs", InputError)
 
 
 def piece(runtime: Runtime, token: int) -> str:
@@ -92,7 +87,7 @@ def token_entries(runtime: Runtime, buffers, k: int, tokens: list[int], lo: int,
 def check_scoring(runtime: Runtime, ids: list[int], generate: bool) -> None:
     """A prompt echo scoring can estimate, or InputError saying why not."""
     model = runtime.loaded.model
-    scoring.estimator_for(runtime.loaded.architecture)
+    scoring.estimator_for(runtime.loaded.family)
     if len(ids) < 2:
         raise InputError("echo scoring needs a prompt of at least two tokens")
     if max(ids) >= model.get_input_embeddings().num_embeddings:
