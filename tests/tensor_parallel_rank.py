@@ -19,8 +19,8 @@ import torch.distributed as dist
 from dllm_cli.decoding import decode
 from dllm_cli.decoding.sampling import FAMILIES, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
+from dllm_cli.models.collectives import Counts, Shards
 from dllm_cli.models.loading import load_model
-from dllm_cli.models.sharding import Counts, Shards
 from dllm_cli.settings import DecodeSettings
 
 CACHES = ("none", "prefix", "dual", "freecache")

@@ -134,7 +134,10 @@ def tensor_shards(job: distributed.Job | None, degree: int) -> Shards:
     from dllm_cli.models.sharding import Shards
 
     p = place(0 if job is None else job.rank, 1 if job is None else job.world, degree)
-    return Shards(p.rank, p.world, p.replica, p.replicas)
+    shards = Shards(p.rank, p.world, p.replica, p.replicas)
+    if job is not None:
+        shards.timeout = job.collective_timeout
+    return shards
 
 
 def check_split(runtime: Runtime, shards: Shards) -> None:
@@ -167,7 +170,7 @@ def run_split(
     """Every line through every rank's share of the model; rank 0 writes the records."""
     from dllm_cli import distributed
 
-    with distributed.process_group(job):
+    with distributed.process_group(job), distributed.ended_by_sigterm(job.rank):
         lines = distributed.share_lines(job, sys.stdin.buffer)
         if lines is None:
             raise typer.Exit(1)  # rank 0 could not read stdin and says why

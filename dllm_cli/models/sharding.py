@@ -16,17 +16,15 @@ sampling from vocabulary shards: decoding/sharded_sampling.py; which rank holds 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from dllm_cli.errors import SettingsError
+from dllm_cli.models.collectives import Shards
 from dllm_cli.models.moe import LLaDAMoESparseBlock
 
 Slice = tuple[int, int, int] | None  # (dim, start, stop) of a checkpoint tensor; None: whole
@@ -93,75 +91,6 @@ LAYOUTS: dict[str, Layout] = {
         feed_forward="mlp",
     ),
 }
-
-
-@dataclass
-class Counts:
-    """Collectives this rank has run (tests and --stats check they stay at the minimum)."""
-
-    all_reduce: int = 0
-    all_gather: int = 0
-    forwards: int = 0
-
-
-@dataclass
-class Shards:
-    """This rank's place in a tensor-parallel group of `world` ranks."""
-
-    rank: int
-    world: int
-    replica: int = 0  # which group of `world` ranks (data parallelism on top)
-    replicas: int = 1
-    backend: str = "gloo"  # nccl on CUDA (the default group is gloo, for the job's messages)
-    counts: Counts = field(default_factory=Counts)
-
-    @cached_property
-    def group(self) -> dist.ProcessGroup | None:
-        """The group collectives run in, made at the first one (every rank reaches it there);
-        None: the whole job (one replica on gloo)."""
-        if self.replicas == 1 and self.backend == "gloo":
-            return None
-        if self.replicas == 1:
-            return dist.new_group(backend=self.backend)
-        return self.connect()
-
-    def join(self) -> dist.ProcessGroup | None:
-        """Make this rank's group now, before any rank decodes (every rank makes every
-        replica's group, in the same order)."""
-        return self.group
-
-    def connect(self) -> dist.ProcessGroup:
-        """Every replica's group, made by every rank in the same order (as new_group needs);
-        this rank's own."""
-        n = self.world
-        groups = [
-            dist.new_group(list(range(r * n, (r + 1) * n)), backend=self.backend)
-            for r in range(self.replicas)
-        ]
-        return groups[self.replica]
-
-    def even(self, size: int) -> tuple[int, int]:
-        """This rank's equal piece [start, stop) of `size` (the size divides by the world)."""
-        piece = size // self.world
-        return self.rank * piece, (self.rank + 1) * piece
-
-    def vocabulary(self, size: int) -> tuple[int, int]:
-        """This rank's contiguous range of `size` ids (the last rank's may be shorter)."""
-        piece = math.ceil(size / self.world)
-        return min(size, self.rank * piece), min(size, (self.rank + 1) * piece)
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place."""
-        self.counts.all_reduce += 1
-        dist.all_reduce(x, group=self.group)
-        return x
-
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """(world, *x.shape): every rank's `x`, in rank order."""
-        self.counts.all_gather += 1
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.stack(parts)
 
 
 def layout_of(family: str) -> Layout:
