@@ -35,14 +35,14 @@ from dllm_cli.commands.bench_peer import (
     run_peer,
 )
 from dllm_cli.commands.common import check_output, cli_errors, fail, note, stderr
-from dllm_cli.commands.split import leads, option, split_runtime
+from dllm_cli.commands.split import ExpertParallel, leads, option, split_runtime
 from dllm_cli.errors import SettingsError, UsageError
 from dllm_cli.families import FAMILIES
 from dllm_cli.frontier import SWEEPS
 from dllm_cli.peer import PEER_PROMPT
 
 BENCH = "Benchmark"
-SplitStrategies = Annotated[int, option("every rank runs every strategy")]
+SplitStrategies = Annotated[int, option("every rank runs every strategy, rank 0 prints")]
 
 
 def split_list(text: str, what: str) -> list[str]:
@@ -286,6 +286,7 @@ def bench_command(
         ),
     ] = 0.0,
     tensor_parallel: SplitStrategies = 1,
+    expert_parallel: ExpertParallel = False,
     *,
     choices: opt.Choices,
 ) -> None:
@@ -303,7 +304,7 @@ def bench_command(
             return
         if tensor_parallel > 1:
             refuse_split_modes(peer, serve, frontier, batching_compare)
-        rt = stack.enter_context(split_runtime(choices, tensor_parallel))
+        rt = stack.enter_context(split_runtime(choices, tensor_parallel, expert_parallel))
         if serve:
             bench_serve(rt, n, concurrency, cancel, batch_size, lengths[0], json_path)
             return

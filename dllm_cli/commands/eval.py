@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dllm_cli import options as opt
 from dllm_cli.commands.common import check_output, cli_errors, stderr
-from dllm_cli.commands.split import TensorParallel, leads, split_runtime
+from dllm_cli.commands.split import ExpertParallel, TensorParallel, leads, split_runtime
 from dllm_cli.errors import InputError, UsageError
 from dllm_cli.families import FAMILIES
 from dllm_cli.family_settings import summary_line
@@ -179,6 +179,7 @@ def eval_command(
         ),
     ] = False,
     tensor_parallel: TensorParallel = 1,
+    expert_parallel: ExpertParallel = False,
     *,
     choices: opt.Choices,
 ) -> None:
@@ -191,7 +192,7 @@ def eval_command(
         check_output(records_to, "--records")
         from dllm_cli.evaluate import details
 
-        with split_runtime(choices, tensor_parallel) as rt:
+        with split_runtime(choices, tensor_parallel, expert_parallel) as rt:
             report, score, bad = solve(rt, n, shots, start, split, data, shots_from, batch_size,
                                        warmup)  # fmt: skip
         if not leads():  # another rank of --tensor-parallel: rank 0 reports

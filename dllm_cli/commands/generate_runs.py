@@ -128,13 +128,14 @@ def load_on_rank(job: distributed.Job, choices: o.Choices, shards: Shards | None
         raise type(e)(f"rank {job.rank}: {e}") from None
 
 
-def tensor_shards(job: distributed.Job | None, degree: int) -> Shards:
-    """This rank's place in --tensor-parallel N: ranks r N .. r N + N - 1 hold replica r."""
+def tensor_shards(job: distributed.Job | None, degree: int, experts: bool = False) -> Shards:
+    """This rank's place in --tensor-parallel N: ranks r N .. r N + N - 1 hold replica r;
+    `experts`: --expert-parallel."""
     from dllm_cli.distributed.tensor import place
     from dllm_cli.models.sharding import Shards
 
     p = place(0 if job is None else job.rank, 1 if job is None else job.world, degree)
-    shards = Shards(p.rank, p.world, p.replica, p.replicas)
+    shards = Shards(p.rank, p.world, p.replica, p.replicas, expert_parallel=experts)
     if job is not None:
         shards.timeout = job.collective_timeout
     return shards

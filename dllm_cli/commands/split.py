@@ -27,18 +27,40 @@ def option(what: str) -> object:
     return typer.Option(
         "--tensor-parallel",
         help=f"Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
-        f"{what}, rank 0 prints (docs/distributed.md). LLaDA, Dream and LLaDA-MoE, greedy.",
+        f"{what} (docs/tensor-parallel.md). LLaDA, Dream and LLaDA-MoE, greedy.",
         rich_help_panel="Parallelism",
     )
 
 
-TensorParallel = Annotated[int, option("every rank decodes every problem")]
+TensorParallel = Annotated[int, option("every rank decodes every problem, rank 0 prints")]
+ExpertParallel = Annotated[
+    bool,
+    typer.Option(
+        "--expert-parallel",
+        help="With --tensor-parallel N: share LLaDA-MoE's experts out whole over the N ranks "
+        "(each holds E/N experts; attention stays split by heads) instead of splitting every "
+        "expert's columns.",
+        rich_help_panel="Parallelism",
+    ),
+]
+
+
+def check_experts(degree: int, experts: bool) -> None:
+    """--expert-parallel shares experts out over the --tensor-parallel ranks: it needs them."""
+    if experts and degree == 1:
+        raise SettingsError(
+            "--expert-parallel shares the experts out over the --tensor-parallel ranks: "
+            "give --tensor-parallel N too"
+        )
 
 
 @contextmanager
-def split_runtime(choices: o.Choices, degree: int, slots: int = 1) -> Iterator[Runtime]:
+def split_runtime(
+    choices: o.Choices, degree: int, experts: bool = False, slots: int = 1
+) -> Iterator[Runtime]:
     """The runtime of this rank's slices (the whole model at degree 1), inside the job's
     process group; what rank 0 refuses, the other ranks exit on with its code, silently."""
+    check_experts(degree, experts)
     if degree == 1:
         yield load_runtime(choices, slots=slots)
         return
@@ -46,7 +68,7 @@ def split_runtime(choices: o.Choices, degree: int, slots: int = 1) -> Iterator[R
     from dllm_cli.commands.generate_runs import load_on_rank, tensor_shards
 
     job = distributed.Job.from_env()
-    shards = tensor_shards(job, degree)
+    shards = tensor_shards(job, degree, experts)
     if shards.replicas > 1:
         if job.rank:
             raise typer.Exit(USAGE)  # rank 0 says why

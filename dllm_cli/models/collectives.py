@@ -52,6 +52,7 @@ class Shards:
     backend: str = "gloo"  # nccl on CUDA (the default group is gloo, for the job's messages)
     counts: Counts = field(default_factory=Counts)
     timeout: float = DEFAULT_COLLECTIVE_TIMEOUT  # seconds one collective may wait
+    expert_parallel: bool = False  # MoE experts shared out whole (models/expert_parallel.py)
 
     @cached_property
     def group(self) -> dist.ProcessGroup:

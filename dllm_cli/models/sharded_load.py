@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dllm_cli.models.expert_parallel import keep_experts
 from dllm_cli.models.moe import LLaDAMoESparseBlock
 from dllm_cli.models.sharding import (
     ZERO,
@@ -31,7 +32,7 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
     layout = layout_of(family)
     sizes = layout.sizes(model.config)
     heads, kv = sizes["attention heads"], sizes["KV heads"]
-    check_degree(family, model.config, shards.world)
+    check_degree(family, model.config, shards.world, shards.expert_parallel)
     plan: dict[str, Slice | str] = {}
     names = {id(m): name for name, m in model.named_modules()}
     for block in model.blocks():
@@ -95,6 +96,13 @@ def split_feed_forward(block, name: str, shards: Shards, plan: dict, prefix: str
     extra = (shared, ["shared_expert.down_proj"]) if block.shared_expert is not None else ([], [])
     if not isinstance(mlp, LLaDAMoESparseBlock):
         return [f"{name}.gate_proj", f"{name}.up_proj", *extra[0]], [f"{name}.down_proj", *extra[1]]
+    if shards.expert_parallel:  # whole experts; the shared expert's part summed with theirs
+        keep_experts(block, shards)
+        for part in extra[0]:
+            split_columns(block.get_submodule(part), shards, plan, f"{prefix}.{part}")
+        for part in extra[1]:
+            split_inputs(block.get_submodule(part), shards, plan, f"{prefix}.{part}")
+        return [], []
     for i, expert in enumerate(mlp.experts):
         where = f"{prefix}.{name}.experts.{i}"
         split_columns(expert.gate_proj, shards, plan, f"{where}.gate_proj")

@@ -103,15 +103,30 @@ def layout_of(family: str) -> Layout:
     return LAYOUTS[family]
 
 
-def check_degree(family: str, config, world: int) -> None:
-    """Refuse a degree that does not divide the heads, the KV heads or an MLP's width."""
+def check_degree(family: str, config, world: int, experts: bool = False) -> None:
+    """Refuse a degree that does not divide the heads, the KV heads, an MLP's width or (with
+    `experts`: --expert-parallel) the experts."""
     sizes = layout_of(family).sizes(config)
+    if experts:
+        sizes = expert_sizes(family, config, sizes)
     every = ", ".join(f"{count} {what}" for what, count in sizes.items())
     for what, count in sizes.items():
         if count % world:
+            flag = " with --expert-parallel" if what == "experts" else ""
             raise SettingsError(
-                f"--tensor-parallel {world} does not divide the model's {count} {what} ({every})"
+                f"--tensor-parallel {world}{flag} does not divide the model's {count} {what} "
+                f"({every})"
             )
+
+
+def expert_sizes(family: str, config, sizes: dict[str, int]) -> dict[str, int]:
+    """What must divide under --expert-parallel: whole experts, not their columns."""
+    if "expert MLP columns" not in sizes:
+        raise SettingsError(
+            f"--expert-parallel needs a mixture-of-experts model (llada_moe); this is {family}"
+        )
+    kept = {what: n for what, n in sizes.items() if what != "expert MLP columns"}
+    return {**kept, "experts": config.num_experts}
 
 
 # --- the modules of a split model ---------------------------------------------------------
