@@ -105,3 +105,32 @@ def test_expert_parallel_without_tensor_parallel_is_refused_in_one_line(folders)
         "dllm: error: --expert-parallel shares the experts out over the --tensor-parallel "
         "ranks: give --tensor-parallel N too"
     ]
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_the_ranks_parts_of_a_sparse_block_sum_to_its_output(monkeypatch, grouped):
+    import copy
+
+    from torch import nn
+
+    from dllm_cli.models import expert_parallel
+    from dllm_cli.models.moe import LLaDAMoESparseBlock
+
+    monkeypatch.setattr(expert_parallel, "grouped_kernel", lambda rows: grouped)
+    torch.manual_seed(0)
+    block = LLaDAMoESparseBlock(32, 8, 3, 16, expert_bias=True)
+    for p in [*block.parameters(), block.expert_bias]:
+        nn.init.normal_(p, std=0.2)
+    whole = copy.deepcopy(block)
+    whole.stack_experts()
+    x = torch.randn(2, 7, 32)
+    parts = []
+    for rank in (0, 1):
+        mine = copy.deepcopy(block)
+        layer = nn.Module()
+        layer.mlp = mine
+        expert_parallel.keep_experts(layer, Shards(rank, 2))
+        mine.stack_experts()
+        assert list(mine.experts) == [str(i) for i in range(4 * rank, 4 * rank + 4)]
+        parts.append(mine(x))
+    torch.testing.assert_close(parts[0] + parts[1], whole(x), rtol=1e-5, atol=1e-6)
