@@ -70,16 +70,18 @@ OWN_STRATEGIES = {
 
 
 def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> list[str]:
-    """The requested names, or every strategy (the guided ones only when a guide is loaded)."""
+    """The requested names, or every strategy (the guided ones only when a guide is loaded);
+    its notes from rank 0 alone (--tensor-parallel)."""
     if text is not None:
         return split_list(text, "strategies")
     stepper = FAMILIES[family].stepper if family in FAMILIES else "masked"
     if stepper in OWN_STRATEGIES:
         names, why = OWN_STRATEGIES[stepper]
-        note(f"{family} {why}")
+        if leads():
+            note(f"{family} {why}")
         return list(names)
     names = [n for n, s in STRATEGIES.items() if has_guide or not s.guided]
-    if not has_guide:
+    if not has_guide and leads():
         note("no guide model loaded: skipping the guided strategies")
     return names
 
