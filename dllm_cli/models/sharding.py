@@ -80,6 +80,26 @@ LAYOUTS: dict[str, Layout] = {
         ("self_attn.o_proj", "mlp.down_proj"),
         ("model.embed_tokens", "lm_head"),
     ),
+    # Qwen3's names: Dream's layout; q_norm and k_norm act per head (replicated). The model
+    # side only: the block stepper still drafts from whole logits (decoding/sharded_sampling.py
+    # refuses the block families until it samples from vocabulary shards).
+    "sdar": Layout(
+        lambda c: {
+            "attention heads": c.num_attention_heads,
+            "KV heads": c.num_key_value_heads,
+            "MLP columns": c.intermediate_size,
+        },
+        "self_attn",
+        (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+        ),
+        ("self_attn.o_proj", "mlp.down_proj"),
+        ("model.embed_tokens", "lm_head"),
+    ),
     # Attention as Dream's; each expert's columns split as a dense MLP's, the router replicated
     # (every rank routes the same all-reduced hidden states), one all-reduce per sparse block.
     "llada_moe": Layout(
