@@ -114,3 +114,23 @@ def test_a_rank_killed_mid_request_answers_503_and_ends_the_server(llada):
     errors = [line for line in said if line.startswith("dllm: error")]
     assert errors == [f"dllm: error: {lost}; ending the job\n"], said
     assert "dllm_cli" not in "".join(said).split("ChildFailedError")[0]  # no traceback of ours
+
+
+def test_a_follower_drops_an_engine_that_fails_as_rank_0_does():
+    from types import SimpleNamespace
+
+    from dllm_cli.models.collectives import RankLost
+    from dllm_cli.serve import mirror
+
+    def failing(error: Exception) -> SimpleNamespace:
+        def step():
+            raise error
+
+        return SimpleNamespace(engine=SimpleNamespace(step=step))
+
+    pools = {"bad": failing(ValueError("a bug")), "lost": failing(RankLost("rank 1 left"))}
+    mirror.step(pools, "bad")
+    assert list(pools) == ["lost"]
+    mirror.drop(pools, None, 1, "bad")  # rank 0's drop of it, next turn: nothing left to drop
+    with pytest.raises(RankLost):
+        mirror.step(pools, "lost")

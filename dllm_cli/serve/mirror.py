@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from dllm_cli.decoding.sharded_sampling import refuse_unsupported
 from dllm_cli.errors import SettingsError
-from dllm_cli.models.collectives import Shards
+from dllm_cli.models.collectives import RankLost, Shards
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve import engines
 from dllm_cli.serve.protocol import Job
@@ -92,7 +92,18 @@ def follow(runtime: Runtime, slots: int, channel: Channel) -> None:
         for kind, group, *args in changes:
             CHANGES[kind](pools, runtime, slots, group, *args)
         for group in stepped:
-            pools[group].engine.step()
+            step(pools, group)
+
+
+def step(pools: dict, group: engines.Group) -> None:
+    """One step of rank 0's; an engine that fails drops out, as rank 0's does (worker.py
+    step_or_drop: its `drop` then comes with the next turn)."""
+    try:
+        pools[group].engine.step()
+    except RankLost:
+        raise
+    except Exception:  # every rank raised it at the same point: rank 0 answers the requests
+        del pools[group]
 
 
 def build(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
@@ -100,7 +111,7 @@ def build(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
 
 
 def drop(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
-    del pools[group]
+    pools.pop(group, None)  # (gone already when its step failed here too)
 
 
 def add(pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid) -> None:
