@@ -78,7 +78,9 @@ def test_a_degree_that_does_not_divide_the_experts_is_refused_with_its_numbers(t
         check_degree("llada_moe", config, 4, experts=True)
     check_degree("llada_moe", config, 2, experts=True)
     folder = write_llada(tmp_path / "llada").folder
-    with pytest.raises(SettingsError, match="--expert-parallel needs a mixture-of-experts model"):
+    with pytest.raises(
+        SettingsError, match=r"--expert-parallel supports llada_moe models only \(this is llada\)"
+    ):
         load_model(folder, dtype="float32", device="cpu", shards=Shards(0, 2, expert_parallel=True))
 
 

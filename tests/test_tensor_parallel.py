@@ -144,8 +144,8 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
     llada = LLaDAConfig(d_model=48, n_heads=6, n_layers=1, mlp_hidden_size=64)
     with pytest.raises(SettingsError, match="does not divide the model's 6 attention heads"):
         check_degree("llada", llada, 4)
-    with pytest.raises(SettingsError, match="does not support llada2 models yet"):
-        check_degree("llada2", llada, 2)
+    with pytest.raises(SettingsError, match="does not support diffusion_gemma models yet"):
+        check_degree("diffusion_gemma", llada, 2)
 
 
 @pytest.mark.parametrize(

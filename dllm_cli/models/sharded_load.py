@@ -12,6 +12,7 @@ from torch import nn
 
 from dllm_cli.models.expert_parallel import keep_experts
 from dllm_cli.models.moe import LLaDAMoESparseBlock
+from dllm_cli.models.sharded_llada2 import ROWS, read_rows, split_llada2_block
 from dllm_cli.models.sharding import (
     ZERO,
     RowLinear,
@@ -24,6 +25,9 @@ from dllm_cli.models.sharding import (
     layout_of,
 )
 from dllm_cli.models.weights import retie, tied_groups, weight_files
+
+# Families whose blocks are split by a function of their own (the layout's lists: empty).
+BLOCK_SPLITS = {"llada2": split_llada2_block}
 
 
 def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | str]:
@@ -38,6 +42,9 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
     for block in model.blocks():
         prefix = names[id(block)]
         columns, rows = list(layout.columns), list(layout.rows)
+        if family in BLOCK_SPLITS:
+            ops = (split_columns, split_inputs, split_rows)
+            BLOCK_SPLITS[family](block, shards, plan, prefix, ops)
         if layout.feed_forward is not None:
             columns, rows = split_feed_forward(block, layout.feed_forward, shards, plan, prefix)
             columns, rows = [*layout.columns, *columns], [*layout.rows, *rows]
@@ -177,8 +184,10 @@ def _read(st, name: str, piece: Slice | str, like: torch.Tensor) -> torch.Tensor
         return torch.zeros(like.shape)
     if piece is None:
         return st.get_tensor(name)
-    dim, lo, hi = piece
     tensor = st.get_slice(name)
+    if piece[0] == ROWS:  # a fused projection: several row ranges of it
+        return read_rows(tensor, piece[1])
+    dim, lo, hi = piece
     return tensor[lo:hi] if dim == 0 else tensor[:, lo:hi]
 
 

@@ -54,6 +54,16 @@ def moe_sizes(c) -> dict[str, int]:
     return sizes
 
 
+def llada2_sizes(c) -> dict[str, int]:
+    """LLaDA2.x: heads, KV heads, the dense MLP's and every expert's width (the shared
+    experts' is a multiple of it)."""
+    sizes = {"attention heads": c.num_attention_heads, "KV heads": c.num_key_value_heads}
+    sizes["dense MLP columns"] = c.intermediate_size
+    if c.num_experts:
+        sizes["expert MLP columns"] = c.moe_intermediate_size
+    return sizes
+
+
 # Keyed by families.py names; a family absent here is refused (`layout_of`).
 LAYOUTS: dict[str, Layout] = {
     "llada": Layout(
@@ -100,6 +110,15 @@ LAYOUTS: dict[str, Layout] = {
         ("self_attn.o_proj", "mlp.down_proj"),
         ("model.embed_tokens", "lm_head"),
     ),
+    # The fused QKV read as three row ranges, experts split by columns: its blocks are split
+    # by sharded_llada2.py (sharded_load.py's BLOCK_SPLITS), not by these lists.
+    "llada2": Layout(
+        llada2_sizes,
+        "attention",
+        (),
+        (),
+        ("model.word_embeddings", "lm_head"),
+    ),
     # Attention as Dream's; each expert's columns split as a dense MLP's, the router replicated
     # (every rank routes the same all-reduced hidden states), one all-reduce per sparse block.
     "llada_moe": Layout(
@@ -141,10 +160,8 @@ def check_degree(family: str, config, world: int, experts: bool = False) -> None
 
 def expert_sizes(family: str, config, sizes: dict[str, int]) -> dict[str, int]:
     """What must divide under --expert-parallel: whole experts, not their columns."""
-    if "expert MLP columns" not in sizes:
-        raise SettingsError(
-            f"--expert-parallel needs a mixture-of-experts model (llada_moe); this is {family}"
-        )
+    if family != "llada_moe":
+        raise SettingsError(f"--expert-parallel supports llada_moe models only (this is {family})")
     kept = {what: n for what, n in sizes.items() if what != "expert MLP columns"}
     return {**kept, "experts": config.num_experts}
 
