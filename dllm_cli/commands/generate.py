@@ -33,6 +33,7 @@ from dllm_cli.commands.generate_runs import (
     run_split,
     tensor_shards,
 )
+from dllm_cli.commands.split import ExpertParallel, check_experts
 from dllm_cli.errors import InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.family_settings import refuse_feature
@@ -83,7 +84,7 @@ TensorParallel = Annotated[
     typer.Option(
         "--tensor-parallel",
         help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
-        "every rank decodes every line, rank 0 writes them (docs/distributed.md). LLaDA, Dream "
+        "every rank decodes every line, rank 0 writes them (docs/tensor-parallel.md). LLaDA, Dream "
         "and LLaDA-MoE, greedy decoding; a multiple of N processes runs replicas of N ranks, "
         "each decoding its share of the lines.",
         rich_help_panel="Parallelism",
@@ -126,6 +127,7 @@ def generate_command(
     logprobs: Logprobs = None,
     verbose_prompt: o.VerbosePrompt = False,
     tensor_parallel: TensorParallel = 1,
+    expert_parallel: ExpertParallel = False,
     json_schema: JsonSchema = None,
     grammar: GrammarFile = None,
 ) -> None:
@@ -155,7 +157,10 @@ def generate_command(
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
         if logprobs is not None and not 0 <= logprobs <= 20:
             raise fail(f"--logprobs must be in 0..20 (got {logprobs})", USAGE)
-        shards = None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel)
+        check_experts(tensor_parallel, expert_parallel)
+        shards = (
+            None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel, expert_parallel)
+        )
         if shards is not None and not batch:
             raise fail("--tensor-parallel reads prompts from stdin: give '-' and pipe them", USAGE)
         if shards is not None and logprobs is not None:
