@@ -35,11 +35,6 @@ WRITERS: dict[str, Callable[[Path], Written]] = {
 }
 # tests/checkpoints.py's word-level tokenizers: every token decodes with a leading space
 WORD_LEVEL = ("llada", "llada_moe")
-UNWRITABLE = (
-    "decoding/grammar.py check_writable checks only the bytes a grammar forces first: under a "
-    "vocabulary whose every token begins with a space, an integer schema allows no first "
-    "token and the answer ends empty and invalid at exit 0 (it should be refused in one line)"
-)
 EDITING = {"edit_threshold": 0.0, "threshold": 0.5, "max_post_steps": 2}
 
 

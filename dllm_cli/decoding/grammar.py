@@ -97,15 +97,24 @@ def compile_grammar(kind: str, source: Any, vocab: GrammarVocab | None = None) -
 
 
 def check_writable(grammar: Grammar, vocab: GrammarVocab) -> None:
-    """GrammarError when the vocabulary cannot spell the bytes the grammar forces first
-    (JSON's `{` under a vocabulary with no token for it): every answer would otherwise end
-    empty and invalid, decoded without a word of warning."""
+    """GrammarError when the vocabulary cannot begin an answer the grammar accepts: the bytes
+    it forces first have no tokens (JSON's `{` under a vocabulary with no token for it), or
+    no token may come first (an integer under a vocabulary whose every word starts with a
+    space). Every answer would otherwise end empty and invalid, without a word of warning."""
     m = vocab.matcher(grammar)
-    if not m.is_error() and not vocab.spells(m.compute_ff_bytes()):
+    if m.is_error():
+        return
+    forced = m.compute_ff_bytes()
+    if not vocab.spells(forced):
         raise GrammarError(
             f"this model's vocabulary cannot write an answer under this {grammar.kind}: no "
-            f"tokens spell the {one_line(repr(m.compute_ff_bytes().decode('utf-8', 'replace')))} "
+            f"tokens spell the {one_line(repr(forced.decode('utf-8', 'replace')))} "
             "it begins with (use a model whose tokenizer can)"
+        )
+    if not m.is_accepting() and not vocab.can_begin(m):
+        raise GrammarError(
+            f"this model's vocabulary cannot write an answer under this {grammar.kind}: none "
+            "of its tokens may begin one (use a model whose tokenizer can)"
         )
 
 
@@ -145,6 +154,14 @@ class GrammarVocab:
     def spells(self, data: bytes) -> bool:
         """Whether some tokens of the vocabulary write exactly `data`."""
         return self.tokenizer.decode_bytes(self.tokenizer.tokenize_bytes(data)) == data
+
+    def can_begin(self, matcher) -> bool:
+        """Whether the matcher allows some real token next (not a stop, not an unnamed id)."""
+        raw = matcher.compute_bitmask()  # (words * 4,) bytes, bit i: token i allowed
+        bits = int.from_bytes(raw, "little") & ((1 << self.known) - 1)
+        for stop in self.stops:
+            bits &= ~(1 << stop)
+        return bits != 0
 
     def matcher(self, grammar: Grammar):
         m = llg.LLMatcher(self.tokenizer, grammar.text)
