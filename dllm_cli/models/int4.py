@@ -2,18 +2,21 @@
 
 The format is tinygemm's (torch's int4 weight-only kernels, `aten._weight_int4pack_mm*`, the one
 torchao's int4 weight-only config stores too): per output channel and group of `group` inputs,
-w ~= (q - 8) * scale + zero with q in 0..15, scale = (max - min) / 15 and zero = min + 8 * scale
-(asymmetric, min/max rounding, no calibration data). One scale and one zero per group in
-bfloat16: 4 bytes per 32 weights at the default group size, so 4.5 bits a weight on average
-(GGUF's Q4_0 stores 4.5 too: one float16 scale per 32 weights, no zero).
+w ~= (q - 8) * scale + zero with q in 0..15 (asymmetric, no calibration data). Each group's
+scale and zero are searched for the least squared error (`fit_groups`: llama.cpp's Q4_K
+search), never worse than min/max's scale = (max - min) / 15, zero = min + 8 * scale. One
+scale and one zero per group in bfloat16: 4 bytes per 32 weights at the default group size,
+so 5 bits a weight on average (GGUF's Q4_0 stores 4.5: one float16 scale per 32, no zero).
 
 Kernels, by device (`kernel_for`):
 
 - CPU, "dequant": the codes stay packed two a byte (`pack_halves`); each call unpacks one
-  layer's weight, scales it in float32, rounds it to bfloat16 and multiplies in bfloat16 (oneDNN / MKL with AVX-512 BF16, float32 accumulation). Measured on this project's
-  CPU (192 x 512 @ 512 x 1408, one thread, CPU time): float32 3.0 ms, this 1.5 ms, torch's
-  `_weight_int4pack_mm_for_cpu` 1.9 ms with bfloat16 input and 229 ms with float32 input
-  (docs/quantization.md has the table).
+  layer's weight, scales it in float32, rounds it to bfloat16 and multiplies in bfloat16
+  (oneDNN / MKL with AVX-512 BF16, float32 accumulation). Per forward of the peer's
+  projections it took 0.6-0.9x the CPU time of "tinygemm-cpu" (docs/quantization.md).
+- "tinygemm-cpu" (asked for by name only, `Int4Linear.of(kernel=)`): torch's CPU int4 kernel,
+  `aten._convert_weight_to_int4pack_for_cpu` once, `aten._weight_int4pack_mm_for_cpu` per
+  call on bfloat16 activations (benchmarks/int4_kernels.py compares the two).
 - CUDA, "tinygemm": `aten._convert_weight_to_int4pack` once, `aten._weight_int4pack_mm` per
   call (bfloat16 activations), where the layer's shape fits its tiles (outputs a multiple of 8,
   inputs of 32, group 32..256); other layers take the dequant path. Not run on a GPU by this
