@@ -6,7 +6,8 @@ slot's whole canvas, prompt + answer), and the activations of one step (the wide
 intermediate tensors of one forward over every slot's canvas). int8 follows models/quantize.py:
 projections (attention, MLP, experts, output head) are int8 with one float32 scale per output
 channel, their biases float32; embeddings, norms, MoE routers and the first block's MLP output
-projection stay in the load dtype. int4 is counted group-wise on the same tensors (INT4_* below).
+projection stay in the load dtype. int4 is counted group-wise on the same tensors (INT4_* below)
+but the output head, which int4 keeps in int8 (quantize.py).
 No torch here: `dllm list` judges every profile without loading anything.
 """
 
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from dllm_cli.errors import ModelLoadError
 
-# int4: 4-bit values in groups of INT4_GROUP along the input, a scale and a zero per group.
+# int4: 4-bit values in groups of INT4_GROUP along the input, a scale and a zero per group
+# (models/int4.py's DEFAULT_GROUP and bfloat16 pairs; a test holds them equal).
 INT4_GROUP = 32
 INT4_SCALE_BYTES = 2
 INT4_ZERO_BYTES = 2
@@ -58,7 +60,7 @@ class Arch:
 class Tensor:
     """One weight: `kind` decides how it is stored (linear: quantized; float: load dtype)."""
 
-    kind: str  # linear | float | bias (a quantized linear's bias: float32)
+    kind: str  # linear | head | float | bias (a quantized linear's bias: float32)
     rows: int  # output channels (a linear's scales)
     cols: int = 1
 
@@ -182,7 +184,7 @@ def tensors(a: Arch) -> list[Tensor]:
             out += swiglu(d, a.shared_ffn)
     out.append(Tensor("float", d))  # the final norm
     if not a.tied:
-        out.append(Tensor("linear", a.vocab, d))  # the output head
+        out.append(Tensor("head", a.vocab, d))  # the output head: int8 under int4 too
     return out
 
 
@@ -192,7 +194,7 @@ def tensor_bytes(t: Tensor, float_bytes: int, quantize: str) -> float:
         return t.numel * (4 if quantize != "none" else float_bytes)  # Int8Linear keeps float32
     if t.kind == "float" or quantize == "none":
         return t.numel * float_bytes
-    if quantize == "int8":
+    if quantize == "int8" or t.kind == "head":
         return t.numel + t.rows * INT8_SCALE_BYTES
     groups = t.rows * math.ceil(t.cols / INT4_GROUP)  # int4
     return t.numel / 2 + groups * (INT4_SCALE_BYTES + INT4_ZERO_BYTES)

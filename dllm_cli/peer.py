@@ -5,10 +5,11 @@ threads, with the work llama.cpp can do: no cache, every step forwards the whole
 (prompt + canvas), Dream's timestep schedule with one step per generated token, confidence
 ranking, all steps (no early stop). Each reports its own decode time (llama.cpp: the
 `total time` line of `diffusion_generate`; dllm: `generate --json`'s `seconds`); wall time
-is the whole process, start-up included. The load average is read before each pair of runs
-(one of each tool): a pair measured above `LOAD_LIMIT` is marked not comparable (under load
-llama.cpp's spinning OpenMP threads slow down far more than dllm's). docs/cpu.md has the recipe
-and numbers.
+is the whole process, start-up included. Before each pair of runs (one of each tool) the
+1-minute load average is awaited, up to LOAD_WAIT_S, until it falls below LOAD_QUIET (each run
+leaves its own threads' load behind: 2 threads read about 2 just after); a pair whose load stayed
+above `LOAD_LIMIT` is marked not comparable (under load llama.cpp's spinning OpenMP threads slow
+down far more than dllm's). docs/cpu.md has the recipe and numbers.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ DREAM_EPS = 1e-3  # Dream's timestep schedule ends at t = eps (its generation_ut
 
 # A pair of runs measured above this 1-minute load average is not comparable.
 LOAD_LIMIT = 1.5
+LOAD_QUIET = 1.0  # before each pair, wait for the load average to fall below this ...
+LOAD_WAIT_S = 60.0  # ... for at most this long (it decays by e in a minute) ...
+LOAD_POLL_S = 5.0  # ... reading it this often (the kernel updates it every 5 s)
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,42 @@ class Timed:
 
     decode_s: float
     wall_s: float
+
+
+@dataclass(frozen=True)
+class LoadGate:
+    """Waits, bounded, for a quiet machine before each pair of runs; reads and sleeps are
+    injected so the waiting is tested without time passing."""
+
+    quiet: float
+    patience_s: float
+    poll_s: float
+    read: Callable[[], float] = lambda: os.getloadavg()[0]
+    sleep: Callable[[float], None] = time.sleep
+    say: Callable[[str], None] = lambda _: None
+
+    def wait(self) -> float:
+        """Sleep until the load is below `quiet` or `patience_s` have passed; the load last read."""
+        load, waited = self.read(), 0.0
+        if load < self.quiet:
+            return load
+        self.say(
+            f"load average {load:.2f}: waiting up to {self.patience_s:.0f} s for it to fall "
+            f"below {self.quiet}"
+        )
+        while load >= self.quiet and waited < self.patience_s:
+            step = min(self.poll_s, self.patience_s - waited)
+            self.sleep(step)
+            waited += step
+            load = self.read()
+        verdict = "quiet" if load < self.quiet else "still high"
+        self.say(f"load average {load:.2f} after {waited:.0f} s: {verdict}")
+        return load
+
+
+def load_gate(say: Callable[[str], None] = lambda _: None) -> LoadGate:
+    """The gate `dllm bench --peer` waits at (this module's limits, read when called)."""
+    return LoadGate(LOAD_QUIET, LOAD_WAIT_S, LOAD_POLL_S, say=say)
 
 
 def check_peer(binary: Path, gguf: Path) -> None:
@@ -189,8 +229,11 @@ def compare(
     works: Sequence[Work],
     rounds: int,
     on_run: Callable[[str, Work, Timed], None] = lambda *_: None,
+    gate: LoadGate | None = None,
 ) -> list[dict]:
-    """Medians over `rounds` alternating runs (the first contender swaps every round)."""
+    """Medians over `rounds` alternating runs (the first contender swaps every round), each
+    pair after `gate` waited for a quiet machine."""
+    gate = gate or load_gate()
     contenders: dict[str, Callable[[Work], Timed]] = {
         "llama.cpp": lambda w: run_llamacpp(binary, gguf, w),
         "dllm": lambda w: run_dllm(folder, w),
@@ -202,7 +245,7 @@ def compare(
         pair_loads = []
         for r in range(rounds):
             order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
-            pair_loads.append(round(os.getloadavg()[0], 2))  # before each pair
+            pair_loads.append(round(gate.wait(), 2))  # before each pair, once quiet
             for name in order:
                 timed = contenders[name](work)
                 runs[name].append(timed)

@@ -19,11 +19,14 @@ from pathlib import Path
 import pytest
 from cli_fixtures import invoke, isolated_fixture  # noqa: F401
 
+from dllm_cli import peer
 from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.peer import (
+    LoadGate,
     Timed,
     Work,
     comparability,
+    compare,
     dllm_argv,
     llamacpp_argv,
     markdown,
@@ -84,6 +87,56 @@ def test_a_pair_measured_above_the_load_limit_is_not_comparable():
     verdict = comparability([0.4, 2.7, 1.6])
     assert verdict["comparable"] is False and verdict["pair_loads"] == [0.4, 2.7, 1.6]
     assert verdict["comparable_note"] == "no: 2 of 3 pairs above 1.5"
+
+
+class Clock:
+    """A load reader and sleeper: the load falls by `fall` per second slept (no real time)."""
+
+    def __init__(self, load: float, fall: float = 0.0):
+        self.load, self.fall, self.slept, self.said = load, fall, [], []
+
+    def read(self) -> float:
+        return self.load
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.load -= self.fall * seconds
+
+    def gate(self, patience: float = 60.0) -> LoadGate:
+        return LoadGate(1.0, patience, 5.0, self.read, self.sleep, self.said.append)
+
+
+def test_the_gate_waits_for_the_load_to_fall_and_no_longer():
+    """A quiet machine: no wait. A falling load: polls until it is below 1, then measures.
+    A load that stays high: stops after the patience (the pair is then not comparable)."""
+    quiet = Clock(0.4)
+    assert quiet.gate().wait() == 0.4 and quiet.slept == [] and quiet.said == []
+    falling = Clock(1.9, fall=0.04)  # below 1 after 25 s: five polls of 5 s
+    assert falling.gate().wait() < 1.0 and falling.slept == [5.0] * 5
+    assert "waiting up to 60 s" in falling.said[0] and "after 25 s: quiet" in falling.said[-1]
+    stuck = Clock(3.0)
+    assert stuck.gate(patience=12).wait() == 3.0 and stuck.slept == [5.0, 5.0, 2.0]
+    assert "after 12 s: still high" in stuck.said[-1]
+
+
+def test_each_pair_is_measured_after_the_gate_and_judged_on_its_load(monkeypatch):
+    """compare() waits before every pair; a pair is not comparable only if the load stayed
+    high: after the gate, the load its own previous runs left is gone."""
+    clock = Clock(2.0, fall=0.1)  # every run leaves 2.0 behind (a 2-thread run)
+
+    def run(*_):
+        clock.load = 2.0
+        return Timed(1.0, 1.5)
+
+    monkeypatch.setattr(peer, "run_llamacpp", run)
+    monkeypatch.setattr(peer, "run_dllm", run)
+    work = Work("hi", prompt_tokens=8, gen=4, threads=2)
+    (record,) = compare(Path("b"), Path("g"), "f", [work], rounds=3, gate=clock.gate())
+    assert record["comparable"] is True and all(x < 1.0 for x in record["pair_loads"])
+    assert len(record["pair_loads"]) == 3 and sum(clock.slept) == 3 * 15.0
+    stuck = Clock(2.0)
+    (record,) = compare(Path("b"), Path("g"), "f", [work], rounds=2, gate=stuck.gate(10))
+    assert record["comparable"] is False and record["pair_loads"] == [2.0, 2.0]
 
 
 def test_the_summary_gives_medians_per_step_and_the_ratio():
@@ -149,8 +202,10 @@ def test_peer_usage_errors(extra, words, tmp_path, dream_ckpt):
 
 
 @pytest.mark.slow
-def test_a_run_against_a_binary_replaying_llamacpp_s_output(tmp_path, dream_ckpt):
-    """The whole pipeline (both processes, medians, table, JSON) with the fixture as the peer."""
+def test_a_run_against_a_binary_replaying_llamacpp_s_output(tmp_path, dream_ckpt, monkeypatch):
+    """The whole pipeline (both processes, medians, table, JSON) with the fixture as the peer
+    (no waiting for a quiet machine: the gate's own test covers it)."""
+    monkeypatch.setattr(peer, "LOAD_WAIT_S", 0.0)
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     replay = executable(tmp_path / "replay", f"#!/bin/sh\ncat '{FIXTURE}' >&2\n")

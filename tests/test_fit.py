@@ -54,11 +54,12 @@ def reference_bytes(model: nn.Module, precision: str) -> int:
     if precision in fit.FLOAT_BYTES:
         return sum(t.numel() for t in tensors.values()) * fit.FLOAT_BYTES[precision]
     quantized = {id(m.weight): m for m in quantized_linears(model)}
+    heads = {id(m.weight) for m in q.output_heads(model)}  # int8 under int4 too
     total = 0
     for key, t in tensors.items():
         if key not in quantized:
             total += t.numel() * 2
-        elif precision == "int8":
+        elif precision == "int8" or key in heads:
             total += t.numel() + t.shape[0] * fit.INT8_SCALE_BYTES
         else:
             groups = t.shape[0] * math.ceil(t.shape[1] / fit.INT4_GROUP)
@@ -140,6 +141,29 @@ def test_fewer_slots_is_offered_when_the_cache_is_what_does_not_fit():
     assert "--batch-size 4" in offers
 
 
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda p: checkpoints.write_dream(p, dtype=torch.float32, intermediate_size=64),
+        lambda p: checkpoints.write_llada(p, dtype=torch.float32, mlp_hidden_size=64),
+    ],
+    ids=["dream", "llada"],
+)
+def test_the_counted_bytes_are_the_loaded_model_s_at_each_quantization(write, tmp_path):
+    """fit.py's count equals the bytes a real folder holds once loaded and quantized: int4's
+    groups, bfloat16 pairs and int8 head as models/int4.py and quantize.py store them."""
+    from dllm_cli.models.int4 import DEFAULT_GROUP
+    from dllm_cli.models.loading import load_model
+
+    assert fit.INT4_GROUP == DEFAULT_GROUP
+    folder = write(tmp_path / "m").folder
+    raw = json.loads((folder / "config.json").read_text())
+    arch = fit.read_arch(raw, family_for_config(raw, folder).name)
+    for quantize in ("none", "int8", "int4"):
+        lm = load_model(folder, device="cpu", dtype="float32", quantize=quantize)
+        assert fit.weight_bytes(arch, "float32", quantize) == q.weight_bytes(lm.model), quantize
+
+
 def test_free_memory_on_this_machine():
     assert fit.available_ram() > 0
     if torch.cuda.is_available():
@@ -150,7 +174,7 @@ def test_profiles_show_lists_the_weights_at_each_precision(tmp_path):
     (tmp_path / "config.json").write_text((CONFIGS / "llada-8b-instruct.json").read_text())
     result = invoke("profiles", "show", "--model", str(tmp_path))
     assert result.exit_code == 0, result.output
-    assert "weights: float32 32.1 GB, bfloat16 16.0 GB, int8 8.6 GB, int4 5.8 GB" in result.stdout
+    assert "weights: float32 32.1 GB, bfloat16 16.0 GB, int8 8.6 GB, int4 6.0 GB" in result.stdout
 
 
 WRITERS = {

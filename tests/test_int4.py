@@ -22,11 +22,10 @@ from dllm_cli.models.int4 import (
     pack_halves,
     pack_nibbles,
     quantize_groups,
-    tinygemm_cpu,
     unpack_halves,
 )
 from dllm_cli.models.loading import load_model
-from dllm_cli.models.quantize import quantize_model, weight_bytes
+from dllm_cli.models.quantize import Int8Linear, quantize_model, weight_bytes
 
 # Folders whose every projection input is a multiple of 32 (the default group size).
 WIDE = {
@@ -44,21 +43,20 @@ def weight(out: int = 40, k: int = 96, seed: int = 0) -> torch.Tensor:
 
 
 def test_codes_and_pairs_reproduce_each_weight_within_half_a_step():
-    """|w - dequantized| <= scale / 2 per weight (min/max rounding), plus bfloat16's rounding
-    of the zero; codes are 0..15 and pack two a byte losslessly."""
+    """|w - dequantized| <= scale / 2 per weight (min/max rounding, no search), plus bfloat16's
+    rounding of the zero; codes are 0..15 and pack two a byte losslessly."""
     w = weight()
-    codes, pairs = quantize_groups(w, 32)
+    codes, pairs = quantize_groups(w, 32, search=False)
     assert codes.dtype == torch.uint8 and int(codes.max()) <= 15
     assert torch.equal(unpack_halves(pack_halves(codes, 32), 32), codes)
     pairs_of_inputs = pack_nibbles(codes)  # tinygemm's order: input 2i high, 2i + 1 low
     assert torch.equal(pairs_of_inputs >> 4, codes[:, ::2]) and torch.equal(
         pairs_of_inputs & 15, codes[:, 1::2]
     )
-    layer = Int4Linear.of(w)
     scale, zero = pairs.float().unbind(-1)  # (out, G) each
     step = scale.repeat_interleave(32, dim=1)  # (out, in)
     slack = zero.abs().repeat_interleave(32, dim=1) * 2**-8
-    err = (layer.dequantized(torch.float32) - w).abs()
+    err = ((codes.float() - 8) * step + zero.repeat_interleave(32, dim=1) - w).abs()
     assert (err <= step / 2 + slack + 1e-6).all()
 
 
@@ -83,14 +81,17 @@ def test_int4_matmul_matches_its_float_reference(bias):
 
 
 def test_torch_int4_kernel_reads_the_same_codes_and_pairs():
-    """torch's tinygemm CPU twin, on the codes and (G, out, 2) pairs the CUDA path hands its
-    kernel, multiplies by the same weights (the layout and the zero's sign are right)."""
+    """torch's tinygemm CPU twin (the "tinygemm-cpu" kernel), on the codes and (G, out, 2)
+    pairs the CUDA path hands its kernel, multiplies by the same weights (the layout and the
+    zero's sign are right), its fused parts narrowed."""
     w = weight(out=64, k=128, seed=5)
-    codes, pairs = quantize_groups(w, 32)
     x = torch.randn(7, 128)
     ours = Int4Linear.of(w)(x)
-    theirs = tinygemm_cpu(codes, pairs, x, 32).float()
+    layer = Int4Linear.of(w, kernel="tinygemm-cpu")
+    theirs = layer(x)
+    assert layer.kernel == "tinygemm-cpu" and theirs.dtype == torch.float32
     assert (theirs - ours).norm() / ours.norm() < 0.01
+    assert torch.equal(layer.part(8, 40)(x), theirs[:, 8:40])
 
 
 def test_kernel_choice_per_device_and_shape():
@@ -141,6 +142,9 @@ def test_weights_are_stored_in_four_bits():
     quantize_model(int8, "int8")
     assert quantize_model(int4, "int4") == quantize_model(copy.deepcopy(lm.model), "int8")
     assert weight_bytes(int4) < weight_bytes(int8) < weight_bytes(f32)
+    # the output head in int8, as llama.cpp's Q4_0 keeps it at Q6_K; the blocks in int4
+    assert isinstance(int4.lm_head, Int8Linear) and isinstance(int8.lm_head, Int8Linear)
+    assert isinstance(int4.model.layers[1].mlp.down_proj, Int4Linear)
 
 
 def test_parts_and_narrowed_parts_equal_the_joined_layer():
@@ -190,8 +194,10 @@ def test_int4_on_a_bfloat16_load_keeps_the_model_dtype(tmp_path):
 
 @pytest.mark.slow
 def test_cli_shipped_model_under_int4_writes_float32s_answer():
-    """The shipped Dream model in 4 bits, unguided, writes what float32 writes for this problem
-    (a wrong 9 in both: the diffusion model alone; the guide's 7 is int8's test)."""
+    """The shipped Dream model in 4 bits, unguided, answers what float32 answers for this problem
+    (a wrong 9 in both: the diffusion model alone; the guide's 7 is int8's test). The text may
+    differ in a token (int4 writes "9.." where float32 writes "9."): its accuracy is measured
+    on 100 problems (docs/quantization.md)."""
     texts = []
     for quantize in ("none", "int4"):
         result = invoke(
@@ -200,4 +206,5 @@ def test_cli_shipped_model_under_int4_writes_float32s_answer():
         )  # fmt: skip
         assert result.exit_code == 0, result.output
         texts.append(result.stdout.strip())
-    assert texts[1] == texts[0] and texts[0].endswith("The answer is 9."), texts
+    assert all(t.endswith("The answer is 9.") for t in texts), texts
+    assert texts[1].startswith("Tom has 3 apples and buys 4 more. 3 + 4 = 9"), texts

@@ -14,11 +14,14 @@ from dllm_cli.errors import DllmError, UsageError
 from dllm_cli.options import Choices
 from dllm_cli.peer import (
     LOAD_LIMIT,
+    LOAD_QUIET,
+    LOAD_WAIT_S,
     PRECISIONS,
     Timed,
     Work,
     check_peer,
     compare,
+    load_gate,
     markdown,
     precision_for,
 )
@@ -86,8 +89,9 @@ def run_peer(
     works = [Work(prompt, n, gen, threads, precision.quantize) for gen in lengths]
     stderr.print(
         f"peer: {n}-token chat-wrapped prompt, {threads} threads, {rounds} rounds, "
-        f"{precision.what}; load average now {os.getloadavg()[0]:.2f} (a pair of runs started "
-        f"above {LOAD_LIMIT} is marked not comparable)",
+        f"{precision.what}; load average now {os.getloadavg()[0]:.2f} (before each pair of runs "
+        f"it waits up to {LOAD_WAIT_S:.0f} s for the load to fall below {LOAD_QUIET}; a pair "
+        f"started above {LOAD_LIMIT} is marked not comparable)",
         highlight=False,
     )
 
@@ -98,7 +102,10 @@ def run_peer(
             highlight=False,
         )
 
-    records = compare(binary, gguf, folder, works, rounds, on_run=report)
+    def say(line: str) -> None:
+        stderr.print(f"{'peer':>10}: {line}", highlight=False)
+
+    records = compare(binary, gguf, folder, works, rounds, on_run=report, gate=load_gate(say))
     typer.echo(
         f"{folder} ({precision.what}) against {gguf}: no cache, one token per step, Dream's schedule, "
         f"{n}-token prompt, {threads} threads, medians of {rounds}; ratio = llama.cpp's "

@@ -2,18 +2,21 @@
 
 The format is tinygemm's (torch's int4 weight-only kernels, `aten._weight_int4pack_mm*`, the one
 torchao's int4 weight-only config stores too): per output channel and group of `group` inputs,
-w ~= (q - 8) * scale + zero with q in 0..15, scale = (max - min) / 15 and zero = min + 8 * scale
-(asymmetric, min/max rounding, no calibration data). One scale and one zero per group in
-bfloat16: 4 bytes per 32 weights at the default group size, so 4.5 bits a weight on average
-(GGUF's Q4_0 stores 4.5 too: one float16 scale per 32 weights, no zero).
+w ~= (q - 8) * scale + zero with q in 0..15 (asymmetric, no calibration data). Each group's
+scale and zero are searched for the least squared error (`fit_groups`: llama.cpp's Q4_K
+search), never worse than min/max's scale = (max - min) / 15, zero = min + 8 * scale. One
+scale and one zero per group in bfloat16: 4 bytes per 32 weights at the default group size,
+so 5 bits a weight on average (GGUF's Q4_0 stores 4.5: one float16 scale per 32, no zero).
 
 Kernels, by device (`kernel_for`):
 
 - CPU, "dequant": the codes stay packed two a byte (`pack_halves`); each call unpacks one
-  layer's weight, scales it in float32, rounds it to bfloat16 and multiplies in bfloat16 (oneDNN / MKL with AVX-512 BF16, float32 accumulation). Measured on this project's
-  CPU (192 x 512 @ 512 x 1408, one thread, CPU time): float32 3.0 ms, this 1.5 ms, torch's
-  `_weight_int4pack_mm_for_cpu` 1.9 ms with bfloat16 input and 229 ms with float32 input
-  (docs/quantization.md has the table).
+  layer's weight, scales it in float32, rounds it to bfloat16 and multiplies in bfloat16
+  (oneDNN / MKL with AVX-512 BF16, float32 accumulation). Per forward of the peer's
+  projections it took 0.6-0.9x the CPU time of "tinygemm-cpu" (docs/quantization.md).
+- "tinygemm-cpu" (asked for by name only, `Int4Linear.of(kernel=)`): torch's CPU int4 kernel,
+  `aten._convert_weight_to_int4pack_for_cpu` once, `aten._weight_int4pack_mm_for_cpu` per
+  call on bfloat16 activations (benchmarks/int4_kernels.py compares the two).
 - CUDA, "tinygemm": `aten._convert_weight_to_int4pack` once, `aten._weight_int4pack_mm` per
   call (bfloat16 activations), where the layer's shape fits its tiles (outputs a multiple of 8,
   inputs of 32, group 32..256); other layers take the dequant path. Not run on a GPU by this
@@ -36,6 +39,8 @@ GROUP_SIZES = (32, 64, 128, 256)  # the group sizes tinygemm's kernels take
 DEFAULT_GROUP = 32
 LEVELS = 15  # q in 0..15
 MID = 8  # tinygemm's codes are centred on 8
+SEARCH_STEPS = 10  # candidate scales per group past min/max (llama.cpp's Q4_K search: 20)
+SEARCH_CHUNK = 1 << 18  # weights searched at once (a few float32 copies of them in scratch)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ def _tinygemm_fits(out_features: int, in_features: int, group: int) -> bool:
 
 KERNELS: dict[str, Kernel] = {
     "tinygemm": Kernel("tinygemm", _tinygemm_fits),
+    "tinygemm-cpu": Kernel("tinygemm-cpu", _tinygemm_fits),
     "dequant": Kernel("dequant", lambda *_: True),
 }
 # The kernel each device type tries first; the dequant path serves whatever does not fit.
@@ -80,17 +86,104 @@ def check_group(group: int, in_features: int, name: str = "a layer") -> None:
         )
 
 
-def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_groups(
+    weight: torch.Tensor, group: int, search: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, in) float -> codes uint8 (out, in) in 0..15 and bfloat16 (out, in / group, 2)
-    scale and zero, min/max per group; the codes are rounded against the bfloat16 values."""
-    out_features, in_features = weight.shape
-    w = weight.detach().float().view(out_features, in_features // group, group)
-    low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)  # (out, G, 1)
+    scale and zero per group, chosen by `fit_groups` (or min/max with search off); the codes
+    are rounded against the bfloat16 values."""
+    in_features = weight.shape[1]
+    rows = max(1, SEARCH_CHUNK // in_features)  # a slice of rows at a time: scratch in cache
+    codes, pairs = [], []
+    for chunk in weight.detach().float().split(rows):
+        # (group, rows * G): a group's weights down a column, so its sums are row adds
+        columns = chunk.reshape(-1, group).t().contiguous()
+        c, scale, zero = fit_groups(columns, search)
+        codes.append(c.t().reshape(chunk.shape))
+        pairs.append(torch.cat((scale, zero)).t().reshape(chunk.shape[0], -1, 2))
+    return torch.cat(codes), torch.cat(pairs).bfloat16()
+
+
+def fit_groups(w: torch.Tensor, search: bool = True) -> tuple[torch.Tensor, ...]:
+    """(group, M) groups as columns -> uint8 codes (group, M) and (1, M) scales and zeros: per
+    group the fit of least squared error among min/max, the searched one and its refit (so
+    never worse than min/max).
+
+    The search is llama.cpp's for Q4_K (`make_qkx2_quants`): codes rounded at SEARCH_STEPS + 1
+    scales spanning 15 +- 1 levels over the group's range, each with the scale and zero that
+    fit them best (least squares; its error in closed form). The best one's scale and zero are
+    rounded to bfloat16 and the codes rounded again against them; one more least-squares fit
+    of those codes (rounded the same way) is the refit. Unweighted: with no calibration data
+    every weight counts the same.
+    """
+    low, high = w.amin(0, keepdim=True), w.amax(0, keepdim=True)  # (1, M)
     scale = ((high - low) / LEVELS).clamp_(min=1e-8).bfloat16().float()
-    zero = (low + MID * scale).bfloat16().float()
-    codes = ((w - zero) / scale + MID).round_().clamp_(0, LEVELS).to(torch.uint8)
-    pairs = torch.cat((scale, zero), dim=-1).bfloat16()  # (out, G, 2)
-    return codes.view(out_features, in_features), pairs
+    best = rounded(w, scale, low + MID * scale)  # plain min/max: (codes, scale, zero, error)
+    if not search:
+        return best[:3]
+    sw = w.sum(0, keepdim=True)  # (1, M)
+    searched = rounded(w, *searched_fit(w, low, high, sw, best[1], best[2]))
+    best = least(searched, best)
+    fit_scale, fit_zero, _, ok = least_squares(w, best[0].float(), sw)
+    refit = rounded(w, torch.where(ok, fit_scale, best[1]), torch.where(ok, fit_zero, best[2]))
+    return least(refit, best)[:3]
+
+
+def least(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Per group (column), the (codes, scale, zero, error) of `a` or `b` with less error."""
+    better = a[3] < b[3]  # (1, M)
+    return tuple(torch.where(better, x, y) for x, y in zip(a, b, strict=True))
+
+
+def searched_fit(
+    w: torch.Tensor,
+    low: torch.Tensor,
+    high: torch.Tensor,
+    sw: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The least-squares scale and zero of the candidate codes with the least error (before
+    bfloat16 rounding); a group whose every candidate is degenerate keeps `scale`, `zero`."""
+    span = (high - low).clamp_(min=1e-8)  # (1, M)
+    best_err = torch.full_like(sw, float("inf"))
+    shifted = w - low  # (group, M)
+    codes = torch.empty_like(w)
+    for step in range(SEARCH_STEPS + 1):
+        levels = LEVELS - 1 + 2 * step / SEARCH_STEPS  # 14 .. 16 levels over the range
+        torch.mul(shifted, levels / span, out=codes).round_().clamp_(0, LEVELS)
+        fit_scale, fit_zero, err, ok = least_squares(w, codes, sw)
+        take = ok & (err < best_err)
+        best_err = torch.where(take, err, best_err)
+        scale = torch.where(take, fit_scale, scale)
+        zero = torch.where(take, fit_zero, zero)
+    return scale, zero
+
+
+def least_squares(
+    w: torch.Tensor, codes: torch.Tensor, sw: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Per column, the a, b minimising sum (w - (a * codes + b))^2, as (scale a, zero b + 8 a,
+    that error less sum w^2, whether it is a fit: the codes not all equal and a > 0)."""
+    n = w.shape[0]
+    sc, scw = codes.sum(0, keepdim=True), (codes * w).sum(0, keepdim=True)  # (1, M)
+    scc = codes.square().sum(0, keepdim=True)
+    det = n * scc - sc * sc  # 0 when every code is equal
+    safe = torch.where(det > 0, det, torch.ones_like(det))
+    a = (n * scw - sc * sw) / safe
+    b = (scc * sw - sc * scw) / safe
+    err = -(a * scw + b * sw)  # at the optimum: sum (w - a c - b)^2 = sum w^2 - a scw - b sw
+    return a, b + MID * a, err, (det > 0) & (a > 0)
+
+
+def rounded(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(codes, scale, zero, squared error per group) with scale and zero rounded to bfloat16
+    and each weight's nearest code against them."""
+    scale = scale.clamp(min=1e-8).bfloat16().float()
+    zero = zero.bfloat16().float()
+    codes = ((w - zero) / scale + MID).round_().clamp_(0, LEVELS)
+    error = ((codes - MID) * scale + zero - w).square_().sum(0, keepdim=True)
+    return codes.to(torch.uint8), scale, zero, error
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -134,12 +227,17 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def of(
-        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = DEFAULT_GROUP
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        group: int = DEFAULT_GROUP,
+        kernel: str | None = None,
     ) -> Int4Linear:
-        """Quantize a float (out, in) weight on its device (and keep its bias in float32)."""
+        """Quantize a float (out, in) weight on its device (and keep its bias in float32);
+        `kernel` names one of KERNELS instead of the device's choice (`kernel_for`)."""
         out_features, in_features = weight.shape
         check_group(group, in_features)
-        kernel = kernel_for(weight.device, out_features, in_features, group)
+        kernel = kernel or kernel_for(weight.device, out_features, in_features, group)
         with torch.no_grad():
             codes, pairs = quantize_groups(weight, group)
             packed = PACKERS[kernel](codes, group)
@@ -225,13 +323,24 @@ def _tinygemm_pack(codes: torch.Tensor, group: int) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack(pack_nibbles(codes), inner_tiles)
 
 
-PACKERS = {"dequant": pack_halves, "tinygemm": _tinygemm_pack}
-MATMULS = {"dequant": _dequant_matmul, "tinygemm": _tinygemm_matmul}
+def _tinygemm_cpu_pack(codes: torch.Tensor, group: int) -> torch.Tensor:
+    """torch's CPU int4 layout from (out, in) codes (int32 in, uint8 tiles out)."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
 
 
-def tinygemm_cpu(codes: torch.Tensor, pairs: torch.Tensor, x: torch.Tensor, group: int):
-    """torch's CPU twin of tinygemm on the same codes and (out, G, 2) pairs (a cross-check of
-    the layout the CUDA path hands it; 1.4x slower than the dequant path here)."""
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
-    table = pairs.transpose(0, 1).contiguous()  # (G, out, 2)
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, table)
+def _tinygemm_cpu_matmul(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    """torch's CPU int4 kernel: bfloat16 (N, in) against its tiles and the (G, out, 2) pairs."""
+    pairs = layer.pairs.view(torch.bfloat16)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, layer.packed, layer.group, pairs)
+
+
+PACKERS = {
+    "dequant": pack_halves,
+    "tinygemm": _tinygemm_pack,
+    "tinygemm-cpu": _tinygemm_cpu_pack,
+}
+MATMULS = {
+    "dequant": _dequant_matmul,
+    "tinygemm": _tinygemm_matmul,
+    "tinygemm-cpu": _tinygemm_cpu_matmul,
+}

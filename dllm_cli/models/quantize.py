@@ -13,7 +13,9 @@ Embeddings, norms, MoE routers and the first block's MLP output projection stay 
 dtype.
 
 `--quantize int4` stores the same layers in 4 bits, one bfloat16 scale and zero per group of 32
-inputs (tinygemm's format), and multiplies in bfloat16 (models/int4.py says why and how).
+inputs (tinygemm's format), and multiplies in bfloat16 (models/int4.py says why and how); the
+output head takes int8 there, as llama.cpp's `llama-quantize` keeps `output.weight` at Q6_K
+when it writes Q4_0 (6.6 bits a weight: the logits are what sampling reads).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Scheme:
     make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None
     group: int = 0  # inputs per scale (0: one scale per output channel)
     refused: str | None = None  # None: it runs
+    head: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None  # else `make`
 
 
 def scheme_for(name: str) -> Scheme:
@@ -137,7 +140,13 @@ class Int8Linear(nn.Module):
 SCHEMES: dict[str, Scheme] = {
     "none": Scheme("none", 0),
     "int8": Scheme("int8", 8, lambda w, b: Int8Linear.of(w, b)),
-    "int4": Scheme("int4", 4, lambda w, b: Int4Linear.of(w, b), group=DEFAULT_GROUP),
+    "int4": Scheme(
+        "int4",
+        4,
+        lambda w, b: Int4Linear.of(w, b),
+        group=DEFAULT_GROUP,
+        head=lambda w, b: Int8Linear.of(w, b),
+    ),
 }
 
 
@@ -172,10 +181,23 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
         and id(child.weight) not in tied
         and id(child) not in kept
     ]
+    heads = {id(m) for m in output_heads(model)}
     for parent, name, child in targets:
-        setattr(parent, name, scheme.make(child.weight, child.bias))
+        make = scheme.head if id(child) in heads and scheme.head else scheme.make
+        setattr(parent, name, make(child.weight, child.bias))
     model.quantized = scheme.name
     return count + len(targets)
+
+
+def output_heads(model: DiffusionLM) -> list[nn.Linear]:
+    """The linears outside the blocks that write one logit per vocabulary entry."""
+    inside = {id(m) for block in model.blocks() for m in block.modules()}
+    vocab = {e.weight.shape[0] for e in model.modules() if isinstance(e, nn.Embedding)}
+    return [
+        m
+        for m in model.modules()
+        if type(m) is nn.Linear and id(m) not in inside and m.out_features in vocab
+    ]
 
 
 def check_groups(model: nn.Module, scheme: Scheme) -> None:
