@@ -88,10 +88,10 @@ def test_the_kv_cache_is_allocated_once_for_the_slots():
     ps = prompts([3, 5, 8, 2, 6, 7, 4, 1, 8, 3, 5, 2], seed=5)  # all within one quantum
     created = []
     out, _, run = stream(
-        loaded.model, ps, s, 3, quantum=64, each=lambda e: created.append(id(e.cache))
+        loaded.model, ps, s, 3, quantum=64, each=lambda e: created.append(id(e.stepper.cache))
     )
     assert len(set(created)) == 1 and len(out) == len(ps)
-    k = run.cache.k[0]
+    k = run.stepper.cache.k[0]
     assert k.shape[0] == 3 * 2  # slots x branches (classifier-free guidance), not prompts
     assert k.shape[2] == 64 + s.gen_length + 1  # prompt width (one quantum), answer, scratch
 
