@@ -9,7 +9,7 @@ import pytest
 import torch
 from decode_fixtures import SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
 
-from dllm_cli.decoding import Engine, Finished, answer_tokens, decode
+from dllm_cli.decoding import Committer, Engine, Finished, answer_tokens, decode
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError
 
@@ -134,9 +134,8 @@ def test_gemma_decodes_and_committers_without_admit_are_left_to_static_batches()
 
     assert "DiffusionGemma" in static_reason(Gemma(), guided=False)
 
-    class Verifier:
-        def start(self, batch):  # a committer with per-batch state and no `admit` hook
-            pass
+    class Verifier(Committer):
+        joins = False  # a committer with one state per batch (no `admit` hook)
 
         def __call__(self, ctx):
             raise AssertionError("never asked")

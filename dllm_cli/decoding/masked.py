@@ -69,27 +69,21 @@ class MaskedStepper:
         else:
             self.sampler = ShardedSampler.of(model, settings, family, vocab, special.mask)
         self.committer = committer or RuleCommitter(settings, family.schedule)
-        self.frontier = bool(getattr(self.committer, "frontier", False))
-        self.draft_window = getattr(self.committer, "draft_window", None)
-        # Optional committer hooks (a guide's per-row cache): a decode starts, rows leave,
-        # rows join a running decode (unmask.Committer says more).
-        self.on_start = getattr(self.committer, "start", None)
-        self.on_select = getattr(self.committer, "select", None)
-        self.on_admit = getattr(self.committer, "admit", None)
-        if self.on_start is not None and self.on_admit is None and not admission.whole_batches:
+        self.frontier, self.draft_window = self.committer.frontier, self.committer.draft_window
+        if not self.committer.joins and not admission.whole_batches:
             raise InputError(
                 "continuous batching cannot serve this decode: "
                 "its committer keeps one state per batch (no `admit` hook)"
             )
         self.policy = POLICIES[settings.cache]()
-        probs = bool(getattr(self.committer, "needs_probs", False))  # eb, klass read them
+        probs = self.committer.needs_probs  # eb, klass read them
         self.keeps_probs = probs  # (a step where a request asks for logprobs keeps them too)
         # WINO's committer verifies earlier commits with a shadow block in the same forward.
-        self.revokes = bool(getattr(self.committer, "needs_shadow", False))
+        self.revokes = self.committer.needs_shadow
         kind = ShadowForwards if self.revokes else Forwards
         ragged = not admission.whole_batches  # rows apart: each refresh over its own columns
         # A frontier walk drafts argmax (the guide) unless its committer samples (a grammar).
-        greedy = self.frontier and getattr(self.committer, "greedy_drafts", True)
+        greedy = self.frontier and self.committer.greedy_drafts
         self.executor = kind(model, self.sampler, settings.cfg_scale, greedy, probs, ragged=ragged)
         self.lockstep = admission.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
@@ -120,12 +114,10 @@ class MaskedStepper:
         longest = max(len(r.prompt) for r in new)
         if self.admission.whole_batches:
             self._allocate(longest, len(new))
-            if self.on_start is not None:
-                self.on_start(len(new))  # the committer learns that a decode begins
+            self.committer.start(len(new))  # the committer learns that a decode begins
         elif self.canvas is None:
             self._allocate(self._width_for(longest), self.slots)
-            if self.on_start is not None:
-                self.on_start(0)  # rows join through `admit`
+            self.committer.start(0)  # rows join through `admit`
         elif longest > self.canvas.prompt_width:
             self._widen(live, self._width_for(longest))
         c, special, s = self.canvas, self.special, self.settings
@@ -139,8 +131,8 @@ class MaskedStepper:
             r.row.lead = c.prompt_width - len(r.prompt)  # its first prompt token
         ranks = torch.tensor(order, dtype=torch.long, device=self.device)
         self.canvas = cat_canvases(c, fresh).select(ranks)
-        if self.on_admit is not None and not self.admission.whole_batches:
-            self.on_admit([r.prompt for r in new], ranks)
+        if not self.admission.whole_batches:
+            self.committer.admit([r.prompt for r in new], ranks)
         merged = live + new
         rows = [merged[i] for i in order]
         self._note_padding(rows)
@@ -170,8 +162,7 @@ class MaskedStepper:
                 live[i].slot = slot
         else:
             self.slot_rows = self.slot_rows[keep]
-        if self.on_select is not None:
-            self.on_select(keep)
+        self.committer.select(keep)
         self.canvas = self.canvas.select(keep)
         self.counts = [self.counts[i] for i in kept] if self.counts else []
         self._note_padding([live[i] for i in kept])
