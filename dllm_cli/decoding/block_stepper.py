@@ -45,7 +45,6 @@ class BlockStepper:
         }
     )
     who = "the block-causal decoder (SDAR, LLaDA2)"
-    logprobs = False
     canvas = None  # no shared canvas: every row has its own
 
     def __init__(

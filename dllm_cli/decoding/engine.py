@@ -85,7 +85,9 @@ class Engine(RequestQueue):
             raise SettingsError(f"admission must be one of {', '.join(ADMISSIONS)}")
         # Unset values take the family's reference defaults (Dream: top_k 50; families.py).
         settings = with_family_defaults(settings, model.family)
-        kind = stepper_class(family_of_model(model).stepper)
+        family = family_of_model(model)
+        kind = stepper_class(family.stepper)
+        self.no_logprobs = family.traits.logprobs  # why a request's logprobs are refused
         policy = ADMISSIONS[admission]
         self.stepper: Stepper = kind(model, special, settings, committer, policy, slots, **options)
         self.admission = ADMISSIONS["static"] if self.stepper.whole_batches else policy
@@ -117,8 +119,8 @@ class Engine(RequestQueue):
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
             self._check_sampling(own)
-        if logprobs is not None and not self.stepper.logprobs:
-            raise InputError(f"logprobs: not supported by {self.stepper.who}")
+        if logprobs is not None and self.no_logprobs is not None:
+            raise InputError(f"logprobs: not supported {self.no_logprobs}")
         ids = one_prompt(prompt, self.check_prompts)
         rid = self.enqueue(ids, key, own)
         self.requests[rid].logprobs = logprobs

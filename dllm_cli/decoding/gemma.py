@@ -49,7 +49,7 @@ def uses(family: Family | None) -> dict[str, str]:
     settings the family refuses (empty when the family is unknown)."""
     if family is None:
         return {}
-    if family.own_sampler:
+    if family.traits.own_model:
         return {f.name: USED.get(f.name, "not used") for f in fields(DecodeSettings)}
     return dict.fromkeys(family.refuses, "not used")
 

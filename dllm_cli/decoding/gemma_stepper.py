@@ -44,7 +44,6 @@ class GemmaStepper:
         dict.fromkeys((*SAMPLING_FIELDS, "stop"), _ONE_CONFIG)
     )
     who = "DiffusionGemma"
-    logprobs = False
     canvas = None
 
     def __init__(

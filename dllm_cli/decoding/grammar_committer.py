@@ -306,7 +306,7 @@ def refusal(runtime, guided: bool = True) -> str | None:
     """Why this runtime cannot decode under a grammar (None: it can); `guided`: its guide
     (if loaded) would verify the drafts too."""
     family = family_of_model(runtime.loaded.model)
-    if family.own_sampler or family.block_causal:
+    if not family.traits.frontier:
         return f"structured output is not supported for {family.title} (no frontier walk)"
     return None
 

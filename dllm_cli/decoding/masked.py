@@ -43,7 +43,6 @@ class MaskedStepper:
     whole_batches = False
     batch_wide: Mapping[str, str] = MappingProxyType({})  # every Sampling field per request
     who = "the masked-diffusion decoder"
-    logprobs = True
 
     def __init__(
         self,

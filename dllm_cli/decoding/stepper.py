@@ -62,7 +62,6 @@ class Stepper(Protocol):
     whole_batches: bool  # admits only static batches, whatever the engine's admission
     batch_wide: Mapping[str, str]  # Sampling field -> why a request cannot set its own
     who: str  # names the decoder in refusals
-    logprobs: bool  # records per-token log-probabilities when a request asks
     canvas: Any  # the live rows' shared canvas (masked), else None
 
     def place(self, live: list[Request], new: list[Request], order: list[int], step: int) -> int:

@@ -15,12 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from dllm_cli import scoring
-from dllm_cli.decoding import gemma
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.errors import InputError
+from dllm_cli.families import FAMILIES
 from dllm_cli.runtime import Runtime
-
-BLOCK_CAUSAL = ("sdar", "llada2")
 
 
 @dataclass
@@ -46,11 +44,9 @@ class Scored:
 
 def check_logprobs(runtime: Runtime) -> None:
     """Answer logprobs come from the masked-diffusion engine's sampler only."""
-    family = runtime.loaded.architecture
-    if family == gemma.FAMILY:
-        raise InputError("logprobs: not supported for DiffusionGemma (its own sampler)")
-    if family in BLOCK_CAUSAL:
-        raise InputError("logprobs: not supported by the block-causal engine (SDAR, LLaDA2)")
+    why = FAMILIES[runtime.loaded.family].traits.logprobs
+    if why is not None:
+        raise InputError(f"logprobs: not supported {why}")
 
 
 def piece(runtime: Runtime, token: int) -> str:
