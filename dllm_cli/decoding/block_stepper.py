@@ -55,6 +55,8 @@ class BlockStepper:
         committer,
         admission: Admission,
         slots: int,
+        *,
+        lockstep: bool | None = None,  # (no choice here: every row walks its own blocks)
     ):
         family = family_of_model(model)
         if committer is not None:

@@ -54,6 +54,8 @@ class GemmaStepper:
         committer,
         admission: Admission,
         slots: int,
+        *,
+        lockstep: bool | None = None,  # (no choice here: transformers' loop moves the batch)
     ):
         if committer is not None:
             raise SettingsError(f"a guide model does not apply to {self.who}: it samples itself")

@@ -55,8 +55,7 @@ class DecodeRun:
     def __init__(self, decoder: Decoder, prompts: list[list[int]], lockstep: bool = True):
         began = time.perf_counter()
         prompts = [list(map(int, p)) for p in prompts]
-        options = {"lockstep": lockstep} if not lockstep else {}
-        self.engine = decoder.engine(max(1, len(prompts)), "static", **options)
+        self.engine = decoder.engine(max(1, len(prompts)), "static", lockstep=lockstep)
         self.engine.check_prompts(prompts)
         self.prompt_lengths = [len(p) for p in prompts]
         self.ids = [self.engine.add(p) for p in prompts]

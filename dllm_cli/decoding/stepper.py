@@ -8,7 +8,9 @@ and decodes them one step at a time, as nano-vllm's schedule -> run -> postproce
     pred = stepper.forward(plan)        # the model's forward(s)
     out = stepper.commit(plan, pred)    # drafts become tokens; which rows are final (Commit)
 
-Steppers are named in the family table (families.py `Family.stepper`) and built by
+A stepper is built as `cls(model, special, settings, committer, admission, slots, *,
+lockstep=None, ...)` (the masked stepper's own knobs after it). Steppers are named in the
+family table (families.py `Family.stepper`) and built by
 `STEPPERS` (imported on first use, so DiffusionGemma's transformers code loads only for it).
 """
 
