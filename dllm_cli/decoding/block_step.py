@@ -18,7 +18,7 @@ import torch
 
 from dllm_cli.decoding.answer import first_stop
 from dllm_cli.decoding.block_rules import BlockRule, draft, edits, fills
-from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent
+from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
 from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.models.block import BlockContext, block_causal
@@ -128,14 +128,12 @@ def commit(e: BlockStepper, p: BlockPlan, pred: BlockPrediction | None) -> Commi
     fill, edit = fills(rule, active, probs, k), edits(rule, block, active, x0, probs, fixed)
     for i, r in enumerate(rows):
         decide(e, r, i, pred.ctx, fill[i], edit[i], x0[i], active[i], final, p.at)
-    ids = [r.request.id for r in rows]
-    commits = list(zip(ids, at, fill, x0, probs, strict=True))
-    drafts = list(zip(ids, at, edit, x0, probs, strict=True))
+    drawn = (torch.tensor(at, device=e.device), x0, probs, [r.request.id for r in rows])
     index = {id(r): i for i, r in enumerate(e.rows)}
     out = Commit(served=[index[id(r)] for r in rows], forwards=1)
     e.forwards += 1
     forwards, stored = e.forwards, p.stored
-    out.event = lambda done: event(e, p.at, forwards, phases, commits, drafts, stored, done)
+    out.event = lambda done: event(e, p.at, forwards, phases, (fill, edit), drawn, stored, done)
     return final_rows(e, final, out)
 
 
@@ -288,23 +286,16 @@ def place(e: BlockStepper, r) -> RowPhase:
     return RowPhase(r.request.id, index, r.step, window, not e.cached, r.prompt % b)
 
 
-def event(e: BlockStepper, step, forwards, phases, commits, drafts, stored, done) -> StepEvent:
+def event(e: BlockStepper, step, forwards, phases, chosen, drawn, stored, done) -> StepEvent:
     """The step's StepEvent: commits (fills), drafts (LLaDA2.1's edits) and places per row."""
-    g = e.settings.gen_length
+    g, (at, x0, probs, ids) = e.settings.gen_length, drawn
 
-    def records(items) -> tuple[RowCommit, ...]:
-        out = []
-        for rid, start, chosen, x0, p in items:
-            picked = chosen.nonzero().squeeze(1)
-            picked = picked[picked + start < g]  # the last block's columns past the answer
-            if picked.numel():
-                pos = (picked + start).tolist()
-                out.append(
-                    RowCommit(
-                        rid, tuple(pos), tuple(x0[picked].tolist()), tuple(p[picked].tolist())
-                    )
-                )
-        return tuple(out)
+    def records(picked: torch.Tensor) -> tuple[RowCommit, ...]:
+        """(N, B) picked columns -> RowCommits (not the last block's columns past the answer)."""
+        cols = torch.arange(picked.shape[1], device=picked.device)[None] + at[:, None]  # (N, B)
+        rows, slots = (picked & (cols < g)).nonzero(as_tuple=True)
+        pos = cols[rows, slots]
+        return row_commits(rows, pos, x0[rows, slots], probs[rows, slots], None, ids)
 
     head = phases[0]
     return StepEvent(
@@ -315,10 +306,10 @@ def event(e: BlockStepper, step, forwards, phases, commits, drafts, stored, done
         refresh=not e.cached,
         frozen=(stored[0], stored[0] + e.rule.block) if stored else None,
         forwards=forwards,
-        commits=records(commits),
+        commits=records(chosen[0]),
         finished=tuple(sorted(done)),
         phases=phases,
-        drafts=records(drafts),
+        drafts=records(chosen[1]),
         revocable=editable(e, phases, done),
     )
 
