@@ -47,8 +47,8 @@ def test_ragged_rows_give_the_padded_rows_tokens_with_less_arithmetic(kind, cach
     padded, slow = run(model, ps, s, slots=3, ragged=False)
     ragged, fast = run(model, ps, s, slots=3, ragged=True)
     assert ragged == padded
-    assert fast.stepper.row_columns < slow.stepper.row_columns
-    assert fast.stepper.key_columns < slow.stepper.key_columns
+    assert fast.stepper.executor.row_columns < slow.stepper.executor.row_columns
+    assert fast.stepper.executor.key_columns < slow.stepper.executor.key_columns
 
 
 def test_a_static_batch_stays_one_padded_forward():
@@ -62,7 +62,9 @@ def test_a_static_batch_stays_one_padded_forward():
         engine.add(p)
     out = engine.step()
     assert out.step == 0 and engine.forwards == 1
-    assert engine.stepper.row_columns == 4 * (23 + s.gen_length)  # padded to the longest prompt
+    assert engine.stepper.executor.row_columns == 4 * (
+        23 + s.gen_length
+    )  # padded to the longest prompt
 
 
 def test_refresh_rows_group_by_width_where_one_forward_costs_less_than_two():

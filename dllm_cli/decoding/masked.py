@@ -97,16 +97,6 @@ class MaskedStepper:
         self.counts: list[int] = []  # masks left in each row's block after the last commit
         self.forwards = self.guide_forwards = 0  # totals so far, for the events
 
-    @property
-    def row_columns(self) -> int:
-        """Columns forwarded over the engine's life (rows x columns; load-independent work)."""
-        return self.executor.row_columns
-
-    @property
-    def key_columns(self) -> int:
-        """Query-key pairs attended per layer over the engine's life."""
-        return self.executor.key_columns
-
     # --- the Stepper protocol ----------------------------------------------------------------
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
         """New rows into the canvas (allocated, or widened for a longer prompt) and the cache."""
