@@ -143,7 +143,6 @@ def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
         flags = [n == 0 and r.block == last for n, r in zip(counts, rows, strict=True)]
     m.counts = counts  # the walk moves the kept rows on after finishing (move_on)
     final = [i for i, f in enumerate(flags) if f]
-    picked = torch.tensor(final, device=m.device)
     numbers = c.rows  # request ids of this step's rows (the canvas is replaced on retire)
     width = c.prompt_width
 
@@ -176,17 +175,19 @@ def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
 
     forwards, guide_forwards = m.forwards + pred.forwards, m.guide_forwards + decision.forwards
     m.forwards, m.guide_forwards = forwards, guide_forwards
-    return Commit(
+    out = Commit(
         served=list(range(len(live))),
         forwards=pred.forwards,
         guide_forwards=decision.forwards,
         guide_seconds=decision.seconds,
         final=final,
-        answers=c.answer()[picked] if final else None,
-        marks=c.steps[picked] if final else None,
-        cut=None if cut is None or not final else cut[picked],
         event=build,
     )
+    if final:  # their answers, commit steps and ends (tokens stay on the device)
+        picked = torch.tensor(final, device=m.device)
+        out.answers, out.marks = c.answer()[picked], c.steps[picked]
+        out.cut = None if cut is None else cut[picked]
+    return out
 
 
 def revocable(m: MaskedStepper, ids, places, finished, p: int) -> tuple[tuple[int, int], ...]:
