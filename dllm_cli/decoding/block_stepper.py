@@ -98,7 +98,7 @@ class BlockStepper:
     def keep(self, live: list[Request], kept: list[int]) -> None:
         self.rows = [self.rows[i] for i in kept]
 
-    def move_on(self, live: list[Request], kept: list[int]) -> None:
+    def move_on(self, live: list[Request]) -> None:
         """Rows move on inside commit (each row is at its own block)."""
 
     def progress(self, live: list[Request], i: int) -> list[int]:

@@ -208,31 +208,31 @@ class Engine(RequestQueue):
     # --- finishing -------------------------------------------------------------------------
     def _finish(self, out: Commit) -> StepOutput:
         """Counters, the final rows' Finished records, the rest move on."""
-        for i in out.served:
-            r = self.live[i]
+        served = self.live if out.served is None else [self.live[i] for i in out.served]
+        for r in served:
             r.steps += 1
             r.forwards += out.forwards
             r.guide_forwards += out.guide_forwards
             r.guide_seconds += out.guide_seconds
-        self.served += len(out.served)
+        self.served += len(served)
         self.forwards += out.forwards
         self.guide_forwards += out.guide_forwards
         self.guide_seconds += out.guide_seconds
-        finished = self._records(out) if out.final else []
-        gone = set(out.final)
-        kept = [i for i in range(len(self.live)) if i not in gone]
-        if gone:
+        finished = []
+        if out.final:
+            finished, gone = self._records(out), set(out.final)
+            kept = [i for i in range(len(self.live)) if i not in gone]
             self.stepper.keep(self.live, kept)
             self.live = [self.live[i] for i in kept]
-        self.stepper.move_on(self.live, kept)
+        self.stepper.move_on(self.live)
         if not out.stepped:
             return StepOutput(-1, finished)
         step = self.steps
         self.steps += 1
         if out.event is None:
             return StepOutput(step, finished)
-        ids, event = tuple(f.id for f in finished), out.event
-        return StepOutput(step, finished, lambda: event(ids))
+        event = out.event
+        return StepOutput(step, finished, lambda: event(tuple(f.id for f in finished)))
 
     def _records(self, out: Commit) -> list[Finished]:
         """Finished records of the final rows: EOS after each answer's end (a stop token, a

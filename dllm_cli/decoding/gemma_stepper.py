@@ -120,7 +120,7 @@ class GemmaStepper:
         """The rows whose last canvas ended this step: their answers and commit steps."""
         rows = {b: i for i, b in enumerate(self.batch_rows)}
         final = [rows[b] for b in event.finished if b in rows]
-        out = Commit(served=list(range(len(self.batch_rows))), forwards=1, event=lambda _: event)
+        out = Commit(forwards=1, event=lambda _: event)
         if final:
             answers, marks = zip(*(self._answer(self.batch_rows[i]) for i in final), strict=True)
             out.final, out.answers, out.marks = final, torch.stack(answers), torch.stack(marks)
@@ -131,7 +131,7 @@ class GemmaStepper:
         if not kept:
             self._close()  # nobody waits for this batch any more
 
-    def move_on(self, live: list[Request], kept: list[int]) -> None:
+    def move_on(self, live: list[Request]) -> None:
         """transformers' loop moves every row on itself."""
 
     def progress(self, live: list[Request], i: int) -> list[int]:

@@ -158,7 +158,7 @@ class MaskedStepper:
         if whole and not kept:  # the batch is over: its cache goes
             self.cache = None
 
-    def move_on(self, live: list[Request], kept: list[int]) -> None:
+    def move_on(self, live: list[Request]) -> None:
         """The kept rows leave finished blocks (lockstep: together); an idle row draws nothing."""
         if not self.counts:
             return

@@ -176,7 +176,6 @@ def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
     forwards, guide_forwards = m.forwards + pred.forwards, m.guide_forwards + decision.forwards
     m.forwards, m.guide_forwards = forwards, guide_forwards
     out = Commit(
-        served=list(range(len(live))),
         forwards=pred.forwards,
         guide_forwards=decision.forwards,
         guide_seconds=decision.seconds,

@@ -44,7 +44,7 @@ class Commit:
     answer ends (EOS is filled after it; None: nothing cuts them)."""
 
     stepped: bool = True  # a forward ran (the engine's step counter moves on)
-    served: list[int] = field(default_factory=list)  # live rows the step's forwards served
+    served: list[int] | None = None  # live rows the step's forwards served (None: all)
     forwards: int = 0
     guide_forwards: int = 0
     guide_seconds: float = 0.0
@@ -82,8 +82,8 @@ class Stepper(Protocol):
     def keep(self, live: list[Request], kept: list[int]) -> None:
         """Only live rows `kept` (indices into `live`) go on."""
 
-    def move_on(self, live: list[Request], kept: list[int]) -> None:
-        """After finishing: the kept rows (now `live`; `kept` their indices before) move on."""
+    def move_on(self, live: list[Request]) -> None:
+        """After finishing: the rows kept (`live`) move on."""
 
     def progress(self, live: list[Request], i: int) -> list[int]:
         """Live row i's answer so far that no later step can change."""
