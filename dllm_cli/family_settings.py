@@ -14,7 +14,8 @@ from types import MappingProxyType
 from typing import Protocol
 
 from dllm_cli.errors import ModelLoadError, SettingsError
-from dllm_cli.settings import GEMMA_FIELDS, DecodeSettings
+from dllm_cli.setting_spec import refusals
+from dllm_cli.settings import DecodeSettings
 
 
 @dataclass(frozen=True)
@@ -61,47 +62,11 @@ class Family(Protocol):
 DEFAULTS = DecodeSettings()
 
 # Settings a family cannot use, with the reason its refusal gives (a value other than the
-# default is refused in one line: `check_refused`), one table per kind of decoder.
-_RULE = "an unmask rule's parameter (transformers' sampler picks the tokens)"
-_CACHE = "its encoder keeps its own KV cache of the prompt and of every finished canvas"
-_ACCEPT = "transformers' entropy-bound sampler picks the tokens to accept (see entropy_bound)"
-_WHOLE = "it samples from the whole temperature-scaled distribution"
-_EDIT = "it is LLaDA2.1's token editing"
-GEMMA_REFUSES: Mapping[str, str] = MappingProxyType(
-    {
-        **dict.fromkeys(
-            ("eb_gamma", "kl_threshold", "kl_history", "wino_verify", "jump_threshold"), _RULE
-        ),
-        **dict.fromkeys(("credit_alpha", "credit_boost", "credit_decay"), _RULE),
-        "cache": _CACHE,
-        "refresh_interval": _CACHE,
-        "suffix_window": "it decodes one canvas at a time and attends to no masked suffix past it",
-        **dict.fromkeys(("unmask", "schedule", "confidence", "threshold", "factor"), _ACCEPT),
-        "temperature": "its temperature follows a schedule from t_max down to t_min",
-        "top_p": _WHOLE,
-        "top_k": _WHOLE,
-        "cfg_scale": "it has no classifier-free guidance",
-        "eps": "it is a timestep setting of Dream's schedule",
-        "alg_temp": "it is a setting of Dream's position sampling",
-        "edit_threshold": _EDIT,
-        "max_post_steps": _EDIT,
-    }
-)
-_GEMMA_KNOB = "it is DiffusionGemma's own knob"
-MASKED_REFUSES: Mapping[str, str] = MappingProxyType(
-    {**dict.fromkeys(GEMMA_FIELDS, _GEMMA_KNOB), "edit_threshold": _EDIT, "max_post_steps": _EDIT}
-)
-BLOCK_REFUSES: Mapping[str, str] = MappingProxyType(
-    {
-        "refresh_interval": "the block cache is exact: nothing to refresh",
-        "suffix_window": "a block never attends to later blocks: there is no suffix to prune",
-        "cfg_scale": "no classifier-free guidance in the block-causal references",
-        "eps": "Dream's timestep floor",
-        "alg_temp": "Dream's position sampling",
-        "schedule": "a block's steps split it evenly, as the references do",
-        **dict.fromkeys(GEMMA_FIELDS, _GEMMA_KNOB),
-    }
-)
+# default is refused in one line: `check_refused`), one table per kind of decoder, generated
+# from each field's declaration (`refused` in settings.py).
+GEMMA_REFUSES = refusals(DecodeSettings, "gemma")
+MASKED_REFUSES = refusals(DecodeSettings, "masked")
+BLOCK_REFUSES = refusals(DecodeSettings, "block")
 GENERATION_CONFIG = "generation_config.json"
 # The settings a run's summary line names (eval); set-only extras are added where they apply.
 MASKED_SUMMARY = ("cache", "unmask", "block_length", "steps", "early_stop")

@@ -59,21 +59,28 @@ def repo_folder(repo: str) -> Path:
 
 def cached(source: Source) -> Path | None:
     """The pulled snapshot folder, complete, found without a request; None when not pulled."""
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        folder = snapshot_download(
+        folder = snapshot(source, local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        return None
+    return folder if complete(folder) else None
+
+
+def snapshot(source: Source, **options) -> Path:
+    """The hub's snapshot_download of the files a folder needs, into our cache."""
+    from huggingface_hub import snapshot_download
+
+    return Path(
+        snapshot_download(
             source.repo,
             revision=source.revision,
             cache_dir=cache_dir(),
-            local_files_only=True,
             allow_patterns=FILES,
+            **options,
         )
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
-        return None
-    folder = Path(folder)
-    return folder if complete(folder) else None
+    )
 
 
 def complete(folder: Path) -> bool:
@@ -105,19 +112,12 @@ def local_folder(source: Source) -> Path:
 def pull(source: Source) -> Path:
     """Download (or finish downloading) the checkpoint; a progress bar on stderr."""
     from huggingface_hub import errors as hf
-    from huggingface_hub import snapshot_download
 
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise UsageError("HF_HUB_OFFLINE is set: `dllm pull` needs the network (unset it)")
     endpoint = os.environ.get("HF_ENDPOINT") or None
     try:
-        folder = snapshot_download(
-            source.repo,
-            revision=source.revision,
-            cache_dir=cache_dir(),
-            allow_patterns=FILES,
-            endpoint=endpoint,
-        )
+        folder = snapshot(source, endpoint=endpoint)
     except hf.GatedRepoError:
         raise DllmError(
             f"{source.repo} is gated: accept its terms on the hub, set HF_TOKEN"
@@ -129,7 +129,6 @@ def pull(source: Source) -> Path:
     except (OSError, hf.HfHubHTTPError, ValueError) as e:
         where = endpoint or "the hub"
         raise DllmError(f"cannot download {source.repo} from {where}: {one_line(e)}") from None
-    folder = Path(folder)
     if not complete(folder):
         raise DllmError(f"{source.repo}: the download has no config.json or safetensors weights")
     return folder

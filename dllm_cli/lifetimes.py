@@ -1,18 +1,15 @@
 """Settings by lifetime: which may change per request, and which are fixed for an engine's life.
 
-Every setting has one lifetime, declared in `LIFETIMES` (a name -> entry table), so what a
-request may vary is data that one function (`request_sampling`) reads, not checks spread over
-the engine, the API and the server:
+Every setting has one lifetime, declared with its DecodeSettings field (settings.py) and
+gathered in `LIFETIMES` (a name -> entry table), so what a request may vary is data that one
+function (`request_sampling`) reads, not checks spread over the engine, the API and the server:
 
-| lifetime  | fixed for                          | settings                                      |
-|-----------|------------------------------------|-----------------------------------------------|
-| engine    | a loaded model and its engine      | cache, refresh interval, suffix window, slots, |
-|           |                                    | batching, compile, device, threads, quantize  |
-| request   | one request (rows sample apart)    | temperature, top_p, top_k, seed, confidence,  |
-|           |                                    | stop ids                                      |
-| schedule  | an engine (rows walk one schedule) | gen_length, block length, steps, unmask rule, |
-|           |                                    | threshold, factor, the rules' parameters      |
-| gemma     | DiffusionGemma's static batch      | t_min, t_max, entropy bound, stability, ...   |
+| lifetime  | fixed for                          | e.g.                                        |
+|-----------|------------------------------------|---------------------------------------------|
+| engine    | a loaded model and its engine      | cache, batching, slots, device, quantize    |
+| request   | one request (rows sample apart)    | temperature, top_p, top_k, seed, stop ids   |
+| schedule  | an engine (rows walk one schedule) | gen_length, steps, unmask, the rules' knobs |
+| gemma     | DiffusionGemma's static batch      | t_min, t_max, entropy_bound, ...            |
 
 A request's sampling values are a `Sampling`: validated by building the DecodeSettings they
 make with the engine's (DecodeSettings validates in one place: a confidence that is not a
@@ -27,18 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from enum import Enum
 
 from dllm_cli.errors import SettingsError
 from dllm_cli.families import with_family_defaults
+from dllm_cli.setting_spec import WHY, Lifetime, declared
 from dllm_cli.settings import DecodeSettings
-
-
-class Lifetime(Enum):
-    ENGINE = "engine"  # how the engine runs: one value while it is loaded
-    REQUEST = "request"  # per request: each row samples with its own values
-    SCHEDULE = "schedule"  # how rows walk the canvas: shared by every row of an engine
-    GEMMA = "gemma"  # DiffusionGemma's own knobs (its static batch is one generate call)
 
 
 @dataclass(frozen=True)
@@ -49,60 +39,16 @@ class Entry:
     why: str = ""
 
 
-_ENGINE = "the engine's cache and forwards are built for it"
-_SCHEDULE = "every row of an engine walks one schedule"
-_GEMMA = "DiffusionGemma decodes a whole static batch with one generation config"
-_CANVAS = (
-    "a row's canvas is prompt + gen_length columns, and another length is another model "
-    "input, so the answer would depend on what shares the batch"
-)
-
+# The DecodeSettings fields' lifetimes are their declarations' (settings.py); the rest are the
+# profile's [model] and batch keys, and a request's own stop ids.
 LIFETIMES: dict[str, Entry] = {
-    # engine: DecodeSettings fields, then the profile's [model] and batch keys
-    "cache": Entry(Lifetime.ENGINE, _ENGINE),
-    "refresh_interval": Entry(Lifetime.ENGINE, _ENGINE),
-    "suffix_window": Entry(Lifetime.ENGINE, _ENGINE),
-    "batching": Entry(Lifetime.ENGINE, "admission is the engine's policy"),
-    "cfg_scale": Entry(Lifetime.ENGINE, "guidance doubles every row of the engine's forward"),
-    "early_stop": Entry(Lifetime.ENGINE, "the engine decides once how rows leave"),
-    "slots": Entry(Lifetime.ENGINE, _ENGINE),
-    "compile": Entry(Lifetime.ENGINE, _ENGINE),
+    **{name: Entry(spec.lifetime, spec.reason) for name, spec in declared(DecodeSettings)},
+    "slots": Entry(Lifetime.ENGINE, WHY[Lifetime.ENGINE]),
+    "compile": Entry(Lifetime.ENGINE, WHY[Lifetime.ENGINE]),
     "device": Entry(Lifetime.ENGINE, "the model is loaded there"),
     "threads": Entry(Lifetime.ENGINE, "torch's threads are set before the first forward"),
     "quantize": Entry(Lifetime.ENGINE, "the weights are quantized as they load"),
-    # request: each row's own sampler inputs and generator
-    "temperature": Entry(Lifetime.REQUEST),
-    "top_p": Entry(Lifetime.REQUEST),
-    "top_k": Entry(Lifetime.REQUEST),
-    "seed": Entry(Lifetime.REQUEST),
-    "confidence": Entry(Lifetime.REQUEST),  # validated with the engine's rule (threshold: a p)
     "stop": Entry(Lifetime.REQUEST),
-    # schedule
-    "gen_length": Entry(Lifetime.SCHEDULE, _CANVAS),
-    "block_length": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "steps": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "unmask": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "schedule": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "threshold": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "factor": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "eb_gamma": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "kl_threshold": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "kl_history": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "wino_verify": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "jump_threshold": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "credit_alpha": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "credit_boost": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "credit_decay": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "eps": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "alg_temp": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "edit_threshold": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    "max_post_steps": Entry(Lifetime.SCHEDULE, _SCHEDULE),
-    # DiffusionGemma
-    "t_min": Entry(Lifetime.GEMMA, _GEMMA),
-    "t_max": Entry(Lifetime.GEMMA, _GEMMA),
-    "entropy_bound": Entry(Lifetime.GEMMA, _GEMMA),
-    "stability_threshold": Entry(Lifetime.GEMMA, _GEMMA),
-    "confidence_threshold": Entry(Lifetime.GEMMA, _GEMMA),
 }
 
 PER_REQUEST = tuple(k for k, e in LIFETIMES.items() if e.lifetime is Lifetime.REQUEST)
@@ -128,10 +74,6 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-def lifetime_of(name: str) -> Lifetime:
-    return LIFETIMES[name].lifetime
 
 
 def refusal(name: str) -> str:

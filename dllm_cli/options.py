@@ -6,9 +6,11 @@ receives their values as one `Choices`; `commands.common.load_runtime(choices)` 
 a Runtime. Every shared flag defaults to None ("not given"), so a profile value wins unless the
 flag is on the command line: CLI flag > profile > built-in default.
 
-To add a decoding flag: add its field to `DecodeSettings` (settings.py), then one row here with
-group "decode" and key "decode.<field>"; generate, visualize and eval take it from then on, and
-tests/test_cli_flags.py asks for one test value for it.
+The decoding flags are not written here: `decode_flags` makes one for every `DecodeSettings`
+field whose declaration (settings.py) has a help text, with its type, panel and group. To add a
+decoding flag, add the field; generate, visualize and eval take it from then on, and
+tests/test_cli_flags.py asks for one test value for it. An ordinary flag of a few commands is a
+row of MODEL_FLAGS or GUIDE_FLAGS, or a plain Annotated option at the end of this file.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from dllm_cli.setting_spec import DECODE, GEMMA, INPUT, declared, kinds_of  # noqa: F401 (panels)
+from dllm_cli.settings import DecodeSettings
+
 MODEL = "Model"
-DECODE = "Decoding"
-GEMMA = "DiffusionGemma"
 OUTPUT = "Output"
-INPUT = "Input"
 EVAL = "Evaluation"
 
 
@@ -42,8 +44,18 @@ def _option(kind: type, help: str, panel: str, *names: str) -> Any:
     return Annotated[kind | None, typer.Option(*names, help=help, rich_help_panel=panel)]
 
 
-def _decode(key: str, kind: type, help: str, *names: str) -> Flag:
-    return Flag(_option(kind, help, DECODE, *names), "decode", f"decode.{key}")
+def decode_flags() -> dict[str, Flag]:
+    """A flag for every DecodeSettings field that declares a help text, in field order."""
+    kinds = kinds_of(DecodeSettings)
+    return {
+        name: Flag(
+            _option(kinds[name][0], spec.flag_help(), spec.panel),
+            spec.group,
+            f"decode.{name}",
+        )
+        for name, spec in declared(DecodeSettings)
+        if spec.help is not None
+    }
 
 
 def _guide(key: str, kind: type, help: str) -> Flag:
@@ -51,12 +63,7 @@ def _guide(key: str, kind: type, help: str) -> Flag:
     return Flag(_option(kind, help, DECODE), "guide", f"guide.{key}")
 
 
-def _gemma(key: str, kind: type, help: str) -> Flag:
-    """A DiffusionGemma knob: a decoding flag of its own help panel."""
-    return Flag(_option(kind, help, GEMMA), "decode", f"decode.{key}")
-
-
-FLAGS: dict[str, Flag] = {
+MODEL_FLAGS: dict[str, Flag] = {
     "profile": Flag(
         _option(str, "Profile NAME or path to a .toml file.", MODEL, "--profile", "-p"), "model"
     ),
@@ -120,116 +127,8 @@ FLAGS: dict[str, Flag] = {
         "model",
         "model.threads",
     ),
-    "gen_length": _decode("gen_length", int, "Tokens to generate."),
-    "block_length": _decode("block_length", int, "Semi-autoregressive block size."),
-    "steps": _decode(
-        "steps",
-        int,
-        "Denoising steps over the answer, split over its blocks: fixed/origin take exactly "
-        "these; SDAR/LLaDA2.x's threshold commits at least a step's share; default one per "
-        "token.",
-    ),
-    "cache": _decode("cache", str, "KV cache: none | prefix | dual | freecache."),
-    "suffix_window": _decode(
-        "suffix_window",
-        int,
-        "Suffix pruning: compute and attend only W columns past the current block (0: off).",
-    ),
-    "unmask": _decode(
-        "unmask",
-        str,
-        "Commit rule: fixed | threshold | factor | origin | eb | klass | wino | prefix | credit.",
-    ),
-    "confidence": _decode("confidence", str, "low_confidence | random | margin | entropy."),
-    "schedule": _decode(
-        "schedule", str, "fixed rule's tokens per step: family | linear (LLaDA) | dream."
-    ),
-    "threshold": _decode(
-        "threshold", float, "threshold rule: commit tokens at least this confident, in (0, 1]."
-    ),
-    "factor": _decode("factor", float, "factor rule: commit the largest n with (n+1)(1-c_n) < f."),
-    "eb_gamma": _decode(
-        "eb_gamma",
-        float,
-        "eb rule (EB-Sampler): commit the most confident masks while their entropies, all but "
-        "the largest, sum to <= gamma.",
-    ),
-    "kl_threshold": _decode(
-        "kl_threshold",
-        float,
-        "klass rule: a mask is ready when above --threshold and its step-to-step KL stayed "
-        "below this for --kl-history steps.",
-    ),
-    "kl_history": _decode("kl_history", int, "klass rule: steps a mask's KL must stay low."),
-    "wino_verify": _decode(
-        "wino_verify",
-        float,
-        "wino rule (WINO): drafts above --threshold are committed; an earlier commit of the "
-        "block whose shadow-block probability falls below this is masked again.",
-    ),
-    "jump_threshold": _decode(
-        "jump_threshold",
-        float,
-        "prefix rule (SDLM): the run of masks from the block's leftmost above --threshold is "
-        "committed; a mask past it only when more confident than this (1: never).",
-    ),
-    "credit_alpha": _decode(
-        "credit_alpha",
-        float,
-        "credit rule (dInfer): the threshold rule on logits + alpha * log(1 + credit), where a "
-        "mask's top-1 token earns credit each step it stays the favourite.",
-    ),
-    "credit_boost": _decode(
-        "credit_boost", float, "credit rule: a step's top-1 token earns its probability ** this."
-    ),
-    "credit_decay": _decode(
-        "credit_decay", float, "credit rule: credits are multiplied by this each step."
-    ),
-    "edit_threshold": _decode(
-        "edit_threshold",
-        float,
-        "LLaDA2.1 token editing: replace a committed token whose new draft is more likely than "
-        "this (unset: no editing).",
-    ),
-    "max_post_steps": _decode(
-        "max_post_steps", int, "LLaDA2.1: editing steps a block may take after its last mask."
-    ),
-    "temperature": _decode("temperature", float, "0 = greedy."),
-    "top_p": _decode("top_p", float, "Nucleus sampling mass."),
-    "top_k": _decode(
-        "top_k", int, "Keep the top K tokens (0: off; default: the family's, 50 for Dream)."
-    ),
-    "cfg_scale": _decode("cfg_scale", float, "Classifier-free guidance scale (0 = off)."),
-    "seed": _decode("seed", int, "Random seed."),
-    "early_stop": _decode(
-        "early_stop",
-        bool,
-        "Stop a row once its answer has ended (same text, fewer forwards).",
-        "--early-stop/--no-early-stop",
-    ),
-    "batching": Flag(
-        _option(
-            str,
-            "Batch mode: continuous (a finished prompt's slot takes the next one) | static "
-            "(whole batches).",
-            INPUT,
-        ),
-        "batch",
-        "decode.batching",
-    ),
-    "t_min": _gemma("t_min", float, "Temperature at the last denoising step."),
-    "t_max": _gemma("t_max", float, "Temperature at the first denoising step."),
-    "entropy_bound": _gemma(
-        "entropy_bound",
-        float,
-        "Accept the lowest-entropy tokens whose summed entropy, less the largest, is within this.",
-    ),
-    "stability_threshold": _gemma(
-        "stability_threshold", int, "Stop a canvas once its draft held still this many steps."
-    ),
-    "confidence_threshold": _gemma(
-        "confidence_threshold", float, "Stop a canvas once its mean token entropy is below this."
-    ),
+}
+GUIDE_FLAGS: dict[str, Flag] = {
     "guide": Flag(
         _option(
             bool,
@@ -255,6 +154,8 @@ FLAGS: dict[str, Flag] = {
         "diffusion model's argmax whatever the temperature.",
     ),
 }
+
+FLAGS: dict[str, Flag] = {**MODEL_FLAGS, **decode_flags(), **GUIDE_FLAGS}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from dllm_cli.settings import DecodeSettings, guide_problem, parse_accept
+from dllm_cli.errors import SettingsError
+from dllm_cli.settings import ON_REJECT, DecodeSettings
 
 
 @dataclass
@@ -86,3 +87,35 @@ class ProfileInfo(NamedTuple):
     name: str
     description: str
     source: str
+
+
+def parse_accept(accept: str) -> tuple[str, float | None]:
+    """A guide's acceptance rule: ("exact", None), ("topk", K) or ("prob", P)."""
+    kind, _, arg = accept.partition(":")
+    try:
+        if kind == "exact" and not arg:
+            return "exact", None
+        if kind == "topk" and int(arg) >= 1:
+            return "topk", int(arg)
+        if kind == "prob" and 0.0 < float(arg) <= 1.0:
+            return "prob", float(arg)
+    except ValueError:
+        pass
+    raise SettingsError(
+        f"accept must be 'exact', 'topk:K' (K >= 1) or 'prob:P' (0 < P <= 1) (got {accept!r})"
+    )
+
+
+def guide_problem(accept: str, on_reject: str, verify_chunk: int, draft_window: int) -> str | None:
+    """Why these guided-decoding settings cannot run (one line), or None."""
+    try:
+        parse_accept(accept)
+    except SettingsError as e:
+        return str(e)
+    if on_reject not in ON_REJECT:
+        return f"on_reject must be one of {', '.join(ON_REJECT)} (got {on_reject!r})"
+    if verify_chunk < 1:
+        return f"verify_chunk must be >= 1 (got {verify_chunk})"
+    if draft_window < 0:
+        return f"draft_window must be >= 0 (0: to the canvas end; got {draft_window})"
+    return None

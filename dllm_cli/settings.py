@@ -1,7 +1,10 @@
 """Per-request decoding settings (the "sampling params" of this tool), validated in one place:
 when they are built. A DecodeSettings is immutable and valid by construction, so the code that
 receives one (the decoder, the benchmark) never checks it again; change one with
-`dataclasses.replace`, which builds (and validates) a new one.
+`dataclasses.replace`, which builds (and validates) a new one. Each field is declared once,
+with `setting(default, ...)` (setting_spec.py): its flag's help, lifetime, choices, ranges, the
+unmask rules that read it and the decoders that refuse it; the CLI flags, `LIFETIMES`, the
+families' refusals and the server's fields are made from these declarations.
 
 How the numbers combine (`split_blocks` below; `adjustments()` says it in words):
 - The answer is cut into blocks of `block_length` decoded left to right (LLaDA's semi-
@@ -23,81 +26,260 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
-from dllm_cli.errors import SettingsError
+from dllm_cli import setting_spec as spec
+from dllm_cli.setting_spec import RULES, STEP_RULES, UNMASKS, Lifetime, Range, setting
 
 CACHES = ("none", "prefix", "dual", "freecache")
-UNMASKS = ("fixed", "threshold", "factor", "origin", "eb", "klass", "wino", "prefix", "credit")
 CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
-STEP_RULES = ("fixed", "origin")  # the unmask rules that follow a step schedule
 BATCHINGS = ("continuous", "static")  # batch mode: refill finished slots, or whole batches
 ON_REJECT = ("guide", "draft")  # guided decoding: whose token a rejection commits
-# Threshold and factor compare a confidence with a probability; negative entropy is not one.
-PROBABILITY_CONFIDENCES = ("low_confidence", "random", "margin")
+CANVAS = (
+    "a row's canvas is prompt + gen_length columns, and another length is another model "
+    "input, so the answer would depend on what shares the batch"
+)
 
+OFF_AT_0 = Range(0, note="0 turns it off")
 # Beyond these, float32 logits over- or underflow to inf/NaN (a temperature of 1e300 drafted
 # nothing but [MASK] and never ended; 1e-40 or a cfg_scale of 1e300 drafted token 0 throughout),
 # and sampling is greedy or uniform long before.
-TEMPERATURE_RANGE = (1e-6, 1e6)
+TEMPERATURE_RANGE = Range(1e-6, 1e6, off="greedy")
 MAX_CFG_SCALE = 100.0
 
-INT_FIELDS = (
-    "gen_length", "block_length", "refresh_interval", "suffix_window", "seed", "kl_history",
-    "max_post_steps",
-)  # fmt: skip
-FLOAT_FIELDS = (
-    "threshold", "factor", "temperature", "cfg_scale", "eps", "alg_temp", "eb_gamma",
-    "kl_threshold", "wino_verify", "jump_threshold", "credit_alpha", "credit_boost",
-    "credit_decay",
-)  # fmt: skip
-# DiffusionGemma's own knobs (transformers' generation config names); None: the checkpoint's value.
-GEMMA_FIELDS = ("t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold")
+
+def rule_param(rule: str, default: float, range: Range, help: str) -> Any:
+    """A parameter of one unmask rule (DiffusionGemma has none: it refuses every one)."""
+    return setting(default, help=help, range=range, rules=(rule,), refused=spec.RULE_ONLY)
+
+
+def gemma_knob(help: str, range: Range) -> Any:
+    """A DiffusionGemma knob (transformers' name), unset: the checkpoint's own value."""
+    kind = {"panel": spec.GEMMA, "lifetime": Lifetime.GEMMA, "refused": spec.GEMMA_ONLY}
+    return setting(None, help=help, range=range, **kind)
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """How to turn a canvas of masks into text; every field has a validated range."""
+    """How to turn a canvas of masks into text; every field declares its range (setting_spec)."""
 
-    gen_length: int = 256
-    block_length: int = 32
-    steps: int | None = None  # None: one token per step (steps = gen_length)
-    cache: str = "none"  # none | prefix | dual | freecache
-    refresh_interval: int = 0  # cached policies: extra full refresh every N steps in a block
-    suffix_window: int = 0  # keep only W canvas columns past the current block (0: off; DPad)
-    unmask: str = (
-        "fixed"  # fixed | threshold | factor | origin | eb | klass | wino | prefix | credit
+    gen_length: int = setting(256, help="Tokens to generate.", range=Range(1), why=CANVAS)
+    block_length: int = setting(32, help="Semi-autoregressive block size.", range=Range(1))
+    steps: int | None = setting(  # None: one token per step (steps = gen_length)
+        None,
+        help="Denoising steps over the answer, split over its blocks: fixed/origin take exactly "
+        "these; SDAR/LLaDA2.x's threshold commits at least a step's share; default one per "
+        "token.",
+        range=Range(1),
+        rules=STEP_RULES,
     )
-    schedule: str = "family"  # fixed rule's tokens per step: family | linear (LLaDA) | dream
-    confidence: str = "low_confidence"  # low_confidence | random | margin | entropy
-    threshold: float = 0.9
-    factor: float = 1.0
-    eb_gamma: float = 0.1  # eb (EB-Sampler): entropy budget of one step's commits, >= 0
-    kl_threshold: float = 0.01  # klass: a mask is stable while its step-to-step KL is below
-    kl_history: int = 2  # klass: ... for this many consecutive steps
-    wino_verify: float = 0.9  # wino: earlier commits whose shadow probability falls below go back
-    jump_threshold: float = 1.0  # prefix: masks past the left run committed above this (1: none)
-    credit_alpha: float = 0.7  # credit (dInfer): weight of log(1 + credit) added to the logits
-    credit_boost: float = 0.2  # credit: a step's top-1 token gains its probability ** this
-    credit_decay: float = 0.8  # credit: credits are multiplied by this each step
-    temperature: float = 0.0
-    top_p: float | None = None
-    top_k: int | None = None  # None: the family's default (families.py); 0: no top-k
-    cfg_scale: float = 0.0
-    seed: int = 0
-    early_stop: bool = False
-    batching: str = "continuous"  # batch mode: continuous (refill slots) | static (whole batches)
-    eps: float = 1e-3  # Dream's final timestep
-    alg_temp: float = 0.0  # Dream: sample positions with softmax(conf / alg_temp) when > 0
-    t_min: float | None = None  # DiffusionGemma: temperature at the last denoising step
-    t_max: float | None = None  # DiffusionGemma: temperature at the first denoising step
-    entropy_bound: float | None = None  # DiffusionGemma: entropy budget of accepted tokens
-    stability_threshold: int | None = None  # DiffusionGemma: steps the draft must hold still
-    confidence_threshold: float | None = None  # DiffusionGemma: mean entropy to stop below
-    edit_threshold: float | None = None  # LLaDA2.1 T2T: replace committed tokens above this p
-    max_post_steps: int = 16  # LLaDA2.1: editing steps a block may take after its last mask
+    cache: str = setting(
+        "none",
+        help="KV cache: {choices}.",
+        choices=CACHES,
+        lifetime=Lifetime.ENGINE,
+        refused={"gemma": spec.GEMMA_CACHE},
+    )
+    refresh_interval: int = setting(
+        0,
+        help="Cached policies: also recompute the whole canvas every N steps of a block (0: off).",
+        range=OFF_AT_0,
+        lifetime=Lifetime.ENGINE,
+        refused={
+            "block": "the block cache is exact: nothing to refresh",
+            "gemma": spec.GEMMA_CACHE,
+        },
+    )
+    suffix_window: int = setting(  # keep only W canvas columns past the current block (DPad)
+        0,
+        help="Suffix pruning: compute and attend only W columns past the current block (0: off).",
+        range=OFF_AT_0,
+        lifetime=Lifetime.ENGINE,
+        refused={
+            "block": "a block never attends to later blocks: there is no suffix to prune",
+            "gemma": "it decodes one canvas at a time and attends to no masked suffix past it",
+        },
+    )
+    unmask: str = setting(
+        "fixed", help="Commit rule: {choices}.", choices=UNMASKS, refused=spec.GEMMA_ACCEPTS
+    )
+    schedule: str = setting(
+        "family",
+        help="fixed rule's tokens per step: family | linear (LLaDA) | dream.",
+        choices=SCHEDULES,
+        rules=("fixed", "klass"),
+        refused={
+            "block": "a block's steps split it evenly, as the references do",
+            **spec.GEMMA_ACCEPTS,
+        },
+    )
+    confidence: str = setting(
+        "low_confidence",
+        help="{choices}.",
+        choices=CONFIDENCES,
+        lifetime=Lifetime.REQUEST,  # validated with the engine's rule (threshold: a p)
+        refused=spec.GEMMA_ACCEPTS,
+    )
+    threshold: float = setting(
+        0.9,
+        help="threshold rule: commit tokens at least this confident, in (0, 1].",
+        range=Range(0, 1),  # a rule that ignores it too
+        ranges={
+            "threshold": Range(0.0, 1.0, open_low=True),
+            "credit": Range(0.0, 1.0, open_low=True),
+            "klass": Range(0, 1, open_high=True),  # commits confidences above it
+            "wino": Range(0, 1, open_high=True),  # drafts confidences above it
+            "prefix": Range(0, 1, open_high=True),  # commits confidences above it
+        },
+        rules=("threshold", "klass", "wino", "prefix", "credit"),
+        refused=spec.GEMMA_ACCEPTS,
+    )
+    factor: float = setting(
+        1.0,
+        help="factor rule: commit the largest n with (n+1)(1-c_n) < f.",
+        range=Range(0, open_low=True),
+        rules=("factor",),
+        refused=spec.GEMMA_ACCEPTS,
+    )
+    eb_gamma: float = rule_param(
+        "eb",
+        0.1,
+        Range(0),
+        "eb rule (EB-Sampler): commit the most confident masks while their entropies, all "
+        "but the largest, sum to <= gamma.",
+    )
+    kl_threshold: float = rule_param(
+        "klass",
+        0.01,
+        Range(0, open_low=True),
+        "klass rule: a mask is ready when above --threshold and its step-to-step KL stayed "
+        "below this for --kl-history steps.",
+    )
+    kl_history: int = rule_param(
+        "klass", 2, Range(1), "klass rule: steps a mask's KL must stay low."
+    )
+    wino_verify: float = rule_param(
+        "wino",
+        0.9,
+        Range(0, 1),
+        "wino rule (WINO): drafts above --threshold are committed; an earlier commit of the "
+        "block whose shadow-block probability falls below this is masked again.",
+    )
+    jump_threshold: float = rule_param(
+        "prefix",
+        1.0,
+        Range(0, 1),
+        "prefix rule (SDLM): the run of masks from the block's leftmost above --threshold "
+        "is committed; a mask past it only when more confident than this (1: never).",
+    )
+    credit_alpha: float = rule_param(
+        "credit",
+        0.7,
+        Range(0),
+        "credit rule (dInfer): the threshold rule on logits + alpha * log(1 + credit), where "
+        "a mask's top-1 token earns credit each step it stays the favourite.",
+    )
+    credit_boost: float = rule_param(
+        "credit", 0.2, Range(0), "credit rule: a step's top-1 token earns its probability ** this."
+    )
+    credit_decay: float = rule_param(
+        "credit", 0.8, Range(0, 1), "credit rule: credits are multiplied by this each step."
+    )
+    temperature: float = setting(
+        0.0,
+        help="0 = greedy.",
+        range=TEMPERATURE_RANGE,
+        lifetime=Lifetime.REQUEST,
+        refused={"gemma": "its temperature follows a schedule from t_max down to t_min"},
+    )
+    top_p: float | None = setting(
+        None,
+        help="Nucleus sampling mass.",
+        range=Range(0.0, 1.0, open_low=True),
+        lifetime=Lifetime.REQUEST,
+        refused={"gemma": spec.GEMMA_WHOLE},
+    )
+    top_k: int | None = setting(  # None: the family's default (families.py); 0: no top-k
+        None,
+        help="Keep the top K tokens (0: off; default: the family's, 50 for Dream).",
+        range=OFF_AT_0,
+        lifetime=Lifetime.REQUEST,
+        refused={"gemma": spec.GEMMA_WHOLE},
+    )
+    cfg_scale: float = setting(
+        0.0,
+        help="Classifier-free guidance scale (0 = off).",
+        range=Range(0, MAX_CFG_SCALE),
+        lifetime=Lifetime.ENGINE,
+        why="guidance doubles every row of the engine's forward",
+        refused={
+            "block": "no classifier-free guidance in the block-causal references",
+            "gemma": "it has no classifier-free guidance",
+        },
+    )
+    seed: int = setting(
+        0, help="Random seed.", range=Range(0, 2**63, open_high=True), lifetime=Lifetime.REQUEST
+    )
+    early_stop: bool = setting(
+        False,
+        help="Stop a row once its answer has ended (same text, fewer forwards).",
+        lifetime=Lifetime.ENGINE,
+        why="the engine decides once how rows leave",
+    )
+    batching: str = setting(  # batch mode: continuous (refill slots) | static (whole batches)
+        "continuous",
+        help="Batch mode: continuous (a finished prompt's slot takes the next one) | static "
+        "(whole batches).",
+        choices=BATCHINGS,
+        panel=spec.INPUT,
+        group="batch",
+        lifetime=Lifetime.ENGINE,
+        why="admission is the engine's policy",
+        served=False,
+    )
+    eps: float = setting(
+        1e-3,
+        help="Dream's timestep schedule: its last timestep (steps walk linspace(1, eps, steps + 1)).",
+        range=Range(0.0, 1.0, open_low=True, open_high=True),
+        rules=("fixed", "origin", "klass"),
+        refused=dict.fromkeys(("block", "gemma"), "it is a timestep setting of Dream's schedule"),
+    )
+    alg_temp: float = setting(
+        0.0,
+        help="fixed rule: sample the positions from softmax(confidence / this) (Dream's alg_temp; "
+        "0: the most confident).",
+        range=Range(0),
+        rules=("fixed",),
+        refused=dict.fromkeys(("block", "gemma"), "it is a setting of Dream's position sampling"),
+    )
+    # DiffusionGemma's own knobs (transformers' names); None: the checkpoint's value
+    t_min: float | None = gemma_knob("Temperature at the last denoising step.", Range(0))
+    t_max: float | None = gemma_knob("Temperature at the first denoising step.", Range(0))
+    entropy_bound: float | None = gemma_knob(
+        "Accept the lowest-entropy tokens whose summed entropy, less the largest, is within this.",
+        Range(0, open_low=True),
+    )
+    stability_threshold: int | None = gemma_knob(
+        "Stop a canvas once its draft held still this many steps.", Range(0)
+    )
+    confidence_threshold: float | None = gemma_knob(
+        "Stop a canvas once its mean token entropy is below this.", Range(0, open_low=True)
+    )
+    edit_threshold: float | None = setting(  # LLaDA2.1 T2T: replace committed tokens above p
+        None,
+        help="LLaDA2.1 token editing: replace a committed token whose new draft is more likely "
+        "than this (unset: no editing).",
+        range=Range(0, 1, open_high=True),
+        refused=spec.EDIT_ONLY,
+    )
+    max_post_steps: int = setting(
+        16,
+        help="LLaDA2.1: editing steps a block may take after its last mask.",
+        range=Range(0),
+        refused=spec.EDIT_ONLY,
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -108,7 +290,7 @@ class DecodeSettings:
     @property
     def num_blocks(self) -> int:
         """Blocks the answer is cut into (the last one may be shorter)."""
-        return math.ceil(self.gen_length / min(self.block_length, self.gen_length))
+        return -(-self.gen_length // min(self.block_length, self.gen_length))
 
     @property
     def total_steps(self) -> int:
@@ -145,154 +327,31 @@ class DecodeSettings:
 
     def validate(self) -> DecodeSettings:
         """Raise SettingsError with a one-line reason for any out-of-range value."""
-        self._check_types()
-        self._check_ranges()
+        spec.check_fields(self, self.unmask)
         self._check_combinations()
         return self
 
-    def _check_types(self) -> None:
-        def is_int(v) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        for name in INT_FIELDS:
-            if not is_int(getattr(self, name)):
-                _bad(f"{name} must be an integer (got {getattr(self, name)!r})")
-        for name in ("steps", "top_k"):
-            value = getattr(self, name)
-            if value is not None and not is_int(value):
-                _bad(f"{name} must be an integer or unset (got {value!r})")
-        for name in FLOAT_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                _bad(f"{name} must be a number (got {value!r})")
-            if not math.isfinite(value):
-                _bad(f"{name} must be finite (got {value!r})")
-        if self.top_p is not None and (
-            isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float)
-        ):
-            _bad(f"top_p must be a number or unset (got {self.top_p!r})")
-        for name in GEMMA_FIELDS:
-            value = getattr(self, name)
-            wanted = int if name == "stability_threshold" else int | float
-            if value is not None and (isinstance(value, bool) or not isinstance(value, wanted)):
-                _bad(f"{name} must be {'an integer' if wanted is int else 'a number'} or unset")
-            if isinstance(value, float) and not math.isfinite(value):
-                _bad(f"{name} must be finite (got {value!r})")
-        if not isinstance(self.early_stop, bool):
-            _bad(f"early_stop must be true or false (got {self.early_stop!r})")
-        for name, choices in (
-            ("cache", CACHES),
-            ("unmask", UNMASKS),
-            ("confidence", CONFIDENCES),
-            ("schedule", SCHEDULES),
-            ("batching", BATCHINGS),
-        ):
-            if getattr(self, name) not in choices:
-                got = getattr(self, name)
-                _bad(f"{name} must be one of {', '.join(choices)} (got {got!r})")
-
-    def _check_ranges(self) -> None:
-        if self.gen_length < 1:
-            _bad(f"gen_length must be >= 1 (got {self.gen_length})")
-        if self.block_length < 1:
-            _bad(f"block_length must be >= 1 (got {self.block_length})")
-        if self.steps is not None and self.steps < 1:
-            _bad(f"steps must be >= 1 (got {self.steps})")
-        if self.unmask in ("threshold", "credit") and not 0.0 < self.threshold <= 1.0:
-            _bad(f"threshold must be in (0, 1] (got {self.threshold})")
-        if self.kl_threshold <= 0:
-            _bad(f"kl_threshold must be > 0 (got {self.kl_threshold})")
-        if self.kl_history < 1:
-            _bad(f"kl_history must be >= 1 (got {self.kl_history})")
-        if self.unmask == "klass" and not 0.0 <= self.threshold < 1.0:
-            _bad(f"klass commits confidences above threshold, in [0, 1) (got {self.threshold})")
-        if self.unmask == "wino" and not 0.0 <= self.threshold < 1.0:
-            _bad(f"wino drafts confidences above threshold, in [0, 1) (got {self.threshold})")
-        if self.unmask == "prefix" and not 0.0 <= self.threshold < 1.0:
-            _bad(f"prefix commits confidences above threshold, in [0, 1) (got {self.threshold})")
-        if not 0.0 <= self.threshold <= 1.0:  # a rule that ignores it too
-            _bad(f"threshold must be in [0, 1] (got {self.threshold})")
-        if not 0.0 <= self.jump_threshold <= 1.0:
-            _bad(f"jump_threshold must be in [0, 1] (got {self.jump_threshold})")
-        if not 0.0 <= self.wino_verify <= 1.0:
-            _bad(f"wino_verify must be in [0, 1] (got {self.wino_verify})")
-        if self.credit_alpha < 0:
-            _bad(f"credit_alpha must be >= 0 (got {self.credit_alpha})")
-        if self.credit_boost < 0:
-            _bad(f"credit_boost must be >= 0 (got {self.credit_boost})")
-        if not 0.0 <= self.credit_decay <= 1.0:
-            _bad(f"credit_decay must be in [0, 1] (got {self.credit_decay})")
-        if self.eb_gamma < 0:
-            _bad(f"eb_gamma must be >= 0 (got {self.eb_gamma})")
-        if self.factor <= 0:
-            _bad(f"factor must be > 0 (got {self.factor})")
-        low, high = TEMPERATURE_RANGE
-        if self.temperature != 0 and not low <= self.temperature <= high:
-            _bad(
-                f"temperature must be 0 (greedy) or in [{low:g}, {high:g}] (got {self.temperature})"
-            )
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            _bad(f"top_p must be in (0, 1] (got {self.top_p})")
-        if self.top_k is not None and self.top_k < 0:
-            _bad(f"top_k must be >= 0 (0 turns it off; got {self.top_k})")
-        if not 0 <= self.cfg_scale <= MAX_CFG_SCALE:
-            _bad(f"cfg_scale must be in [0, {MAX_CFG_SCALE:g}] (got {self.cfg_scale})")
-        if self.refresh_interval < 0:
-            _bad(f"refresh_interval must be >= 0 (0 turns it off; got {self.refresh_interval})")
-        if self.suffix_window < 0:
-            _bad(f"suffix_window must be >= 0 (0 turns it off; got {self.suffix_window})")
-        if not 0.0 < self.eps < 1.0:
-            _bad(f"eps must be in (0, 1) (got {self.eps})")
-        if self.alg_temp < 0:
-            _bad(f"alg_temp must be >= 0 (got {self.alg_temp})")
-        if self.seed < 0 or self.seed >= 2**63:
-            _bad(f"seed must be in [0, 2**63) (got {self.seed})")
-        if self.edit_threshold is not None and not (
-            not isinstance(self.edit_threshold, bool)
-            and isinstance(self.edit_threshold, int | float)
-            and 0.0 <= self.edit_threshold < 1.0
-        ):
-            _bad(f"edit_threshold must be in [0, 1) or unset (got {self.edit_threshold!r})")
-        if self.max_post_steps < 0:
-            _bad(f"max_post_steps must be >= 0 (got {self.max_post_steps})")
-        self._check_gemma_ranges()
-
-    def _check_gemma_ranges(self) -> None:
-        """The ranges transformers' DiffusionGemmaGenerationConfig.validate accepts."""
-        if self.t_min is not None and self.t_min < 0:
-            _bad(f"t_min must be >= 0 (got {self.t_min})")
-        if self.t_max is not None and self.t_max < 0:
-            _bad(f"t_max must be >= 0 (got {self.t_max})")
-        if self.t_min is not None and self.t_max is not None and self.t_max <= self.t_min:
-            _bad(f"t_max must be above t_min (got t_max {self.t_max}, t_min {self.t_min})")
-        if self.entropy_bound is not None and self.entropy_bound <= 0:
-            _bad(f"entropy_bound must be > 0 (got {self.entropy_bound})")
-        if self.stability_threshold is not None and self.stability_threshold < 0:
-            _bad(f"stability_threshold must be >= 0 (got {self.stability_threshold})")
-        if self.confidence_threshold is not None and self.confidence_threshold <= 0:
-            _bad(f"confidence_threshold must be > 0 (got {self.confidence_threshold})")
-
     def _check_combinations(self) -> None:
-        if self.unmask == "wino" and self.cfg_scale > 0:
-            _bad(
-                "unmask=wino does not combine with cfg_scale > 0: its shadow block verifies "
-                "against one (conditional) forward; use cfg_scale 0 or another rule"
+        rule = RULES[self.unmask]
+        if rule.one_forward and self.cfg_scale > 0:
+            spec.bad(
+                f"unmask={self.unmask} does not combine with cfg_scale > 0: its shadow block "
+                "verifies against one (conditional) forward; use cfg_scale 0 or another rule"
             )
-        if self.unmask in STEP_RULES and self.total_steps < self.num_blocks:
-            _bad(
+        if rule.follows_steps and self.total_steps < self.num_blocks:
+            spec.bad(
                 f"steps ({self.total_steps}) is fewer than the number of blocks "
                 f"({self.num_blocks} = ceil(gen_length {self.gen_length} / block_length "
                 f"{self.block_length})): every block needs at least one step; use steps >= "
                 f"{self.num_blocks} or a longer block_length"
             )
-        if (
-            self.unmask in ("threshold", "factor", "klass", "wino", "prefix", "credit")
-            and self.confidence not in PROBABILITY_CONFIDENCES
-        ):
-            _bad(
+        if rule.probability and self.confidence not in spec.PROBABILITY_CONFIDENCES:
+            spec.bad(
                 f"unmask={self.unmask} compares confidences with a probability, which "
-                f"confidence={self.confidence} is not (use {', '.join(PROBABILITY_CONFIDENCES)})"
+                f"confidence={self.confidence} is not (use {', '.join(spec.PROBABILITY_CONFIDENCES)})"
             )
+        if self.t_min is not None and self.t_max is not None and self.t_max <= self.t_min:
+            spec.bad(f"t_max must be above t_min (got t_max {self.t_max}, t_min {self.t_min})")
 
 
 def split_blocks(gen_length: int, block_length: int, steps: int) -> list[tuple[int, int]]:
@@ -307,39 +366,3 @@ def split_blocks(gen_length: int, block_length: int, steps: int) -> list[tuple[i
     base, extra = divmod(steps, n)
     lengths = [min(size, gen_length - b * size) for b in range(n)]
     return [(length, min(base + (b < extra), length)) for b, length in enumerate(lengths)]
-
-
-def parse_accept(accept: str) -> tuple[str, float | None]:
-    """A guide's acceptance rule: ("exact", None), ("topk", K) or ("prob", P)."""
-    kind, _, arg = accept.partition(":")
-    try:
-        if kind == "exact" and not arg:
-            return "exact", None
-        if kind == "topk" and int(arg) >= 1:
-            return "topk", int(arg)
-        if kind == "prob" and 0.0 < float(arg) <= 1.0:
-            return "prob", float(arg)
-    except ValueError:
-        pass
-    raise SettingsError(
-        f"accept must be 'exact', 'topk:K' (K >= 1) or 'prob:P' (0 < P <= 1) (got {accept!r})"
-    )
-
-
-def guide_problem(accept: str, on_reject: str, verify_chunk: int, draft_window: int) -> str | None:
-    """Why these guided-decoding settings cannot run (one line), or None."""
-    try:
-        parse_accept(accept)
-    except SettingsError as e:
-        return str(e)
-    if on_reject not in ON_REJECT:
-        return f"on_reject must be one of {', '.join(ON_REJECT)} (got {on_reject!r})"
-    if verify_chunk < 1:
-        return f"verify_chunk must be >= 1 (got {verify_chunk})"
-    if draft_window < 0:
-        return f"draft_window must be >= 0 (0: to the canvas end; got {draft_window})"
-    return None
-
-
-def _bad(msg: str) -> None:
-    raise SettingsError(msg)

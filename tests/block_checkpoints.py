@@ -10,10 +10,13 @@ import torch
 from tests.checkpoints import (
     Written,
     _random_tensors,
+    mlp_shapes,
+    qwen_attention_shapes,
     save_weights,
     write_dream_tokenizer,
     write_json,
     write_llada_moe_tokenizer,
+    write_weights,
 )
 
 SDAR_SHAPE = {
@@ -57,7 +60,6 @@ def write_sdar(folder: Path, *, seed: int = 5, block_size: int = 4, **overrides)
         **SDAR_SHAPE,
     }
     cfg.update(overrides)
-    write_json(folder / "config.json", cfg)
     d, hd = cfg["hidden_size"], cfg["head_dim"]
     q, kv, ffn = (
         cfg["num_attention_heads"] * hd,
@@ -67,23 +69,9 @@ def write_sdar(folder: Path, *, seed: int = 5, block_size: int = 4, **overrides)
     shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], d)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (q, d),
-            p + "self_attn.k_proj.weight": (kv, d),
-            p + "self_attn.v_proj.weight": (kv, d),
-            p + "self_attn.o_proj.weight": (d, q),
-            p + "self_attn.q_norm.weight": (hd,),
-            p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (ffn, d),
-            p + "mlp.up_proj.weight": (ffn, d),
-            p + "mlp.down_proj.weight": (d, ffn),
-        }
+        shapes |= qwen_attention_shapes(p, d, q, kv, head_norm=hd) | mlp_shapes(p + "mlp.", ffn, d)
     shapes |= {"model.norm.weight": (d,), "lm_head.weight": (cfg["vocab_size"], d)}
-    tensors = _random_tensors(shapes, torch.float32, seed)
-    save_weights(folder, tensors, 1)
-    return Written(folder, tensors, cfg, ids)
+    return write_weights(folder, ids, cfg, shapes, torch.float32, seed, 1)
 
 
 LLADA2_SHAPE = {
@@ -150,18 +138,12 @@ def write_llada2(folder: Path, *, seed: int = 7, **overrides) -> Written:
             p + "attention.dense.weight": (d, h * hd),
         }
         if i < cfg["first_k_dense_replace"]:
-            for name, shape in (("gate", (dense, d)), ("up", (dense, d)), ("down", (d, dense))):
-                shapes[f"{p}mlp.{name}_proj.weight"] = shape
+            shapes |= mlp_shapes(p + "mlp.", dense, d)
             continue
         shapes |= {p + "mlp.gate.weight": (e, d), p + "mlp.gate.expert_bias": (e,)}
         for j in [*range(e), "shared"]:
             q = f"{p}mlp.experts.{j}." if j != "shared" else f"{p}mlp.shared_experts."
-            width = ffn * cfg["num_shared_experts"] if j == "shared" else ffn
-            shapes |= {
-                q + "gate_proj.weight": (width, d),
-                q + "up_proj.weight": (width, d),
-                q + "down_proj.weight": (d, width),
-            }
+            shapes |= mlp_shapes(q, ffn * cfg["num_shared_experts"] if j == "shared" else ffn, d)
     shapes |= {"model.norm.weight": (d,), "lm_head.weight": (cfg["vocab_size"], d)}
     tensors = _random_tensors(shapes, torch.float32, seed)
     for name in [n for n in tensors if n.endswith("expert_bias")]:  # router bias: O(0.1)

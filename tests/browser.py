@@ -137,6 +137,14 @@ class Browser:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
+    def wait_for(self, expression: str, seconds: float = 60.0):
+        """The first truthy value of `expression`, polled; fails the test after `seconds`."""
+        deadline = time.monotonic() + seconds
+        while not (value := self.js(expression)):
+            assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+            time.sleep(0.02)
+        return value
+
     def click(self, selector: str) -> None:
         """A real mouse click (press and release) at the element's centre."""
         box = self.js(

@@ -116,6 +116,53 @@ def save_weights(folder: Path, tensors: dict[str, torch.Tensor], shards: int = 1
     write_json(folder / "model.safetensors.index.json", index)
 
 
+def mlp_shapes(prefix: str, width: int, d: int) -> dict[str, tuple[int, ...]]:
+    """A SwiGLU MLP's gate/up/down projection shapes under `prefix`."""
+    return {
+        prefix + "gate_proj.weight": (width, d),
+        prefix + "up_proj.weight": (width, d),
+        prefix + "down_proj.weight": (d, width),
+    }
+
+
+def qwen_attention_shapes(
+    prefix: str, d: int, q: int, kv: int, *, bias: bool = False, head_norm: int = 0
+) -> dict[str, tuple[int, ...]]:
+    """A Qwen-named layer's norms and q/k/v/o shapes (q/k/v biases, q/k head norms optional)."""
+    shapes = {prefix + "input_layernorm.weight": (d,)}
+    shapes[prefix + "post_attention_layernorm.weight"] = (d,)
+    for name, rows in (("q", q), ("k", kv), ("v", kv)):
+        shapes[f"{prefix}self_attn.{name}_proj.weight"] = (rows, d)
+        if bias:
+            shapes[f"{prefix}self_attn.{name}_proj.bias"] = (rows,)
+    shapes[prefix + "self_attn.o_proj.weight"] = (d, q)
+    if head_norm:
+        shapes[prefix + "self_attn.q_norm.weight"] = (head_norm,)
+        shapes[prefix + "self_attn.k_norm.weight"] = (head_norm,)
+    return shapes
+
+
+def write_weights(
+    folder: Path, ids: dict, cfg: dict, shapes: dict, dtype: torch.dtype, seed: int, shards: int
+) -> Written:
+    """config.json and random safetensors for `shapes`: what every folder helper ends with."""
+    write_json(folder / "config.json", cfg)
+    tensors = _random_tensors(shapes, dtype, seed)
+    save_weights(folder, tensors, shards)
+    return Written(folder, tensors, cfg, ids)
+
+
+def word_level_tokenizer(folder: Path, specials: tuple[str, ...]) -> tuple[Tokenizer, dict]:
+    """tokenizer.json: a word-level vocabulary of WORDS plus `specials`; their ids."""
+    vocab = {"<unk>": 0} | {w: i + 1 for i, w in enumerate(WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.save(str(folder / "tokenizer.json"))
+    return tok, {s: tok.token_to_id(s) for s in specials}
+
+
 # --- LLaDA ---------------------------------------------------------------------------------
 
 
@@ -149,13 +196,7 @@ def write_byte_level_llada(folder: Path, chat_template: str, **config) -> None:
 
 def write_llada_tokenizer(folder: Path) -> dict[str, int]:
     """tokenizer.json (word level) + tokenizer_config.json with LLaDA's specials and template."""
-    vocab = {"<unk>": 0} | {w: i + 1 for i, w in enumerate(WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in LLADA_SPECIALS])
-    tok.save(str(folder / "tokenizer.json"))
-    ids = {s: tok.token_to_id(s) for s in LLADA_SPECIALS}
+    tok, ids = word_level_tokenizer(folder, LLADA_SPECIALS)
     write_json(
         folder / "tokenizer_config.json",
         {
@@ -268,10 +309,7 @@ def write_llada(
     folder.mkdir(parents=True, exist_ok=True)
     ids = write_llada_tokenizer(folder)
     cfg = llada_config(ids, **overrides)
-    write_json(folder / "config.json", cfg)
-    tensors = _random_tensors(llada_shapes(cfg), dtype, seed)
-    save_weights(folder, tensors, shards)
-    return Written(folder, tensors, cfg, ids)
+    return write_weights(folder, ids, cfg, llada_shapes(cfg), dtype, seed, shards)
 
 
 # --- Dream ---------------------------------------------------------------------------------
@@ -362,20 +400,7 @@ def dream_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], d)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (d, d),
-            p + "self_attn.q_proj.bias": (d,),
-            p + "self_attn.k_proj.weight": (kv, d),
-            p + "self_attn.k_proj.bias": (kv,),
-            p + "self_attn.v_proj.weight": (kv, d),
-            p + "self_attn.v_proj.bias": (kv,),
-            p + "self_attn.o_proj.weight": (d, d),
-            p + "mlp.gate_proj.weight": (ffn, d),
-            p + "mlp.up_proj.weight": (ffn, d),
-            p + "mlp.down_proj.weight": (d, ffn),
-        }
+        shapes |= qwen_attention_shapes(p, d, d, kv, bias=True) | mlp_shapes(p + "mlp.", ffn, d)
     shapes |= {"model.norm.weight": (d,), "lm_head.weight": (cfg["vocab_size"], d)}
     return shapes
 
@@ -392,10 +417,7 @@ def write_dream(
     folder.mkdir(parents=True, exist_ok=True)
     ids = write_dream_tokenizer(folder)
     cfg = dream_config(ids, **overrides)
-    write_json(folder / "config.json", cfg)
-    tensors = _random_tensors(dream_shapes(cfg), dtype, seed)
-    save_weights(folder, tensors, shards)
-    return Written(folder, tensors, cfg, ids)
+    return write_weights(folder, ids, cfg, dream_shapes(cfg), dtype, seed, shards)
 
 
 # --- LLaDA-MoE -----------------------------------------------------------------------------
@@ -424,15 +446,7 @@ LLADA_MOE_SHAPE = {
 
 def write_llada_moe_tokenizer(folder: Path) -> dict[str, int]:
     """tokenizer.json (word level) + tokenizer_config.json with LLaDA-MoE's specials, template."""
-    vocab = {"<unk>": 0} | {w: i + 1 for i, w in enumerate(WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    tok.add_special_tokens(
-        [AddedToken(s, special=True, normalized=False) for s in LLADA_MOE_SPECIALS]
-    )
-    tok.save(str(folder / "tokenizer.json"))
-    ids = {s: tok.token_to_id(s) for s in LLADA_MOE_SPECIALS}
+    tok, ids = word_level_tokenizer(folder, LLADA_MOE_SPECIALS)
     write_json(
         folder / "tokenizer_config.json",
         {
@@ -509,38 +523,15 @@ def llada_moe_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], d)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (d, d),
-            p + "self_attn.k_proj.weight": (kv, d),
-            p + "self_attn.v_proj.weight": (kv, d),
-            p + "self_attn.o_proj.weight": (d, d),
-            p + "self_attn.q_norm.weight": (hd,),
-            p + "self_attn.k_norm.weight": (hd,),
-        }
+        shapes |= qwen_attention_shapes(p, d, d, kv, head_norm=hd)
         if cfg["moe_layer_freq"][i]:
             shapes[p + "mlp.gate.weight"] = (e, d)
             for j in range(e):
-                q = f"{p}mlp.experts.{j}."
-                shapes |= {
-                    q + "gate_proj.weight": (ffn, d),
-                    q + "up_proj.weight": (ffn, d),
-                    q + "down_proj.weight": (d, ffn),
-                }
+                shapes |= mlp_shapes(f"{p}mlp.experts.{j}.", ffn, d)
             if shared:
-                shapes |= {
-                    p + "shared_expert.gate_proj.weight": (shared, d),
-                    p + "shared_expert.up_proj.weight": (shared, d),
-                    p + "shared_expert.down_proj.weight": (d, shared),
-                }
+                shapes |= mlp_shapes(p + "shared_expert.", shared, d)
         else:
-            dense = cfg["dense_intermediate_size"]
-            shapes |= {
-                p + "mlp.gate_proj.weight": (dense, d),
-                p + "mlp.up_proj.weight": (dense, d),
-                p + "mlp.down_proj.weight": (d, dense),
-            }
+            shapes |= mlp_shapes(p + "mlp.", cfg["dense_intermediate_size"], d)
     shapes |= {"model.norm.weight": (d,), "lm_head.weight": (cfg["vocab_size"], d)}
     return shapes
 
@@ -558,7 +549,4 @@ def write_llada_moe(
     folder.mkdir(parents=True, exist_ok=True)
     ids = write_llada_moe_tokenizer(folder)
     cfg = llada_moe_config(ids, **overrides)
-    write_json(folder / "config.json", cfg)
-    tensors = _random_tensors(llada_moe_shapes(cfg), dtype, seed)
-    save_weights(folder, tensors, shards)
-    return Written(folder, tensors, cfg, ids)
+    return write_weights(folder, ids, cfg, llada_moe_shapes(cfg), dtype, seed, shards)

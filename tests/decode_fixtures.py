@@ -83,8 +83,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-class EosAfterLLaDA(LLaDAModelLM):
-    """LLaDA whose predictions for positions >= eos_from strongly favour EOS."""
+class EosAfter:
+    """Mixed in before a model class: its predictions for positions >= eos_from strongly
+    favour EOS."""
 
     eos_from = 10**9
     eos_bias = 0.0
@@ -94,26 +95,16 @@ class EosAfterLLaDA(LLaDAModelLM):
         return add_eos_bias(self, logits, input_ids, positions, kw.get("logits_slice"))
 
 
-class EosAfterDream(DreamModel):
-    """Dream whose predictions for positions >= eos_from strongly favour EOS."""
-
-    eos_from = 10**9
-    eos_bias = 0.0
-
-    def forward(self, input_ids, positions=None, cache=None, key_mask=None, columns=None, **kw):
-        logits = super().forward(input_ids, positions, cache, key_mask, columns, **kw)
-        return add_eos_bias(self, logits, input_ids, positions, kw.get("logits_slice"))
+class EosAfterLLaDA(EosAfter, LLaDAModelLM):
+    pass
 
 
-class EosAfterLLaDAMoE(LLaDAMoEModelLM):
-    """LLaDA-MoE whose predictions for positions >= eos_from strongly favour EOS."""
+class EosAfterDream(EosAfter, DreamModel):
+    pass
 
-    eos_from = 10**9
-    eos_bias = 0.0
 
-    def forward(self, input_ids, positions=None, cache=None, key_mask=None, columns=None, **kw):
-        logits = super().forward(input_ids, positions, cache, key_mask, columns, **kw)
-        return add_eos_bias(self, logits, input_ids, positions, kw.get("logits_slice"))
+class EosAfterLLaDAMoE(EosAfter, LLaDAMoEModelLM):
+    pass
 
 
 def add_eos_bias(model, logits, input_ids, positions, logits_slice):

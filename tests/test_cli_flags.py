@@ -1,31 +1,31 @@
 """Every shared flag of every command reaches the run: the settings, the model, the guide choice.
 
 One test over all commands: each invocation stops right after the profile is resolved (the
-settings are built there), so nothing is loaded or decoded. The flags each command must take
-are listed here, not read from the code, so a flag dropped from one command fails this test.
+settings are built there), so nothing is loaded or decoded. The decoding flags are every field
+that declares a help text, each tried with its one value from tests/setting_values.py; the
+other flags each command must take are listed here, so a flag dropped from one command fails.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import typer
 from cli_fixtures import cli_ckpt_fixture, invoke, isolated_fixture, profile_text  # noqa: F401
+from setting_values import VALUES
 
 from dllm_cli import runtime
 from dllm_cli.cli import app
 from dllm_cli.commands import common
 from dllm_cli.errors import DllmError
 from dllm_cli.options import FLAGS
+from dllm_cli.setting_spec import declared
+from dllm_cli.settings import DecodeSettings
 
 MODEL = ("profile", "model", "device", "force", "dtype", "quantize", "chat", "compile", "threads")
-DECODE = (
-    "gen_length", "block_length", "steps", "cache", "unmask", "confidence", "schedule", "threshold",
-    "factor", "temperature", "top_p", "top_k", "cfg_scale", "seed", "early_stop", "suffix_window",
-    "t_min", "t_max", "entropy_bound", "stability_threshold", "confidence_threshold",
-    "eb_gamma", "kl_threshold", "kl_history", "wino_verify", "jump_threshold",
-    "credit_alpha", "credit_boost", "credit_decay",
-    "edit_threshold", "max_post_steps",
-)  # fmt: skip
+# every decoding flag: the DecodeSettings fields that declare a help text (settings.py)
+DECODE = tuple(n for n, spec in declared(DecodeSettings) if spec.help and spec.group == "decode")
 GUIDE = ("guide", "accept", "on_reject", "verify_chunk", "draft_window")
 BENCH = (
     "temperature", "seed", "cache", "early_stop", "top_k", "threshold", "kl_history",
@@ -45,7 +45,7 @@ COMMAND_LINES = {
     "bench": ["bench"],
 }
 # flag -> (arguments, what to look at, the value it must have); the profile sets other values
-CASES = {
+OWN_CASES = {
     "profile": ([], "source", None),  # every run names its profile file with -p
     "model": (["--model", "{ckpt}"], "model.path", "{ckpt}"),
     "device": (["--device", "auto"], "model.device", "auto"),
@@ -55,48 +55,24 @@ CASES = {
     "chat": (["--no-chat"], "model.chat_template", False),
     "compile": (["--compile"], "model.compile", True),
     "threads": (["--threads", "3"], "model.threads", 3),
-    "gen_length": (["--gen-length", "12"], "decode.gen_length", 12),
-    "block_length": (["--block-length", "4"], "decode.block_length", 4),
-    "steps": (["--steps", "8"], "decode.steps", 8),
-    "cache": (["--cache", "prefix"], "decode.cache", "prefix"),
-    "unmask": (["--unmask", "factor"], "decode.unmask", "factor"),
-    "confidence": (["--confidence", "margin"], "decode.confidence", "margin"),
-    "schedule": (["--schedule", "dream"], "decode.schedule", "dream"),
-    "threshold": (["--threshold", "0.5"], "decode.threshold", 0.5),
-    "factor": (["--factor", "2.5"], "decode.factor", 2.5),
-    "eb_gamma": (["--eb-gamma", "0.3"], "decode.eb_gamma", 0.3),
-    "kl_threshold": (["--kl-threshold", "0.02"], "decode.kl_threshold", 0.02),
-    "kl_history": (["--kl-history", "3"], "decode.kl_history", 3),
-    "wino_verify": (["--wino-verify", "0.95"], "decode.wino_verify", 0.95),
-    "jump_threshold": (["--jump-threshold", "0.99"], "decode.jump_threshold", 0.99),
-    "credit_alpha": (["--credit-alpha", "1.5"], "decode.credit_alpha", 1.5),
-    "credit_boost": (["--credit-boost", "0.5"], "decode.credit_boost", 0.5),
-    "credit_decay": (["--credit-decay", "0.9"], "decode.credit_decay", 0.9),
-    "temperature": (["--temperature", "0.7"], "decode.temperature", 0.7),
-    "top_p": (["--top-p", "0.8"], "decode.top_p", 0.8),
-    "top_k": (["--top-k", "5"], "decode.top_k", 5),
-    "cfg_scale": (["--cfg-scale", "0.5"], "decode.cfg_scale", 0.5),
-    "seed": (["--seed", "7"], "decode.seed", 7),
-    "early_stop": (["--no-early-stop"], "decode.early_stop", False),
-    "suffix_window": (["--suffix-window", "24"], "decode.suffix_window", 24),
-    "batching": (["--batching", "static"], "decode.batching", "static"),
-    "t_min": (["--t-min", "0.3"], "decode.t_min", 0.3),
-    "t_max": (["--t-max", "0.9"], "decode.t_max", 0.9),
-    "entropy_bound": (["--entropy-bound", "0.2"], "decode.entropy_bound", 0.2),
-    "stability_threshold": (["--stability-threshold", "2"], "decode.stability_threshold", 2),
-    "confidence_threshold": (
-        ["--confidence-threshold", "0.01"],
-        "decode.confidence_threshold",
-        0.01,
-    ),
-    "edit_threshold": (["--edit-threshold", "0.5"], "decode.edit_threshold", 0.5),
-    "max_post_steps": (["--max-post-steps", "3"], "decode.max_post_steps", 3),
     "guide": (["--no-guide"], "use_guide", False),
     "accept": (["--accept", "topk:3"], "guide.accept", "topk:3"),
     "on_reject": (["--on-reject", "draft"], "guide.on_reject", "draft"),
     "verify_chunk": (["--verify-chunk", "8"], "guide.verify_chunk", 8),
     "draft_window": (["--draft-window", "16"], "guide.draft_window", 16),
 }
+
+
+def setting_case(name: str) -> tuple[list[str], str, object]:
+    """A decoding flag's case from its one test value (tests/setting_values.py)."""
+    value, flag = VALUES[name], "--" + name.replace("_", "-")
+    args = (
+        [flag if value else f"--no-{flag[2:]}"] if isinstance(value, bool) else [flag, str(value)]
+    )
+    return args, f"decode.{name}", value
+
+
+CASES = {**OWN_CASES, **{n: setting_case(n) for n, f in FLAGS.items() if f.key == f"decode.{n}"}}
 
 
 class Stop(DllmError):
@@ -131,7 +107,11 @@ def flat(data: dict, prefix: str = "") -> dict:
     return out
 
 
-def test_every_shared_flag_has_a_case():
+def test_every_setting_has_a_flag_and_one_test_value():
+    """A new DecodeSettings field needs its value in tests/setting_values.py, nothing else."""
+    assert set(VALUES) == {f.name for f in dataclasses.fields(DecodeSettings)}
+    flagged = {n for n, f in FLAGS.items() if f.key == f"decode.{n}"}
+    assert flagged == {n for n, spec in declared(DecodeSettings) if spec.help} == set(VALUES)
     assert set(CASES) == set(FLAGS)
 
 

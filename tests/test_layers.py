@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "errors",
         "settings",
+        "setting_spec",  # what a setting declares beside its DecodeSettings field
         "cache",
         "strict_toml",
         "prompt_text",

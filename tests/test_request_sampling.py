@@ -10,7 +10,7 @@ from decode_fixtures import SPECIAL, one_thread, prompts, settings, tiny  # noqa
 
 from dllm_cli.decoding import Engine, decode
 from dllm_cli.errors import SettingsError
-from dllm_cli.lifetimes import LIFETIMES, PER_REQUEST, Lifetime, Sampling, request_sampling
+from dllm_cli.lifetimes import Sampling, request_sampling
 from dllm_cli.settings import DecodeSettings
 
 # One request per row, each with its own sampling (greedy ones beside sampled ones).
@@ -82,13 +82,6 @@ def test_own_stop_ids_end_that_request_only():
     early = settings(early_stop=True)
     got = together(model, ps, early, [{"stop": [stop]}, {}], "continuous", 2)
     assert got[0][:cut] == free[0][:cut] and set(got[0][cut:]) == {SPECIAL.eos}
-
-
-def test_every_setting_has_one_lifetime():
-    names = {f.name for f in dataclasses.fields(DecodeSettings)}
-    assert names <= set(LIFETIMES)
-    assert set(PER_REQUEST) == {"temperature", "top_p", "top_k", "seed", "confidence", "stop"}
-    assert all(LIFETIMES[k].why for k in LIFETIMES if LIFETIMES[k].lifetime is not Lifetime.REQUEST)
 
 
 @pytest.mark.parametrize(

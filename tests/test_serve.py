@@ -146,7 +146,7 @@ def test_stop_strings_cut_before_the_first(client):
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
         ({"max_tokens": 0}, "max_tokens", "max_tokens must be >= 1"),
         ({"temperature": "hot"}, "temperature", "temperature must be a number"),
-        ({"threshold": 2.0}, "threshold", "above threshold, in [0, 1) (got 2.0)"),
+        ({"threshold": 2.0}, "threshold", "threshold must be in [0, 1) under unmask="),
         ({"cache": "big"}, "cache", "cache must be one of"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"tresholds": 1}, "tresholds", "unknown field"),

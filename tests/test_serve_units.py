@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fastapi.responses import Response
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_chat import TRIMMING_TEMPLATE
@@ -150,3 +151,27 @@ def test_serve_and_chat_help_start_without_torch():
         seen = probe(command, "--help")
         assert seen["code"] == 0 and seen["heavy"] == [], seen
         assert "--api-key" in seen["stdout"] if command == "serve" else "--visual" in seen["stdout"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/api/chat"])
+def test_an_answer_nobody_reads_is_logged_as_499(path):
+    """Both APIs' routes: a client that left while its answer was made gets 499, counted."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from dllm_cli.serve.metrics import Metrics
+    from dllm_cli.serve.plumbing import Gone, Served, unless_gone
+
+    async def left():
+        raise Gone()
+
+    async def kept():
+        return Response("fine")
+
+    served = Served.__new__(Served)  # only its metrics are read
+    served.metrics = Metrics("tiny")
+    request = Request({"type": "http", "method": "POST", "path": path, "headers": []})
+    assert asyncio.run(unless_gone(served, request, left())).status_code == 499
+    assert asyncio.run(unless_gone(served, request, kept())).body == b"fine"
+    assert served.metrics.requests == {(path, 499): 1}

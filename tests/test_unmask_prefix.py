@@ -99,7 +99,7 @@ def test_prefix_rows_decide_alone_and_a_row_without_masks_commits_nothing():
 def test_prefix_settings_are_checked():
     with pytest.raises(SettingsError, match="jump_threshold must be in"):
         DecodeSettings(**PREFIX, jump_threshold=1.5)
-    with pytest.raises(SettingsError, match="prefix commits confidences above threshold"):
+    with pytest.raises(SettingsError, match=r"threshold must be in \[0, 1\) under unmask=prefix"):
         DecodeSettings(unmask="prefix", threshold=1.0)
     with pytest.raises(SettingsError, match="compares confidences with a probability"):
         DecodeSettings(**PREFIX, confidence="entropy")

@@ -30,11 +30,10 @@ from dllm_cli.settings import CACHES, UNMASKS, DecodeSettings
 EB = {"unmask": "eb", "eb_gamma": 2.0}
 
 
-def test_every_unmask_choice_is_one_declared_rule_whose_settings_exist():
+def test_every_unmask_choice_is_one_implemented_rule():
+    """settings.py's torch-free rule table names the choices; each has its step here."""
     assert tuple(UNMASK_RULES) == UNMASKS
-    fields = set(DecodeSettings().to_dict())
     for name, rule in UNMASK_RULES.items():
-        assert set(rule.settings) <= fields, name
         c = RuleCommitter(DecodeSettings(unmask=name), "linear")
         assert (c.needs_probs, c.needs_shadow) == (rule.needs_probs, rule.remasking)
         assert (c.params.memory is None) == (rule.memory is None)

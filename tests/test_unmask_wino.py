@@ -161,7 +161,7 @@ def test_wino_verifies_in_the_drafting_forward():
 def test_wino_settings_are_checked():
     with pytest.raises(SettingsError, match="wino_verify must be in"):
         DecodeSettings(**{**WINO, "wino_verify": 1.5})
-    with pytest.raises(SettingsError, match="wino drafts confidences above threshold"):
+    with pytest.raises(SettingsError, match=r"threshold must be in \[0, 1\) under unmask=wino"):
         DecodeSettings(**{**WINO, "threshold": 1.0})
     with pytest.raises(SettingsError, match="does not combine with cfg_scale"):
         DecodeSettings(**{**WINO, "cfg_scale": 1.0})

@@ -129,14 +129,6 @@ def frame_text(browser: Browser) -> str:
     return browser.js("document.querySelector('#frames .frame:not([hidden])').innerText")
 
 
-def wait_for(browser: Browser, expression: str, seconds: float = 20.0):
-    deadline = time.monotonic() + seconds
-    while not (value := browser.js(expression)):
-        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-        time.sleep(0.05)
-    return value
-
-
 @pytest.mark.slow
 def test_html_player_plays_to_the_answer_in_a_real_browser(tmp_path, browser):
     path, answer, stderr = save(tmp_path, "run.html")
@@ -157,7 +149,7 @@ def test_html_player_plays_to_the_answer_in_a_real_browser(tmp_path, browser):
     browser.js("document.getElementById('speed').value = '150'")
     browser.click("#play")
     assert "Pause" in browser.js("document.getElementById('play').textContent")
-    wait_for(browser, f"document.body.dataset.frame === '{frames - 1}'")
+    browser.wait_for(f"document.body.dataset.frame === '{frames - 1}'")
     assert "Play" in browser.js("document.getElementById('play').textContent")  # it stopped
     browser.screenshot(tmp_path / "final.png")
     last = frame_text(browser)

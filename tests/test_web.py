@@ -92,14 +92,6 @@ def browser_fixture():
             browser.close()
 
 
-def wait_for(browser: Browser, expression: str, seconds: float = 60.0):
-    deadline = time.monotonic() + seconds
-    while not (value := browser.js(expression)):
-        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
-        time.sleep(0.02)
-    return value
-
-
 def type_question(browser: Browser, text: str) -> None:
     """Focus the box, insert the text as typing does, click Send."""
     browser.js("document.getElementById('question').focus()")
@@ -108,7 +100,7 @@ def type_question(browser: Browser, text: str) -> None:
 
 
 def settle(browser: Browser) -> str:
-    wait_for(browser, "document.body.dataset.state === 'done'")
+    browser.wait_for("document.body.dataset.state === 'done'")
     return browser.js("document.querySelector('.msg.assistant:last-child .text').textContent")
 
 
@@ -162,8 +154,8 @@ def test_stop_aborts_on_the_server_and_settings_errors_are_shown(server, browser
     browser.js("document.getElementById('settings').open = true")
     browser.js("document.querySelector('[name=block_length]').value = 'abc'")
     type_question(browser, QUESTIONS[0])
-    error = wait_for(browser, "!document.getElementById('error').hidden && "
-                     "document.getElementById('error').textContent")  # fmt: skip
+    error = browser.wait_for("!document.getElementById('error').hidden && "
+                             "document.getElementById('error').textContent")  # fmt: skip
     assert error.startswith("400: block_length") and "abc" in error
     assert browser.js("document.getElementById('question').value") == QUESTIONS[0]  # kept
 
@@ -173,11 +165,11 @@ def test_stop_aborts_on_the_server_and_settings_errors_are_shown(server, browser
         browser.js(f"document.querySelector('[name={name}]').value = '256'")
     browser.js("document.querySelector('[name=early_stop]').value = 'false'")  # to the end
     browser.click("#send")
-    wait_for(browser, "Number(document.querySelector('.canvas')?.dataset.frames) >= 100")
+    browser.wait_for("Number(document.querySelector('.canvas')?.dataset.frames) >= 100")
     assert browser.js("document.querySelectorAll('.block.pruned').length") >= 1  # suffix window
     keep(browser, "web-decoding.png")
     browser.click("#stop")
-    wait_for(browser, "document.body.dataset.state === 'stopped'")
+    browser.wait_for("document.body.dataset.state === 'stopped'")
     deadline = time.monotonic() + 30
     while metric(server, "dllm_aborted_total") < before + 1:
         assert time.monotonic() < deadline, "the server never aborted the request"
@@ -218,8 +210,8 @@ def test_with_an_api_key_the_page_asks_for_it(browser, expected):
         browser.open(url + "/")
         assert not browser.js("document.getElementById('key-box').hidden")
         type_question(browser, QUESTIONS[0])
-        error = wait_for(browser, "!document.getElementById('error').hidden && "
-                         "document.getElementById('error').textContent")  # fmt: skip
+        error = browser.wait_for("!document.getElementById('error').hidden && "
+                                 "document.getElementById('error').textContent")  # fmt: skip
         assert error.startswith("401: missing or wrong API key")
         browser.js("document.getElementById('key').focus()")
         browser.call("Input.insertText", text="sk-page")

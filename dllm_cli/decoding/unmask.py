@@ -247,7 +247,7 @@ class UnmaskRule:
     """One `--unmask` choice: its step and what it asks of the engine.
 
     `select(params, ctx)` returns the (B, L) columns to commit, or (commit, remask) for a
-    re-masking rule; `settings` names the DecodeSettings fields it reads; `needs_probs`: it
+    re-masking rule (the settings it reads declare it: settings.py `rules`); `needs_probs`: it
     reads each slot's whole distribution (`StepContext.probs`); `remasking`: it masks earlier
     commits again and reads a shadow block's `StepContext.verify` (WINO); `redrafts`: it
     returns (commit, tokens), its own drafts (credit); `memory(settings)` builds the state it
@@ -255,7 +255,6 @@ class UnmaskRule:
     """
 
     select: Callable[[RuleParams, StepContext], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
-    settings: tuple[str, ...] = ()
     needs_probs: bool = False
     remasking: bool = False
     redrafts: bool = False
@@ -263,28 +262,17 @@ class UnmaskRule:
 
 
 UNMASK_RULES: dict[str, UnmaskRule] = {
-    "fixed": UnmaskRule(fixed_rule, ("steps", "schedule", "eps", "alg_temp")),
-    "threshold": UnmaskRule(threshold_rule, ("threshold",)),
-    "factor": UnmaskRule(factor_rule, ("factor",)),
-    "origin": UnmaskRule(origin_rule, ("steps", "eps")),
-    "eb": UnmaskRule(eb_rule, ("eb_gamma",), needs_probs=True),
+    "fixed": UnmaskRule(fixed_rule),
+    "threshold": UnmaskRule(threshold_rule),
+    "factor": UnmaskRule(factor_rule),
+    "origin": UnmaskRule(origin_rule),
+    "eb": UnmaskRule(eb_rule, needs_probs=True),
     # KLASS's history; a row's restarts at each block's first step, so one memory serves
     # every decode (no `start` hook: continuous batching serves this committer).
-    "klass": UnmaskRule(
-        klass_rule,
-        ("threshold", "kl_threshold", "kl_history", "steps", "schedule", "eps"),
-        needs_probs=True,
-        memory=lambda s: KlassMemory(),
-    ),
-    "wino": UnmaskRule(wino_rule, ("threshold", "wino_verify"), remasking=True),
-    "prefix": UnmaskRule(prefix_rule, ("threshold", "jump_threshold")),
-    "credit": UnmaskRule(
-        credit_rule,
-        ("threshold", "credit_alpha", "credit_boost", "credit_decay", "block_length"),
-        needs_probs=True,
-        redrafts=True,
-        memory=credit_memory,
-    ),
+    "klass": UnmaskRule(klass_rule, needs_probs=True, memory=lambda s: KlassMemory()),
+    "wino": UnmaskRule(wino_rule, remasking=True),
+    "prefix": UnmaskRule(prefix_rule),
+    "credit": UnmaskRule(credit_rule, needs_probs=True, redrafts=True, memory=credit_memory),
 }
 
 

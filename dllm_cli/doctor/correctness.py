@@ -186,10 +186,6 @@ def continuous(loaded, s, prompts, slots: int) -> list[list[int]]:
     return out
 
 
-def two_slots(loaded, s, prompts) -> list[list[int]]:
-    return continuous(loaded, s, prompts, 2)
-
-
 def check_batching(fx: Fixture, target: str) -> Outcome:
     """batch == single and continuous (2 slots) == alone on the device under test."""
     loaded, prompts, rows, failures = fx.load(target), fx.batch, [], []

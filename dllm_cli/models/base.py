@@ -179,19 +179,21 @@ def output_head(embeddings: nn.Embedding, tied: bool) -> nn.Linear:
     return head
 
 
-def qwen_backbone(cfg, layer: Callable[[int], nn.Module], embeddings: str = "embed_tokens"):
-    """A Backbone sized by a diffusion config's Qwen field names."""
-    return Backbone(
-        cfg.vocab_size, cfg.hidden_size, cfg.rms_norm_eps, cfg.num_hidden_layers, layer, embeddings
-    )
-
-
 class QwenLayout:
     """The accessors of models laid out as `model.embed_tokens / model.layers / model.norm`
     plus `lm_head` (Dream's Qwen2 names, SDAR's Qwen3 names, LLaDA-MoE); list it before the
     DiffusionLM base so these override the base's."""
 
     embeddings_name: ClassVar[str] = "embed_tokens"  # LLaDA2 calls them `word_embeddings`
+
+    def build(self, layer: Callable[[int], nn.Module]) -> None:
+        """`model` (embeddings, `layer(i)` for every layer, final norm), the LM head (tied
+        where config.json says), then random weights."""
+        c = self.config
+        sizes = (c.vocab_size, c.hidden_size, c.rms_norm_eps, c.num_hidden_layers)
+        self.model = Backbone(*sizes, layer, self.embeddings_name)
+        self.lm_head = output_head(self.get_input_embeddings(), c.tie_word_embeddings)
+        self.post_init()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.get_input_embeddings()(input_ids)
@@ -216,9 +218,3 @@ class QwenLayout:
 
     def get_input_embeddings(self) -> nn.Embedding:
         return getattr(self.model, self.embeddings_name)
-
-    def set_input_embeddings(self, value):
-        setattr(self.model, self.embeddings_name, value)
-
-    def get_output_embeddings(self):
-        return self.lm_head

@@ -22,6 +22,7 @@ from torch import nn
 
 from dllm_cli.models.base import Backbone, output_head
 from dllm_cli.models.layers import RMSNorm, SwiGLU, apply_rope
+from dllm_cli.models.qwen_layers import PreNormLayer
 
 
 @dataclass(frozen=True)
@@ -221,17 +222,11 @@ def causal_mask(attention_mask: torch.Tensor | None, past: int, t: int, device) 
     return mask[:, None] if mask.dim() == 3 else mask[None, None]
 
 
-class Layer(nn.Module):
-    def __init__(self, c: GuideConfig):
-        super().__init__()
-        self.self_attn = Attention(c)
-        self.mlp = SwiGLU(c.hidden, c.inner, c.mlp_bias)
-        self.input_layernorm = RMSNorm(c.hidden, c.eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden, c.eps)
-
-    def forward(self, x, rope, mask, kv: GuideKV, i: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, mask, kv, i)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def guide_layer(c: GuideConfig) -> PreNormLayer:
+    attention = Attention(c)  # built first: the random init's order stays
+    return PreNormLayer(
+        c.hidden, c.eps, attention, SwiGLU(c.hidden, c.inner, c.mlp_bias), "self_attn"
+    )
 
 
 class CausalLM(nn.Module):
@@ -240,7 +235,7 @@ class CausalLM(nn.Module):
     def __init__(self, c: GuideConfig):
         super().__init__()
         self.config = c
-        self.model = Backbone(c.vocab, c.hidden, c.eps, c.layers, lambda i: Layer(c))
+        self.model = Backbone(c.vocab, c.hidden, c.eps, c.layers, lambda i: guide_layer(c))
         self.lm_head = output_head(self.model.embed_tokens, c.tied)
 
     def get_input_embeddings(self) -> nn.Embedding:

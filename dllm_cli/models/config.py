@@ -7,34 +7,26 @@ as an attribute, and `to_dict` / `save_pretrained` for writing a folder.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 
+@dataclass(kw_only=True, repr=False, eq=False)
 class ModelConfig:
-    """Named fields set by the subclass; every further config.json key kept as an attribute."""
+    """Named fields declared by the subclass; every further config.json key kept as an attribute."""
 
     model_type: ClassVar[str] = ""
 
-    def __init__(
-        self,
-        *,
-        tie_word_embeddings: bool = True,
-        pad_token_id: int | None = None,
-        eos_token_id: int | list[int] | None = None,
-        bos_token_id: int | None = None,
-        architectures: list[str] | None = None,
-        **kwargs: Any,
-    ):
-        self.tie_word_embeddings = tie_word_embeddings
-        self.pad_token_id = pad_token_id
-        self.eos_token_id = eos_token_id
-        self.bos_token_id = bos_token_id
-        self.architectures = architectures
-        for key, value in kwargs.items():  # e.g. rope_parameters, dtype, training-only fields
-            setattr(self, key, value)
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    bos_token_id: int | None = None
+    architectures: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """config.json's content: every attribute, model_type first."""
@@ -50,6 +42,44 @@ class ModelConfig:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({json.dumps(self.to_dict(), sort_keys=True)})"
+
+
+@dataclass(kw_only=True, repr=False, eq=False)
+class QwenConfig(ModelConfig):
+    """The Qwen-named fields of Dream, LLaDA-MoE, SDAR and LLaDA2 (each declares its sizes)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None  # None: one per attention head
+    hidden_act: str = "silu"
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float
+    rope_scaling: InitVar[dict | None] = None
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self, rope_scaling: dict | None) -> None:
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
+
+
+def model_config(cls: type[ModelConfig]) -> type[ModelConfig]:
+    """`cls` as a dataclass whose constructor takes a whole config.json: the keys it does not
+    declare (e.g. rope_parameters, dtype, training-only fields) are kept as attributes."""
+    cls = dataclass(kw_only=True, repr=False, eq=False)(cls)
+    declared = inspect.signature(cls.__init__).parameters.keys() - {"self"}
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, **kwargs: Any) -> None:
+        init(self, **{k: kwargs.pop(k) for k in declared & kwargs.keys()})
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    cls.__init__ = __init__
+    return cls
 
 
 def unsupported_basics(cfg: ModelConfig) -> str | None:

@@ -1,4 +1,4 @@
-"""Building blocks shared by the LLaDA and Dream architectures: RMSNorm, RoPE, cached attention."""
+"""Building blocks shared by the architectures: RMSNorm, RoPE, cached attention, SwiGLU."""
 
 from __future__ import annotations
 
@@ -111,6 +111,32 @@ def rotated_qkv(
     return q, k, v
 
 
+def attend_qkv(
+    qkv: torch.Tensor,
+    n_heads: int,
+    n_kv: int,
+    rope: tuple[torch.Tensor, ...],
+    full_precision: bool,
+    cache: KVCache | None,
+    layer: int,
+    columns: Columns,
+    key_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """(B, T, (H + 2 H_kv) D) projections -> (B, T, H*D): q and k rotated, then attend()."""
+    q, k, v = rotated_qkv(qkv, n_heads, n_kv, rope, full_precision)
+    return attend(
+        q,
+        k,
+        v,
+        None,  # already rotated
+        full_precision_rope=full_precision,
+        cache=cache,
+        layer=layer,
+        columns=columns,
+        key_mask=key_mask,
+    )
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, the product in silu's fresh buffer (same arithmetic, one buffer less)."""
     return F.silu(gate).mul_(up)
@@ -131,7 +157,7 @@ class SwiGLU(nn.Module):
         self.fusion = Fusion(gate_up=(self.gate_proj, self.up_proj), down=(self.down_proj,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = self.fusion
+        f = self.fusion  # checked inline: this runs once per expert of a MoE layer
         if f is not None and f.intact():
             gate, up = f.gate_up(x).chunk(2, dim=-1)
             return f.down(swiglu(gate, up))
@@ -141,12 +167,6 @@ class SwiGLU(nn.Module):
 def residual(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
     """x + branch, added into the branch's fresh buffer (addition commutes exactly)."""
     return branch.add_(x)
-
-
-def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(B, T, H*D) -> (B, H, T, D)."""
-    b, t, _ = x.shape
-    return x.view(b, t, n_heads, -1).transpose(1, 2)
 
 
 def attend(

@@ -11,78 +11,45 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_cli.models.base import DiffusionLM
-from dllm_cli.models.config import ModelConfig
+from dllm_cli.models.config import ModelConfig, model_config
 from dllm_cli.models.fused import Fusion
-from dllm_cli.models.layers import RMSNorm, attend, residual, rotated_qkv, swiglu
+from dllm_cli.models.layers import RMSNorm, attend_qkv, residual, swiglu
 
 
+@model_config
 class LLaDAConfig(ModelConfig):
     """LLaDA's config.json fields (OLMo ModelConfig names); unused training fields pass through."""
 
     model_type = "llada"
 
-    def __init__(
-        self,
-        d_model: int = 4096,
-        n_heads: int = 32,
-        n_kv_heads: int | None = None,
-        n_layers: int = 32,
-        mlp_ratio: int = 4,
-        mlp_hidden_size: int | None = None,
-        activation_type: str = "silu",
-        block_type: str = "llama",
-        alibi: bool = False,
-        rope: bool = True,
-        rope_full_precision: bool = True,
-        rope_theta: float = 500000.0,
-        layer_norm_type: str = "rms",
-        layer_norm_with_affine: bool = True,
-        rms_norm_eps: float = 1e-5,
-        max_sequence_length: int = 4096,
-        include_bias: bool = False,
-        include_qkv_bias: bool | None = False,
-        scale_logits: bool = False,
-        input_emb_norm: bool = False,
-        vocab_size: int = 126464,
-        embedding_size: int | None = 126464,
-        weight_tying: bool = False,
-        mask_token_id: int | None = 126336,
-        eos_token_id: int | None = 126081,
-        pad_token_id: int | None = 126081,
-        bos_token_id: int | None = None,
-        **kwargs,
-    ):
-        self.d_model = d_model
-        self.n_heads = n_heads
-        self.n_kv_heads = n_kv_heads
-        self.n_layers = n_layers
-        self.mlp_ratio = mlp_ratio
-        self.mlp_hidden_size = mlp_hidden_size
-        self.activation_type = activation_type
-        self.block_type = block_type
-        self.alibi = alibi
-        self.rope = rope
-        self.rope_full_precision = rope_full_precision
-        self.rope_theta = rope_theta
-        self.layer_norm_type = layer_norm_type
-        self.layer_norm_with_affine = layer_norm_with_affine
-        self.rms_norm_eps = rms_norm_eps
-        self.max_sequence_length = max_sequence_length
-        self.include_bias = include_bias
-        self.include_qkv_bias = include_qkv_bias
-        self.scale_logits = scale_logits
-        self.input_emb_norm = input_emb_norm
-        self.vocab_size = vocab_size
-        self.embedding_size = embedding_size
-        self.weight_tying = weight_tying
-        self.mask_token_id = mask_token_id
-        kwargs.setdefault("tie_word_embeddings", False)
-        super().__init__(
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            **kwargs,
-        )
+    d_model: int = 4096
+    n_heads: int = 32
+    n_kv_heads: int | None = None
+    n_layers: int = 32
+    mlp_ratio: int = 4
+    mlp_hidden_size: int | None = None
+    activation_type: str = "silu"
+    block_type: str = "llama"
+    alibi: bool = False
+    rope: bool = True
+    rope_full_precision: bool = True
+    rope_theta: float = 500000.0
+    layer_norm_type: str = "rms"
+    layer_norm_with_affine: bool = True
+    rms_norm_eps: float = 1e-5
+    max_sequence_length: int = 4096
+    include_bias: bool = False
+    include_qkv_bias: bool | None = False
+    scale_logits: bool = False
+    input_emb_norm: bool = False
+    vocab_size: int = 126464
+    embedding_size: int | None = 126464
+    weight_tying: bool = False
+    tie_word_embeddings: bool = False
+    mask_token_id: int | None = 126336
+    eos_token_id: int | None = 126081
+    pad_token_id: int | None = 126081
+    bos_token_id: int | None = None
 
     @property
     def kv_heads(self) -> int:
@@ -153,18 +120,8 @@ class LLaDABlock(nn.Module):
             qkv = f.qkv(n)  # (B, T, (H + 2 H_kv) D)
         else:
             qkv = torch.cat([self.q_proj(n), self.k_proj(n), self.v_proj(n)], dim=-1)
-        q, k, v = rotated_qkv(qkv, self.n_heads, self.n_kv, rope, self.full_precision_rope)
-        a = attend(
-            q,
-            k,
-            v,
-            None,  # already rotated
-            full_precision_rope=self.full_precision_rope,
-            cache=cache,
-            layer=layer,
-            columns=columns,
-            key_mask=key_mask,
-        )
+        fp = self.full_precision_rope
+        a = attend_qkv(qkv, self.n_heads, self.n_kv, rope, fp, cache, layer, columns, key_mask)
         x = residual(x, f.out(a) if f is not None else self.attn_out(a))
         n = self.ff_norm.forward(x)
         if f is not None:
@@ -240,6 +197,3 @@ class LLaDAModelLM(DiffusionLM):
 
     def get_input_embeddings(self):
         return self.model.transformer.wte
-
-    def set_input_embeddings(self, value):
-        self.model.transformer.wte = value

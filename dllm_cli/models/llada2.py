@@ -18,79 +18,48 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
+from dllm_cli.models.base import QwenLayout
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
-from dllm_cli.models.config import ModelConfig, unsupported_basics
+from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
+from dllm_cli.models.qwen_layers import PreNormLayer
 
 
-class LLaDA2MoeConfig(ModelConfig):
+@model_config
+class LLaDA2MoeConfig(QwenConfig):
     """LLaDA2's config.json fields; defaults: LLaDA2.0-mini / LLaDA2.1-mini."""
 
     model_type = "llada2_moe"
 
-    def __init__(
-        self,
-        vocab_size: int = 157184,
-        hidden_size: int = 2048,
-        intermediate_size: int = 5120,
-        num_hidden_layers: int = 20,
-        num_attention_heads: int = 16,
-        num_key_value_heads: int = 4,
-        head_dim: int | None = 128,
-        hidden_act: str = "silu",
-        use_qkv_bias: bool = False,
-        use_qk_norm: bool = True,
-        use_bias: bool = False,
-        norm_head: bool = False,
-        rms_norm_eps: float = 1e-6,
-        max_position_embeddings: int = 16384,
-        rope_theta: float = 600000.0,
-        rope_scaling: dict | None = None,
-        partial_rotary_factor: float = 0.5,
-        num_experts: int = 256,
-        num_shared_experts: int | None = 1,
-        num_experts_per_tok: int = 8,
-        n_group: int = 8,
-        topk_group: int = 4,
-        routed_scaling_factor: float = 2.5,
-        moe_intermediate_size: int = 512,
-        first_k_dense_replace: int = 1,
-        block_size: int = 32,  # not in config.json: generate's block_length
-        tie_word_embeddings: bool = False,
-        pad_token_id: int | None = 156892,
-        eos_token_id: int | None = 156892,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.head_dim = head_dim or hidden_size // num_attention_heads
-        self.hidden_act = hidden_act
-        self.use_qkv_bias, self.use_qk_norm, self.use_bias = use_qkv_bias, use_qk_norm, use_bias
-        self.norm_head = norm_head
-        self.rms_norm_eps = rms_norm_eps
-        self.max_position_embeddings = max_position_embeddings
-        self.rope_theta = rope_theta
-        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
-        self.partial_rotary_factor = partial_rotary_factor
-        self.num_experts = num_experts
-        self.num_shared_experts = num_shared_experts
-        self.num_experts_per_tok = num_experts_per_tok
-        self.n_group, self.topk_group = n_group, topk_group
-        self.routed_scaling_factor = routed_scaling_factor
-        self.moe_intermediate_size = moe_intermediate_size
-        self.first_k_dense_replace = first_k_dense_replace
-        self.block_size = block_size
-        super().__init__(
-            tie_word_embeddings=tie_word_embeddings,
-            pad_token_id=pad_token_id,
-            eos_token_id=eos_token_id,
-            **kwargs,
-        )
+    vocab_size: int = 157184
+    hidden_size: int = 2048
+    intermediate_size: int = 5120
+    num_hidden_layers: int = 20
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 4
+    head_dim: int | None = 128
+    use_qkv_bias: bool = False
+    use_qk_norm: bool = True
+    use_bias: bool = False
+    norm_head: bool = False
+    max_position_embeddings: int = 16384
+    rope_theta: float = 600000.0
+    partial_rotary_factor: float = 0.5
+    num_experts: int = 256
+    num_shared_experts: int | None = 1
+    num_experts_per_tok: int = 8
+    n_group: int = 8
+    topk_group: int = 4
+    routed_scaling_factor: float = 2.5
+    moe_intermediate_size: int = 512
+    first_k_dense_replace: int = 1
+    block_size: int = 32  # not in config.json: generate's block_length
+    pad_token_id: int | None = 156892
+    eos_token_id: int | None = 156892
+
+    def __post_init__(self, rope_scaling: dict | None) -> None:
+        super().__post_init__(rope_scaling)
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
@@ -187,22 +156,13 @@ class LLaDA2Attention(nn.Module):
         return self.dense(ctx.attend(layer, q, k, v))
 
 
-class LLaDA2Layer(nn.Module):
-    def __init__(self, cfg: LLaDA2MoeConfig, index: int):
-        super().__init__()
-        d = cfg.hidden_size
-        self.attention = LLaDA2Attention(cfg)
-        dense = index < cfg.first_k_dense_replace or not cfg.num_experts
-        self.mlp = SwiGLU(d, cfg.intermediate_size) if dense else LLaDA2MoE(cfg)
-        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-
-    def fuse(self) -> None:
-        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
-
-    def forward(self, x, rope, ctx, layer):
-        x = x + self.attention(self.input_layernorm(x), rope, ctx, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def llada2_layer(cfg: LLaDA2MoeConfig, index: int) -> PreNormLayer:
+    """The first `first_k_dense_replace` layers with a dense SwiGLU MLP, the others a MoE."""
+    d = cfg.hidden_size
+    attention = LLaDA2Attention(cfg)
+    dense = index < cfg.first_k_dense_replace or not cfg.num_experts
+    mlp = SwiGLU(d, cfg.intermediate_size) if dense else LLaDA2MoE(cfg)
+    return PreNormLayer(d, cfg.rms_norm_eps, attention, mlp, "attention")
 
 
 class LLaDA2MoeModelLM(QwenLayout, BlockDiffusionLM):
@@ -216,9 +176,7 @@ class LLaDA2MoeModelLM(QwenLayout, BlockDiffusionLM):
 
     def __init__(self, config: LLaDA2MoeConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: LLaDA2Layer(config, i), self.embeddings_name)
-        self.lm_head = output_head(self.get_input_embeddings(), config.tie_word_embeddings)
-        self.post_init()
+        self.build(lambda i: llada2_layer(config, i))
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

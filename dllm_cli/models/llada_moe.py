@@ -15,90 +15,52 @@ the tokenizer's `<|mask|>` or the family table.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from dllm_cli.models.base import DiffusionLM, QwenLayout, output_head, qwen_backbone
-from dllm_cli.models.config import ModelConfig, unsupported_basics
-from dllm_cli.models.fused import Fusion
-from dllm_cli.models.layers import RMSNorm, SwiGLU, attend, residual, rotated_qkv
+from dllm_cli.models.base import DiffusionLM, QwenLayout
+from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
+from dllm_cli.models.layers import SwiGLU
 from dllm_cli.models.moe import LLaDAMoESparseBlock
+from dllm_cli.models.qwen_layers import QwenAttention, QwenLayer
 
 
-class LLaDAMoEConfig(ModelConfig):
+@model_config
+class LLaDAMoEConfig(QwenConfig):
     """LLaDA-MoE's config.json fields (the reference's `LLaDAConfig`); defaults: 7B-A1B."""
 
     model_type = "llada"
 
-    def __init__(
-        self,
-        vocab_size: int = 157184,
-        hidden_size: int = 2048,
-        dense_intermediate_size: int = 8192,
-        expert_intermediate_size: int = 1024,
-        shared_expert_intermediate_size: int | None = None,
-        num_hidden_layers: int = 16,
-        num_attention_heads: int = 16,
-        num_key_value_heads: int | None = None,
-        hidden_act: str = "silu",
-        max_position_embeddings: int = 8192,
-        rms_norm_eps: float = 1e-5,
-        rope_theta: float = 50000.0,
-        partial_rotary_factor: float = 1.0,
-        rope_scaling: dict | None = None,
-        attention_bias: bool = False,
-        clip_qkv: float | None = None,
-        num_experts: int = 64,
-        num_experts_per_tok: int = 8,
-        norm_topk_prob: bool | None = None,  # read, never used: the reference ignores it too
-        qk_layernorm: bool = True,
-        moe_layer_freq: list[int] | None = None,  # 1: MoE layer, 0: dense (None: all MoE)
-        moe_router_enable_expert_bias: bool | None = False,
-        moe_router_score_function: str | None = "softmax",
-        routed_scaling_factor: float = 1.0,
-        router_num_group: int | None = None,
-        router_topk_group: int | None = None,
-        tie_word_embeddings: bool = False,
-        mask_token_id: int | None = None,
-        pad_token_id: int | None = 156892,
-        eos_token_id: int | None = 156892,
-        bos_token_id: int | None = None,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.dense_intermediate_size = dense_intermediate_size
-        self.expert_intermediate_size = expert_intermediate_size
-        self.shared_expert_intermediate_size = shared_expert_intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.hidden_act = hidden_act
-        self.max_position_embeddings = max_position_embeddings
-        self.rms_norm_eps = rms_norm_eps
-        self.rope_theta = rope_theta
-        self.partial_rotary_factor = partial_rotary_factor
-        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
-        self.attention_bias = attention_bias
-        self.clip_qkv = clip_qkv
-        self.num_experts = num_experts
-        self.num_experts_per_tok = num_experts_per_tok
-        self.norm_topk_prob = norm_topk_prob
-        self.qk_layernorm = qk_layernorm
-        self.moe_layer_freq = [1] * num_hidden_layers if moe_layer_freq is None else moe_layer_freq
-        self.moe_router_enable_expert_bias = bool(moe_router_enable_expert_bias)
-        self.moe_router_score_function = moe_router_score_function
-        self.routed_scaling_factor = routed_scaling_factor
-        self.router_num_group = router_num_group
-        self.router_topk_group = router_topk_group
-        self.mask_token_id = mask_token_id
-        super().__init__(
-            tie_word_embeddings=tie_word_embeddings,
-            pad_token_id=pad_token_id,
-            eos_token_id=eos_token_id,
-            bos_token_id=bos_token_id,
-            **kwargs,
-        )
+    vocab_size: int = 157184
+    hidden_size: int = 2048
+    dense_intermediate_size: int = 8192
+    expert_intermediate_size: int = 1024
+    shared_expert_intermediate_size: int | None = None
+    num_hidden_layers: int = 16
+    num_attention_heads: int = 16
+    max_position_embeddings: int = 8192
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 50000.0
+    partial_rotary_factor: float = 1.0
+    attention_bias: bool = False
+    clip_qkv: float | None = None
+    num_experts: int = 64
+    num_experts_per_tok: int = 8
+    norm_topk_prob: bool | None = None  # read, never used: the reference ignores it too
+    qk_layernorm: bool = True
+    moe_layer_freq: list[int] | None = None  # 1: MoE layer, 0: dense (None: all MoE)
+    moe_router_enable_expert_bias: bool | None = False
+    moe_router_score_function: str | None = "softmax"
+    routed_scaling_factor: float = 1.0
+    router_num_group: int | None = None
+    router_topk_group: int | None = None
+    mask_token_id: int | None = None
+    pad_token_id: int | None = 156892
+    eos_token_id: int | None = 156892
+    bos_token_id: int | None = None
+
+    def __post_init__(self, rope_scaling: dict | None) -> None:
+        super().__post_init__(rope_scaling)
+        if self.moe_layer_freq is None:
+            self.moe_layer_freq = [1] * self.num_hidden_layers
+        self.moe_router_enable_expert_bias = bool(self.moe_router_enable_expert_bias)
 
     @property
     def head_dim(self) -> int:
@@ -130,94 +92,32 @@ class LLaDAMoEConfig(ModelConfig):
         return None
 
 
-class LLaDAMoEAttention(nn.Module):
-    def __init__(self, cfg: LLaDAMoEConfig):
-        super().__init__()
-        d, hd = cfg.hidden_size, cfg.head_dim
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
-        self.clip = cfg.clip_qkv
-        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_layernorm else None
-        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_layernorm else None
-        self.fusion: Fusion | None = None  # after fuse()
-
-    def fuse(self) -> None:
-        self.fusion = Fusion(qkv=(self.q_proj, self.k_proj, self.v_proj), out=(self.o_proj,))
-
-    def project(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, d) -> (B, T, H + 2 H_kv, D): q, k (head-normed), v, before RoPE."""
-        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
-        if f is not None:
-            qkv = f.qkv(x)
-        else:
-            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        b, t, _ = qkv.shape
-        heads = qkv.view(b, t, self.n_heads + 2 * self.n_kv, -1)
-        if self.q_norm is not None:  # the reference norms q and k, then clips q, k, v
-            q = self.q_norm(heads[:, :, : self.n_heads])
-            k = self.k_norm(heads[:, :, self.n_heads : self.n_heads + self.n_kv])
-            heads = torch.cat([q, k, heads[:, :, self.n_heads + self.n_kv :]], dim=2)
-        if self.clip is not None:
-            heads = heads.clamp(-self.clip, self.clip)
-        return heads
-
-    def forward(self, x, rope, *, cache, layer, columns, key_mask):
-        heads = self.project(x)
-        qkv = heads.view(*heads.shape[:2], -1)  # (B, T, (H + 2 H_kv) D)
-        q, k, v = rotated_qkv(qkv, self.n_heads, self.n_kv, rope, full_precision=False)
-        a = attend(
-            q,
-            k,
-            v,
-            None,  # already rotated
-            full_precision_rope=False,
-            cache=cache,
-            layer=layer,
-            columns=columns,
-            key_mask=key_mask,
-        )
-        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
-        return f.out(a) if f is not None else self.o_proj(a)
-
-
-class LLaDAMoELayer(nn.Module):
-    def __init__(self, cfg: LLaDAMoEConfig, index: int):
-        super().__init__()
-        d = cfg.hidden_size
-        moe = cfg.moe_layer_freq[index] != 0
-        self.self_attn = LLaDAMoEAttention(cfg)
-        if moe:
-            self.mlp = LLaDAMoESparseBlock(
-                d,
-                cfg.num_experts,
-                cfg.num_experts_per_tok,
-                cfg.expert_intermediate_size,
-                cfg.moe_router_enable_expert_bias,
-            )
-        else:
-            self.mlp = SwiGLU(d, cfg.dense_intermediate_size)
-        shared = cfg.shared_expert_intermediate_size
-        self.shared_expert = SwiGLU(d, shared) if moe and shared else None
-        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
-
-    def fuse(self) -> None:
-        self.self_attn.fuse()
-        for mlp in (self.mlp, self.shared_expert):
-            if isinstance(mlp, SwiGLU):  # a dense layer or the shared expert
-                mlp.fuse()
-
-    def forward(self, x, rope, **kw):
-        x = residual(x, self.self_attn(self.input_layernorm(x), rope, **kw))
-        h = self.post_attention_layernorm(x)
-        out = self.mlp(h)
-        if self.shared_expert is not None:
-            out = out + self.shared_expert(h)
-        return residual(x, out)
+def llada_moe_layer(cfg: LLaDAMoEConfig, index: int) -> QwenLayer:
+    """A sparse MoE layer (plus the shared expert when sized) or, where moe_layer_freq says 0,
+    a dense SwiGLU one."""
+    d, heads, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    bias, eps = cfg.attention_bias, cfg.rms_norm_eps
+    attention = QwenAttention(
+        d,
+        heads,
+        kv,
+        cfg.head_dim,
+        qkv_bias=bias,
+        out_bias=bias,
+        qk_norm_eps=eps if cfg.qk_layernorm else None,
+        clip=cfg.clip_qkv,
+    )
+    if cfg.moe_layer_freq[index] == 0:
+        return QwenLayer(d, eps, attention, SwiGLU(d, cfg.dense_intermediate_size))
+    sparse = LLaDAMoESparseBlock(
+        d,
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+        cfg.expert_intermediate_size,
+        cfg.moe_router_enable_expert_bias,
+    )
+    shared = cfg.shared_expert_intermediate_size
+    return QwenLayer(d, eps, attention, sparse, SwiGLU(d, shared) if shared else None)
 
 
 class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
@@ -230,9 +130,7 @@ class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
 
     def __init__(self, config: LLaDAMoEConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: LLaDAMoELayer(config, i))
-        self.lm_head = output_head(self.model.embed_tokens, config.tie_word_embeddings)
-        self.post_init()
+        self.build(lambda i: llada_moe_layer(config, i))
 
     def fuse_projections(self) -> None:
         """Fuse q/k/v and gate/up where it pays (base class); always stack the experts."""

@@ -12,64 +12,39 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dllm_cli.models.base import QwenLayout, output_head, qwen_backbone
+from dllm_cli.models.base import QwenLayout
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
-from dllm_cli.models.config import ModelConfig, unsupported_basics
+from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
+from dllm_cli.models.qwen_layers import PreNormLayer
 
 
-class SDARConfig(ModelConfig):
+@model_config
+class SDARConfig(QwenConfig):
     """SDAR's config.json fields (the reference's `SDARConfig`); defaults: SDAR-4B-Chat."""
 
     model_type = "sdar"
 
-    def __init__(
-        self,
-        vocab_size: int = 151936,
-        hidden_size: int = 2560,
-        intermediate_size: int = 9728,
-        num_hidden_layers: int = 36,
-        num_attention_heads: int = 32,
-        num_key_value_heads: int | None = 8,
-        head_dim: int | None = 128,
-        hidden_act: str = "silu",
-        max_position_embeddings: int = 32768,
-        rms_norm_eps: float = 1e-6,
-        rope_theta: float = 1e6,
-        rope_scaling: dict | None = None,
-        attention_bias: bool = False,
-        use_sliding_window: bool = False,
-        tie_word_embeddings: bool = False,
-        block_size: int = 4,
-        mask_token_id: int | None = 151669,
-        bos_token_id: int | None = 151643,
-        eos_token_id: int | list | None = 151643,
-        pad_token_id: int | None = None,
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads or num_attention_heads
-        self.head_dim = head_dim or hidden_size // num_attention_heads
-        self.hidden_act = hidden_act
-        self.max_position_embeddings = max_position_embeddings
-        self.rms_norm_eps = rms_norm_eps
-        self.rope_theta = rope_theta
-        self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
-        self.attention_bias = attention_bias
-        self.use_sliding_window = use_sliding_window
-        self.block_size = block_size
-        self.mask_token_id = mask_token_id
-        super().__init__(
-            tie_word_embeddings=tie_word_embeddings,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            **kwargs,
-        )
+    vocab_size: int = 151936
+    hidden_size: int = 2560
+    intermediate_size: int = 9728
+    num_hidden_layers: int = 36
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = 8
+    head_dim: int | None = 128
+    max_position_embeddings: int = 32768
+    rope_theta: float = 1e6
+    attention_bias: bool = False
+    use_sliding_window: bool = False
+    block_size: int = 4
+    mask_token_id: int | None = 151669
+    bos_token_id: int | None = 151643
+    eos_token_id: int | list | None = 151643
+    pad_token_id: int | None = None
+
+    def __post_init__(self, rope_scaling: dict | None) -> None:
+        super().__post_init__(rope_scaling)
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
@@ -109,20 +84,10 @@ class SDARAttention(nn.Module):
         return self.o_proj(ctx.attend(layer, q, k, v))
 
 
-class SDARLayer(nn.Module):
-    def __init__(self, cfg: SDARConfig):
-        super().__init__()
-        self.self_attn = SDARAttention(cfg)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def fuse(self) -> None:
-        """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
-
-    def forward(self, x, rope, ctx, layer):
-        x = x + self.self_attn(self.input_layernorm(x), rope, ctx, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def sdar_layer(cfg: SDARConfig) -> PreNormLayer:
+    attention = SDARAttention(cfg)  # built first: the random init's order stays
+    mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+    return PreNormLayer(cfg.hidden_size, cfg.rms_norm_eps, attention, mlp, "self_attn")
 
 
 class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
@@ -135,6 +100,4 @@ class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
 
     def __init__(self, config: SDARConfig):
         super().__init__(config)
-        self.model = qwen_backbone(config, lambda i: SDARLayer(config))
-        self.lm_head = output_head(self.model.embed_tokens, config.tie_word_embeddings)
-        self.post_init()
+        self.build(lambda i: sdar_layer(config))

@@ -14,6 +14,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from itertools import accumulate
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,8 +29,10 @@ from dllm_cli.serve.plumbing import (
     answer_error,
     authorized,
     next_event,
+    poster,
     read_json,
     route_error,
+    unless_gone,
 )
 from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
 from dllm_cli.serve.scores import Scored, TokenLogprob
@@ -85,11 +88,11 @@ def create_app(served: Served) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        return await answer(served, request, "chat")
+        return await unless_gone(served, request, complete(served, request, "chat"))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await answer(served, request, "completion")
+        return await unless_gone(served, request, complete(served, request, "completion"))
 
     ollama.add_routes(app, served)
     page.add_routes(app, served)
@@ -98,14 +101,6 @@ def create_app(served: Served) -> FastAPI:
 
 def model_card(served: Served) -> dict:
     return {"id": served.model_id, "object": "model", "created": served.created, "owned_by": "dllm"}
-
-
-async def answer(served: Served, request: Request, kind: str) -> Response:
-    try:
-        return await complete(served, request, kind)
-    except Gone:  # nobody reads this answer; 499 as nginx logs a client that left
-        served.metrics.request(request.url.path, 499)
-        return Response(status_code=499)
 
 
 async def complete(served: Served, request: Request, kind: str) -> Response:
@@ -125,15 +120,8 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
         job = replace(job, score=served_defaults(served, job.score))
     parts = choices(job)
     events: asyncio.Queue = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-
-    def poster(index: int):
-        def post(what: str, payload: object) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, (index, what, payload))
-
-        return post
-
-    tickets = worker.submit_all([(p, poster(i)) for i, p in enumerate(parts)], served.limit)
+    posts = [(p, poster(events, i)) for i, p in enumerate(parts)]
+    tickets = worker.submit_all(posts, served.limit)
     waiting = Waiting(events, request, worker, tickets)
     await waiting.accepted()
     if job.stream:
@@ -301,16 +289,19 @@ def shaped(entries: list[TokenLogprob], kind: str, start: int) -> dict:
     counted from `start`)."""
     if kind == "chat":
         return {"content": [chat_token(t) for t in entries], "refusal": None}
-    offsets, at = [], start
-    for t in entries:
-        offsets.append(at)
-        at += len(t.token)
+    tokens = [t.token for t in entries]
     return {
-        "tokens": [t.token for t in entries],
+        "tokens": tokens,
         "token_logprobs": [t.logprob for t in entries],
         "top_logprobs": [dict(t.top) for t in entries],
-        "text_offset": offsets,
+        "text_offset": text_offsets(tokens, start),
     }
+
+
+def text_offsets(pieces: list[str], start: int = 0) -> list[int]:
+    """Where each piece starts in their joined text, counted from `start` (OpenAI's
+    text_offset)."""
+    return list(accumulate((len(p) for p in pieces[:-1]), initial=start)) if pieces else []
 
 
 def chat_token(t: TokenLogprob) -> dict:
@@ -336,15 +327,11 @@ def scored_answer(served: Served, job: Job, outcomes: list[Scored]) -> dict:
     """Echo scoring in OpenAI's completions logprobs shape (see docs/scoring.md)."""
     picked = []
     for i, s in enumerate(outcomes):
-        offsets, at = [], 0
-        for piece in s.tokens:
-            offsets.append(at)
-            at += len(piece)
         logprobs = {
             "tokens": s.tokens,
             "token_logprobs": s.values,
             "top_logprobs": s.top,
-            "text_offset": offsets,
+            "text_offset": text_offsets(s.tokens),
         }
         reason = "length" if job.score.generate else "stop"
         choice = {"index": i, "text": "".join(s.tokens), "logprobs": logprobs}

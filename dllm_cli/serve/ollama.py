@@ -33,7 +33,7 @@ from dllm_cli.serve.ollama_request import (
     served_name,
     to_job,
 )
-from dllm_cli.serve.plumbing import Gone, Served, next_event, read_json
+from dllm_cli.serve.plumbing import Gone, Served, next_event, poster, read_json, unless_gone
 from dllm_cli.serve.protocol import ApiError
 from dllm_cli.serve.tickets import Outcome, Ticket
 from dllm_cli.version import __version__
@@ -73,22 +73,14 @@ def add_routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/api/generate")
     async def generate(request: Request):
-        return await answer(served, request, "generate")
+        return await unless_gone(served, request, complete(served, request, "generate"))
 
     @app.post("/api/chat")
     async def chat(request: Request):
-        return await answer(served, request, "chat")
+        return await unless_gone(served, request, complete(served, request, "chat"))
 
 
 # --- answers ------------------------------------------------------------------------------------
-
-
-async def answer(served: Served, request: Request, route: str) -> Response:
-    try:
-        return await complete(served, request, route)
-    except Gone:
-        served.metrics.request(request.url.path, 499)
-        return Response(status_code=499)
 
 
 async def complete(served: Served, request: Request, route: str) -> Response:
@@ -103,12 +95,7 @@ async def complete(served: Served, request: Request, route: str) -> Response:
         return JSONResponse(loaded_reply(served, route))
     job = to_job(served, body, route)
     events: asyncio.Queue = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-
-    def post(what: str, payload: object) -> None:
-        loop.call_soon_threadsafe(events.put_nowait, (what, payload))
-
-    ticket = served.worker.submit(job, post, served.limit)
+    ticket = served.worker.submit(job, poster(events), served.limit)
     try:
         what, payload = await next_event(events, request)
         if what == "error":

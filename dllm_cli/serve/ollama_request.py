@@ -10,19 +10,13 @@ from __future__ import annotations
 from dllm_cli.errors import DllmError
 from dllm_cli.serve import engines
 from dllm_cli.serve.plumbing import Served
-from dllm_cli.serve.protocol import EXTRA, ApiError, Job, parse
+from dllm_cli.serve.protocol import SETTINGS, ApiError, Job, parse
 
 TAG = ":latest"  # Ollama names carry a tag; the served model answers to both spellings
 
-# Ollama option -> the OpenAI/DecodeSettings body field it sets.
-OPTIONS = {
-    "num_predict": "gen_length",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "seed": "seed",
-    "stop": "stop",
-}
+# Ollama option -> the body field it sets when their names differ (temperature, top_p, top_k,
+# seed, stop and dllm's own settings pass under their names).
+OPTIONS = {"num_predict": "gen_length"}
 # Ollama options that size or place its own runner: nothing an answer depends on here.
 LOADER_OPTIONS = (
     "numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
@@ -97,7 +91,7 @@ def translate_options(options: object) -> dict:
         if name == "num_predict" and value == -1:  # Ollama's "until it stops": the server's length
             continue
         target = OPTIONS.get(name, name)
-        if target not in (*OPTIONS.values(), *EXTRA, "guide"):
+        if target not in (*SETTINGS, "stop", "guide"):
             raise ApiError(400, f"unknown option {name!r}")
         out[target] = value
     return out

@@ -18,8 +18,9 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 
-from dllm_cli.serve.protocol import EXTRA, SAMPLING, ApiError
-from dllm_cli.settings import CACHES, DecodeSettings
+from dllm_cli.serve.protocol import SETTINGS, ApiError
+from dllm_cli.setting_spec import declared
+from dllm_cli.settings import DecodeSettings
 
 # file name -> media type: the only files served under /web/
 ASSETS = {
@@ -27,8 +28,9 @@ ASSETS = {
     "style.css": "text/css; charset=utf-8",
 }
 CONFIG_MARK = "{{config}}"
-# Settings the panel offers a choice list for (the rest are typed in; the server validates).
-CHOICES = {"cache": CACHES}
+# The choice list the panel offers per setting, as declared (empty: typed in; the server
+# validates either).
+CHOICES = {name: spec.choices for name, spec in declared(DecodeSettings)}
 
 
 def is_page(path: str, ui: bool) -> bool:
@@ -71,7 +73,7 @@ def page_config(served) -> dict:
     runtime = served.worker.runtime
     settings: DecodeSettings = runtime.settings
     types = {f.name: str(f.type) for f in dataclasses.fields(DecodeSettings)}
-    names = [n for n in (*EXTRA, *SAMPLING) if n in types]
+    names = list(SETTINGS)
     rows = [
         {
             "name": n,

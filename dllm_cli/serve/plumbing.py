@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from dllm_cli.serve.metrics import ROUTES, Metrics
@@ -87,3 +88,23 @@ async def next_event(events: asyncio.Queue, request: Request) -> tuple[str, obje
         except TimeoutError:
             if await request.is_disconnected():
                 raise Gone() from None
+
+
+def poster(events: asyncio.Queue, *tag: object) -> Callable[[str, object], None]:
+    """The stepping thread's callback for one request: (*tag, what, payload) onto `events`,
+    on the handler's event loop."""
+    loop = asyncio.get_running_loop()
+
+    def post(what: str, payload: object) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, (*tag, what, payload))
+
+    return post
+
+
+async def unless_gone(served: Served, request: Request, answer: Awaitable[Response]) -> Response:
+    """The answer, or 499 (as nginx logs a client that left) when nobody reads it."""
+    try:
+        return await answer
+    except Gone:
+        served.metrics.request(request.url.path, 499)
+        return Response(status_code=499)

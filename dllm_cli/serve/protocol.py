@@ -17,17 +17,17 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from dllm_cli.errors import DllmError, InputError
+from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.serve.conversation import Message
+from dllm_cli.setting_spec import declared
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.strict_toml import did_you_mean
 
-# Sampling settings a request may set without a canvas of its own (per-request in the engine).
-SAMPLING = ("temperature", "top_p", "top_k", "seed")
-# DecodeSettings fields a request may not set: how the server batches is the server's.
-SERVER_ONLY = ("batching",)
-EXTRA = tuple(
-    f.name for f in dataclasses.fields(DecodeSettings) if f.name not in (*SAMPLING, *SERVER_ONLY)
-)
+# DecodeSettings fields a request may set, under their own names: every field its declaration
+# (settings.py) says is served (not batching: how the server batches is the server's).
+SETTINGS = tuple(name for name, spec in declared(DecodeSettings) if spec.served)
+# the ones each request brings to the engine itself (lifetimes.py: its rows sample apart)
+SAMPLING = tuple(name for name in SAMPLING_FIELDS if name in SETTINGS)
 # Accepted and ignored: they change nothing an answer depends on.
 IGNORED = ("user", "metadata", "store", "service_tier", "stream_options")
 # OpenAI fields dllm cannot honour, refused by name (a value equal to the default passes).
@@ -48,7 +48,7 @@ UNSUPPORTED = {
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
-COMMON = ("model", "max_tokens", "stop", "stream", "n", *SAMPLING, "guide", "response_format")
+COMMON = ("model", "max_tokens", "stop", "stream", "n", "guide", "response_format")
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON)
 SCORE_FIELDS = ("score_samples", "score_batch", "score_splits")  # dllm's own (docs/scoring.md)
 COMPLETION_FIELDS = ("prompt", "echo", "logprobs", *SCORE_FIELDS, *COMMON)
@@ -127,7 +127,7 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
     """A request body -> Job, or ApiError(400/404) naming the field at fault."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    allowed = (CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS) + EXTRA + IGNORED
+    allowed = (CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS) + SETTINGS + IGNORED
     for name, value in body.items():
         if name in UNSUPPORTED:
             if not any(value == ok and type(value) is type(ok) for ok in UNSUPPORTED[name]):
@@ -274,7 +274,7 @@ def flag(body: dict, name: str, param: str | None = None, default: bool = False)
 
 def decode_settings(body: dict, base: DecodeSettings) -> tuple[DecodeSettings, dict]:
     """The server's settings with the request's own: validated as DecodeSettings validates."""
-    given = {k: v for k, v in body.items() if (k in EXTRA or k in SAMPLING) and v is not None}
+    given = {k: v for k, v in body.items() if k in SETTINGS and v is not None}
     alias = None  # max_tokens (or max_completion_tokens): OpenAI's name for gen_length
     for name in ("max_tokens", "max_completion_tokens"):
         if body.get(name) is not None:
