@@ -29,6 +29,8 @@ from dllm_cli.chat import encode_plain
 from dllm_cli.decoding.request import check_slots
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import SettingsError
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.lifetimes import split
 from dllm_cli.profiles import resolve
 from dllm_cli.runtime import Runtime, family_settings, given_by, open_runtime
@@ -147,6 +149,7 @@ class LLM:
             from dllm_cli.decoding import grammar
             from dllm_cli.decoding.grammar_committer import runtime_committer
 
+            refuse_feature(FAMILIES[rt.loaded.family], "grammar", "json_schema")
             compiled = grammar.compile_grammar("json_schema", schema, grammar.vocab_of(rt))
             committer = runtime_committer(rt, compiled, guided=False)
         return open_engine(model, special, rt.settings, committer, slots=slots, admission=admission)

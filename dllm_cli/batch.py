@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from dllm_cli.decoding import DecodeResult, Finished, answer_length, answer_tokens
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import DllmError, InputError, SettingsError
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.lifetimes import LIFETIMES, PER_REQUEST, refusal
 from dllm_cli.prompt_text import decode_line, escape_bytes, strip_line_end
 from dllm_cli.runtime import Runtime
@@ -325,8 +327,7 @@ def check_logprobs(runtime: Runtime) -> None:
     """--logprobs: distributions exist only in an unguided masked-diffusion decode."""
     if runtime.guide is not None:
         raise SettingsError("--logprobs needs an unguided decode (add --no-guide)")
-    if runtime.loaded.architecture in ("sdar", "llada2", "diffusion_gemma"):
-        raise SettingsError(f"--logprobs: not supported for {runtime.loaded.architecture}")
+    refuse_feature(FAMILIES[runtime.loaded.family], "logprobs", "--logprobs")
 
 
 def solo(result: DecodeResult) -> Finished:

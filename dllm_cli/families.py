@@ -23,8 +23,8 @@ from types import MappingProxyType
 
 from dllm_cli.errors import ModelLoadError
 from dllm_cli.family_settings import (
-    BLOCK_REFUSES,
-    BLOCK_SUMMARY,
+    BLOCK_CAUSAL,
+    GEMMA_CANNOT,
     GEMMA_REFUSES,
     GEMMA_SUMMARY,
     GENERATION_CONFIG,
@@ -57,6 +57,9 @@ class Family:
     mask_id: int | None = None  # when neither config.json nor the tokenizer names the mask
     # setting -> why this family cannot use it (a value other than the default is refused)
     refuses: Mapping[str, str] = field(default_factory=lambda: MASKED_REFUSES)
+    # setting -> (the only values this family takes, why another is refused)
+    only: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    cannot: Mapping[str, str] = field(default_factory=dict)  # feature -> why it is refused
     static_batches: str | None = None  # why batch mode always runs whole static batches
     notes: tuple[str, ...] = field(default=())  # deviations and facts worth a line in docs
     stepper: str = "masked"  # TRAITS here, decoding/stepper.py STEPPERS: masked | block | gemma
@@ -68,6 +71,10 @@ class Family:
     @property
     def traits(self) -> StepperTraits:
         return TRAITS[self.stepper]
+
+    @property
+    def block_causal(self) -> bool:  # (sharded_sampling.py's name for the trait)
+        return self.traits.prompt_blocks
 
     @property
     def per_request_sampling(self) -> bool:
@@ -200,6 +207,7 @@ FAMILIES: dict[str, Family] = {
         ),
         stepper="gemma",
         refuses=GEMMA_REFUSES,
+        cannot=GEMMA_CANNOT,
         summary=GEMMA_SUMMARY,
         folder_values={
             "block_length": ("config.json", "canvas_length"),
@@ -238,10 +246,8 @@ FAMILIES: dict[str, Family] = {
             "temperature 1.0, top_k 0, top_p 1.0; stop at the generation_config eos ids "
             "after each block; gen_length 256 as the README's example (the CLI says 20480)"
         ),
-        stepper="block",
-        refuses=BLOCK_REFUSES,
         folder_values={"block_length": ("config.json", "block_size")},  # as trained
-        summary=BLOCK_SUMMARY,
+        **BLOCK_CAUSAL,
     ),
     "llada2": Family(
         name="llada2",
@@ -269,9 +275,7 @@ FAMILIES: dict[str, Family] = {
             "max_post_steps) is set by its profiles"
         ),
         mask_id=156895,  # <|mask|>: not in config.json
-        stepper="block",
-        refuses=BLOCK_REFUSES,
-        summary=BLOCK_SUMMARY,
+        **BLOCK_CAUSAL,
     ),
 }
 

@@ -28,22 +28,18 @@ class StepperTraits:
     whole_canvases: bool = False  # the answer is denoised in whole canvases of the checkpoint's
     own_model: bool = False  # transformers builds, samples and decodes the model itself
     per_request_sampling: bool = True  # rows of one engine may sample with their own values
-    logprobs: str | None = None  # why answer logprobs are refused (None: they are recorded)
 
 
 # Family.stepper -> its traits (decoding/stepper.py STEPPERS: the classes)
 TRAITS: Mapping[str, StepperTraits] = MappingProxyType(
     {
         "masked": StepperTraits(frontier=True),
-        "block": StepperTraits(
-            prompt_blocks=True, logprobs="by the block-causal engine (SDAR, LLaDA2)"
-        ),
+        "block": StepperTraits(prompt_blocks=True),
         "gemma": StepperTraits(
             uniform=True,
             whole_canvases=True,
             own_model=True,
             per_request_sampling=False,
-            logprobs="for DiffusionGemma (its own sampler)",
         ),
     }
 )
@@ -54,7 +50,9 @@ class Family(Protocol):
 
     title: str
     traits: StepperTraits
+    cannot: Mapping[str, str]
     refuses: Mapping[str, str]
+    only: Mapping[str, tuple[tuple[str, ...], str]]
     folder_values: Mapping[str, tuple[str, str]]
     summary: tuple[str, ...]
 
@@ -67,26 +65,90 @@ DEFAULTS = DecodeSettings()
 GEMMA_REFUSES = refusals(DecodeSettings, "gemma")
 MASKED_REFUSES = refusals(DecodeSettings, "masked")
 BLOCK_REFUSES = refusals(DecodeSettings, "block")
+# Settings a family takes only some values of: setting -> (those values, why another is
+# refused); the refusal names the values to use instead.
+BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
+    {
+        "cache": (
+            ("prefix", "none"),
+            "its block cache is exact, approximate caches are not offered",
+        ),
+        "unmask": (
+            ("threshold", "fixed"),
+            "the references commit by a confidence threshold or a fixed count per step",
+        ),
+        "confidence": (
+            ("low_confidence",),
+            "the references rank by the draft's probability",
+        ),
+    }
+)
+# Features a family cannot run: feature -> why, refused in one line where the feature starts
+# (`refuse_feature`: models/loading.py for quantize, batch.py and serve/scores.py for answer
+# logprobs, commands/generate.py, api.py and serve/engines.py for a grammar or JSON schema,
+# scoring.py for likelihood scoring).
+GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
+    {
+        "quantize": "transformers' own model runs it (dllm quantizes only its own model classes)",
+        "logprobs": "transformers' own sampler picks the tokens (no distribution reaches dllm)",
+        "grammar": "transformers' own sampler picks the tokens (no frontier walk)",
+        "scoring": "transformers' own generate scores no likelihood",
+    }
+)
+BLOCK_CANNOT: Mapping[str, str] = MappingProxyType(
+    {
+        "logprobs": "the block-causal engine does not keep the committing step's distribution",
+        "grammar": "the block-causal engine has no frontier walk",
+        "scoring": "it decodes block-causally and its reference scores no likelihood",
+    }
+)
 GENERATION_CONFIG = "generation_config.json"
 # The settings a run's summary line names (eval); set-only extras are added where they apply.
 MASKED_SUMMARY = ("cache", "unmask", "block_length", "steps", "early_stop")
 BLOCK_SUMMARY = ("cache", "unmask", "threshold", "block_length", "steps", "early_stop")
 GEMMA_SUMMARY = ("block_length", "steps", "t_min", "t_max", "entropy_bound", "early_stop")
 SUMMARY_EXTRAS = ("suffix_window", "edit_threshold")  # shown when set (not 0 / None)
+# The fields SDAR's and LLaDA2.x's families.py rows share: the block-causal stepper, its tables.
+BLOCK_CAUSAL: Mapping[str, object] = MappingProxyType(
+    {
+        "stepper": "block",
+        "refuses": BLOCK_REFUSES,
+        "only": BLOCK_ONLY,
+        "cannot": BLOCK_CANNOT,
+        "summary": BLOCK_SUMMARY,
+    }
+)
 # DiffusionGemma's steps per canvas when `steps` is unset (dllm's steps count the whole answer)
 GEMMA_STEPS = (GENERATION_CONFIG, "max_denoising_steps")
 
 
+def refusal(family: Family, key: str, value: object) -> str | None:
+    """Why the family refuses `key` = `value` (None: it takes it): a setting in `refuses` at
+    a value other than its default, or one in `only` at a value not listed."""
+    if key in family.refuses and value != getattr(DEFAULTS, key):
+        return family.refuses[key]
+    values, why = family.only.get(key, ((value,), ""))
+    return None if value in values else f"{why} (use {' or '.join(values)})"
+
+
 def check_refused(family: Family, s: DecodeSettings, where=lambda key: "") -> None:
-    """A setting the family cannot use, given a value other than its default, is refused in
-    one line naming where the value came from (`where`) and why."""
-    for key, why in family.refuses.items():
+    """A setting the family cannot use at its value is refused in one line naming where the
+    value came from (`where`) and why (families.py `refuses` and `only`)."""
+    for key in dict.fromkeys([*family.refuses, *family.only]):
         value = getattr(s, key)
-        if value != getattr(DEFAULTS, key):
+        why = refusal(family, key, value)
+        if why is not None:
+            hint = "" if key in family.only else " (leave it out)"
             raise SettingsError(
-                f"{key} {value!r}{where(key)} does not apply to {family.title}: {why} "
-                "(leave it out)"
+                f"{key} {value!r}{where(key)} does not apply to {family.title}: {why}{hint}"
             )
+
+
+def refuse_feature(family: Family, feature: str, what: str, error=SettingsError) -> None:
+    """`what` (a flag, a request field) in one line naming why, when the family `cannot`
+    run `feature`."""
+    if feature in family.cannot:
+        raise error(f"{what} does not apply to {family.title}: {family.cannot[feature]}")
 
 
 def summary_line(family: Family, s: Mapping[str, object]) -> str:

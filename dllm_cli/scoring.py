@@ -15,7 +15,7 @@ cross-entropy by 1 / (share masked). Each family follows its own reference:
   (1 - 1e-3) * ((u + i / batch) mod 1) + 1e-3 and every token of the whole sequence is masked
   with that chance (its first and last column never), of which only the continuation's masks
   are kept; logits are shifted one column right (Dream predicts the next column).
-- Block-diffusion families and DiffusionGemma are refused with the reason (REFUSED).
+- Block-diffusion families and DiffusionGemma are refused with the family table's reason.
 
 Random draws come from a CPU generator seeded with `seed`, in the references' order (they draw
 from torch's global generator after `torch.manual_seed(seed)`), so an estimate is the same
@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from dllm_cli.errors import InputError
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 
 ROWS_PER_FORWARD = 64  # masked rows forwarded together (draws never depend on this)
 
@@ -94,20 +96,16 @@ ESTIMATORS: dict[str, Estimator] = {
     ),
     "dream": Estimator(dream_masks, 1, 128, 1, True, False, "DreamLM/Dream eval/eval.py (mc, ftb)"),
 }
-REFUSED = {
-    "sdar": "SDAR decodes block-causally; its reference scores no likelihood",
-    "llada2": "LLaDA2.x decodes block-causally; its reference scores no likelihood",
-    "diffusion_gemma": "DiffusionGemma is decoded by transformers' own generate, which scores "
-    "no likelihood",
-}
 
 
 def estimator_for(family: str) -> Estimator:
-    """The family's estimator, or InputError with why it has none."""
+    """The family's estimator, or InputError with why it has none (the family table's
+    reason: families.py `cannot`)."""
     if family in ESTIMATORS:
         return ESTIMATORS[family]
-    reason = REFUSED.get(family, f"no likelihood estimator is known for {family}")
-    raise InputError(f"scoring is not supported: {reason}")
+    if family in FAMILIES:
+        refuse_feature(FAMILIES[family], "scoring", "scoring", InputError)
+    raise InputError(f"scoring: no likelihood estimator is known for {family}")
 
 
 def column_logits(model, rows: torch.Tensor, shift: int) -> torch.Tensor:

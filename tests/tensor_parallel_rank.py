@@ -1,6 +1,6 @@
 """One rank of tests/test_tensor_parallel.py's torchrun launch (run as a script).
 
-`python tensor_parallel_rank.py OUT FOLDER...`: every rank loads each folder twice, its
+`python tensor_parallel_rank.py OUT [--expert-parallel] FOLDER...`: every rank loads each folder twice, its
 tensor-parallel shard and the whole model, and decodes the same prompts with each under every
 cache policy; it also drafts random logits with the sharded sampler and the one-process
 Sampler. Rank 0 writes what it saw to OUT as JSON; the test compares.
@@ -19,8 +19,8 @@ import torch.distributed as dist
 from dllm_cli.decoding import decode
 from dllm_cli.decoding.sampling import FAMILIES, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
+from dllm_cli.models.collectives import Counts, Shards
 from dllm_cli.models.loading import load_model
-from dllm_cli.models.sharding import Counts, Shards
 from dllm_cli.settings import DecodeSettings
 
 CACHES = ("none", "prefix", "dual", "freecache")
@@ -41,6 +41,7 @@ def decodes(folder: str, shards: Shards) -> dict:
     split = load_model(folder, dtype="float32", device="cpu", shards=shards)
     whole = load_model(folder, dtype="float32", device="cpu")
     out = {"layers": len(split.model.blocks()), "bytes": list(split.model.weight_bytes)}
+    out["expert_bytes"] = [expert_bytes(split.model), expert_bytes(whole.model)]
     for cache, unmask, confidence in RUNS:
         settings = DecodeSettings(
             gen_length=16,
@@ -57,6 +58,12 @@ def decodes(folder: str, shards: Shards) -> dict:
         expected = decode(whole.model, whole.special, PROMPTS, settings).tokens
         out[f"{cache} {unmask} {confidence}"] = {"split": tokens, "whole": expected, **spent}
     return out
+
+
+def expert_bytes(model) -> int:
+    """Bytes of the routed experts' weights this model holds."""
+    held = (p for name, p in model.named_parameters() if ".mlp.experts." in name)
+    return sum(p.numel() * p.element_size() for p in held)
 
 
 def drafts(shards: Shards) -> list[dict]:
@@ -90,10 +97,14 @@ def drafts(shards: Shards) -> list[dict]:
 
 
 def main(out: str, *folders: str) -> None:
+    experts = folders[0] == "--expert-parallel"  # the MoE folders' experts shared out whole
+    folders = folders[experts:]
     dist.init_process_group("gloo")
     shards = Shards(dist.get_rank(), dist.get_world_size(), counts=Counts())
+    shards.expert_parallel = experts
     results = {Path(f).name: decodes(f, shards) for f in folders}
-    results["drafts"] = drafts(shards)
+    if not experts:
+        results["drafts"] = drafts(shards)
     if shards.rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.barrier()

@@ -12,13 +12,8 @@ from dllm_cli.runtime import open_runtime
 from dllm_cli.serve import server
 
 WRITERS = {"sdar": write_sdar, "llada2": write_llada2}
-REFUSED = [
-    ({"cache": "dual"}, "cache 'dual' does not apply"),
-    ({"unmask": "wino"}, "unmask 'wino' does not apply"),
-    ({"cfg_scale": 1.0}, "cfg_scale 1.0 does not apply"),
-    ({"suffix_window": 4}, "suffix_window 4 does not apply"),
-    ({"unmask": "fixed", "threshold": 2.0}, "threshold must be in [0, 1] (got 2.0)"),
-]
+# (the family table's refusals: tests/test_family_matrix_serve.py, every family)
+REFUSED = [({"unmask": "fixed", "threshold": 2.0}, "threshold must be in [0, 1] (got 2.0)")]
 
 
 @pytest.fixture(scope="module", params=list(WRITERS))

@@ -86,10 +86,6 @@ def check_matches_single_process(args: list[str], lines: list[str]) -> None:
     assert result.returncode != 0  # rank 0 exits 4 (a bad line), so torchrun reports a failure
 
 
-def test_two_ranks_under_torchrun_write_the_single_process_output(model_args):
-    check_matches_single_process(model_args, LINES)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(
     not (SHIPPED / "tiny-gsm").is_dir() or not (SHIPPED / "tiny-gsm-ar").is_dir(),

@@ -75,7 +75,7 @@ def test_greedy_flags_follow_the_argmax(llada):
 
 @pytest.mark.parametrize("family", ["sdar", "llada2", "diffusion_gemma"])
 def test_block_and_gemma_families_are_refused_with_the_reason(family):
-    with pytest.raises(InputError, match="scoring is not supported"):
+    with pytest.raises(InputError, match="scoring does not apply to"):
         scoring.estimator_for(family)
 
 

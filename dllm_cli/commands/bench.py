@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
 
@@ -33,13 +34,15 @@ from dllm_cli.commands.bench_peer import (
     PeerQuant,
     run_peer,
 )
-from dllm_cli.commands.common import check_output, cli_errors, fail, load_runtime, note, stderr
-from dllm_cli.errors import UsageError
+from dllm_cli.commands.common import check_output, cli_errors, fail, note, stderr
+from dllm_cli.commands.split import ExpertParallel, leads, option, split_runtime
+from dllm_cli.errors import SettingsError, UsageError
 from dllm_cli.families import FAMILIES
 from dllm_cli.frontier import SWEEPS
 from dllm_cli.peer import PEER_PROMPT
 
 BENCH = "Benchmark"
+SplitStrategies = Annotated[int, option("every rank runs every strategy, rank 0 prints")]
 
 
 def split_list(text: str, what: str) -> list[str]:
@@ -67,18 +70,49 @@ OWN_STRATEGIES = {
 
 
 def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> list[str]:
-    """The requested names, or every strategy (the guided ones only when a guide is loaded)."""
+    """The requested names, or every strategy (the guided ones only when a guide is loaded);
+    its notes from rank 0 alone (--tensor-parallel)."""
     if text is not None:
         return split_list(text, "strategies")
     stepper = FAMILIES[family].stepper if family in FAMILIES else "masked"
     if stepper in OWN_STRATEGIES:
         names, why = OWN_STRATEGIES[stepper]
-        note(f"{family} {why}")
+        if leads():
+            note(f"{family} {why}")
         return list(names)
     names = [n for n, s in STRATEGIES.items() if has_guide or not s.guided]
-    if not has_guide:
+    if not has_guide and leads():
         note("no guide model loaded: skipping the guided strategies")
     return names
+
+
+def refuse_split_modes(peer, serve: bool, frontier, batching_compare) -> None:
+    """--tensor-parallel runs the strategy table alone, one line for the other modes."""
+    asked = {"--peer": peer, "--serve": serve, "--frontier": frontier}
+    asked["--batching-compare"] = batching_compare
+    for flag, value in asked.items():
+        if value:
+            raise UsageError(f"--tensor-parallel runs the strategy table only, not {flag}")
+
+
+def split_strategies(rt, names: list[str], explicit: bool, length: int, block, window) -> list[str]:
+    """Under --tensor-parallel: the strategies it computes; one it does not is refused when
+    asked for by name, skipped with a note otherwise."""
+    from dllm_cli.bench import settings_for
+    from dllm_cli.decoding.sharded_sampling import refuse_unsupported
+
+    kept = []
+    for name in names:
+        try:
+            refuse_unsupported(settings_for(rt.settings, name, length, block, window))
+        except SettingsError as e:
+            if explicit:
+                raise SettingsError(f"strategy {name!r}: {e}") from None
+            if leads():
+                note(f"skipping strategy {name!r}: {e}")
+            continue
+        kept.append(name)
+    return kept
 
 
 def rich_table(records: list[dict], title: str) -> Table:
@@ -253,11 +287,13 @@ def bench_command(
             rich_help_panel=BENCH,
         ),
     ] = 0.0,
+    tensor_parallel: SplitStrategies = 1,
+    expert_parallel: ExpertParallel = False,
     *,
     choices: opt.Choices,
 ) -> None:
     """Run every decoding strategy on the same held-out problems: accuracy, tok/s, speedup."""
-    with cli_errors():
+    with cli_errors(), ExitStack() as stack:
         lengths = parse_lengths(gen_length)
         preflight(json_path, markdown_path, plot_path)
         if plot_path is not None and prompt_length is not None:
@@ -268,7 +304,9 @@ def bench_command(
             run_peer(choices, peer, peer_binary, peer_model, peer_prompt, lengths, rounds,
                      json_path, peer_quant)  # fmt: skip
             return
-        rt = load_runtime(choices)
+        if tensor_parallel > 1:
+            refuse_split_modes(peer, serve, frontier, batching_compare)
+        rt = stack.enter_context(split_runtime(choices, tensor_parallel, expert_parallel))
         if serve:
             bench_serve(rt, n, concurrency, cancel, batch_size, lengths[0], json_path)
             return
@@ -281,6 +319,9 @@ def bench_command(
                               block_length, suffix_window, rounds, json_path)  # fmt: skip
             return
         names = choose_strategies(strategies, rt.guide is not None, rt.loaded.family)
+        if tensor_parallel > 1:
+            names = split_strategies(rt, names, strategies is not None, lengths[0], block_length,
+                                     suffix_window)  # fmt: skip
         plan = BenchPlan.make(
             names,
             lengths,
@@ -294,9 +335,12 @@ def bench_command(
         tasks, measure, what = bench_inputs(rt, n, shots, start, prompt_length)
 
         def report(r: dict) -> None:
-            stderr.print(progress_line(r), highlight=False)
+            if leads():
+                stderr.print(progress_line(r), highlight=False)
 
         records = run_bench(rt, tasks, plan, on_record=report, measure=measure)
+        if not leads():  # another rank of --tensor-parallel: rank 0 prints
+            return
         title = f"{what}, batch {batch_size}"
         out = Console() if Console().is_terminal else Console(width=200)  # no squeezed pipes
         out.print(rich_table(records, title))

@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dllm_cli import options as opt
-from dllm_cli.commands.common import check_output, cli_errors, load_runtime, stderr
+from dllm_cli.commands.common import check_output, cli_errors, stderr
+from dllm_cli.commands.split import ExpertParallel, TensorParallel, leads, split_runtime
 from dllm_cli.errors import InputError, UsageError
 from dllm_cli.families import FAMILIES
 from dllm_cli.family_settings import summary_line
@@ -26,8 +27,8 @@ if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
     from dllm_cli.runtime import Runtime
 
 
-def progress() -> Progress:
-    """A transient bar on stderr (nothing when stderr is not a terminal)."""
+def progress(visible: bool = True) -> Progress:
+    """A transient bar on stderr (nothing when stderr is not a terminal, or not rank 0)."""
     return Progress(
         TextColumn("[bold]solving[/]"),
         BarColumn(),
@@ -35,7 +36,7 @@ def progress() -> Progress:
         TimeElapsedColumn(),
         console=stderr,
         transient=True,
-        disable=not stderr.is_terminal,
+        disable=not (visible and stderr.is_terminal),
         redirect_stdout=False,  # stdout is for the report, never drawn on the terminal
     )
 
@@ -177,6 +178,8 @@ def eval_command(
             rich_help_panel=opt.OUTPUT,
         ),
     ] = False,
+    tensor_parallel: TensorParallel = 1,
+    expert_parallel: ExpertParallel = False,
     *,
     choices: opt.Choices,
 ) -> None:
@@ -187,28 +190,15 @@ def eval_command(
         if split is not None and data is not None:
             raise UsageError("--split and --data: choose one problem set")
         check_output(records_to, "--records")
-        from dllm_cli.evaluate import details, evaluate, from_file, held_out
+        from dllm_cli.evaluate import details
 
-        rt = load_runtime(choices)
-        bad: list[BadLine] = []
-        if data is None:
-            split = split or "narrow"
-            tasks = held_out(rt.encode, 100 if n is None else n, shots, start, split)
-        else:
-            tasks, bad = from_file(rt.encode, data, n, shots, start, shots_from)
-        with progress() as bar:
-            task = bar.add_task("eval", total=len(tasks))
-            score = evaluate(
-                rt,
-                tasks,
-                batch_size=batch_size,
-                warmup=warmup and bool(tasks),
-                on_batch=lambda done: bar.advance(task, done),
-            )
-        report = eval_report(rt, score, shots, batch_size, start, None if data else split)
-        if data is not None:
-            report |= {"data": str(data), "shots_from": str(shots_from or data)}
-            report["errors"] = [b.record() for b in bad]
+        with split_runtime(choices, tensor_parallel, expert_parallel) as rt:
+            report, score, bad = solve(rt, n, shots, start, split, data, shots_from, batch_size,
+                                       warmup)  # fmt: skip
+        if not leads():  # another rank of --tensor-parallel: rank 0 reports
+            if bad:
+                raise typer.Exit(InputError.exit_code)
+            return
         if records_to is not None:
             write_records(records_to, score, bad, from_data=data is not None)
         if as_json:
@@ -219,3 +209,39 @@ def eval_command(
             print_summary(report)
         if bad:
             report_bad_lines(bad)
+
+
+def solve(
+    rt: Runtime,
+    n: int | None,
+    shots: int,
+    start: int,
+    split: str | None,
+    data: Path | None,
+    shots_from: Path | None,
+    batch_size: int,
+    warmup: bool,
+) -> tuple[dict, Score, list[BadLine]]:
+    """The problems read, decoded and scored: (the report, the score, the malformed lines)."""
+    from dllm_cli.evaluate import evaluate, from_file, held_out
+
+    bad: list[BadLine] = []
+    if data is None:
+        split = split or "narrow"
+        tasks = held_out(rt.encode, 100 if n is None else n, shots, start, split)
+    else:
+        tasks, bad = from_file(rt.encode, data, n, shots, start, shots_from)
+    with progress(leads()) as bar:
+        task = bar.add_task("eval", total=len(tasks))
+        score = evaluate(
+            rt,
+            tasks,
+            batch_size=batch_size,
+            warmup=warmup and bool(tasks),
+            on_batch=lambda done: bar.advance(task, done),
+        )
+    report = eval_report(rt, score, shots, batch_size, start, None if data else split)
+    if data is not None:
+        report |= {"data": str(data), "shots_from": str(shots_from or data)}
+        report["errors"] = [b.record() for b in bad]
+    return report, score, bad

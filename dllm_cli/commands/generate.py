@@ -33,7 +33,10 @@ from dllm_cli.commands.generate_runs import (
     run_split,
     tensor_shards,
 )
+from dllm_cli.commands.split import ExpertParallel, check_experts
 from dllm_cli.errors import InputError
+from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.prompt_text import escape_bytes, from_argv
 
 if TYPE_CHECKING:  # the decoding modules (torch) are imported by the command, not at start-up
@@ -81,7 +84,7 @@ TensorParallel = Annotated[
     typer.Option(
         "--tensor-parallel",
         help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
-        "every rank decodes every line, rank 0 writes them (docs/distributed.md). LLaDA, Dream "
+        "every rank decodes every line, rank 0 writes them (docs/tensor-parallel.md). LLaDA, Dream "
         "and LLaDA-MoE, greedy decoding; a multiple of N processes runs replicas of N ranks, "
         "each decoding its share of the lines.",
         rich_help_panel="Parallelism",
@@ -124,6 +127,7 @@ def generate_command(
     logprobs: Logprobs = None,
     verbose_prompt: o.VerbosePrompt = False,
     tensor_parallel: TensorParallel = 1,
+    expert_parallel: ExpertParallel = False,
     json_schema: JsonSchema = None,
     grammar: GrammarFile = None,
 ) -> None:
@@ -153,7 +157,10 @@ def generate_command(
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
         if logprobs is not None and not 0 <= logprobs <= 20:
             raise fail(f"--logprobs must be in 0..20 (got {logprobs})", USAGE)
-        shards = None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel)
+        check_experts(tensor_parallel, expert_parallel)
+        shards = (
+            None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel, expert_parallel)
+        )
         if shards is not None and not batch:
             raise fail("--tensor-parallel reads prompts from stdin: give '-' and pipe them", USAGE)
         if shards is not None and logprobs is not None:
@@ -171,6 +178,8 @@ def generate_command(
 
             if defaulted and runtime.profile.guide is not None and job is None:
                 note("the grammar verifies the drafts: decoding without the profile's guide")
+            family = FAMILIES[runtime.loaded.family]
+            refuse_feature(family, "grammar", "--json-schema" if json_schema else "--grammar")
             runtime.grammar = compile_grammar(*source, vocab_of(runtime))
             runtime.committer()  # refused here (one line) when this model cannot follow it
         json_out = json_out or json_canvas or logprobs is not None

@@ -128,19 +128,24 @@ def load_on_rank(job: distributed.Job, choices: o.Choices, shards: Shards | None
         raise type(e)(f"rank {job.rank}: {e}") from None
 
 
-def tensor_shards(job: distributed.Job | None, degree: int) -> Shards:
-    """This rank's place in --tensor-parallel N: ranks r N .. r N + N - 1 hold replica r."""
+def tensor_shards(job: distributed.Job | None, degree: int, experts: bool = False) -> Shards:
+    """This rank's place in --tensor-parallel N: ranks r N .. r N + N - 1 hold replica r;
+    `experts`: --expert-parallel."""
     from dllm_cli.distributed.tensor import place
     from dllm_cli.models.sharding import Shards
 
     p = place(0 if job is None else job.rank, 1 if job is None else job.world, degree)
-    return Shards(p.rank, p.world, p.replica, p.replicas)
+    shards = Shards(p.rank, p.world, p.replica, p.replicas, expert_parallel=experts)
+    if job is not None:
+        shards.timeout = job.collective_timeout
+    return shards
 
 
 def check_split(runtime: Runtime, shards: Shards) -> None:
     """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
-    from dllm_cli.decoding.sharded_sampling import refuse_unsupported
+    from dllm_cli.decoding.sharded_sampling import refuse_stepper, refuse_unsupported
 
+    refuse_stepper(runtime.loaded.family)
     compiled = runtime.profile.model.compile
     refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
     if runtime.loaded.device.type == "cuda":
@@ -167,7 +172,7 @@ def run_split(
     """Every line through every rank's share of the model; rank 0 writes the records."""
     from dllm_cli import distributed
 
-    with distributed.process_group(job):
+    with distributed.process_group(job), distributed.ended_by_sigterm(job.rank):
         lines = distributed.share_lines(job, sys.stdin.buffer)
         if lines is None:
             raise typer.Exit(1)  # rank 0 could not read stdin and says why

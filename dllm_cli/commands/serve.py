@@ -11,6 +11,9 @@ from typing import Annotated
 import typer
 
 from dllm_cli import options as o
+from dllm_cli.commands.split import ExpertParallel, option
+
+TensorParallel = Annotated[int, option("rank 0 serves HTTP, every rank steps every request")]
 
 SERVER = "Server"
 
@@ -98,12 +101,15 @@ def serve_command(
     score_samples: ScoreSamples = None,
     score_splits: ScoreSplits = None,
     ui: Ui = True,
+    tensor_parallel: TensorParallel = 1,
+    expert_parallel: ExpertParallel = False,
 ) -> None:
     """Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's API), POST /api/generate, /api/chat and /api/show, GET /api/tags, /api/ps, /api/version (Ollama's), GET /v1/models, /health and /metrics, and a chat page at / that draws each answer's canvas live.
 
     Decoding flags set the server's defaults; a request may change them with extra body fields of the same names (gen_length, cache, threshold, ...). SIGINT or SIGTERM stops accepting requests, finishes those in flight (or aborts them with --abort-on-exit) and exits 0.
     """
-    from dllm_cli.commands.common import USAGE, cli_errors, fail, load_runtime, note
+    from dllm_cli.commands.common import USAGE, cli_errors, fail, note
+    from dllm_cli.commands.split import leads, split_runtime
 
     with cli_errors():
         for name, value, low in (("--batch-size", batch_size, 1), ("--max-queue", max_queue, 0)):
@@ -121,17 +127,26 @@ def serve_command(
             raise fail("--api-key is empty", USAGE)
         from dllm_cli.serve import server
 
-        runtime = load_runtime(choices, slots=batch_size)
         options = server.Options(
             host, port, api_key, batch_size, max_queue, max_engines, abort_on_exit,
             score_samples=score_samples, score_splits=score_splits, ui=ui,
         )  # fmt: skip
-        try:
-            server.run(
-                runtime,
-                options,
-                ready=lambda url: note(f"serving {server.model_id(runtime)} on {url}"),
-            )
-        except OSError as e:  # the address is taken, or not this machine's
-            raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", 1) from None
+        with split_runtime(choices, tensor_parallel, expert_parallel, batch_size) as runtime:
+            mirror = None
+            if tensor_parallel > 1:
+                from dllm_cli.serve.mirror import Channel, Leader, follow
+
+                channel = Channel(runtime.loaded.model.shards)
+                if not leads():  # another rank: rank 0's engines, step for step
+                    return follow(runtime, batch_size, channel)
+                mirror = Leader(channel)
+            try:
+                server.run(
+                    runtime,
+                    options,
+                    ready=lambda url: note(f"serving {server.model_id(runtime)} on {url}"),
+                    mirror=mirror,
+                )
+            except OSError as e:  # the address is taken, or not this machine's
+                raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", 1) from None
         note("server stopped")

@@ -41,6 +41,7 @@ from dllm_cli.decoding.stepper import Commit, Stepper, stepper_class
 from dllm_cli.decoding.unmask import Committer
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.families import family_of_model, with_family_defaults
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.lifetimes import Sampling, request_sampling
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
@@ -87,7 +88,7 @@ class Engine(RequestQueue):
         settings = with_family_defaults(settings, model.family)
         family = family_of_model(model)
         kind = stepper_class(family.stepper)
-        self.no_logprobs = family.traits.logprobs  # why a request's logprobs are refused
+        self.family = family
         policy = ADMISSIONS[admission]
         self.stepper: Stepper = kind(model, special, settings, committer, policy, slots, **options)
         self.admission = ADMISSIONS["static"] if self.stepper.whole_batches else policy
@@ -119,8 +120,8 @@ class Engine(RequestQueue):
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
             self._check_sampling(own)
-        if logprobs is not None and self.no_logprobs is not None:
-            raise InputError(f"logprobs: not supported {self.no_logprobs}")
+        if logprobs is not None:
+            refuse_feature(self.family, "logprobs", "logprobs", InputError)
         ids = one_prompt(prompt, self.check_prompts)
         rid = self.enqueue(ids, key, own)
         self.requests[rid].logprobs = logprobs

@@ -17,10 +17,21 @@ import torch
 
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.errors import SettingsError
+from dllm_cli.families import FAMILIES
 from dllm_cli.models.sharding import ShardedLM, Shards
 
 UNMASKS = ("fixed", "threshold", "factor", "prefix", "origin")  # no whole distributions
 CONFIDENCES = ("low_confidence", "margin", "random")
+
+
+def refuse_stepper(family: str) -> None:
+    """The block families' stepper drafts from whole logits: refused until it drafts from
+    vocabulary shards (their model side splits already: models/sharding.py's LAYOUTS)."""
+    if FAMILIES[family].block_causal:
+        raise SettingsError(
+            f"--tensor-parallel does not support {family} models yet (the block-diffusion "
+            "stepper drafts from whole logits)"
+        )
 
 
 def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False) -> None:

@@ -19,17 +19,26 @@ the command turns it into stderr lines and an exit code.
 """
 
 from dllm_cli.distributed.exchange import Failure
-from dllm_cli.distributed.job import Job, process_group, rank_device, share_lines
+from dllm_cli.distributed.job import (
+    Ended,
+    Job,
+    ended_by_sigterm,
+    process_group,
+    rank_device,
+    share_lines,
+)
 from dllm_cli.distributed.merge import Interrupts, Merge
 from dllm_cli.distributed.run import Outcome, Stranded, run
 
 __all__ = [
+    "Ended",
     "Failure",
     "Interrupts",
     "Job",
     "Merge",
     "Outcome",
     "Stranded",
+    "ended_by_sigterm",
     "process_group",
     "rank_device",
     "run",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,10 +14,12 @@ from typing import BinaryIO
 import torch
 import torch.distributed as dist
 
-from dllm_cli.errors import DeviceError, SettingsError
+from dllm_cli.errors import DeviceError, DllmError, SettingsError
 
 TIMEOUT_ENV = "DLLM_DIST_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0
+COLLECTIVE_ENV = "DLLM_COLLECTIVE_TIMEOUT"  # --tensor-parallel: one collective's limit
+DEFAULT_COLLECTIVE = 300.0
 LAUNCH_ENV = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -27,6 +31,7 @@ class Job:
     world: int
     local_rank: int
     timeout: float  # seconds rank 0 waits for the next report
+    collective_timeout: float = DEFAULT_COLLECTIVE  # seconds a split model's collective waits
 
     @property
     def group_timeout(self) -> timedelta:
@@ -45,13 +50,12 @@ class Job:
                 f"WORLD_SIZE={world} but {', '.join(missing)} not set: launch with torchrun "
                 "(see docs/distributed.md)"
             )
-        timeout = _number(env, TIMEOUT_ENV, str(DEFAULT_TIMEOUT), float)
-        if not timeout > 0:
-            raise SettingsError(f"{TIMEOUT_ENV} must be a number of seconds above 0")
+        timeout = _seconds(env, TIMEOUT_ENV, DEFAULT_TIMEOUT)
+        collective = _seconds(env, COLLECTIVE_ENV, DEFAULT_COLLECTIVE)
         rank, local = _number(env, "RANK", "", int), _number(env, "LOCAL_RANK", "", int)
         if not 0 <= rank < world or local < 0:
             raise SettingsError(f"RANK={rank}, LOCAL_RANK={local} do not fit WORLD_SIZE={world}")
-        return cls(rank, world, local, timeout)
+        return cls(rank, world, local, timeout, collective)
 
     def lines_of(self, rank: int, count: int) -> range:
         """The 1-based line numbers `rank` decodes out of `count`: every world-th line."""
@@ -60,6 +64,13 @@ class Job:
     def shard(self, lines: list[bytes]) -> Iterator[tuple[int, bytes]]:
         """(line number, line) for this rank's lines, in input order."""
         return ((n, lines[n - 1]) for n in self.lines_of(self.rank, len(lines)))
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    seconds = _number(env, name, str(default), float)
+    if not seconds > 0:
+        raise SettingsError(f"{name} must be a number of seconds above 0")
+    return seconds
 
 
 def _number(env: Mapping[str, str], name: str, default: str, kind: type) -> int | float:
@@ -93,6 +104,31 @@ def rank_device(job: Job, flag: str | None, configured: str) -> str:
             )
         return f"cuda:{job.local_rank}"
     return configured  # another kind (mps): load_model accepts or refuses it
+
+
+class Ended(DllmError):
+    """torchrun stopped this rank (SIGTERM), as it stops every rank once one has exited."""
+
+
+@contextmanager
+def ended_by_sigterm(rank: int) -> Iterator[None]:
+    """SIGTERM (torchrun's, after another rank exited) -> one `Ended` line, not a silent
+    death; the main thread only (signals go there)."""
+
+    def end(signum: int, frame: object) -> None:
+        raise Ended(
+            f"rank {rank}: stopped by torchrun (SIGTERM): another rank exited, and the "
+            "summary below names it"
+        )
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, end)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager

@@ -89,7 +89,18 @@ def markdown(r: Report) -> str:
         out.append("")
     out += correctness(r.checks)
     out += speed(r.checks)
+    out += several_gpus(r.checks)
     return "\n".join(out) + "\n"
+
+
+def several_gpus(checks: list[Check]) -> list[str]:
+    """The multi-GPU section's rows (doctor/multi_gpu.py), when it ran."""
+    rows = [c for c in checks if c.section == "multi-GPU" and c.status != "skip"]
+    if not rows:
+        return []
+    out = ["## Multi-GPU", "", "| check | status | detail | s |", "|---|---|---|---|"]
+    out += [f"| {c.name} | {c.status} | {cell(c.detail)} | {c.seconds:.1f} |" for c in rows]
+    return [*out, ""]
 
 
 def correctness(checks: list[Check]) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from dllm_cli.doctor import correctness, speed
+from dllm_cli.doctor import correctness, multi_gpu, speed
 from dllm_cli.doctor.checks import Check, Deadline, Outcome, attempt
 from dllm_cli.doctor.env import environment
 from dllm_cli.doctor.fixtures import make_fixtures
@@ -101,6 +101,17 @@ class Doctor:
         for shape in shapes:
             self.time_shape(shape)
 
+    def several_gpus(self) -> None:
+        """Tensor parallelism over NCCL on 1, 2 and 4 GPUs, or one skip row (multi_gpu.py)."""
+        gpus = torch.cuda.device_count()
+        why = multi_gpu.skipped(gpus, self.cpu_reason)
+        if why is not None:
+            return self.skip("multi-GPU", "tensor parallel", why)
+        with tempfile.TemporaryDirectory(prefix="dllm-doctor-") as tmp:
+            root = Path(tmp)
+            self.add("multi-GPU", "tokens == one GPU", partial(multi_gpu.tokens_check, root, gpus))
+            self.add("multi-GPU", "seconds per step", partial(multi_gpu.speed_check, root, gpus))
+
     def time_shape(self, shape: speed.Shape) -> None:
         """Build the shape's model, time every variant, then free it for the next shape."""
         held: dict = {}
@@ -158,6 +169,7 @@ def run_doctor(
     try:
         doc.correctness()
         doc.speed(wanted)
+        doc.several_gpus()
     finally:
         stop.cancel()
     return doc.report

@@ -18,6 +18,7 @@ import torch
 
 from dllm_cli.errors import DeviceError, ModelLoadError, SettingsError
 from dllm_cli.families import Family, family_for_config
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.models import DiffusionLM
 from dllm_cli.models import quantize as quant
@@ -279,8 +280,8 @@ def load_model(
     raw = read_config_json(folder)
     family = family_for_config(raw, folder / "config.json")
     own = family.traits.own_model  # transformers' own model and sampler (DiffusionGemma)
-    if own and scheme.bits:
-        raise ModelLoadError(f"--quantize {scheme.name} does not apply to {family.name} models")
+    if scheme.bits:
+        refuse_feature(family, "quantize", f"--quantize {scheme.name}")
     if shards is not None and (scheme.bits or own):
         what = f"--quantize {scheme.name}" if scheme.bits else f"{family.name} models"
         raise SettingsError(f"--tensor-parallel does not support {what} yet")

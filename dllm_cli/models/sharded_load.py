@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dllm_cli.models.expert_parallel import keep_experts
 from dllm_cli.models.moe import LLaDAMoESparseBlock
+from dllm_cli.models.sharded_llada2 import ROWS, read_rows, split_llada2_block
 from dllm_cli.models.sharding import (
     ZERO,
     RowLinear,
@@ -24,6 +26,9 @@ from dllm_cli.models.sharding import (
 )
 from dllm_cli.models.weights import retie, tied_groups, weight_files
 
+# Families whose blocks are split by a function of their own (the layout's lists: empty).
+BLOCK_SPLITS = {"llada2": split_llada2_block}
+
 
 def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | str]:
     """Shrink a meta-built model's parameters to this rank's pieces, in place; returns each
@@ -31,12 +36,15 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
     layout = layout_of(family)
     sizes = layout.sizes(model.config)
     heads, kv = sizes["attention heads"], sizes["KV heads"]
-    check_degree(family, model.config, shards.world)
+    check_degree(family, model.config, shards.world, shards.expert_parallel)
     plan: dict[str, Slice | str] = {}
     names = {id(m): name for name, m in model.named_modules()}
     for block in model.blocks():
         prefix = names[id(block)]
         columns, rows = list(layout.columns), list(layout.rows)
+        if family in BLOCK_SPLITS:
+            ops = (split_columns, split_inputs, split_rows)
+            BLOCK_SPLITS[family](block, shards, plan, prefix, ops)
         if layout.feed_forward is not None:
             columns, rows = split_feed_forward(block, layout.feed_forward, shards, plan, prefix)
             columns, rows = [*layout.columns, *columns], [*layout.rows, *rows]
@@ -95,6 +103,13 @@ def split_feed_forward(block, name: str, shards: Shards, plan: dict, prefix: str
     extra = (shared, ["shared_expert.down_proj"]) if block.shared_expert is not None else ([], [])
     if not isinstance(mlp, LLaDAMoESparseBlock):
         return [f"{name}.gate_proj", f"{name}.up_proj", *extra[0]], [f"{name}.down_proj", *extra[1]]
+    if shards.expert_parallel:  # whole experts; the shared expert's part summed with theirs
+        keep_experts(block, shards)
+        for part in extra[0]:
+            split_columns(block.get_submodule(part), shards, plan, f"{prefix}.{part}")
+        for part in extra[1]:
+            split_inputs(block.get_submodule(part), shards, plan, f"{prefix}.{part}")
+        return [], []
     for i, expert in enumerate(mlp.experts):
         where = f"{prefix}.{name}.experts.{i}"
         split_columns(expert.gate_proj, shards, plan, f"{where}.gate_proj")
@@ -169,8 +184,10 @@ def _read(st, name: str, piece: Slice | str, like: torch.Tensor) -> torch.Tensor
         return torch.zeros(like.shape)
     if piece is None:
         return st.get_tensor(name)
-    dim, lo, hi = piece
     tensor = st.get_slice(name)
+    if piece[0] == ROWS:  # a fused projection: several row ranges of it
+        return read_rows(tensor, piece[1])
+    dim, lo, hi = piece
     return tensor[lo:hi] if dim == 0 else tensor[:, lo:hi]
 
 

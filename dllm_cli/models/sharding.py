@@ -16,17 +16,15 @@ sampling from vocabulary shards: decoding/sharded_sampling.py; which rank holds 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from dllm_cli.errors import SettingsError
+from dllm_cli.models.collectives import Shards
 from dllm_cli.models.moe import LLaDAMoESparseBlock
 
 Slice = tuple[int, int, int] | None  # (dim, start, stop) of a checkpoint tensor; None: whole
@@ -56,6 +54,16 @@ def moe_sizes(c) -> dict[str, int]:
     return sizes
 
 
+def llada2_sizes(c) -> dict[str, int]:
+    """LLaDA2.x: heads, KV heads, the dense MLP's and every expert's width (the shared
+    experts' is a multiple of it)."""
+    sizes = {"attention heads": c.num_attention_heads, "KV heads": c.num_key_value_heads}
+    sizes["dense MLP columns"] = c.intermediate_size
+    if c.num_experts:
+        sizes["expert MLP columns"] = c.moe_intermediate_size
+    return sizes
+
+
 # Keyed by families.py names; a family absent here is refused (`layout_of`).
 LAYOUTS: dict[str, Layout] = {
     "llada": Layout(
@@ -82,6 +90,35 @@ LAYOUTS: dict[str, Layout] = {
         ("self_attn.o_proj", "mlp.down_proj"),
         ("model.embed_tokens", "lm_head"),
     ),
+    # Qwen3's names: Dream's layout; q_norm and k_norm act per head (replicated). The model
+    # side only: the block stepper still drafts from whole logits (decoding/sharded_sampling.py
+    # refuses the block families until it samples from vocabulary shards).
+    "sdar": Layout(
+        lambda c: {
+            "attention heads": c.num_attention_heads,
+            "KV heads": c.num_key_value_heads,
+            "MLP columns": c.intermediate_size,
+        },
+        "self_attn",
+        (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+        ),
+        ("self_attn.o_proj", "mlp.down_proj"),
+        ("model.embed_tokens", "lm_head"),
+    ),
+    # The fused QKV read as three row ranges, experts split by columns: its blocks are split
+    # by sharded_llada2.py (sharded_load.py's BLOCK_SPLITS), not by these lists.
+    "llada2": Layout(
+        llada2_sizes,
+        "attention",
+        (),
+        (),
+        ("model.word_embeddings", "lm_head"),
+    ),
     # Attention as Dream's; each expert's columns split as a dense MLP's, the router replicated
     # (every rank routes the same all-reduced hidden states), one all-reduce per sparse block.
     "llada_moe": Layout(
@@ -95,75 +132,6 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 
-@dataclass
-class Counts:
-    """Collectives this rank has run (tests and --stats check they stay at the minimum)."""
-
-    all_reduce: int = 0
-    all_gather: int = 0
-    forwards: int = 0
-
-
-@dataclass
-class Shards:
-    """This rank's place in a tensor-parallel group of `world` ranks."""
-
-    rank: int
-    world: int
-    replica: int = 0  # which group of `world` ranks (data parallelism on top)
-    replicas: int = 1
-    backend: str = "gloo"  # nccl on CUDA (the default group is gloo, for the job's messages)
-    counts: Counts = field(default_factory=Counts)
-
-    @cached_property
-    def group(self) -> dist.ProcessGroup | None:
-        """The group collectives run in, made at the first one (every rank reaches it there);
-        None: the whole job (one replica on gloo)."""
-        if self.replicas == 1 and self.backend == "gloo":
-            return None
-        if self.replicas == 1:
-            return dist.new_group(backend=self.backend)
-        return self.connect()
-
-    def join(self) -> dist.ProcessGroup | None:
-        """Make this rank's group now, before any rank decodes (every rank makes every
-        replica's group, in the same order)."""
-        return self.group
-
-    def connect(self) -> dist.ProcessGroup:
-        """Every replica's group, made by every rank in the same order (as new_group needs);
-        this rank's own."""
-        n = self.world
-        groups = [
-            dist.new_group(list(range(r * n, (r + 1) * n)), backend=self.backend)
-            for r in range(self.replicas)
-        ]
-        return groups[self.replica]
-
-    def even(self, size: int) -> tuple[int, int]:
-        """This rank's equal piece [start, stop) of `size` (the size divides by the world)."""
-        piece = size // self.world
-        return self.rank * piece, (self.rank + 1) * piece
-
-    def vocabulary(self, size: int) -> tuple[int, int]:
-        """This rank's contiguous range of `size` ids (the last rank's may be shorter)."""
-        piece = math.ceil(size / self.world)
-        return min(size, self.rank * piece), min(size, (self.rank + 1) * piece)
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place."""
-        self.counts.all_reduce += 1
-        dist.all_reduce(x, group=self.group)
-        return x
-
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """(world, *x.shape): every rank's `x`, in rank order."""
-        self.counts.all_gather += 1
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.stack(parts)
-
-
 def layout_of(family: str) -> Layout:
     """The family's layout, or a one-line refusal."""
     if family not in LAYOUTS:
@@ -174,15 +142,28 @@ def layout_of(family: str) -> Layout:
     return LAYOUTS[family]
 
 
-def check_degree(family: str, config, world: int) -> None:
-    """Refuse a degree that does not divide the heads, the KV heads or an MLP's width."""
+def check_degree(family: str, config, world: int, experts: bool = False) -> None:
+    """Refuse a degree that does not divide the heads, the KV heads, an MLP's width or (with
+    `experts`: --expert-parallel) the experts."""
     sizes = layout_of(family).sizes(config)
+    if experts:
+        sizes = expert_sizes(family, config, sizes)
     every = ", ".join(f"{count} {what}" for what, count in sizes.items())
     for what, count in sizes.items():
         if count % world:
+            flag = " with --expert-parallel" if what == "experts" else ""
             raise SettingsError(
-                f"--tensor-parallel {world} does not divide the model's {count} {what} ({every})"
+                f"--tensor-parallel {world}{flag} does not divide the model's {count} {what} "
+                f"({every})"
             )
+
+
+def expert_sizes(family: str, config, sizes: dict[str, int]) -> dict[str, int]:
+    """What must divide under --expert-parallel: whole experts, not their columns."""
+    if family != "llada_moe":
+        raise SettingsError(f"--expert-parallel supports llada_moe models only (this is {family})")
+    kept = {what: n for what, n in sizes.items() if what != "expert MLP columns"}
+    return {**kept, "experts": config.num_experts}
 
 
 # --- the modules of a split model ---------------------------------------------------------

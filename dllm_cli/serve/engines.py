@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 from dllm_cli.decoding import Engine, open_engine
 from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.slots import static_reason
+from dllm_cli.families import FAMILIES
 from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.runtime import Runtime, check_family
 from dllm_cli.serve.protocol import ApiError, Job
@@ -74,11 +75,13 @@ def with_grammar(runtime: Runtime, job: Job) -> Job:
     if job.structure is None:
         return job
     from dllm_cli.decoding.grammar import GrammarError, compile_grammar, vocab_of
-    from dllm_cli.decoding.grammar_committer import refusal
 
-    reason = refusal(runtime, guided=False)
-    if reason is not None:
-        raise ApiError(400, f"response_format: {reason}", "response_format")
+    family = FAMILIES[runtime.loaded.family]
+    if "grammar" in family.cannot:  # the family table's reason, before any vocabulary is read
+        why = family.cannot["grammar"]
+        raise ApiError(
+            400, f"response_format does not apply to {family.title}: {why}", "response_format"
+        )
     try:
         grammar = compile_grammar(*job.structure, vocab_of(runtime))
     except GrammarError as e:

@@ -18,6 +18,7 @@ from dllm_cli import scoring
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.errors import InputError
 from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.runtime import Runtime
 
 
@@ -44,9 +45,7 @@ class Scored:
 
 def check_logprobs(runtime: Runtime) -> None:
     """Answer logprobs come from the masked-diffusion engine's sampler only."""
-    why = FAMILIES[runtime.loaded.family].traits.logprobs
-    if why is not None:
-        raise InputError(f"logprobs: not supported {why}")
+    refuse_feature(FAMILIES[runtime.loaded.family], "logprobs", "logprobs", InputError)
 
 
 def piece(runtime: Runtime, token: int) -> str:
@@ -88,7 +87,7 @@ def token_entries(runtime: Runtime, buffers, k: int, tokens: list[int], lo: int,
 def check_scoring(runtime: Runtime, ids: list[int], generate: bool) -> None:
     """A prompt echo scoring can estimate, or InputError saying why not."""
     model = runtime.loaded.model
-    scoring.estimator_for(runtime.loaded.architecture)
+    scoring.estimator_for(runtime.loaded.family)
     if len(ids) < 2:
         raise InputError("echo scoring needs a prompt of at least two tokens")
     if max(ids) >= model.get_input_embeddings().num_embeddings:

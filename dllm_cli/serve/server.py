@@ -14,14 +14,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import uvicorn
 
+from dllm_cli.models.collectives import RankLost
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve.app import create_app
 from dllm_cli.serve.metrics import Metrics
 from dllm_cli.serve.plumbing import Served
 from dllm_cli.serve.worker import Worker
+
+if TYPE_CHECKING:
+    from dllm_cli.serve.mirror import Leader
 
 
 @dataclass(frozen=True)
@@ -86,9 +91,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(runtime: Runtime, options: Options, ready: Callable[[str], None] | None = None) -> None:
-    """Serve until a signal; `ready(url)` is called once the socket listens."""
+def run(
+    runtime: Runtime,
+    options: Options,
+    ready: Callable[[str], None] | None = None,
+    mirror: Leader | None = None,
+) -> None:
+    """Serve until a signal; `ready(url)` is called once the socket listens. `mirror`: the
+    other ranks of --tensor-parallel follow the worker's engines; losing one ends the server
+    (its RankLost raised here once the server stopped)."""
     served, worker = build(runtime, options)
+    worker.mirror = mirror
     sock = bind(options.host, options.port)
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(
@@ -99,6 +112,7 @@ def run(runtime: Runtime, options: Options, ready: Callable[[str], None] | None 
         lifespan="off",
     )
     server = Server(config, worker, options.abort_on_exit)
+    worker.ended = lambda: setattr(server, "should_exit", True)
     worker.start()
     if ready is not None:
         shown = f"[{host}]" if ":" in host else host
@@ -109,6 +123,8 @@ def run(runtime: Runtime, options: Options, ready: Callable[[str], None] | None 
         worker.stop(abort=True)
         worker.close()
         sock.close()
+    if isinstance(worker.failure, RankLost):
+        raise worker.failure
 
 
 @dataclass

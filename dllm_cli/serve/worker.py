@@ -23,10 +23,13 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dllm_cli.chat import encode_plain
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.families import FAMILIES
+from dllm_cli.models.collectives import RankLost
 from dllm_cli.prompt_text import check_text
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve import canvas, engines, scores
@@ -35,6 +38,9 @@ from dllm_cli.serve.conversation import encode_messages
 from dllm_cli.serve.metrics import Metrics
 from dllm_cli.serve.protocol import ApiError, Job, input_error
 from dllm_cli.serve.tickets import Outcome, Post, Ticket
+
+if TYPE_CHECKING:
+    from dllm_cli.serve.mirror import Leader
 
 
 class Worker:
@@ -54,6 +60,8 @@ class Worker:
         self.thread = threading.Thread(target=self.loop, name="dllm-engine", daemon=True)
         self.failure: BaseException | None = None
         self.aborting = False  # stop(abort=True) was called: new requests are refused too
+        self.mirror: Leader | None = None  # --tensor-parallel: the other ranks follow (mirror.py)
+        self.ended: Callable[[], None] = lambda: None  # a rank was lost: the server stops
 
     # --- thread-safe calls -----------------------------------------------------------------
     def start(self) -> None:
@@ -101,14 +109,23 @@ class Worker:
     def loop(self) -> None:
         try:
             while self.drain(block=not self.has_work()):
-                for group, pool in list(self.engines.items()):
-                    if pool.engine.has_work:
-                        self.step_or_drop(group, pool)
+                busy = [(g, p) for g, p in self.engines.items() if p.engine.has_work]
+                if self.mirror is not None:  # the other ranks step the same engines
+                    self.mirror.turn([g for g, _ in busy])
+                for group, pool in busy:
+                    self.step_or_drop(group, pool)
                 if self.scoring:
                     self.score_or_fail(self.scoring[0])
                 self.metrics.set_load(
                     self.waiting(), self.running(), self.slots * len(self.engines)
                 )
+            if self.mirror is not None:
+                self.mirror.close()
+        except RankLost as e:  # the model cannot run without that rank: the server ends
+            self.failure = e
+            for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
+                self.fail(ticket, ApiError(503, str(e)))
+            self.ended()
         except BaseException as e:  # a bug: answer every request rather than hang them
             self.failure = e
             for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
@@ -119,6 +136,8 @@ class Worker:
         and the server goes on with the others."""
         try:
             self.step(group, pool)
+        except RankLost:
+            raise
         except Exception as e:
             error = ApiError(500, f"internal error: {type(e).__name__}: {str(e)[:200]}")
             for key, ticket in list(self.tickets.items()):
@@ -126,6 +145,7 @@ class Worker:
                     del self.tickets[key]
                     self.fail(ticket, error)
             del self.engines[group]
+            self.record("drop", group)
 
     def has_work(self) -> bool:
         engines_busy = any(p.engine.has_work for p in self.engines.values())
@@ -137,6 +157,11 @@ class Worker:
 
     def running(self) -> int:
         return sum(p.engine.running for p in self.engines.values())
+
+    def record(self, *change) -> None:
+        """An engine change the other ranks of --tensor-parallel make too (mirror.py)."""
+        if self.mirror is not None:
+            self.mirror.note(*change)
 
     def drain(self, block: bool) -> bool:
         """Take every queued message (waiting for one when idle); False once told to exit."""
@@ -161,6 +186,9 @@ class Worker:
         job = ticket.job
         if job.kind == "score":
             return self.add_scoring(ticket)
+        refused = None if self.mirror is None else self.mirror.refusal(job)
+        if refused is not None:
+            return self.fail(ticket, ApiError(400, refused))
         try:
             if job.logprobs is not None:
                 scores.check_logprobs(self.runtime)
@@ -190,6 +218,7 @@ class Worker:
             self.scoring.remove(ticket)
         elif ticket.rid is not None:
             self.engines[ticket.group].engine.abort(ticket.rid)
+            self.record("abort", ticket.group, ticket.rid)
             self.tickets.pop((ticket.group, ticket.rid), None)
         self.finish(ticket)
 
@@ -226,6 +255,7 @@ class Worker:
             except DllmError as e:
                 self.fail(ticket, input_error(e, ticket.job.kind))
                 continue
+            self.record("add", ticket.group, ticket.ids, ticket.job.settings, ticket.rid)
             self.tickets[(ticket.group, ticket.rid)] = ticket
         self.parked = still
 
@@ -238,7 +268,9 @@ class Worker:
             if not idle:
                 return None
             del self.engines[idle[0]]  # least recently used first
+            self.record("drop", idle[0])
         self.engines[group] = engines.build(self.runtime, group, self.slots)
+        self.record("build", group)
         return self.engines[group]
 
     def step(self, group: engines.Group, pool: engines.Pool) -> None:
@@ -261,6 +293,7 @@ class Worker:
                 del self.tickets[(g, rid)]
                 ticket.buffers = pool.engine.requests[rid].logprob_buffers
                 self.complete(ticket, *engines.stop_early(pool.engine, rid))
+                self.record("stop", g, rid)
 
     def streamed_logprobs(self, ticket: Ticket, pool: engines.Pool, rid: int, prefix: list[int]):
         """A streamed answer's logprobs for the tokens its sent text now covers (a read of

@@ -1,0 +1,91 @@
+"""--expert-parallel: LLaDA-MoE's experts shared out whole over the tensor-parallel ranks.
+
+Rank r of N holds experts [r E/N, (r + 1) E/N) with all their columns (E/N of the expert bytes)
+and computes them for the tokens routed to them; the router is replicated (every rank routes the
+same all-reduced hidden states, so every rank picks the same experts), attention stays split by
+heads, a shared expert is split over its columns, and the layer's feed-forward output (this
+rank's experts' weighted sum plus its share of the shared expert) is summed over the ranks by one
+all-reduce. Every rank holds every token (attention is tensor-parallel, not data-parallel), so
+no token is sent anywhere: each rank skips the (token, expert) pairs of other ranks' experts.
+
+The reference (the released modeling code, OLMoE's sparse block) has no expert parallelism; its
+routing and weights are kept exactly, only where each expert runs changes (and so the order in
+which a token's k expert outputs are added: a rank's own, then the sum over ranks).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dllm_cli.models.collectives import Shards
+from dllm_cli.models.layers import residual
+from dllm_cli.models.llada_moe import LLaDAMoELayer
+from dllm_cli.models.moe import ExpertStack, LLaDAMoESparseBlock, grouped_kernel, route
+
+
+class LocalExperts(LLaDAMoESparseBlock):
+    """A sparse block holding experts [first, first + count) only (an nn.ModuleDict keyed by
+    their global indices, so checkpoint names stay `experts.{i}.*`); its output is this rank's
+    part of the routed sum, unreduced (the layer sums it with the shared expert's part)."""
+
+    first: int
+    count: int
+
+    def stack_experts(self) -> None:
+        self.stack = ExpertStack(list(self.experts.values()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (N, d)
+        weights, experts = route(self.gate(flat), self.top_k, self.expert_bias)  # (N, k) each
+        local = experts.reshape(-1) - self.first  # (N k,) index among this rank's experts
+        mine = (local >= 0) & (local < self.count)
+        chosen = torch.where(mine, local, self.count)  # other ranks' pairs sort last
+        order = chosen.argsort(stable=True)
+        token = order // self.top_k  # (N k,) the token each sorted pair reads
+        counts = torch.bincount(chosen, minlength=self.count + 1)[: self.count]  # (count,)
+        rows = flat[token]  # (N k, d): this rank's pairs first, grouped by expert
+        stack = self.stack
+        if stack is not None and stack.intact() and grouped_kernel(rows):
+            out_rows = stack(rows, counts.cumsum(0).to(torch.int32))  # rows past: not computed
+        else:
+            out_rows = self.each_expert(rows, counts.tolist())
+        scaled = out_rows * weights.to(x.dtype).reshape(-1)[order, None]
+        out_rows = torch.where(mine[order, None], scaled, 0.0)  # (N k, d); others' rows: 0
+        return torch.zeros_like(flat).index_add_(0, token, out_rows).view(shape)
+
+    def each_expert(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """This rank's experts one at a time on their contiguous rows (the rest left unset)."""
+        out = torch.empty_like(rows)
+        start = 0
+        for expert, n in zip(self.experts.values(), counts, strict=True):
+            if n:
+                out[start : start + n] = expert(rows[start : start + n])
+                start += n
+        return out
+
+
+class ExpertSummedLayer(LLaDAMoELayer):
+    """A sparse layer whose feed-forward output (this rank's experts plus its columns of the
+    shared expert) is summed over the ranks once."""
+
+    shards: Shards
+
+    def forward(self, x, rope, **kw):
+        x = residual(x, self.self_attn(self.input_layernorm(x), rope, **kw))
+        h = self.post_attention_layernorm(x)
+        out = self.mlp(h)  # (B, T, d): this rank's part
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(h)
+        return residual(x, self.shards.all_reduce(out))
+
+
+def keep_experts(layer: LLaDAMoELayer, shards: Shards) -> None:
+    """Shrink a meta-built sparse layer to this rank's experts, in place (the checkpoint's
+    other experts are then not read: their names are not in the model)."""
+    mlp = layer.mlp
+    lo, hi = shards.even(len(mlp.experts))
+    mlp.experts = nn.ModuleDict({str(i): mlp.experts[i] for i in range(lo, hi)})
+    mlp.__class__, mlp.first, mlp.count = LocalExperts, lo, hi - lo
+    layer.__class__, layer.shards = ExpertSummedLayer, shards

@@ -1,0 +1,131 @@
+"""`dllm serve --tensor-parallel N`: rank 0 owns HTTP and the worker; the other ranks mirror its
+engines, step for step.
+
+Each turn of rank 0's worker, before it steps, `Leader.turn` broadcasts what changed its engines
+since the last turn (engines made or dropped, requests added with their prompt ids and settings,
+aborted, or ended by a stop string) and which engines it steps now; every other rank (`follow`)
+applies the same changes to its own engines, in the same order, and steps the same engines, so
+every rank runs the same collectives. An idle worker still broadcasts an empty turn every half
+second: a rank that died is then noticed within the collective timeout, busy or not. The
+broadcasts go over a gloo group of their own, with the collective timeout; a failed one, like a
+failed collective of the model, is a `RankLost` that ends the server (worker.py answers every
+request in flight with a 503 error object).
+
+What the other ranks cannot mirror yet is refused per request (400): scoring, logprobs,
+response_format, and sampling tensor parallelism does not compute (sharded_sampling.py).
+"""
+
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from dllm_cli.decoding.sharded_sampling import refuse_unsupported
+from dllm_cli.errors import SettingsError
+from dllm_cli.models.collectives import RankLost, Shards
+from dllm_cli.runtime import Runtime
+from dllm_cli.serve import engines
+from dllm_cli.serve.protocol import Job
+
+
+class Channel:
+    """rank 0 -> every rank of the replica: one pickled message per turn (gloo)."""
+
+    def __init__(self, shards: Shards):
+        self.shards = shards
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=shards.timeout))
+
+    def broadcast(self, message: object = None) -> object:
+        box = [message]
+        with self.shards.guarded():
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+
+class Leader:
+    """Rank 0's worker's record of its engines' changes, sent before each turn's steps."""
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.changes: list[tuple] = []
+
+    def note(self, *change) -> None:
+        """An engine change (`build`, `drop`, `add`, `abort`, `stop`), sent with the next turn."""
+        self.changes.append(change)
+
+    def turn(self, stepped: list[engines.Group]) -> None:
+        """The changes so far and the engines stepped now, to every other rank."""
+        changes, self.changes = self.changes, []
+        self.channel.broadcast((changes, stepped))
+
+    def close(self) -> None:
+        """The server stops: the other ranks leave their loops."""
+        self.channel.broadcast(None)
+
+    @staticmethod
+    def refusal(job: Job) -> str | None:
+        """Why the other ranks could not decode this request alongside (None: they can)."""
+        if job.kind == "score":
+            return "scoring (echo with logprobs) is not supported under --tensor-parallel yet"
+        if job.logprobs is not None:
+            return "logprobs are not supported under --tensor-parallel yet"
+        if job.structure is not None:
+            return "response_format is not supported under --tensor-parallel yet"
+        try:
+            refuse_unsupported(job.settings)
+        except SettingsError as e:
+            return str(e)
+        return None
+
+
+def follow(runtime: Runtime, slots: int, channel: Channel) -> None:
+    """A rank other than 0: rank 0's engine changes and steps, until it closes. SIGINT and
+    SIGTERM (torchrun's stop, Ctrl-C) are rank 0's to act on: it finishes the requests in
+    flight, then closes; this rank steps them with it."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    pools: dict[engines.Group, engines.Pool] = {}
+    while (message := channel.broadcast()) is not None:
+        changes, stepped = message
+        for kind, group, *args in changes:
+            CHANGES[kind](pools, runtime, slots, group, *args)
+        for group in stepped:
+            step(pools, group)
+
+
+def step(pools: dict, group: engines.Group) -> None:
+    """One step of rank 0's; an engine that fails drops out, as rank 0's does (worker.py
+    step_or_drop: its `drop` then comes with the next turn)."""
+    try:
+        pools[group].engine.step()
+    except RankLost:
+        raise
+    except Exception:  # every rank raised it at the same point: rank 0 answers the requests
+        del pools[group]
+
+
+def build(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
+    pools[group] = engines.build(runtime, group, slots)
+
+
+def drop(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
+    pools.pop(group, None)  # (gone already when its step failed here too)
+
+
+def add(pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid) -> None:
+    mine = pools[group].engine.add(ids, settings=settings)
+    if mine != rid:  # the engines are deterministic: this is a bug, not bad input
+        raise RuntimeError(f"request {mine} on this rank is request {rid} on rank 0")
+
+
+def abort(pools, runtime: Runtime, slots: int, group: engines.Group, rid: int) -> None:
+    pools[group].engine.abort(rid)
+
+
+def stop(pools, runtime: Runtime, slots: int, group: engines.Group, rid: int) -> None:
+    engines.stop_early(pools[group].engine, rid)
+
+
+CHANGES = {"build": build, "drop": drop, "add": add, "abort": abort, "stop": stop}

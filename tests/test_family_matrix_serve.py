@@ -1,0 +1,148 @@
+"""Every feature on every family (issue 36, item 4), past the CLI: `dllm serve` through the
+official `openai` client on a loopback port, the Python API, and torchrun data parallelism,
+one row per families.py family (and LLaDA2.1's editing) on its tiny random folder."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from cli_fixtures import invoke, isolated_fixture  # noqa: F401
+from family_matrix import (  # noqa: F401
+    GEN,
+    PROMPTS,
+    UNWRITABLE,
+    WORD_LEVEL,
+    expected_refusal,
+    folder_fixture,
+    matrix_folders_fixture,
+    model_args,
+    row_fixture,
+)
+from test_distributed import LINES, check_matches_single_process
+
+from dllm_cli.api import LLM
+from dllm_cli.errors import InputError
+from dllm_cli.families import FAMILIES
+from dllm_cli.runtime import open_runtime
+from dllm_cli.serve import server
+
+QUESTION = [{"role": "user", "content": PROMPTS[0]}]
+# a valid value other than the default, for settings some family's table refuses
+REFUSABLE = {
+    "cache": "dual",
+    "unmask": "wino",
+    "cfg_scale": 1.0,
+    "suffix_window": 4,
+    "t_min": 0.5,
+    "edit_threshold": 0.5,
+}
+
+
+@pytest.fixture(scope="module", name="client")
+def client_fixture(row, folder):
+    """A server on 127.0.0.1 for the row's folder, and an `openai` client of it."""
+    overrides = {"model.path": str(folder), "decode.gen_length": GEN}
+    overrides |= {f"decode.{k}": v for k, v in row.settings.items()}
+    runtime = open_runtime(None, overrides, use_guide=False)
+    handle = server.start_in_thread(runtime, server.Options(port=0, slots=2, max_queue=8))
+    yield openai.OpenAI(base_url=handle.url + "/v1", api_key="unused", max_retries=0)
+    handle.stop()
+
+
+def served(client: openai.OpenAI) -> str:
+    """The one model id the server lists (an id without spaces)."""
+    (model,) = [m.id for m in client.models.list().data]
+    assert " " not in model
+    return model
+
+
+def test_serve_chat_answers_and_streams_the_same_text(client):
+    model = served(client)
+    reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=GEN)
+    choice = reply.choices[0]
+    assert choice.finish_reason in ("stop", "length") and reply.usage.completion_tokens > 0
+    stream = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=GEN, stream=True
+    )
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert "".join(pieces) == choice.message.content
+
+
+def test_serve_refuses_what_the_family_table_refuses_and_goes_on(row, client):
+    """Each refused setting is that request's 400 with the table's reason; the next request
+    is answered (a refusal once killed a block-causal server for good)."""
+    model, refused = (
+        served(client),
+        {k: v for k, v in REFUSABLE.items() if expected_refusal(row, k, v)},
+    )
+    assert refused  # every family refuses some of them
+    for key, value in refused.items():
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(
+                model=model, messages=QUESTION, max_tokens=GEN, extra_body={key: value}
+            )
+        message = e.value.body["message"]
+        assert f"{key} {value!r} does not apply" in message, message
+        assert expected_refusal(row, key, value) in message, message
+    reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=GEN)
+    assert reply.usage.completion_tokens > 0
+
+
+INTEGER = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
+FEATURES = {  # Family.cannot key -> (the request's fields, a check of an answer)
+    "logprobs": (
+        {"logprobs": True, "top_logprobs": 2},
+        lambda reply: len(reply.choices[0].logprobs.content) == reply.usage.completion_tokens,
+    ),
+    "grammar": (
+        {"response_format": INTEGER},
+        lambda reply: isinstance(json.loads(reply.choices[0].message.content), int),
+    ),
+}
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_serve_runs_a_feature_or_refuses_it_by_the_family_table(row, client, feature, request):
+    if feature == "grammar" and row.family in WORD_LEVEL:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=UNWRITABLE))
+    fields, check = FEATURES[feature]
+    ask = dict(model=served(client), messages=QUESTION, max_tokens=GEN, **fields)
+    why = FAMILIES[row.family].cannot.get(feature)
+    try:
+        reply = client.chat.completions.create(**ask)
+    except openai.BadRequestError as e:  # the table's reason, or a vocabulary that cannot write
+        assert (why or "vocabulary cannot write") in e.body["message"], e.body
+        return
+    assert why is None and check(reply), reply
+
+
+@pytest.fixture(scope="module", name="llm")
+def llm_fixture(row, folder) -> LLM:
+    return LLM(model=str(folder), gen_length=GEN, **row.settings)
+
+
+def test_python_api_generates_the_cli_answers_and_streams_them(row, folder, llm):
+    completions = llm.generate(list(PROMPTS), batch_size=2)
+    result = invoke("generate", "-", *model_args(row, folder), "--json", input="\n".join(PROMPTS))
+    assert result.exit_code == 0, result.output
+    cli = [json.loads(line)["token_ids"] for line in result.stdout.splitlines()]
+    assert [c.token_ids for c in completions] == cli
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
+        assert "".join(llm.stream(prompt)) == completion.text
+
+
+def test_python_api_scores_or_refuses_scoring_by_the_family_table(row, llm):
+    why = FAMILIES[row.family].cannot.get("scoring")
+    if why is None:
+        assert llm.score(PROMPTS[0], " 3", samples=4) < 0  # a log-probability
+        return
+    with pytest.raises(InputError, match="scoring does not apply") as e:
+        llm.score(PROMPTS[0], " 3", samples=4)
+    assert why in str(e.value)
+
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_write_the_single_process_output(row, folder):
+    check_matches_single_process(model_args(row, folder), LINES)

@@ -1,0 +1,136 @@
+"""`dllm serve --tensor-parallel 2` under torchrun (CPU, gloo, 127.0.0.1): the official `openai`
+client gets the text a one-process server sends; a client leaving mid-stream does not break the
+next request; a rank killed mid-request answers it with a 503 error object and ends the server
+with one line naming the rank."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from checkpoints import write_llada
+from test_distributed import LAUNCH_TIMEOUT, loopback_env
+
+openai = pytest.importorskip("openai")
+
+HERE = Path(__file__).resolve().parent
+SERVE = [
+    "serve", "--port", "0", "--device", "cpu", "--dtype", "float32", "--gen-length", "32",
+    "--block-length", "8", "--no-ui",
+]  # fmt: skip
+CHAT = [{"role": "user", "content": "how many apples"}]
+
+
+@pytest.fixture(scope="module", name="llada")
+def llada_fixture(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tps") / "llada"
+    return write_llada(folder, seed=1, max_sequence_length=256).folder
+
+
+def torchrun(script: list[str], env: dict[str, str]) -> list[str]:
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    run += ["--monitor-interval", "1", "--master-addr", env["MASTER_ADDR"]]
+    return [*run, "--master-port", env["MASTER_PORT"], *script]
+
+
+def answers(url: str) -> tuple[str, str]:
+    """A completion's text and a streamed chat answer's, greedy."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    text = client.completions.create(model=model, prompt="tom has 3 pens", temperature=0)
+    stream = client.chat.completions.create(model=model, messages=CHAT, stream=True, temperature=0)
+    chat = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    return text.choices[0].text, chat
+
+
+def leave_mid_stream(url: str) -> None:
+    """A streamed chat whose client closes the connection after its first chunk."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    stream = client.chat.completions.create(model=model, messages=CHAT, stream=True, temperature=0)
+    next(iter(stream))
+    stream.close()
+
+
+def start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str, list[str]]:
+    """A server process, its URL, and its stderr lines as they come (read on a thread)."""
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    for line in proc.stderr:
+        if "serving " in line:
+            threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+            return proc, line.split(" on ")[-1].strip(), lines
+    raise AssertionError(f"the server did not start (exit {proc.wait()})")
+
+
+def stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=LAUNCH_TIMEOUT)
+
+
+@pytest.mark.slow
+def test_two_ranks_serve_the_one_process_answers_and_survive_a_client_leaving(llada):
+    env = loopback_env()
+    args = [*SERVE, "--model", str(llada)]
+    alone, url, _ = start([sys.executable, "-m", "dllm_cli", *args], env)
+    try:
+        expected = answers(url)
+    finally:
+        stop(alone)
+    split, url, said = start(
+        torchrun(["-m", "dllm_cli", *args, "--tensor-parallel", "2"], env), env
+    )
+    try:
+        assert answers(url) == expected
+        leave_mid_stream(url)
+        assert answers(url) == expected  # the next requests: as before
+    finally:
+        stop(split)  # (torchrun itself exits 1 on a signal)
+    assert "dllm: note: server stopped\n" in said  # rank 0 stopped cleanly, rank 1 with it
+    assert not [line for line in said if line.startswith("dllm: error")], said
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_request_answers_503_and_ends_the_server(llada):
+    env = loopback_env(DYING_RANK="1", DYING_AFTER="3", DYING_HOW="kill")
+    script = [str(HERE / "tensor_parallel_dying.py"), *SERVE, "--model", str(llada)]
+    proc, url, said = start(torchrun([*script, "--tensor-parallel", "2"], env), env)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(model=client.models.list().data[0].id, prompt="tom has 3")
+    lost = (
+        "rank 0: tensor parallel rank 1 of 2 left the job (its connection closed: it exited or "
+        "was killed)"
+    )
+    assert caught.value.status_code == 503
+    assert caught.value.body["message"] == f"{lost}; ending the job"
+    assert proc.wait(timeout=LAUNCH_TIMEOUT) != 0
+    time.sleep(0.5)  # the last lines through the reading thread
+    errors = [line for line in said if line.startswith("dllm: error")]
+    assert errors == [f"dllm: error: {lost}; ending the job\n"], said
+    assert "dllm_cli" not in "".join(said).split("ChildFailedError")[0]  # no traceback of ours
+
+
+def test_a_follower_drops_an_engine_that_fails_as_rank_0_does():
+    from types import SimpleNamespace
+
+    from dllm_cli.models.collectives import RankLost
+    from dllm_cli.serve import mirror
+
+    def failing(error: Exception) -> SimpleNamespace:
+        def step():
+            raise error
+
+        return SimpleNamespace(engine=SimpleNamespace(step=step))
+
+    pools = {"bad": failing(ValueError("a bug")), "lost": failing(RankLost("rank 1 left"))}
+    mirror.step(pools, "bad")
+    assert list(pools) == ["lost"]
+    mirror.drop(pools, None, 1, "bad")  # rank 0's drop of it, next turn: nothing left to drop
+    with pytest.raises(RankLost):
+        mirror.step(pools, "lost")

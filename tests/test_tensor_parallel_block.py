@@ -1,0 +1,67 @@
+"""--tensor-parallel for the block-diffusion families: SDAR's and LLaDA2.x's models split (each
+rank's logits are its vocabulary range of one process's, its KV cache holds its KV heads), while
+decoding them under the flag is refused in one line until the block stepper drafts from
+vocabulary shards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from block_checkpoints import write_llada2, write_sdar
+from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
+from test_tensor_parallel import launch
+
+from dllm_cli.errors import SettingsError
+from dllm_cli.models.collectives import Shards
+from dllm_cli.models.loading import load_model
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module", name="sdar")
+def sdar_fixture(tmp_path_factory) -> Path:
+    return write_sdar(tmp_path_factory.mktemp("tpb") / "sdar").folder
+
+
+@pytest.fixture(scope="module", name="llada2")
+def llada2_fixture(tmp_path_factory) -> Path:
+    return write_llada2(tmp_path_factory.mktemp("tpb") / "llada2").folder
+
+
+@pytest.mark.slow
+def test_two_ranks_compute_their_range_of_the_one_process_logits(sdar, llada2, tmp_path):
+    out = tmp_path / "seen"
+    script = str(HERE / "tensor_parallel_forward.py")
+    result = launch([script, str(out), str(sdar), str(llada2)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("sdar", "llada2"):
+        ranks = [json.loads(Path(f"{out}.{name}.{r}").read_text()) for r in (0, 1)]
+        for seen in ranks:
+            assert seen["difference"] < 1e-5, (name, seen)
+            assert seen["keys"][1] == 1  # 2 KV heads over 2 ranks
+            mine, whole = seen["bytes"]
+            assert mine <= whole * (1 / 2 + 0.05), name
+        (lo0, hi0, size), (lo1, hi1, _) = (s["columns"] for s in ranks)
+        assert (lo0, hi0, hi1) == (0, lo1, size)  # the two ranges tile the vocabulary
+
+
+def test_expert_parallel_is_refused_for_llada2_in_one_line(llada2):
+    with pytest.raises(
+        SettingsError, match=r"--expert-parallel supports llada_moe models only \(this is llada2\)"
+    ):
+        load_model(llada2, dtype="float32", device="cpu", shards=Shards(0, 2, expert_parallel=True))
+
+
+def test_decoding_sdar_under_tensor_parallel_is_refused_in_one_line(sdar, monkeypatch):
+    launch_env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**launch_env, "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    model = ["--model", str(sdar), "--device", "cpu"]
+    result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
+    assert result.exit_code == 2
+    assert error_lines(result) == [
+        "dllm: error: --tensor-parallel does not support sdar models yet (the block-diffusion "
+        "stepper drafts from whole logits)"
+    ]
