@@ -199,7 +199,7 @@ def check_family(runtime: Runtime, plan: BenchPlan) -> None:
     family = FAMILIES[runtime.loaded.family]
     for name in plan.strategies:
         try:
-            if STRATEGIES[name].guided and not family.takes_guide:
+            if STRATEGIES[name].guided and not family.traits.frontier:
                 raise SettingsError(f"a guide model does not apply to {family.title}")
             settings = settings_for(
                 runtime.settings, name, plan.lengths[0], plan.block_length, plan.suffix_window

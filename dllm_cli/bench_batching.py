@@ -60,8 +60,8 @@ def run_pass(
     guide = committer.arithmetic if committer is not None else (0, 0)
     record.update(
         steps=engine.steps,
-        row_columns=engine.row_columns,
-        key_columns=engine.key_columns,
+        row_columns=engine.stepper.executor.row_columns,
+        key_columns=engine.stepper.executor.key_columns,
         guide_forwards=committer.forwards if committer is not None else 0,
         guide_row_columns=guide[0],
         guide_key_columns=guide[1],

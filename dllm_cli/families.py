@@ -30,6 +30,8 @@ from dllm_cli.family_settings import (
     GENERATION_CONFIG,
     MASKED_REFUSES,
     MASKED_SUMMARY,
+    TRAITS,
+    StepperTraits,
 )
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.settings import DecodeSettings
@@ -60,37 +62,25 @@ class Family:
     cannot: Mapping[str, str] = field(default_factory=dict)  # feature -> why it is refused
     static_batches: str | None = None  # why batch mode always runs whole static batches
     notes: tuple[str, ...] = field(default=())  # deviations and facts worth a line in docs
-    stepper: str = "masked"  # decoding/run.py ENGINES: masked | block (block-causal) | gemma
+    stepper: str = "masked"  # TRAITS here, decoding/stepper.py STEPPERS: masked | block | gemma
     # setting -> (file, dotted key) read from the folder itself: what decoding it uses when no
     # profile sets it (`--model PATH`), and what `profiles show --model` reports
     folder_values: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     summary: tuple[str, ...] = MASKED_SUMMARY  # settings a run's one-line summary shows
 
     @property
-    def own_sampler(self) -> bool:
-        """Decoded by transformers' own generate (no masks, no unmask rules)."""
-        return self.stepper == "gemma"
+    def traits(self) -> StepperTraits:
+        return TRAITS[self.stepper]
 
     @property
-    def block_causal(self) -> bool:
-        """Decoded block by block with the exact block KV cache (SDAR, LLaDA2.x)."""
-        return self.stepper == "block"
-
-    @property
-    def uniform_state(self) -> bool:
-        """Uniform-state diffusion: drafts replace tokens, there are no masks."""
-        return self.stepper == "gemma"
-
-    @property
-    def takes_guide(self) -> bool:
-        """An AR guide can verify its drafts (the masked decoders' commit)."""
-        return self.stepper == "masked"
+    def block_causal(self) -> bool:  # (sharded_sampling.py's name for the trait)
+        return self.traits.prompt_blocks
 
     @property
     def per_request_sampling(self) -> bool:
         """Rows of one engine may sample with their own values (not under transformers'
         sampler, which decodes a batch with one generation config)."""
-        return not self.own_sampler
+        return self.traits.per_request_sampling
 
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now (the first model build pays for torch)."""

@@ -1,12 +1,14 @@
-"""What each model family does with the decode settings, declared as data (torch-free): the
-settings it refuses and why, the values it reads from the model folder itself, and the ones
-its one-line run summary names. families.py's table points each family at these.
+"""What each model family does with the decode settings, declared as data (torch-free): what
+its decoding kind means outside its stepper (`TRAITS`), the settings it refuses and why, the
+values it reads from the model folder itself, and the ones its one-line run summary names.
+families.py's table points each family at these.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
@@ -16,11 +18,38 @@ from dllm_cli.setting_spec import refusals
 from dllm_cli.settings import DecodeSettings
 
 
+@dataclass(frozen=True)
+class StepperTraits:
+    """What a decoding kind (Family.stepper) means outside its stepper, declared once."""
+
+    frontier: bool = False  # frontier-walking committers apply (an AR guide, a grammar)
+    prompt_blocks: bool = False  # blocks start at the prompt's block boundary (block-causal)
+    uniform: bool = False  # uniform-state diffusion: drafts replace tokens, there are no masks
+    whole_canvases: bool = False  # the answer is denoised in whole canvases of the checkpoint's
+    own_model: bool = False  # transformers builds, samples and decodes the model itself
+    per_request_sampling: bool = True  # rows of one engine may sample with their own values
+
+
+# Family.stepper -> its traits (decoding/stepper.py STEPPERS: the classes)
+TRAITS: Mapping[str, StepperTraits] = MappingProxyType(
+    {
+        "masked": StepperTraits(frontier=True),
+        "block": StepperTraits(prompt_blocks=True),
+        "gemma": StepperTraits(
+            uniform=True,
+            whole_canvases=True,
+            own_model=True,
+            per_request_sampling=False,
+        ),
+    }
+)
+
+
 class Family(Protocol):
     """The parts of a families.py row these functions read."""
 
     title: str
-    own_sampler: bool
+    traits: StepperTraits
     cannot: Mapping[str, str]
     refuses: Mapping[str, str]
     only: Mapping[str, tuple[tuple[str, ...], str]]
@@ -132,7 +161,7 @@ def summary_line(family: Family, s: Mapping[str, object]) -> str:
     def value(key: str) -> object:
         if s[key] is not None:
             return s[key]
-        if family.own_sampler:  # generation_config.json, then transformers' defaults
+        if family.traits.own_model:  # generation_config.json, then transformers' defaults
             return "checkpoint"
         return s["gen_length"] if key == "steps" else "unset"  # steps: one token a step
 

@@ -88,7 +88,7 @@ class Runtime:
         if not ids:
             raise InputError("empty prompt (it encodes to no tokens)")
         context = self.loaded.model.context_length
-        if FAMILIES[self.loaded.family].own_sampler:  # DiffusionGemma denoises whole canvases
+        if FAMILIES[self.loaded.family].traits.whole_canvases:  # DiffusionGemma's canvases
             gen = gemma.denoised_length(gen, self.loaded.model.canvas_length)
         if len(ids) + gen > context:
             fix = (
@@ -169,7 +169,7 @@ def family_settings(
     settings that mean nothing for the family are refused (SettingsError)."""
     family = FAMILIES[loaded.family]
     guided = use_guide and prof.guide is not None and prof.guide.path
-    if guided and not family.takes_guide:  # it samples on its own
+    if guided and not family.traits.frontier:  # it samples on its own
         raise SettingsError(f"a guide model does not apply to {family.title} (use --no-guide)")
     settings = check_family(loaded, prof.decode, origin(provenance))
     notes = NOTES.get(family.stepper, lambda s, loaded: s.adjustments())

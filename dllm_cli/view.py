@@ -72,7 +72,7 @@ class CanvasView:
     def for_runtime(cls, runtime: Runtime) -> CanvasView:
         """A view that spells tokens with the runtime's tokenizer."""
         tok, special = runtime.loaded.tokenizer, runtime.loaded.special
-        uniform = FAMILIES[runtime.loaded.family].uniform_state
+        uniform = FAMILIES[runtime.loaded.family].traits.uniform
         guided = runtime.guide is not None
         return cls(runtime.settings, tok.decode, special.stop, uniform, guided)
 

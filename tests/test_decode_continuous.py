@@ -9,7 +9,7 @@ import pytest
 import torch
 from decode_fixtures import SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
 
-from dllm_cli.decoding import Engine, Finished, answer_tokens, decode
+from dllm_cli.decoding import Committer, Engine, Finished, answer_tokens, decode
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import InputError
 
@@ -88,10 +88,10 @@ def test_the_kv_cache_is_allocated_once_for_the_slots():
     ps = prompts([3, 5, 8, 2, 6, 7, 4, 1, 8, 3, 5, 2], seed=5)  # all within one quantum
     created = []
     out, _, run = stream(
-        loaded.model, ps, s, 3, quantum=64, each=lambda e: created.append(id(e.cache))
+        loaded.model, ps, s, 3, quantum=64, each=lambda e: created.append(id(e.stepper.cache))
     )
     assert len(set(created)) == 1 and len(out) == len(ps)
-    k = run.cache.k[0]
+    k = run.stepper.cache.k[0]
     assert k.shape[0] == 3 * 2  # slots x branches (classifier-free guidance), not prompts
     assert k.shape[2] == 64 + s.gen_length + 1  # prompt width (one quantum), answer, scratch
 
@@ -134,9 +134,8 @@ def test_gemma_decodes_and_committers_without_admit_are_left_to_static_batches()
 
     assert "DiffusionGemma" in static_reason(Gemma(), guided=False)
 
-    class Verifier:
-        def start(self, batch):  # a committer with per-batch state and no `admit` hook
-            pass
+    class Verifier(Committer):
+        joins = False  # a committer with one state per batch (no `admit` hook)
 
         def __call__(self, ctx):
             raise AssertionError("never asked")

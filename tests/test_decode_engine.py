@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, assume, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from dllm_cli.decoding import Decision, StepContext, answer_tokens, decode, decode_steps
+from dllm_cli.decoding import Committer, Decision, StepContext, answer_tokens, decode, decode_steps
 from dllm_cli.decoding.unmask import UNMASK_RULES
 from dllm_cli.errors import SettingsError
 from dllm_cli.settings import CACHES, CONFIDENCES, UNMASKS, DecodeSettings
@@ -124,7 +124,7 @@ def test_sampling_respects_top_k():
     )
 
 
-class LeftmostFirst:
+class LeftmostFirst(Committer):
     """A verifying-committer stand-in: accepts the leftmost draft, reports 1 accepted."""
 
     def __call__(self, ctx: StepContext) -> Decision:
@@ -133,12 +133,12 @@ class LeftmostFirst:
         return Decision(commit, accepted=int(commit.sum()))
 
 
-class CommitsNothing:
+class CommitsNothing(Committer):
     def __call__(self, ctx: StepContext) -> Decision:
         return Decision(torch.zeros_like(ctx.candidates))
 
 
-class CommitsEverything:
+class CommitsEverything(Committer):
     def __call__(self, ctx: StepContext) -> Decision:
         return Decision(torch.ones_like(ctx.candidates))
 

@@ -17,9 +17,9 @@ def run(model, ps, s, slots: int, ragged: bool, quantum: int = 64, packs: bool |
     """Every prompt through a continuous engine, its padded forwards kept (`ragged` False);
     `packs` False: ragged rows in grouped padded forwards instead of one packed forward."""
     engine = Engine(model, SPECIAL, s, slots=slots, admission="continuous", quantum=quantum)
-    engine.executor.ragged = ragged
+    engine.stepper.executor.ragged = ragged
     if packs is not None:
-        engine.executor.packs = packs
+        engine.stepper.executor.packs = packs
     for i, p in enumerate(ps):
         engine.add(p, key=i)
     out = {}
@@ -47,8 +47,8 @@ def test_ragged_rows_give_the_padded_rows_tokens_with_less_arithmetic(kind, cach
     padded, slow = run(model, ps, s, slots=3, ragged=False)
     ragged, fast = run(model, ps, s, slots=3, ragged=True)
     assert ragged == padded
-    assert fast.row_columns < slow.row_columns
-    assert fast.key_columns < slow.key_columns
+    assert fast.stepper.executor.row_columns < slow.stepper.executor.row_columns
+    assert fast.stepper.executor.key_columns < slow.stepper.executor.key_columns
 
 
 def test_a_static_batch_stays_one_padded_forward():
@@ -57,12 +57,14 @@ def test_a_static_batch_stays_one_padded_forward():
     s = settings(cache="dual")
     ps = prompts([2, 19, 5, 23], seed=4)
     engine = Engine(model, SPECIAL, s, slots=4, admission="static")
-    assert not engine.executor.ragged
+    assert not engine.stepper.executor.ragged
     for p in ps:
         engine.add(p)
     out = engine.step()
     assert out.step == 0 and engine.forwards == 1
-    assert engine.row_columns == 4 * (23 + s.gen_length)  # padded to the longest prompt
+    assert engine.stepper.executor.row_columns == 4 * (
+        23 + s.gen_length
+    )  # padded to the longest prompt
 
 
 def test_refresh_rows_group_by_width_where_one_forward_costs_less_than_two():
@@ -100,7 +102,7 @@ def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache,
     model = tiny("dream", eos_from=6).model
     s = settings(cache=cache, early_stop=True, refresh_interval=3 if cache != "none" else 0)
     engine = Engine(model, SPECIAL, s, slots=3, admission="continuous", quantum=64)
-    engine.executor.packs = packed
+    engine.stepper.executor.packs = packed
     for p in prompts([2, 190, 5, 230, 3], seed=2):
         engine.add(p)
     groups, split = [], packing.attention_groups if packed else ragged_groups

@@ -49,21 +49,21 @@ def one_thread():
 # --- the table ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if not f.own_sampler])
+@pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if not f.traits.own_model])
 def test_each_entry_agrees_with_its_classes(name):
     family = FAMILIES[name]
     config_cls, model_cls = family.classes()
     assert model_cls.family == name and model_cls.config_class is config_cls
     assert model_cls.logit_shift == family.logit_shift
     # Block-causal families draft in decoding/block_rules.py (their "block" sampler).
-    assert family.sampler in SAMPLERS or (family.block_causal and family.sampler == "block")
+    assert family.sampler in SAMPLERS or (family.traits.prompt_blocks and family.sampler == "block")
     assert config_cls.model_type in family.model_types
     reference_settings(family).validate()  # the declared reference values are valid settings
 
 
 def test_diffusion_gemma_refuses_what_its_sampler_does_not_use():
     family = FAMILIES["diffusion_gemma"]
-    assert not set(family.refuses) & set(gemma.USED) and family.own_sampler
+    assert not set(family.refuses) & set(gemma.USED) and family.traits.own_model
     gemma.check_settings(reference_settings(family), canvas=256)  # its reference runs
 
 

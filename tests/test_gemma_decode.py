@@ -174,9 +174,10 @@ def test_closing_a_run_stops_the_decode(gemma):
     run = decode_steps(gemma.model, gemma.special, [encode(gemma, TEXTS[0])], gemma_settings())
     events = iter(run)
     next(events), next(events)
+    loop = run.engine.stepper.steps_left
     events.close()
-    assert inspect.getgeneratorstate(run.steps_left) == inspect.GEN_CLOSED
-    assert run.steps == run.forwards == 2 and not run.done
+    assert inspect.getgeneratorstate(loop) == inspect.GEN_CLOSED
+    assert run.steps == run.forwards == 2 and not run.engine.has_work
     with pytest.raises(Exception, match="stopped before it finished"):
         run.result()
 

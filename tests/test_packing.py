@@ -141,7 +141,7 @@ def test_continuous_batching_packed_gives_the_padded_tokens(monkeypatch, kind, c
 def test_guidance_and_wino_keep_padded_forwards(extra, packs):
     """Two CFG branches and WINO's shadow queries need the padded layout (forwards.py)."""
     engine = Engine(tiny("llada").model, SPECIAL, settings(cache="dual", **extra), slots=2)
-    assert engine.executor.packs is packs
+    assert engine.stepper.executor.packs is packs
 
 
 @pytest.mark.parametrize("kind", ["dream", "llada"])
@@ -154,5 +154,5 @@ def test_without_a_cache_rows_pack_into_one_forward_over_shared_layer_buffers(ki
     packed, fast = run(model, ps, s, slots=3, ragged=True)
     assert packed == padded
     assert fast.forwards == fast.steps < slow.forwards
-    buffers = fast.executor._buffers[1]
+    buffers = fast.stepper.executor._buffers[1]
     assert all(k is buffers.k[0] for k in buffers.k)  # one layer's memory, not every layer's

@@ -17,7 +17,7 @@ import torch
 from block_checkpoints import write_llada2
 from gemma_fixtures import gemma_ckpt_fixture, gemma_profile  # noqa: F401
 
-from dllm_cli.decoding.step import StepOutput
+from dllm_cli.decoding.engine import StepOutput
 from dllm_cli.runtime import open_runtime
 from dllm_cli.serve import server
 

@@ -81,7 +81,7 @@ def show_command(
     if family:
         out.print(Text(f"model family: {family.name}", style="dim"))
     static = batching_reason(family, guided=False)  # guided decoding batches continuously
-    own = family is not None and family.own_sampler  # every setting's use, in its own column
+    own = family is not None and family.traits.own_model  # every setting's use in a column
     table = Table(title=None)
     table.add_column("Setting", no_wrap=True)
     table.add_column("Value", overflow="fold")

@@ -26,15 +26,14 @@ Choices worth knowing (details in each module):
   first mask, an AR guide verifying the drafts in chunks (guided.py says exactly how).
 - A DiffusionGemma model (uniform-state block diffusion) is decoded by the steps of
   transformers' own `generate` loop, one per engine step and in the caller's thread
-  (gemma_loop.py), behind the same run interface (gemma.py, gemma_stream.py) and the same
-  engine interface (gemma_engine.py: static batches); its events carry `drafts` (tokens
-  replaced) as well as commits.
+  (gemma_loop.py), as the engine's DiffusionGemma stepper (gemma_stepper.py: static
+  batches); its events carry `drafts` (tokens replaced) as well as commits.
 - Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch), so a
   row never depends on its batch; confidence ties go to the leftmost column.
 """
 
 from dllm_cli.decoding.answer import answer_end, answer_length, answer_tokens, first_stop
-from dllm_cli.decoding.engine import Engine
+from dllm_cli.decoding.engine import Engine, StepOutput
 from dllm_cli.decoding.events import (
     DecodeResult,
     RowCommit,
@@ -44,7 +43,6 @@ from dllm_cli.decoding.events import (
 from dllm_cli.decoding.guided import GuidedCommitter
 from dllm_cli.decoding.request import Finished, Request
 from dllm_cli.decoding.run import Decoder, DecodeRun, decode, decode_steps, open_engine
-from dllm_cli.decoding.step import StepOutput
 from dllm_cli.decoding.unmask import Committer, Decision, StepContext
 
 __all__ = [

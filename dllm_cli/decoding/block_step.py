@@ -1,76 +1,159 @@
-"""One step of the block-causal engine: one forward serves every live row's active block.
+"""One step of the block-causal stepper (block_stepper.py): plan -> forward -> commit.
 
-Each row drafts its active block and the rule commits masks (and, for LLaDA2.1, edits
-tokens). A row whose block became final last step puts that block in front of its next one
-in the same forward, which so also computes the finished block's K/V (written to the cache
-afterwards): no forward of its own for a store. Host reads per row and step are a few
-`.any()` checks (CPU decoding; a GPU would want them batched).
-(`e` below is the BlockEngine of block_engine.py, which imports this module.)
+`plan`: LLaDA2.1's settled blocks end, and a row whose block became final last step puts that
+block in front of its next one, so the same forward also computes the finished block's K/V
+(written to the cache afterwards): no forward of its own for a store. `forward`: one forward
+serves every live row's active block. `commit`: each row drafts its active block and the rule
+commits masks (and, for LLaDA2.1, edits tokens); rows whose answer is final go to the
+engine. Host reads per row and step are a few `.any()` checks (CPU decoding; a GPU would
+want them batched).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
 import torch
 
 from dllm_cli.decoding.answer import first_stop
-from dllm_cli.decoding.block_rules import draft, edits, fills
-from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent
-from dllm_cli.decoding.step import StepOutput
+from dllm_cli.decoding.block_rules import BlockRule, draft, edits, fills
+from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
+from dllm_cli.decoding.request import Request
+from dllm_cli.decoding.stepper import Commit
 from dllm_cli.models.block import BlockContext, block_causal
 
 
-def block_step(e) -> StepOutput:
-    """Settle, forward, draft, commit, finish: one engine step."""
+@dataclass
+class BlockRow:
+    """One request's canvas and place: its block, steps in it, what the cache holds."""
+
+    request: Request
+    slot: int
+    x: torch.Tensor  # (nb B,) prompt, then masks to whole blocks
+    marks: torch.Tensor  # (nb B,) engine step that last wrote each column, -1
+    prompt: int  # P
+    blocks: int  # nb
+    block: int  # the active block
+    cached: int = 0  # columns whose K/V the cache holds (whole blocks)
+    step: int = 0  # steps taken in the active block
+    post: int = 0  # LLaDA2.1: steps of the active block after its masks were filled
+    store: bool = False  # the next forward writes the active block's final K/V
+
+
+class BlockStepper(Protocol):
+    """What a step reads and writes of block_stepper.BlockStepper."""
+
+    settings: Any  # DecodeSettings
+    model: Any  # a block-causal model (models/block.py)
+    special: Any  # SpecialIds
+    device: torch.device
+    rule: BlockRule
+    rows: list[BlockRow]
+    kv: list[list[torch.Tensor]] | None
+    cached: bool
+    stop_ids: torch.Tensor
+    real_vocab: int
+    forwards: int
+
+    def answer(self, row: BlockRow) -> torch.Tensor: ...
+
+    def write(self, ctx: BlockContext, i: int, row: BlockRow, start: int, end: int, at=0): ...
+
+
+@dataclass
+class BlockPlan:
+    """The step's rows: those forwarded (`rows`), those final before any forward."""
+
+    at: int  # the engine's step
+    rows: list[BlockRow]
+    previous: dict[int, torch.Tensor]  # row index -> its finished block's tokens (a store)
+    stored: list[int]  # answer positions of the blocks stored this step
+    final: list[BlockRow] = field(default_factory=list)
+
+
+@dataclass
+class BlockPrediction:
+    ctx: BlockContext
+    logits: torch.Tensor  # (N, B, V)
+
+
+def plan(e: BlockStepper, at: int) -> BlockPlan:
+    """Settle LLaDA2.1's edited blocks; rows with a finished block store it in this forward."""
     rule, b = e.rule, e.rule.block
     editing = rule.edit_threshold is not None
-    finished, stored = [], []
-    for r in list(e.live):  # LLaDA2.1: a block ends after max_post_steps editing steps
+    final: list[BlockRow] = []
+    for r in e.rows:  # LLaDA2.1: a block ends after max_post_steps editing steps
         if editing and not r.store and not bool((block_of(r, b) == e.special.mask).any()):
             r.post += 1
             if r.post > rule.max_post_steps:
-                settle(e, r, finished)
-    gone = {f.id for f in finished}
-    e.live = rows = [r for r in e.live if r.request.id not in gone]
-    if not rows:
-        return StepOutput(-1, finished)  # rows ended without a forward
+                settle(e, r, final)
+    rows = [r for r in e.rows if not any(r is f for f in final)]
     # A finished block's store rides with its next block's first decode (one forward).
-    storing = {i for i, r in enumerate(rows) if r.store}
+    storing = [i for i, r in enumerate(rows) if r.store]
     previous = {i: block_of(rows[i], b).clone() for i in storing}
+    stored = []
     for i in storing:
         stored.append(rows[i].block * b - rows[i].prompt)
         advance(e, rows[i])
-    ctx, ids, positions, index = inputs(e, rows, previous)
+    return BlockPlan(at, rows, previous, stored, final)
+
+
+def forward(e: BlockStepper, p: BlockPlan) -> BlockPrediction | None:
+    """One forward of every forwarded row's active block (None: no row is left to forward)."""
+    if not p.rows:
+        return None
+    b = e.rule.block
+    ctx, ids, positions, index = inputs(e, p.rows, p.previous)
     logits = e.model(ids, positions, ctx, logits_slice=index)  # (N, B, V)
-    for i in storing:
-        r = rows[i]
+    for i in p.previous:
+        r = p.rows[i]
         e.write(ctx, i, r, (r.block - 1) * b, r.block * b)
-    e.forwards += 1
-    e.served += len(rows)
-    for r in rows:
-        r.request.steps += 1
-        r.request.forwards += 1
+    return BlockPrediction(ctx, logits)
+
+
+def commit(e: BlockStepper, p: BlockPlan, pred: BlockPrediction | None) -> Commit:
+    """Draft, fill and edit every forwarded row; the rows whose answer is final."""
+    if pred is None:
+        return final_rows(e, p.final, Commit(stepped=False))
+    rule, b, rows, final = e.rule, e.rule.block, p.rows, p.final
     phases = tuple(place(e, r) for r in rows)  # where each row was, before it moves on
     at = [r.block * b - r.prompt for r in rows]
-    x0, p = draft_rows(e, rows, logits)
+    x0, probs = draft_rows(e, rows, pred.logits)
     block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
     active = block == e.special.mask
     k = torch.tensor([rule.k(r.step) for r in rows], device=e.device)
     cols = torch.stack([columns(r, b) for r in rows])
     fixed = cols < torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
-    fill, edit = fills(rule, active, p, k), edits(rule, block, active, x0, p, fixed)
+    fill, edit = fills(rule, active, probs, k), edits(rule, block, active, x0, probs, fixed)
     for i, r in enumerate(rows):
-        decide(e, r, i, ctx, fill[i], edit[i], x0[i], active[i], finished)
-    ids = [r.request.id for r in rows]
-    commits = list(zip(ids, at, fill, x0, p, strict=True))
-    drafts = list(zip(ids, at, edit, x0, p, strict=True))
-    done = {f.id for f in finished}
-    e.live = [r for r in e.live if r.request.id not in done]
-    step = e.steps
-    e.steps += 1
-    return StepOutput(step, finished, lambda: event(e, step, phases, commits, drafts, stored, done))
+        decide(e, r, i, pred.ctx, fill[i], edit[i], x0[i], active[i], final, p.at)
+    drawn = (torch.tensor(at, device=e.device), x0, probs, [r.request.id for r in rows])
+    index = {id(r): i for i, r in enumerate(e.rows)}
+    out = Commit(served=[index[id(r)] for r in rows], forwards=1)
+    e.forwards += 1
+    forwards, stored = e.forwards, p.stored
+    out.event = lambda done: event(e, p.at, forwards, phases, (fill, edit), drawn, stored, done)
+    return final_rows(e, final, out)
 
 
-def draft_rows(e, rows, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
+    """The final rows' answers, commit steps and (early stop) where each ends, into `out`."""
+    if not final:
+        return out
+    index = {id(r): i for i, r in enumerate(e.rows)}
+    g = e.settings.gen_length
+    out.final = [index[id(r)] for r in final]
+    out.answers = torch.stack([e.answer(r) for r in final])  # (R, G)
+    out.marks = torch.stack([r.marks[r.prompt : r.prompt + g] for r in final])
+    if e.settings.early_stop:
+        out.cut = first_stop(out.answers, e.stop_ids, e.special.mask)
+    for r in final:
+        r.store = False
+    return out
+
+
+def draft_rows(e: BlockStepper, rows, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, B, V) -> tokens, p: each row samples with its own request's values and generator,
     so a sampled row's draws do not depend on what shares the step (greedy: one call)."""
     own = [r.request.sampling for r in rows]
@@ -92,7 +175,7 @@ def columns(r, b: int) -> torch.Tensor:
     return torch.arange(r.block * b, (r.block + 1) * b, device=r.x.device)
 
 
-def inputs(e, rows, previous: dict[int, torch.Tensor]):
+def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]):
     """Context, ids (N, T), positions (N, T) and the logits' columns for this forward.
 
     Cached: each row's active block against its cached K/V; rows in `previous` (index -> the
@@ -143,7 +226,7 @@ def inputs(e, rows, previous: dict[int, torch.Tensor]):
     return BlockContext(self_mask=own), ids, positions, cols
 
 
-def decide(e, r, i, ctx, fill, edit, x0, active, finished) -> None:
+def decide(e: BlockStepper, r, i, ctx, fill, edit, x0, active, final, at: int) -> None:
     """Commit one row's fills and edits; settle or finish its block when it is final."""
     b = e.rule.block
     editing = e.rule.edit_threshold is not None
@@ -151,26 +234,26 @@ def decide(e, r, i, ctx, fill, edit, x0, active, finished) -> None:
         # Settled: this forward saw the final tokens, so its K/V are the block's final K/V.
         if e.cached and not last(r):
             e.write(ctx, i, r, r.block * b, (r.block + 1) * b, ctx.offset)
-        settle(e, r, finished, stored=True)
+        settle(e, r, final, stored=True)
         return
     change = fill | edit
     view = block_of(r, b)
     view[change] = x0[change]
-    r.marks[r.block * b : (r.block + 1) * b][change] = e.steps
+    r.marks[r.block * b : (r.block + 1) * b][change] = at
     r.step += 1
     if editing:
         return
     if stops(e, r):
-        finish(e, r, finished)
+        final.append(r)
     elif not bool((view == e.special.mask).any()):
-        settle(e, r, finished)
+        settle(e, r, final)
 
 
 def last(r) -> bool:
     return r.block == r.blocks - 1
 
 
-def stops(e, r) -> bool:
+def stops(e: BlockStepper, r) -> bool:
     """Early stop: a stop token with no mask before it in the answer (its text is final)."""
     if not e.settings.early_stop:
         return False
@@ -178,40 +261,24 @@ def stops(e, r) -> bool:
     return int(first_stop(answer, e.stop_ids, e.special.mask)[0]) < answer.shape[1]
 
 
-def settle(e, r, finished, stored: bool = False) -> None:
+def settle(e: BlockStepper, r, final: list, stored: bool = False) -> None:
     """The active block is final: the row ends, or its K/V get written and it moves on."""
     if last(r) or stops(e, r):
-        finish(e, r, finished)
+        final.append(r)
     elif stored or not e.cached:
         advance(e, r)
     else:
         r.store = True  # the next forward writes the block's K/V
 
 
-def advance(e, r) -> None:
+def advance(e: BlockStepper, r) -> None:
     r.cached = (r.block + 1) * e.rule.block if e.cached else 0
     r.block += 1
     r.step = r.post = 0
     r.store = False
 
 
-def finish(e, r, finished) -> None:
-    """The row's answer is final: its Finished (EOS after an early stop)."""
-    g = e.settings.gen_length
-    answer = e.answer(r)
-    marks = r.marks[r.prompt : r.prompt + g] - r.request.first_step
-    marks = torch.where(marks >= 0, marks, -1)
-    cut = int(first_stop(answer[None], e.stop_ids, e.special.mask)[0])
-    if e.settings.early_stop and cut < g:
-        past = torch.arange(g, device=answer.device) > cut
-        answer = answer.masked_fill(past, e.special.eos)
-        marks = marks.masked_fill(past, -1)
-    r.store = False
-    finished.append(r.request.finish(answer.tolist(), marks.tolist(), e.steps))
-    e.requests.pop(r.request.id, None)
-
-
-def place(e, r) -> RowPhase:
+def place(e: BlockStepper, r) -> RowPhase:
     """Where a row is: its answer block (0 = the block after the prompt's whole blocks)."""
     b = e.rule.block
     start = r.block * b - r.prompt  # < 0: the prompt's tail shares the first answer block
@@ -219,23 +286,16 @@ def place(e, r) -> RowPhase:
     return RowPhase(r.request.id, index, r.step, window, not e.cached, r.prompt % b)
 
 
-def event(e, step, phases, commits, drafts, stored, done) -> StepEvent:
+def event(e: BlockStepper, step, forwards, phases, chosen, drawn, stored, done) -> StepEvent:
     """The step's StepEvent: commits (fills), drafts (LLaDA2.1's edits) and places per row."""
-    g = e.settings.gen_length
+    g, (at, x0, probs, ids) = e.settings.gen_length, drawn
 
-    def records(items) -> tuple[RowCommit, ...]:
-        out = []
-        for rid, start, chosen, x0, p in items:
-            picked = chosen.nonzero().squeeze(1)
-            picked = picked[picked + start < g]  # the last block's columns past the answer
-            if picked.numel():
-                pos = (picked + start).tolist()
-                out.append(
-                    RowCommit(
-                        rid, tuple(pos), tuple(x0[picked].tolist()), tuple(p[picked].tolist())
-                    )
-                )
-        return tuple(out)
+    def records(picked: torch.Tensor) -> tuple[RowCommit, ...]:
+        """(N, B) picked columns -> RowCommits (not the last block's columns past the answer)."""
+        cols = torch.arange(picked.shape[1], device=picked.device)[None] + at[:, None]  # (N, B)
+        rows, slots = (picked & (cols < g)).nonzero(as_tuple=True)
+        pos = cols[rows, slots]
+        return row_commits(rows, pos, x0[rows, slots], probs[rows, slots], None, ids)
 
     head = phases[0]
     return StepEvent(
@@ -245,16 +305,16 @@ def event(e, step, phases, commits, drafts, stored, done) -> StepEvent:
         window=head.window,
         refresh=not e.cached,
         frozen=(stored[0], stored[0] + e.rule.block) if stored else None,
-        forwards=e.forwards,
-        commits=records(commits),
+        forwards=forwards,
+        commits=records(chosen[0]),
         finished=tuple(sorted(done)),
         phases=phases,
-        drafts=records(drafts),
+        drafts=records(chosen[1]),
         revocable=editable(e, phases, done),
     )
 
 
-def editable(e, phases, done) -> tuple[tuple[int, int], ...]:
+def editable(e: BlockStepper, phases, done) -> tuple[tuple[int, int], ...]:
     """(row, answer position) from which LLaDA2.1's edits may still change a live row's
     tokens (its active block): text is final only before it (none without editing)."""
     if e.rule.edit_threshold is None:

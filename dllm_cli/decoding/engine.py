@@ -9,47 +9,62 @@
 
 The shape is nano-vllm's LLMEngine / Scheduler / Sequence: a `Request` (request.py) holds a
 prompt's ids and all its progress, an admission policy (slots.py: static | continuous, one
-code path) decides when a waiting request takes a free slot, and a step runs what step.py
-says: each live row's cache policy plans its columns, forwards.py serves all rows (one
-windowed forward; refreshes over their own columns), a committer picks which drafts become
-tokens, rows move on, and finished rows leave their slots. The engine prints nothing; a step's `StepEvent` (for a live view) is
-built only when a consumer asks for it. One thread owns an engine (it is not thread-safe).
+code path) decides when a waiting request takes a free slot, and a step is three calls on
+the family's stepper (stepper.py; masked.py, block_stepper.py, gemma_stepper.py): `plan`
+(host data), `forward` (the model), `commit` (drafts become tokens, rows final). The engine
+owns everything the kinds share: the queue, slots, admission, one prompt check, per-request
+sampling (a stepper declares what it cannot take per request), counters, and finishing (EOS
+after an answer's end, stop ids, Finished records). The engine prints nothing; a step's
+`StepEvent` is built only when a consumer asks for it. One thread owns an engine.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from dllm_cli.cache import KVCache
-from dllm_cli.decoding.answer import answer_tokens, first_stop
-from dllm_cli.decoding.canvas import Canvas, plan_blocks
-from dllm_cli.decoding.forwards import Forwards
-from dllm_cli.decoding.policies import POLICIES
+from dllm_cli.decoding.canvas import check_prompts, check_token_ids
+from dllm_cli.decoding.events import StepEvent
 from dllm_cli.decoding.request import (
     Finished,
     Request,
     RequestQueue,
     Status,
-    canvas_prompt,
     check_slots,
+    one_prompt,
 )
-from dllm_cli.decoding.row_sampling import RowDraws
-from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
-from dllm_cli.decoding.sampling import Sampler, family_of
-from dllm_cli.decoding.sharded_sampling import ShardedSampler
-from dllm_cli.decoding.slots import ADMISSIONS, cat_canvases, empty_canvas, pad_left
-from dllm_cli.decoding.step import StepOutput, decode_step
-from dllm_cli.decoding.unmask import Committer, RuleCommitter
-from dllm_cli.decoding.wino import ShadowForwards
+from dllm_cli.decoding.slots import ADMISSIONS
+from dllm_cli.decoding.stepper import Commit, Stepper, stepper_class
+from dllm_cli.decoding.unmask import Committer
 from dllm_cli.errors import InputError, SettingsError
-from dllm_cli.families import with_family_defaults
+from dllm_cli.families import family_of_model, with_family_defaults
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.lifetimes import Sampling, request_sampling
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
+
+LABELS = {"stop": "stop ids"}  # Sampling field -> how a refusal names it
+
+
+@dataclass
+class StepOutput:
+    """What one step did: answers that became final, and (on request) its StepEvent."""
+
+    step: int  # the engine's 0-based step (-1: nothing was decoding)
+    finished: list[Finished] = field(default_factory=list)
+    build: Any = None  # () -> StepEvent, run at most once
+    _event: StepEvent | None = None
+
+    @property
+    def event(self) -> StepEvent | None:
+        """The step's StepEvent (commits per row, phases): materialised on first access."""
+        if self._event is None and self.build is not None:
+            self._event, self.build = self.build(), None
+        return self._event
 
 
 class Engine(RequestQueue):
@@ -64,62 +79,26 @@ class Engine(RequestQueue):
         *,
         slots: int = 8,
         admission: str = "continuous",
-        lockstep: bool | None = None,
-        quantum: int | None = None,
+        **options: Any,
     ):
         check_slots(slots)
         if admission not in ADMISSIONS:
             raise SettingsError(f"admission must be one of {', '.join(ADMISSIONS)}")
         # Unset values take the family's reference defaults (Dream: top_k 50; families.py).
         settings = with_family_defaults(settings, model.family)
-        self.settings, self.model, self.special = settings, model, special
-        self.admission = policy = ADMISSIONS[admission]
-        self.slots, self.quantum = slots, quantum or policy.quantum
-        family = family_of(model)
-        # A tensor-parallel model samples from its vocabulary shard (models/sharding.py).
-        vocab = special.real_vocab(model.vocab_size)
-        if model.shards is None:
-            self.sampler = Sampler(settings, family, vocab, special.mask)
-        else:
-            self.sampler = ShardedSampler.of(model, settings, family, vocab, special.mask)
-        self.committer = committer or RuleCommitter(settings, family.schedule)
-        self.frontier = bool(getattr(self.committer, "frontier", False))
-        self.draft_window = getattr(self.committer, "draft_window", None)
-        # Optional committer hooks (a guide's per-row cache): a decode starts, rows leave,
-        # rows join a running decode (unmask.Committer says more).
-        self.on_start = getattr(self.committer, "start", None)
-        self.on_select = getattr(self.committer, "select", None)
-        self.on_admit = getattr(self.committer, "admit", None)
-        if self.on_start is not None and self.on_admit is None and not policy.whole_batches:
-            raise InputError(
-                "continuous batching cannot serve this decode: "
-                "its committer keeps one state per batch (no `admit` hook)"
-            )
-        self.policy = POLICIES[settings.cache]()
-        probs = bool(getattr(self.committer, "needs_probs", False))  # eb, klass read them
-        self.keeps_probs = probs  # (a step where a request asks for logprobs keeps them too)
-        # WINO's committer verifies earlier commits with a shadow block in the same forward.
-        self.revokes = bool(getattr(self.committer, "needs_shadow", False))
-        kind = ShadowForwards if self.revokes else Forwards
-        ragged = not policy.whole_batches  # rows apart: each refresh over its own columns
-        # A frontier walk drafts argmax (the guide) unless its committer samples (a grammar).
-        greedy = self.frontier and getattr(self.committer, "greedy_drafts", True)
-        self.executor = kind(model, self.sampler, settings.cfg_scale, greedy, probs, ragged=ragged)
-        self.lockstep = policy.lockstep if lockstep is None else lockstep
-        self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
+        family = family_of_model(model)
+        kind = stepper_class(family.stepper)
+        self.family = family
+        policy = ADMISSIONS[admission]
+        self.stepper: Stepper = kind(model, special, settings, committer, policy, slots, **options)
+        self.admission = ADMISSIONS["static"] if self.stepper.whole_batches else policy
+        self.settings = self.stepper.settings
+        self.model, self.special, self.slots = model, special, slots
         super().__init__()  # the queue and requests by id
         self.device = next(model.parameters()).device
-        self.sampling = Sampling.of(settings)  # a request's unless `add` is given its own
-        self.branches = 2 if settings.cfg_scale > 0 else 1  # classifier-free guidance
-        self.stop_ids = torch.tensor(special.stop, device=self.device)
-        self.table = model.get_input_embeddings().num_embeddings
-        self.live: list[Request] = []  # running, in canvas row order
-        self.canvas: Canvas | None = None
-        self.cache: KVCache | None = None  # `slots` rows per branch
-        self.slot_rows = torch.zeros(0, dtype=torch.long, device=self.device)  # live row -> slot
-        self.blocks: list = []
+        self.sampling = Sampling.of(self.settings)  # a request's unless `add` is given its own
+        self.live: list[Request] = []  # running, in slot order
         self.steps = self.forwards = self.guide_forwards = self.served = 0
-        self.step_tensors: dict = {}  # small host tuples -> device tensors (step.on_device)
         self.seconds = self.guide_seconds = 0.0  # time inside step(): admissions and steps
 
     # --- the public interface --------------------------------------------------------------
@@ -134,16 +113,33 @@ class Engine(RequestQueue):
         """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError).
 
         `sampling` (or whole `settings`) gives the request its own temperature, top_p, top_k,
-        seed and stop ids (lifetimes.py); any other setting differing from the engine's is
-        refused (SettingsError naming it). `logprobs` (k >= 0) records each answer token's
-        log-probability and k alternatives (logprobs.py; Finished.token_logprobs)."""
+        seed and stop ids (lifetimes.py) where the stepper takes them; any other setting
+        differing from the engine's is refused (SettingsError naming it). `logprobs` (k >= 0)
+        records each answer token's log-probability and k alternatives (logprobs.py)."""
         own = self.sampling
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
-        ids = canvas_prompt(prompt, self.settings.gen_length, self.model.context_length, self.table)
+            self._check_sampling(own)
+        if logprobs is not None:
+            refuse_feature(self.family, "logprobs", "logprobs", InputError)
+        ids = one_prompt(prompt, self.check_prompts)
         rid = self.enqueue(ids, key, own)
         self.requests[rid].logprobs = logprobs
         return rid
+
+    def check_prompts(self, prompts: list[list[int]]) -> None:
+        """Prompts that cannot decode here are refused (InputError naming the first)."""
+        check_prompts(prompts, self.stepper.answer_room, self.model.context_length)
+        check_token_ids(prompts, self.stepper.vocabulary)
+
+    def _check_sampling(self, own: Sampling) -> None:
+        """A request's own value of a field the stepper shares over its batch is refused."""
+        for name, why in self.stepper.batch_wide.items():
+            if getattr(own, name) != getattr(self.sampling, name):
+                raise SettingsError(
+                    f"{LABELS.get(name, name)} per request: not supported by "
+                    f"{self.stepper.who}: {why}"
+                )
 
     @property
     def has_work(self) -> bool:
@@ -154,25 +150,16 @@ class Engine(RequestQueue):
         return sum(r.status is Status.RUNNING for r in self.live)
 
     @property
-    def row_columns(self) -> int:
-        """Columns forwarded over the engine's life (rows x columns; load-independent work)."""
-        return self.executor.row_columns
-
-    @property
-    def key_columns(self) -> int:
-        """Query-key pairs attended per layer over the engine's life."""
-        return self.executor.key_columns
+    def canvas(self):
+        """The live rows' shared canvas (the masked stepper's; None for the others)."""
+        return self.stepper.canvas
 
     def progress(self, rid: int) -> list[int]:
         """A running request's committed answer so far, up to its first mask or stop token."""
         request = self.requests.get(rid)
         if request is None or request.status is not Status.RUNNING:
             return []
-        row = self.canvas.answer()[self.live.index(request)].tolist()
-        first = row.index(self.special.mask) if self.special.mask in row else len(row)
-        if self.revokes:  # WINO may mask a commit of the current block again: final before it
-            first = min(first, self.blocks[request.row.block].start - self.canvas.prompt_width)
-        return answer_tokens(row[:first], (*self.special.stop, *request.sampling.stop))
+        return self.stepper.progress(self.live, self.live.index(request))
 
     def step(self) -> StepOutput:
         """Admit waiting requests into free slots, then one decoding step of every live row."""
@@ -187,8 +174,17 @@ class Engine(RequestQueue):
 
     def _step(self) -> StepOutput:
         self._drop_aborted()
-        self._admit()
-        return decode_step(self) if self.live else StepOutput(-1)
+        try:
+            self._admit()
+            if not self.live:
+                return StepOutput(-1)
+            plan = self.stepper.plan(self.live, self.steps)
+            pred = self.stepper.forward(plan)
+            out = self.stepper.commit(plan, pred)
+        except BaseException:
+            self._drop_live()  # a failed step is not resumed: its requests are dropped
+            raise
+        return self._finish(out)
 
     # --- admission -------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -199,182 +195,78 @@ class Engine(RequestQueue):
         new = [self.queue.popleft() for _ in range(min(room, len(self.queue)))]
         if not new:
             return
-        longest = max(len(r.prompt) for r in new)
-        if self.admission.whole_batches:
-            self._allocate(longest, len(new))
-            if self.on_start is not None:
-                self.on_start(len(new))  # the committer learns that a decode begins
-        elif self.canvas is None:
-            self._allocate(self._width_for(longest), self.slots)
-            if self.on_start is not None:
-                self.on_start(0)  # rows join through `admit`
-        elif longest > self.canvas.prompt_width:
-            self._widen(self._width_for(longest))
-        self._place(new)
-
-    def _place(self, new: list[Request]) -> None:
-        """New rows into the canvas and free slots, rows kept in slot order."""
-        c, special = self.canvas, self.special
-        s = self.settings
-        fresh = Canvas.build(
-            [r.prompt for r in new], s.gen_length, special.mask, special.pad, c.ids.device
-        )
-        fresh = pad_left(fresh, c.prompt_width - fresh.prompt_width, special.pad)
-        fresh.rows = torch.tensor([r.id for r in new], device=self.device)
-        for r in new:
-            r.admit(self.steps)
-            r.generator = torch.Generator(device=self.device).manual_seed(r.sampling.seed)
-            r.row.first = c.prompt_width  # its first mask: the answer's first column
-            r.row.lead = c.prompt_width - len(r.prompt)  # its first prompt token
         taken = {r.slot for r in self.live}
         free = [i for i in range(self.slots) if i not in taken]
         for r, slot in zip(new, free, strict=False):
             r.slot = slot
+            r.admit(self.steps)
+            r.generator = torch.Generator(device=self.device).manual_seed(r.sampling.seed)
         merged = self.live + new
-        ranks = sorted(range(len(merged)), key=lambda i: merged[i].slot)  # rows in slot order
-        order = torch.tensor(ranks, dtype=torch.long, device=self.device)
-        self.canvas = cat_canvases(c, fresh).select(order)
-        if self.on_admit is not None and not self.admission.whole_batches:
-            self.on_admit([r.prompt for r in new], order)
-        self.live = [merged[i] for i in ranks]
-        self._note_padding()
-        self.slot_rows = torch.tensor([r.slot for r in self.live], device=self.device)
+        order = sorted(range(len(merged)), key=lambda i: merged[i].slot)  # rows in slot order
+        self.forwards += self.stepper.place(self.live, new, order, self.steps)
+        self.live = [merged[i] for i in order]
 
-    def _width_for(self, longest: int) -> int:
-        """The prompt width for a prompt of `longest` tokens: rounded up, within the context."""
-        room = self.model.context_length - self.settings.gen_length
-        return max(longest, min(-(-longest // self.quantum) * self.quantum, room))
+    # --- finishing -------------------------------------------------------------------------
+    def _finish(self, out: Commit) -> StepOutput:
+        """Counters, the final rows' Finished records, the rest move on."""
+        served = self.live if out.served is None else [self.live[i] for i in out.served]
+        for r in served:
+            r.steps += 1
+            r.forwards += out.forwards
+            r.guide_forwards += out.guide_forwards
+            r.guide_seconds += out.guide_seconds
+        self.served += len(served)
+        self.forwards += out.forwards
+        self.guide_forwards += out.guide_forwards
+        self.guide_seconds += out.guide_seconds
+        finished = []
+        if out.final:
+            finished, gone = self._records(out), set(out.final)
+            kept = [i for i in range(len(self.live)) if i not in gone]
+            self.stepper.keep(self.live, kept)
+            self.live = [self.live[i] for i in kept]
+        self.stepper.move_on(self.live)
+        if not out.stepped:
+            return StepOutput(-1, finished)
+        step = self.steps
+        self.steps += 1
+        if out.event is None:
+            return StepOutput(step, finished)
+        event = out.event
+        return StepOutput(step, finished, lambda: event(tuple(f.id for f in finished)))
 
-    def _allocate(self, width: int, slots: int) -> None:
-        """An empty canvas and (cache policies) the KV cache for `slots` rows."""
-        s = self.settings
-        self.canvas = empty_canvas(width, s.gen_length, self.special.mask, self.device)
-        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
-        self.cache = None
-        if self.policy.uses_cache:
-            # Rows apart need per-row columns, whose padding writes go to a scratch column.
-            apart = self.frontier or not self.lockstep
-            scratch = not self.admission.whole_batches or (slots > 1 and apart)
-            rows = slots * self.branches
-            self.cache = KVCache.for_model(self.model, rows, width + s.gen_length, scratch)
-
-    def _widen(self, width: int) -> None:
-        """A longer prompt arrived: shift every live row right (canvas, cache, frozen marks)."""
-        s, c = self.settings, self.canvas
-        extra = width - c.prompt_width
-        self.canvas = pad_left(c, extra, self.special.pad)
-        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
-        for r in self.live:
-            r.row.shift(extra)
-        self._note_padding()
-        if self.cache is not None:
-            self.cache = self.cache.pad_left(extra)
-
-    def draws(self, spans: list[tuple[int, int]]) -> RowDraws:
-        """The live rows' sampling this step: own generators and values, spans, who draws."""
-        return RowDraws(
-            tuple(r.generator for r in self.live),
-            tuple(r.sampling for r in self.live),
-            tuple(e - a for a, e in spans),
-            tuple(not r.idle for r in self.live),
-        )
-
-    # --- leaving -----------------------------------------------------------------------------
-    def done(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B,) rows whose answer is final, and (B,) where each answer ends, on the device."""
-        c = self.canvas
-        answer = c.answer()  # (B, G)
-        done = ~(answer == c.mask_id).any(dim=1)
-        cut = torch.full_like(c.rows, answer.shape[1])
-        own = self.own_stops()
-        if self.settings.early_stop or self.frontier:  # guided: a stop token ends the row
-            cut = first_stop(answer, self.stop_ids if own is None else own, c.mask_id)
-            done = done | (cut < answer.shape[1])
-        elif own is not None:  # a request's own stop ids cut its answer (EOS after them)
-            cut = first_stop(answer, own, c.mask_id)
-        return done, cut
-
-    def own_stops(self) -> torch.Tensor | None:
-        """(B, K) each live row's stop ids (the model's and its own, -1 padded); None when no
-        request has its own (the model's `stop_ids` serve every row)."""
-        if not any(r.sampling.stop for r in self.live):
-            return None
-        rows = [(*self.special.stop, *r.sampling.stop) for r in self.live]
-        k = max(len(row) for row in rows)
-        return torch.tensor([[*row, *[-1] * (k - len(row))] for row in rows], device=self.device)
-
-    def retire(self, done: list[int], cut: torch.Tensor | None) -> tuple[list[Finished], list[int]]:
-        """Rows whose answer is final (`done`, host flags) leave their slots; their Finished
-        records (tokens stay on the device until read) and the indices of the rows kept.
-        `cut` (B,): where each answer ends (None: at gen_length, no stop token cuts it)."""
-        gone = [i for i, d in enumerate(done) if d]
-        kept = [i for i, d in enumerate(done) if not d]
-        if not gone:
-            return [], kept
-        c = self.canvas
-        rows = torch.tensor(gone, device=self.device)
-        answer = c.answer()[rows]  # (R, G)
+    def _records(self, out: Commit) -> list[Finished]:
+        """Finished records of the final rows: EOS after each answer's end (a stop token, a
+        request's own stop id), commit steps counted from admission (tokens stay on the
+        device until read)."""
+        answer, cut = out.answers, out.cut  # (R, G), (R,)
+        rows = [self.live[i] for i in out.final]
         if cut is None:
             past = torch.zeros_like(answer, dtype=torch.bool)
         else:
-            past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[rows][:, None]
-        if any(self.live[i].sampling.stop for i in gone):  # own stop ids are not in the text
-            past = past | own_stop_at(answer, cut[rows], [self.live[i].sampling.stop for i in gone])
+            past = torch.arange(answer.shape[1], device=answer.device)[None] > cut[:, None]
+        if cut is not None and any(r.sampling.stop for r in rows):  # not in the text
+            past = past | own_stop_at(answer, cut, [r.sampling.stop for r in rows])
         tokens = answer.masked_fill(past, self.special.eos)
-        first = torch.tensor([self.live[i].first_step for i in gone], device=self.device)
-        marks = c.steps[rows]
-        marks = torch.where((marks >= 0) & ~past, marks - first[:, None], -1)
+        first = torch.tensor([r.first_step for r in rows], device=answer.device)
+        marks = torch.where((out.marks >= 0) & ~past, out.marks - first[:, None], -1)
         finished = []
-        for j, i in enumerate(gone):
-            r = self.live[i]
+        for j, r in enumerate(rows):
             finished.append(r.finish(tokens[j], marks[j], self.steps))
             self.requests.pop(r.id, None)
-        self._keep(kept)
-        return finished, kept
+        return finished
 
     def _drop_aborted(self) -> None:
         if any(r.status is Status.ABORTED for r in self.live):
-            self._keep([i for i, r in enumerate(self.live) if r.status is not Status.ABORTED])
+            kept = [i for i, r in enumerate(self.live) if r.status is not Status.ABORTED]
+            self.stepper.keep(self.live, kept)
+            self.live = [self.live[i] for i in kept]
 
-    def _keep(self, kept: list[int]) -> None:
-        """Only live rows `kept` (indices) go on."""
-        whole = self.admission.whole_batches
-        keep = torch.tensor(kept, dtype=torch.long, device=self.device)
-        if self.cache is not None and whole:  # a static batch's cache shrinks with it
-            n = self.cache.k[0].shape[0] // self.branches
-            self.cache = self.cache.select_rows(
-                torch.cat([self.slot_rows[keep] + b * n for b in range(self.branches)])
-            )
-            self.slot_rows = torch.arange(len(kept), device=self.device)
-            for slot, i in enumerate(kept):
-                self.live[i].slot = slot
-        else:
-            self.slot_rows = self.slot_rows[keep]
-        if self.on_select is not None:
-            self.on_select(keep)
-        self.live = [self.live[i] for i in kept]
-        self.canvas = self.canvas.select(keep)
-        self._note_padding()
-        if whole and not self.live:  # the batch is over: its cache goes
-            self.cache = None
-
-    def cache_view(self) -> KVCache | None:
-        """The cache as this step's canvas rows see it: canvas row r (branch b) is cache row
-        `slot_rows[r] + b * slots`; the cache itself when every slot is busy (rows are kept in
-        slot order, so the mapping is then the identity)."""
-        if self.cache is None:
-            return None
-        n = self.cache.k[0].shape[0] // self.branches
-        if len(self.live) == n:
-            return self.cache
-        hosts = tuple(r.slot + b * n for b in range(self.branches) for r in self.live)
-        rows = torch.cat([self.slot_rows + b * n for b in range(self.branches)])
-        return self.cache.view(rows, hosts=hosts)
-
-    def _note_padding(self) -> None:
-        """The canvas learns from the host whether any row is padded (no device read)."""
-        width = self.canvas.prompt_width
-        self.canvas.any_pad = any(len(r.prompt) < width for r in self.live)
+    def _drop_live(self) -> None:
+        for r in self.live:
+            self.requests.pop(r.id, None)
+            r.status = Status.ABORTED
+        self._drop_aborted()
 
 
 def own_stop_at(answer: torch.Tensor, cut: torch.Tensor, stops: list[tuple[int, ...]]):

@@ -18,16 +18,10 @@ cost nothing for the other families.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import fields, replace
 
-import torch
-
-from dllm_cli.decoding.answer import answer_length
-from dllm_cli.decoding.canvas import check_prompts, check_token_ids
-from dllm_cli.decoding.events import DecodeResult, StepEvent
-from dllm_cli.errors import DllmError, SettingsError
+from dllm_cli.errors import SettingsError
 from dllm_cli.families import FAMILIES, Family
 from dllm_cli.family_settings import check_refused
 from dllm_cli.settings import DecodeSettings
@@ -55,7 +49,7 @@ def uses(family: Family | None) -> dict[str, str]:
     settings the family refuses (empty when the family is unknown)."""
     if family is None:
         return {}
-    if family.own_sampler:
+    if family.traits.own_model:
         return {f.name: USED.get(f.name, "not used") for f in fields(DecodeSettings)}
     return dict.fromkeys(family.refuses, "not used")
 
@@ -131,114 +125,3 @@ def resolve_config(model, kwargs: dict):
     if unused:
         raise SettingsError(f"{FAMILY}: transformers does not know {sorted(unused)}")
     return config
-
-
-class GemmaRun:
-    """One DiffusionGemma decode with DecodeRun's interface: iterate it for StepEvents, then
-    `result()`. Each event is one denoising step of transformers' loop (gemma_loop.denoise),
-    run in the caller's thread when the event is asked for; `seconds` counts only those steps."""
-
-    def __init__(self, model, special, prompts: list[list[int]], settings: DecodeSettings):
-        began = time.perf_counter()
-        from dllm_cli.decoding import gemma_loop
-        from dllm_cli.decoding import gemma_stream as gs
-
-        self.model = model
-        canvas = model.canvas_length
-        self.settings = s = check_settings(settings.validate(), canvas)
-        prompts = [list(map(int, p)) for p in prompts]
-        canvases = math.ceil(s.gen_length / canvas)
-        check_prompts(prompts, denoised_length(s.gen_length, canvas), model.context_length)
-        check_token_ids(prompts, model.config.text_config.vocab_size)
-        self.prompt_lengths = [len(p) for p in prompts]
-        self.width = max(self.prompt_lengths)
-        device = next(model.parameters()).device
-        rows = [[special.pad] * (self.width - len(p)) + p for p in prompts]
-        ids = torch.tensor(rows, device=device)  # (B, W) left-padded
-        lengths = torch.tensor(self.prompt_lengths, device=device)
-        mask = torch.arange(self.width, device=device)[None] >= (self.width - lengths)[:, None]
-        self.config = config = resolve_config(
-            model, generation_kwargs(special.stop, special.pad, s)
-        )
-        generators = [torch.Generator(device=device).manual_seed(s.seed) for _ in prompts]
-        self.stop, self.eos = frozenset(special.stop), special.eos
-        plan = gs.CanvasPlan(
-            canvas, s.gen_length, self.stop if s.early_stop else frozenset(), canvases
-        )
-        rule = model._prepare_diffusion_stopping_criteria(config)
-        self.observer = None if rule is None else gs.StopObserver(rule)
-        frozen = lambda: None if self.observer is None else self.observer.finished  # noqa: E731
-        sampler = gs.RowSampler(config.sampler_config, canvas, model.vocab_size,
-                                config.max_denoising_steps, generators, frozen)  # fmt: skip
-        self.outbox: list[StepEvent] = []
-        self.streamer = gs.EventStreamer(
-            plan, len(prompts), lambda: self.observer, self.outbox.append
-        )
-        self.steps_left = gemma_loop.denoise(model, ids, mask, config, sampler, self.observer,
-                                             self.streamer)  # fmt: skip
-        self.sequences: torch.Tensor | None = None
-        self.forwards = self.steps = 0
-        self.seconds = time.perf_counter() - began
-        self._events = self._stream()
-
-    @property
-    def done(self) -> bool:
-        """The last step has run: `result()` reads no more of the model."""
-        return self.sequences is not None
-
-    def _stream(self) -> Iterator[StepEvent]:
-        """Run one denoising step per event asked for; closing this stops the decode there."""
-        try:
-            while self.sequences is None:
-                began = time.perf_counter()
-                try:
-                    next(self.steps_left)
-                except StopIteration as end:
-                    self.sequences = end.value.cpu()
-                self.streamer.flush()  # the canvas goes on: its step has no commits to wait for
-                self.seconds += time.perf_counter() - began
-                events, self.outbox[:] = list(self.outbox), []
-                for event in events:
-                    self.forwards = self.steps = event.step + 1
-                    yield event
-        finally:
-            self.steps_left.close()
-
-    def __iter__(self) -> Iterator[StepEvent]:
-        return self._events
-
-    def result(self) -> DecodeResult:
-        """The finished decode (runs any remaining steps first)."""
-        for _ in self._events:
-            pass
-        if self.sequences is None:
-            raise DllmError("the decode was stopped before it finished")
-        tokens, steps = self._answers()
-        return DecodeResult(
-            tokens=tokens,
-            commit_steps=steps,
-            prompt_lengths=self.prompt_lengths,
-            forwards=self.forwards,
-            steps=self.steps,
-            seconds=self.seconds,
-            finished_at=list(self.streamer.finished_at),
-        )
-
-    def _answers(self) -> tuple[list[list[int]], list[list[int]]]:
-        """Per row: gen_length tokens (after an early stop: EOS fill) and their commit steps."""
-        g, canvas = self.settings.gen_length, self.model.canvas_length
-        ends = self.streamer.canvas_step
-        answers = self.sequences[:, self.width : self.width + g].tolist()
-        tokens, steps = [], []
-        for answer in answers:
-            cut = answer_length(answer, self.stop) if self.settings.early_stop else len(answer)
-            tokens.append(answer[:cut] + [self.eos] * (g - cut))
-            steps.append([ends[p // canvas] if p < cut else -1 for p in range(g)])
-        return tokens, steps
-
-
-def start_run(model, special, prompts, settings, committer=None) -> GemmaRun:
-    """decode_steps for this family (guided decoding's committer does not apply)."""
-    if committer is not None:
-        raise SettingsError(f"a guide model does not apply to {FAMILY}: it uses its own sampler")
-    return GemmaRun(model, special, prompts, settings)

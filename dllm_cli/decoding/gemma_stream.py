@@ -117,7 +117,6 @@ class EventStreamer:
                  send: Callable[[StepEvent], None]):  # fmt: skip
         self.plan, self.rows, self.observer, self.send = plan, rows, observer, send
         self.done: set[int] = set()  # rows whose answer is final
-        self.finished_at = [-1] * rows
         self.canvas_step: list[int] = []  # per finished canvas: its last step
         self.puts = self.steps = self.block_step = 0
         self.previous: torch.Tensor | None = None  # (B, L) last draft of this canvas
@@ -140,7 +139,7 @@ class EventStreamer:
         if self.puts == 1:
             return
         event, self.pending = self.pending, None
-        commits, finished = self._finish_canvas(value.reshape(self.rows, -1), event.step)
+        commits, finished = self._finish_canvas(value.reshape(self.rows, -1))
         self.canvas_step.append(event.step)
         self.send(dataclasses.replace(event, commits=commits, finished=finished))
         self.previous, self.block_step = None, 0
@@ -198,7 +197,7 @@ class EventStreamer:
             settled=settled,
         )
 
-    def _finish_canvas(self, canvas: torch.Tensor, step: int):
+    def _finish_canvas(self, canvas: torch.Tensor):
         """The final tokens of live rows (up to and including a stop token), and who finished."""
         start, end = self._span()
         last = len(self.canvas_step) + 1 == self.plan.canvases
@@ -217,5 +216,4 @@ class EventStreamer:
             if last or (cut > 0 and tokens[cut - 1] in self.plan.stop):
                 finished.append(r)
                 self.done.add(r)
-                self.finished_at[r] = step
         return tuple(commits), tuple(finished)

@@ -47,7 +47,7 @@ from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepCon
 from dllm_cli.families import family_of_model, with_family_defaults
 
 
-class GrammarCommitter:
+class GrammarCommitter(Committer):
     """A frontier-walking `Committer`: each row's grammar verifies its drafts (module doc).
 
     `rule` is the unmask rule's committer (how far a row would commit unconstrained); the
@@ -55,7 +55,7 @@ class GrammarCommitter:
     """
 
     frontier = True
-    greedy_drafts = False  # drafts are sampled as the request samples (engine reads this)
+    greedy_drafts = False  # drafts are sampled as the request samples
     needs_probs = True  # a rejected column's masked token comes from its distribution
 
     def __init__(
@@ -66,7 +66,7 @@ class GrammarCommitter:
         default: Grammar | None = None,
         fast_forward: bool = True,
     ):
-        if getattr(rule, "needs_shadow", False) or getattr(rule, "redrafts", False):
+        if rule.needs_shadow or rule.redrafts:
             raise GrammarError(
                 "a grammar cannot follow an unmask rule that re-masks or re-drafts its "
                 "commits (wino, credit): use threshold, factor, fixed, eb, klass or prefix"
@@ -172,7 +172,7 @@ class GrammarCommitter:
         return torch.where(none, stop, best).tolist()
 
 
-class GuidedGrammarCommitter:
+class GuidedGrammarCommitter(Committer):
     """The grammar filters what the AR guide verifies (guided.py, FlashDLM).
 
     Each step a row's drafts are cut at the first one its grammar rejects, which is replaced
@@ -306,7 +306,7 @@ def refusal(runtime, guided: bool = True) -> str | None:
     """Why this runtime cannot decode under a grammar (None: it can); `guided`: its guide
     (if loaded) would verify the drafts too."""
     family = family_of_model(runtime.loaded.model)
-    if family.own_sampler or family.block_causal:
+    if not family.traits.frontier:
         return f"structured output is not supported for {family.title} (no frontier walk)"
     return None
 

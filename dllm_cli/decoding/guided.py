@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_cli.decoding.guide_cache import GuideCache
-from dllm_cli.decoding.unmask import Decision, StepContext
+from dllm_cli.decoding.unmask import Committer, Decision, StepContext
 from dllm_cli.settings import ON_REJECT
 
 
@@ -71,7 +71,7 @@ class GuideRules:
     draft_window: int | None = None  # columns drafted from the frontier (None: canvas end)
 
 
-class GuidedCommitter:
+class GuidedCommitter(Committer):
     """A frontier-walking `Committer`: an AR guide verifies the drafts (FlashDLM).
 
     Reusable across decodes, one at a time (the engine calls `start` at each decode's start,

@@ -48,12 +48,12 @@ class Buffers:
         )
 
 
-def record(e, probs: torch.Tensor | None, commit, tokens, columns) -> None:
+def record(canvas, g: int, live, probs: torch.Tensor | None, commit, tokens, columns) -> None:
     """Write each asking live row's commits of this step into its request's buffers."""
     if probs is None:  # a decode without distributions (guided drafts): nothing to record
         return
-    p, g = e.canvas.prompt_width, e.settings.gen_length
-    for i, r in enumerate(e.live):
+    p = canvas.prompt_width
+    for i, r in enumerate(live):
         if r.logprobs is None:
             continue
         if r.logprob_buffers is None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from dllm_cli.decoding.canvas import check_prompts, check_token_ids
 from dllm_cli.decoding.rows import RowState
 from dllm_cli.errors import InputError
 from dllm_cli.lifetimes import Sampling
@@ -168,12 +167,3 @@ def one_prompt(prompt: list[int], *checks: Callable[[list[list[int]]], None]) ->
     except InputError as e:
         raise InputError(str(e).replace("prompt 0 ", "prompt ", 1)) from None
     return ids
-
-
-def canvas_prompt(prompt: list[int], gen_length: int, context: int, table: int) -> list[int]:
-    """A prompt for a diffusion canvas: it fits the context with its answer, its ids the table."""
-    return one_prompt(
-        prompt,
-        lambda batch: check_prompts(batch, gen_length, context),
-        lambda batch: check_token_ids(batch, table),
-    )

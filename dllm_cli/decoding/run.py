@@ -11,29 +11,18 @@ lets each row move on by itself.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Iterator
 
-from dllm_cli.decoding.canvas import check_prompts, check_token_ids
-from dllm_cli.decoding.engine import Engine
+from dllm_cli.decoding.engine import Engine, StepOutput
 from dllm_cli.decoding.events import DecodeResult, StepEvent
 from dllm_cli.decoding.request import Finished
-from dllm_cli.decoding.step import StepOutput
 from dllm_cli.decoding.unmask import Committer
-from dllm_cli.families import family_of_model, with_family_defaults
+from dllm_cli.errors import DllmError
+from dllm_cli.families import with_family_defaults
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
-
-# Family.stepper -> its engine ("module:Class"), and the steppers whose one-batch run is their
-# own (DiffusionGemma's GemmaRun); imported on first use.
-ENGINES = {
-    "masked": "dllm_cli.decoding.engine:Engine",
-    "block": "dllm_cli.decoding.block_engine:BlockEngine",
-    "gemma": "dllm_cli.decoding.gemma_engine:GemmaEngine",
-}
-RUNS = {"gemma": "dllm_cli.decoding.gemma:start_run"}
 
 
 class Decoder:
@@ -50,8 +39,8 @@ class Decoder:
         self.model, self.special, self.committer = model, special, committer
 
     def engine(self, slots: int, admission: str, **options) -> Engine:
-        """The family's engine (ENGINES); `options` reach the masked engine's own knobs."""
-        return engine_class(self.model)(
+        """An engine with the family's stepper; `options` reach the stepper's own knobs."""
+        return Engine(
             self.model, self.special, self.settings, self.committer,
             slots=slots, admission=admission, **options,
         )  # fmt: skip
@@ -65,17 +54,15 @@ class DecodeRun:
 
     def __init__(self, decoder: Decoder, prompts: list[list[int]], lockstep: bool = True):
         began = time.perf_counter()
-        model, s = decoder.model, decoder.settings
         prompts = [list(map(int, p)) for p in prompts]
-        check_prompts(prompts, s.gen_length, model.context_length)
-        check_token_ids(prompts, model.get_input_embeddings().num_embeddings)
+        self.engine = decoder.engine(max(1, len(prompts)), "static", lockstep=lockstep)
+        self.engine.check_prompts(prompts)
         self.prompt_lengths = [len(p) for p in prompts]
-        self.engine = decoder.engine(len(prompts), "static", lockstep=lockstep)
         self.ids = [self.engine.add(p) for p in prompts]
         self.done: dict[int, Finished] = {}
         self.setup = time.perf_counter() - began
         self._steps = self._loop()
-        self._events = (out.event for out in self._steps)  # built only for who iterates
+        self._events = self._stream()  # events built only for who iterates
 
     def _loop(self) -> Iterator[StepOutput]:
         while self.engine.has_work:
@@ -84,6 +71,24 @@ class DecodeRun:
                 self.done[f.id] = f
             if out.step >= 0:
                 yield out
+
+    def _stream(self) -> Iterator[StepEvent]:
+        """The steps' events; closing this before the end stops the decode there."""
+        ended = False
+        try:
+            for out in self._steps:
+                yield out.event
+            ended = True
+        finally:
+            if not ended:
+                self._stop()
+
+    def _stop(self) -> None:
+        """Abort every request; the next step frees their rows (DiffusionGemma: its loop)."""
+        self._steps.close()
+        for rid in self.ids:
+            self.engine.abort(rid)
+        self.engine.step()
 
     def __iter__(self) -> Iterator[StepEvent]:
         return self._events
@@ -109,6 +114,8 @@ class DecodeRun:
         """The finished decode (runs any remaining steps first, building no StepEvents)."""
         for _ in self._steps:
             pass
+        if any(i not in self.done for i in self.ids):
+            raise DllmError("the decode was stopped before it finished")
         e, rows = self.engine, [self.done[i] for i in self.ids]
         return DecodeResult(
             tokens=[f.tokens for f in rows],
@@ -132,16 +139,9 @@ def open_engine(
     *,
     slots: int = 8,
     admission: str = "continuous",
-):
-    """An engine for this model: its family's stepper's (ENGINES), the one dispatch."""
-    cls = engine_class(model)
-    return cls(model, special, settings, committer, slots=slots, admission=admission)
-
-
-def engine_class(model: DiffusionLM) -> type:
-    """The engine class of the model's family (imported on first use)."""
-    module, _, name = ENGINES[family_of_model(model).stepper].partition(":")
-    return getattr(importlib.import_module(module), name)
+) -> Engine:
+    """An engine for this model, its family's stepper inside (stepper.py STEPPERS)."""
+    return Engine(model, special, settings, committer, slots=slots, admission=admission)
 
 
 def decode_steps(
@@ -153,11 +153,6 @@ def decode_steps(
     committer: Committer | None = None,
 ) -> DecodeRun:
     """Start a decode; iterate the returned run for StepEvents, then call `.result()`."""
-    own = RUNS.get(family_of_model(model).stepper)  # a stepper with a run type of its own
-    if own is not None:
-        module, _, name = own.partition(":")
-        start = getattr(importlib.import_module(module), name)
-        return start(model, special, prompts, settings, committer)
     return Decoder(model, special, settings, committer).run(prompts)
 
 

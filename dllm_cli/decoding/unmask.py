@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -83,20 +82,42 @@ class Decision:
     remask: torch.Tensor | None = None  # (B, L) committed columns to mask again (WINO)
 
 
-class Committer(Protocol):
-    """Who decides which drafts become tokens (a rule, or a guide model).
+class Committer:
+    """Who decides which drafts become tokens (a rule, or a guide model): subclass it.
 
-    Optional hooks the engine calls when present: `start(batch)` when a decode of `batch`
-    rows begins, `select(keep)` when only the rows at indices `keep` go on, `admit(prompts,
+    Traits are declared here with their defaults, and a committer overrides what differs (the
+    masked stepper reads them directly): `frontier = True` walks each row's first mask (guided
+    decoding, guided.py), drafting `draft_window` columns from it (None: to the canvas end),
+    argmax unless `greedy_drafts = False` (sampled as the request samples: grammar_committer.py);
+    `needs_probs`: the step keeps each slot's distribution; `needs_shadow`: WINO's shadow block
+    verifies earlier commits; `redrafts`: it may replace drafts (credit); `joins = False`: it
+    keeps one state per batch, so it is served in static batches only.
+
+    Hooks (no-ops here): `start(batch)` when a decode of `batch` rows begins (0: rows join
+    through `admit`), `select(keep)` when only the rows at indices `keep` go on, `admit(prompts,
     order)` when rows for `prompts` (token ids) join after the current ones and rows are then
-    reordered as `order` says (continuous batching; a committer with `start` but no `admit`
-    is served in static batches only). A committer with
-    `frontier = True` walks each row's first mask (guided decoding, see guided.py) and may set
-    `draft_window` (columns drafted from the first mask; None: to the canvas end) and
-    `greedy_drafts = False` (its drafts sampled as the request samples, not argmax: grammar_committer.py).
+    reordered as `order` says (continuous batching).
     """
 
-    def __call__(self, ctx: StepContext) -> Decision: ...
+    frontier: bool = False
+    draft_window: int | None = None
+    greedy_drafts: bool = True
+    needs_probs: bool = False
+    needs_shadow: bool = False
+    redrafts: bool = False
+    joins: bool = True
+
+    def start(self, batch: int) -> None:
+        """A decode of `batch` rows begins."""
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Only the rows at indices `keep` go on."""
+
+    def admit(self, prompts: list[list[int]], order: torch.Tensor) -> None:
+        """Rows for `prompts` join, then rows are reordered as `order` says."""
+
+    def __call__(self, ctx: StepContext) -> Decision:
+        raise NotImplementedError
 
 
 def commit_top(ctx: StepContext, counts: torch.Tensor, confidence=None) -> torch.Tensor:
@@ -255,7 +276,7 @@ UNMASK_RULES: dict[str, UnmaskRule] = {
 }
 
 
-class RuleCommitter:
+class RuleCommitter(Committer):
     """The default committer: one of UNMASK_RULES with this run's parameters."""
 
     def __init__(self, settings: DecodeSettings, family_schedule: str):

@@ -279,12 +279,13 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, dev)
     raw = read_config_json(folder)
     family = family_for_config(raw, folder / "config.json")
+    own = family.traits.own_model  # transformers' own model and sampler (DiffusionGemma)
     if scheme.bits:
         refuse_feature(family, "quantize", f"--quantize {scheme.name}")
-    if shards is not None and (scheme.bits or family.own_sampler):
+    if shards is not None and (scheme.bits or own):
         what = f"--quantize {scheme.name}" if scheme.bits else f"{family.name} models"
         raise SettingsError(f"--tensor-parallel does not support {what} yet")
-    if family.own_sampler:  # transformers' own model and sampler (DiffusionGemma)
+    if own:
         return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
     config, model_cls = config_from_json(raw, folder / "config.json", family)
     try:

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dllm_cli.decoding import gemma
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent
 from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
@@ -38,7 +37,7 @@ class Frames:
     guided: bool
     uniform: bool  # DiffusionGemma: drafts replace noise instead of unmasking
     stop: tuple[int, ...] = ()  # ids that end the answer (drawn as its end)
-    block_causal: bool = False  # SDAR, LLaDA2.x: blocks start at the prompt's block boundary
+    prompt_blocks: bool = False  # SDAR, LLaDA2.x: blocks start at the prompt's block boundary
     started: float = field(default_factory=time.perf_counter)
     steps: int = 0
     committed: int = 0
@@ -48,7 +47,7 @@ class Frames:
     def layout(self, window: tuple[int, int]) -> dict:
         """What a client needs to draw the empty canvas (sent with the first frame)."""
         s = self.settings
-        self.blocks = plan(s, window if self.block_causal else None)
+        self.blocks = plan(s, window if self.prompt_blocks else None)
         return {
             "gen_length": s.gen_length,
             "blocks": self.blocks,
@@ -115,7 +114,7 @@ class Frames:
     def pruned_from(self, block: int) -> int | None:
         """Suffix pruning: positions from here on were neither computed nor attended."""
         w, g = self.settings.suffix_window, self.settings.gen_length
-        if not w or self.block_causal or self.uniform or block >= len(self.blocks):
+        if not w or self.prompt_blocks or self.uniform or block >= len(self.blocks):
             return None
         start = self.blocks[block][1] + w
         return start if start < g else None
@@ -123,7 +122,7 @@ class Frames:
     def block_of(self, phase: RowPhase) -> int:
         """The answer block the step worked in (block-causal engines number their blocks from
         the prompt's first; their window is that block)."""
-        if not self.block_causal:
+        if not self.prompt_blocks:
             return phase.block
         at = max(0, phase.window[0])
         return next((i for i, (a, b) in enumerate(self.blocks) if a <= at < b), phase.block)
@@ -137,9 +136,9 @@ class Frames:
 def frames_for(runtime: Runtime, job: Job) -> Frames:
     """A request's canvas stream, spelling tokens with the served tokenizer."""
     loaded = runtime.loaded
-    uniform = loaded.architecture == gemma.FAMILY
+    traits = family_of_model(loaded.model).traits
+    uniform, causal = traits.uniform, traits.prompt_blocks
     guided = job.guide and runtime.guide is not None
-    causal = family_of_model(loaded.model).block_causal
     stop = tuple(loaded.special.stop)
     return Frames(
         job.settings, lambda t: loaded.tokenizer.decode([t]), guided, uniform, stop, causal

@@ -66,7 +66,7 @@ def add(pool: Pool, ids: list[int], job: Job, key) -> int:
     else:
         rid = pool.engine.add(ids, key=key, settings=job.settings, logprobs=job.logprobs)
     if job.grammar is not None:
-        pool.engine.committer.bind(rid, job.grammar)
+        pool.engine.stepper.committer.bind(rid, job.grammar)
     return rid
 
 

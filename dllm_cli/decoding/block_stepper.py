@@ -1,0 +1,173 @@
+"""The block-causal stepper (SDAR, LLaDA2.x): per-row block canvases, an exact block KV cache.
+
+Per request, as the references decode one prompt (SDAR generate.py `block_diffusion_generate`,
+LLaDA2.x `generate`): the canvas is the prompt then masks up to whole blocks; the prompt's
+whole blocks are prefilled once under the block-causal mask; the block holding the prompt's
+tail (or the next one) is active, and each step forwards only the active block against the
+cached K/V of every earlier block (exact: a finished block never sees later ones). When a
+block has no masks left (LLaDA2.1: and its edits have settled) one forward of its final
+tokens writes its K/V (LLaDA2.1's settling check is that forward), and the next block is
+active. A row ends after its last block, or at its first stop token once no mask is left
+before it (early_stop; LLaDA2.1: once its block has settled).
+
+Every row is at its own block, so continuous admission serves these models like the others:
+a step admits (and prefills) new rows, then one forward serves every live row's block.
+`cache = "none"` recomputes every earlier block each step instead (LLaDA2.x's own loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import torch
+
+from dllm_cli.decoding import block_rules, block_step
+from dllm_cli.decoding.answer import answer_tokens
+from dllm_cli.decoding.block_step import BlockRow
+from dllm_cli.decoding.request import Request
+from dllm_cli.decoding.slots import Admission
+from dllm_cli.decoding.stepper import Commit
+from dllm_cli.errors import SettingsError
+from dllm_cli.families import family_of_model
+from dllm_cli.models.block import BlockContext, block_causal
+from dllm_cli.settings import DecodeSettings
+
+
+class BlockStepper:
+    """Block-causal decodes, one canvas per row, over an exact block KV cache of `slots` rows."""
+
+    whole_batches = False
+    batch_wide: Mapping[str, str] = MappingProxyType(
+        {
+            "stop": "its early stop is the model's stop tokens",
+            "confidence": "its rules rank the drafted tokens' probabilities",
+        }
+    )
+    who = "the block-causal decoder (SDAR, LLaDA2)"
+    canvas = None  # no shared canvas: every row has its own
+
+    def __init__(
+        self,
+        model,
+        special,
+        settings: DecodeSettings,
+        committer,
+        admission: Admission,
+        slots: int,
+        *,
+        lockstep: bool | None = None,  # (no choice here: every row walks its own blocks)
+    ):
+        family = family_of_model(model)
+        if committer is not None:
+            raise SettingsError(f"a guide model does not apply to {family.title}")
+        self.rule = block_rules.check_block_settings(settings, family)
+        self.settings, self.model, self.special, self.slots = settings, model, special, slots
+        self.answer_room = settings.gen_length
+        self.vocabulary = model.get_input_embeddings().num_embeddings
+        self.cached = settings.cache == "prefix"
+        self.device = next(model.parameters()).device
+        self.real_vocab = special.real_vocab(model.vocab_size)
+        self.stop_ids = torch.tensor(special.stop, device=self.device)
+        self.rows: list[BlockRow] = []  # the live rows, in the engine's order
+        self.kv: list[list[torch.Tensor]] | None = None  # per layer [k, v] (slots, H, S, D)
+        self.forwards = 0  # forwards so far, prefills included (for the events)
+
+    # --- the Stepper protocol ----------------------------------------------------------------
+    def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
+        """New rows (their prompts' whole blocks prefilled into the cache)."""
+        fresh = [self._row(r) for r in new]
+        forwards = 0
+        if self.cached:
+            self._reserve(max(r.blocks for r in fresh) * self.rule.block)
+            forwards = self._prefill([r for r in fresh if r.block > 0])
+        merged = self.rows + fresh
+        self.rows = [merged[i] for i in order]
+        self.forwards += forwards
+        return forwards
+
+    def plan(self, live: list[Request], at: int) -> block_step.BlockPlan:
+        return block_step.plan(self, at)
+
+    def forward(self, plan: block_step.BlockPlan):
+        return block_step.forward(self, plan)
+
+    def commit(self, plan: block_step.BlockPlan, pred) -> Commit:
+        return block_step.commit(self, plan, pred)
+
+    def keep(self, live: list[Request], kept: list[int]) -> None:
+        self.rows = [self.rows[i] for i in kept]
+
+    def move_on(self, live: list[Request]) -> None:
+        """Rows move on inside commit (each row is at its own block)."""
+
+    def progress(self, live: list[Request], i: int) -> list[int]:
+        """Row i's committed answer so far, up to its first mask or stop token (LLaDA2.1:
+        before its active block, which edits may still change)."""
+        row = self.rows[i]
+        end = row.block * self.rule.block
+        tokens = self.answer(row)[
+            : None if self.rule.edit_threshold is None else max(0, end - row.prompt)
+        ]
+        tokens = tokens.tolist()
+        first = tokens.index(self.special.mask) if self.special.mask in tokens else len(tokens)
+        return answer_tokens(tokens[:first], self.special.stop)
+
+    def answer(self, row: BlockRow) -> torch.Tensor:
+        return row.x[row.prompt : row.prompt + self.settings.gen_length]
+
+    # --- rows and the cache ------------------------------------------------------------------
+    def _row(self, request: Request) -> BlockRow:
+        b, n = self.rule.block, len(request.prompt)
+        blocks = -(-(n + self.settings.gen_length) // b)
+        x = torch.full((blocks * b,), self.special.mask, dtype=torch.long, device=self.device)
+        x[:n] = torch.tensor(request.prompt, device=self.device)
+        marks = torch.full_like(x, -1)
+        return BlockRow(request, request.slot, x, marks, n, blocks, block=n // b)
+
+    def _reserve(self, width: int) -> None:
+        """Cache room for `width` columns in every slot (grown, never shrunk)."""
+        have = 0 if self.kv is None else self.kv[0][0].shape[2]
+        if have >= width:
+            return
+        n_layers, n_kv, head_dim = self.model.kv_shape()
+        p = next(self.model.parameters())
+        shape = (self.slots, n_kv, width, head_dim)
+        fresh = [
+            [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(2)]
+            for _ in range(n_layers)
+        ]
+        if self.kv is not None:
+            for new, old in zip(fresh, self.kv, strict=True):
+                for a, b in zip(new, old, strict=True):
+                    a[:, :, :have] = b
+        self.kv = fresh
+
+    def _prefill(self, rows: list[BlockRow]) -> int:
+        """One block-causal forward over the new rows' whole prompt blocks; their K/V cached."""
+        if not rows:
+            return 0
+        b = self.rule.block
+        lengths = [r.block * b for r in rows]
+        width = max(lengths)
+        ids = torch.full((len(rows), width), self.special.pad, dtype=torch.long, device=self.device)
+        for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
+            ids[i, :n] = r.x[:n]
+        valid = (
+            torch.arange(width, device=self.device)[None]
+            < torch.tensor(lengths, device=self.device)[:, None]
+        )
+        own = block_causal(width, b, self.device)[None] & valid[:, None, :]
+        ctx = BlockContext(self_mask=own)
+        self.model(ids, None, ctx, logits_slice=slice(0, 0))
+        for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
+            self.write(ctx, i, r, 0, n)
+            r.cached = n
+            r.request.forwards += 1  # (the engine counts the forward itself)
+        return 1
+
+    def write(self, ctx: BlockContext, i: int, row: BlockRow, start: int, end: int, at=0) -> None:
+        """Batch row i's fresh K/V (its own columns from `at`) into cache columns [start, end)."""
+        for layer, (k, v) in zip(self.kv, ctx.fresh, strict=True):
+            layer[0][row.slot, :, start:end] = k[i, :, at : at + end - start]
+            layer[1][row.slot, :, start:end] = v[i, :, at : at + end - start]

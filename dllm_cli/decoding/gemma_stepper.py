@@ -1,0 +1,155 @@
+"""The DiffusionGemma stepper: transformers' own denoising loop, one step per engine step.
+
+transformers' sampler decodes a whole batch with one generation config, so this stepper takes
+static batches only (`whole_batches`) and no per-request sampling (`batch_wide`). Placing a
+batch starts its decode (gemma_loop.denoise, with gemma_stream's per-row sampler, stopping
+observer and event streamer); each step runs one denoising step of it in the caller's thread,
+and a row's answer is final on the step its last canvas is (a stop token, or its last canvas),
+not when the batch ends. Rows that leave (finished, aborted) stay in transformers' batch; when
+none is left the decode is closed where it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import torch
+
+from dllm_cli.decoding import gemma, gemma_loop
+from dllm_cli.decoding import gemma_stream as gs
+from dllm_cli.decoding.events import StepEvent
+from dllm_cli.decoding.request import Request
+from dllm_cli.decoding.slots import Admission
+from dllm_cli.decoding.stepper import Commit
+from dllm_cli.errors import SettingsError
+from dllm_cli.lifetimes import SAMPLING_FIELDS
+from dllm_cli.settings import DecodeSettings
+
+_ONE_CONFIG = "one generation config decodes its whole static batch"
+
+
+@dataclass
+class GemmaPlan:
+    at: int
+
+
+class GemmaStepper:
+    """One static batch at a time through transformers' denoising loop."""
+
+    whole_batches = True
+    batch_wide: Mapping[str, str] = MappingProxyType(
+        dict.fromkeys((*SAMPLING_FIELDS, "stop"), _ONE_CONFIG)
+    )
+    who = "DiffusionGemma"
+    canvas = None
+
+    def __init__(
+        self,
+        model,
+        special,
+        settings: DecodeSettings,
+        committer,
+        admission: Admission,
+        slots: int,
+        *,
+        lockstep: bool | None = None,  # (no choice here: transformers' loop moves the batch)
+    ):
+        if committer is not None:
+            raise SettingsError(f"a guide model does not apply to {self.who}: it samples itself")
+        self.model, self.special = model, special
+        self.settings = gemma.check_settings(settings.validate(), model.canvas_length)
+        self.answer_room = gemma.denoised_length(self.settings.gen_length, model.canvas_length)
+        self.vocabulary = model.config.text_config.vocab_size
+        self.device = next(model.parameters()).device
+        self.steps_left = None  # the running decode (a suspended gemma_loop.denoise)
+        self.streamer: gs.EventStreamer | None = None
+        self.outbox: list[StepEvent] = []
+        self.batch_rows: list[int] = []  # live row -> its row in transformers' batch
+        self.first = 0  # the engine step the batch began
+
+    # --- the Stepper protocol ----------------------------------------------------------------
+    def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
+        """The batch's decode starts: left-padded prompts, one generator per row."""
+        self._close()
+        s, special, canvas = self.settings, self.special, self.model.canvas_length
+        prompts = [r.prompt for r in new]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[special.pad] * (width - len(p)) + p for p in prompts])
+        ids = ids.to(self.device)  # (B, W) left-padded
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        mask = torch.arange(width, device=self.device)[None] >= (width - lengths)[:, None]
+        config = gemma.resolve_config(
+            self.model, gemma.generation_kwargs(special.stop, special.pad, s)
+        )
+        generators = [torch.Generator(device=self.device).manual_seed(s.seed) for _ in prompts]
+        stop = frozenset(special.stop) if s.early_stop else frozenset()
+        plan = gs.CanvasPlan(canvas, s.gen_length, stop, math.ceil(s.gen_length / canvas))
+        rule = self.model._prepare_diffusion_stopping_criteria(config)
+        observer = None if rule is None else gs.StopObserver(rule)
+        frozen = lambda: None if observer is None else observer.finished  # noqa: E731
+        sampler = gs.RowSampler(config.sampler_config, canvas, self.model.vocab_size,
+                                config.max_denoising_steps, generators, frozen)  # fmt: skip
+        self.outbox = []
+        self.streamer = gs.EventStreamer(plan, len(prompts), lambda: observer, self.outbox.append)
+        self.steps_left = gemma_loop.denoise(self.model, ids, mask, config, sampler, observer,
+                                             self.streamer)  # fmt: skip
+        self.batch_rows, self.first = list(range(len(new))), at
+        return 0
+
+    def plan(self, live: list[Request], at: int) -> GemmaPlan:
+        return GemmaPlan(at)
+
+    def forward(self, plan: GemmaPlan) -> StepEvent:
+        """One denoising step of the batch (one decoder forward); its StepEvent."""
+        try:
+            next(self.steps_left)
+        except StopIteration:
+            self.steps_left = None  # the decode ended with this step
+        except BaseException:
+            self._close()  # a failed decode is not resumed
+            raise
+        self.streamer.flush()  # the canvas goes on: its step has no commits to wait for
+        (event,) = self.outbox
+        self.outbox.clear()
+        return event
+
+    def commit(self, plan: GemmaPlan, event: StepEvent) -> Commit:
+        """The rows whose last canvas ended this step: their answers and commit steps."""
+        rows = {b: i for i, b in enumerate(self.batch_rows)}
+        final = [rows[b] for b in event.finished if b in rows]
+        out = Commit(forwards=1, event=lambda _: event)
+        if final:
+            answers, marks = zip(*(self._answer(self.batch_rows[i]) for i in final), strict=True)
+            out.final, out.answers, out.marks = final, torch.stack(answers), torch.stack(marks)
+        return out
+
+    def keep(self, live: list[Request], kept: list[int]) -> None:
+        self.batch_rows = [self.batch_rows[i] for i in kept]
+        if not kept:
+            self._close()  # nobody waits for this batch any more
+
+    def move_on(self, live: list[Request]) -> None:
+        """transformers' loop moves every row on itself."""
+
+    def progress(self, live: list[Request], i: int) -> list[int]:
+        """The answer's finished canvases so far (cut at a stop token); drafts are not shown."""
+        return list(self.streamer.answers[self.batch_rows[i]])
+
+    # --- the decode --------------------------------------------------------------------------
+    def _answer(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch row b's committed canvases (EOS after a stop) and each column's last step."""
+        g, canvas = self.settings.gen_length, self.model.canvas_length
+        answer = self.streamer.answers[b][:g]
+        ends = self.streamer.canvas_step  # per finished canvas: its last step
+        marks = [self.first + ends[p // canvas] if p < len(answer) else -1 for p in range(g)]
+        tokens = answer + [self.special.eos] * (g - len(answer))
+        return torch.tensor(tokens), torch.tensor(marks)
+
+    def _close(self) -> None:
+        """Stop the decode where it is (nothing runs in the background)."""
+        if self.steps_left is not None:
+            self.steps_left.close()
+        self.steps_left = None

@@ -1,0 +1,260 @@
+"""The masked-diffusion stepper (LLaDA, Dream, LLaDA-MoE): one canvas, one KV cache, rules.
+
+Every live row is a row of one `Canvas` (prompts left-padded to a shared width) and, under a
+cache policy, of one `KVCache` with `slots` rows per guidance branch. A step (step.py): each
+row's cache policy plans its columns from the row's own place (rows.py), forwards.py serves
+all rows (one windowed forward; refreshes over their own columns), a committer picks which
+drafts become tokens, and the rows move on. Rows walk their blocks in lockstep under static
+admission (as LLaDA and Fast-dLLM decode a batch) and each on its own otherwise; a committer
+with `frontier = True` (guided decoding) makes every row walk its own first mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import torch
+
+from dllm_cli.cache import KVCache
+from dllm_cli.decoding import step
+from dllm_cli.decoding.answer import answer_tokens, first_stop
+from dllm_cli.decoding.canvas import Canvas, plan_blocks
+from dllm_cli.decoding.forwards import Forwards
+from dllm_cli.decoding.policies import POLICIES
+from dllm_cli.decoding.request import Request
+from dllm_cli.decoding.row_sampling import RowDraws
+from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
+from dllm_cli.decoding.sampling import Sampler, family_of
+from dllm_cli.decoding.sharded_sampling import ShardedSampler
+from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_left
+from dllm_cli.decoding.stepper import Commit
+from dllm_cli.decoding.unmask import Committer, RuleCommitter
+from dllm_cli.decoding.wino import ShadowForwards
+from dllm_cli.errors import InputError
+from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.loading import SpecialIds
+from dllm_cli.settings import DecodeSettings
+
+
+class MaskedStepper:
+    """A canvas of `slots` rows decoded by cache policies, forwards and a committer."""
+
+    whole_batches = False
+    batch_wide: Mapping[str, str] = MappingProxyType({})  # every Sampling field per request
+    who = "the masked-diffusion decoder"
+
+    def __init__(
+        self,
+        model: DiffusionLM,
+        special: SpecialIds,
+        settings: DecodeSettings,
+        committer: Committer | None,
+        admission: Admission,
+        slots: int,
+        *,
+        lockstep: bool | None = None,
+        quantum: int | None = None,
+    ):
+        self.settings, self.model, self.special = settings, model, special
+        self.admission, self.slots, self.quantum = admission, slots, quantum or admission.quantum
+        self.answer_room = settings.gen_length
+        self.vocabulary = model.get_input_embeddings().num_embeddings
+        family = family_of(model)
+        # A tensor-parallel model samples from its vocabulary shard (models/sharding.py).
+        vocab = special.real_vocab(model.vocab_size)
+        if model.shards is None:
+            self.sampler = Sampler(settings, family, vocab, special.mask)
+        else:
+            self.sampler = ShardedSampler.of(model, settings, family, vocab, special.mask)
+        self.committer = committer or RuleCommitter(settings, family.schedule)
+        self.frontier, self.draft_window = self.committer.frontier, self.committer.draft_window
+        if not self.committer.joins and not admission.whole_batches:
+            raise InputError(
+                "continuous batching cannot serve this decode: "
+                "its committer keeps one state per batch (no `admit` hook)"
+            )
+        self.policy = POLICIES[settings.cache]()
+        probs = self.committer.needs_probs  # eb, klass read them
+        self.keeps_probs = probs  # (a step where a request asks for logprobs keeps them too)
+        # WINO's committer verifies earlier commits with a shadow block in the same forward.
+        self.revokes = self.committer.needs_shadow
+        kind = ShadowForwards if self.revokes else Forwards
+        ragged = not admission.whole_batches  # rows apart: each refresh over its own columns
+        # A frontier walk drafts argmax (the guide) unless its committer samples (a grammar).
+        greedy = self.frontier and self.committer.greedy_drafts
+        self.executor = kind(model, self.sampler, settings.cfg_scale, greedy, probs, ragged=ragged)
+        self.lockstep = admission.lockstep if lockstep is None else lockstep
+        self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
+        self.device = next(model.parameters()).device
+        self.branches = 2 if settings.cfg_scale > 0 else 1  # classifier-free guidance
+        self.stop_ids = torch.tensor(special.stop, device=self.device)
+        self.canvas: Canvas | None = None
+        self.cache: KVCache | None = None  # `slots` rows per branch
+        self.slot_rows = torch.zeros(0, dtype=torch.long, device=self.device)  # live row -> slot
+        self.blocks: list = []
+        self.step_tensors: dict = {}  # small host tuples -> device tensors (step.on_device)
+        self.counts: list[int] = []  # masks left in each row's block after the last commit
+        self.forwards = self.guide_forwards = 0  # totals so far, for the events
+
+    # --- the Stepper protocol ----------------------------------------------------------------
+    def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
+        """New rows into the canvas (allocated, or widened for a longer prompt) and the cache."""
+        longest = max(len(r.prompt) for r in new)
+        if self.admission.whole_batches:
+            self._allocate(longest, len(new))
+            self.committer.start(len(new))  # the committer learns that a decode begins
+        elif self.canvas is None:
+            self._allocate(self._width_for(longest), self.slots)
+            self.committer.start(0)  # rows join through `admit`
+        elif longest > self.canvas.prompt_width:
+            self._widen(live, self._width_for(longest))
+        c, special, s = self.canvas, self.special, self.settings
+        fresh = Canvas.build(
+            [r.prompt for r in new], s.gen_length, special.mask, special.pad, c.ids.device
+        )
+        fresh = pad_left(fresh, c.prompt_width - fresh.prompt_width, special.pad)
+        fresh.rows = torch.tensor([r.id for r in new], device=self.device)
+        for r in new:
+            r.row.first = c.prompt_width  # its first mask: the answer's first column
+            r.row.lead = c.prompt_width - len(r.prompt)  # its first prompt token
+        ranks = torch.tensor(order, dtype=torch.long, device=self.device)
+        self.canvas = cat_canvases(c, fresh).select(ranks)
+        if not self.admission.whole_batches:
+            self.committer.admit([r.prompt for r in new], ranks)
+        merged = live + new
+        rows = [merged[i] for i in order]
+        self._note_padding(rows)
+        self.slot_rows = torch.tensor([r.slot for r in rows], device=self.device)
+        return 0
+
+    def plan(self, live: list[Request], at: int) -> step.Plan:
+        return step.plan(self, live, at)
+
+    def forward(self, plan: step.Plan):
+        return step.forward(self, plan)
+
+    def commit(self, plan: step.Plan, pred) -> Commit:
+        return step.commit(self, plan, pred)
+
+    def keep(self, live: list[Request], kept: list[int]) -> None:
+        """Only live rows `kept` (indices) go on: canvas rows, cache rows, the guide's rows."""
+        whole = self.admission.whole_batches
+        keep = torch.tensor(kept, dtype=torch.long, device=self.device)
+        if self.cache is not None and whole:  # a static batch's cache shrinks with it
+            n = self.cache.k[0].shape[0] // self.branches
+            self.cache = self.cache.select_rows(
+                torch.cat([self.slot_rows[keep] + b * n for b in range(self.branches)])
+            )
+            self.slot_rows = torch.arange(len(kept), device=self.device)
+            for slot, i in enumerate(kept):
+                live[i].slot = slot
+        else:
+            self.slot_rows = self.slot_rows[keep]
+        self.committer.select(keep)
+        self.canvas = self.canvas.select(keep)
+        self.counts = [self.counts[i] for i in kept] if self.counts else []
+        self._note_padding([live[i] for i in kept])
+        if whole and not kept:  # the batch is over: its cache goes
+            self.cache = None
+
+    def move_on(self, live: list[Request]) -> None:
+        """The kept rows leave finished blocks (lockstep: together); an idle row draws nothing."""
+        if not self.counts:
+            return
+        counts, self.counts = self.counts, []
+        self.walk.advance([r.row for r in live], counts, self.blocks)
+        if not self.frontier:  # a row left waiting in an empty block (lockstep) draws nothing
+            for r, n in zip(live, counts, strict=True):
+                r.idle = n == 0 and r.row.step > 0
+
+    def progress(self, live: list[Request], i: int) -> list[int]:
+        """Row i's committed answer so far, up to its first mask or stop token."""
+        request = live[i]
+        row = self.canvas.answer()[i].tolist()
+        first = row.index(self.special.mask) if self.special.mask in row else len(row)
+        if self.revokes:  # WINO may mask a commit of the current block again: final before it
+            first = min(first, self.blocks[request.row.block].start - self.canvas.prompt_width)
+        return answer_tokens(row[:first], (*self.special.stop, *request.sampling.stop))
+
+    # --- the canvas and cache ------------------------------------------------------------------
+    def _width_for(self, longest: int) -> int:
+        """The prompt width for a prompt of `longest` tokens: rounded up, within the context."""
+        room = self.model.context_length - self.settings.gen_length
+        return max(longest, min(-(-longest // self.quantum) * self.quantum, room))
+
+    def _allocate(self, width: int, slots: int) -> None:
+        """An empty canvas and (cache policies) the KV cache for `slots` rows."""
+        s = self.settings
+        self.canvas = empty_canvas(width, s.gen_length, self.special.mask, self.device)
+        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
+        self.cache = None
+        if self.policy.uses_cache:
+            # Rows apart need per-row columns, whose padding writes go to a scratch column.
+            apart = self.frontier or not self.lockstep
+            scratch = not self.admission.whole_batches or (slots > 1 and apart)
+            rows = slots * self.branches
+            self.cache = KVCache.for_model(self.model, rows, width + s.gen_length, scratch)
+
+    def _widen(self, live: list[Request], width: int) -> None:
+        """A longer prompt arrived: shift every live row right (canvas, cache, frozen marks)."""
+        s, c = self.settings, self.canvas
+        extra = width - c.prompt_width
+        self.canvas = pad_left(c, extra, self.special.pad)
+        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
+        for r in live:
+            r.row.shift(extra)
+        self._note_padding(live)
+        if self.cache is not None:
+            self.cache = self.cache.pad_left(extra)
+
+    def cache_view(self, live: list[Request]) -> KVCache | None:
+        """The cache as this step's canvas rows see it: canvas row r (branch b) is cache row
+        `slot_rows[r] + b * slots`; the cache itself when every slot is busy (rows are kept in
+        slot order, so the mapping is then the identity)."""
+        if self.cache is None:
+            return None
+        n = self.cache.k[0].shape[0] // self.branches
+        if len(live) == n:
+            return self.cache
+        hosts = tuple(r.slot + b * n for b in range(self.branches) for r in live)
+        rows = torch.cat([self.slot_rows + b * n for b in range(self.branches)])
+        return self.cache.view(rows, hosts=hosts)
+
+    def _note_padding(self, live: list[Request]) -> None:
+        """The canvas learns from the host whether any row is padded (no device read)."""
+        width = self.canvas.prompt_width
+        self.canvas.any_pad = any(len(r.prompt) < width for r in live)
+
+    # --- sampling and stops --------------------------------------------------------------------
+    def draws(self, live: list[Request], spans: list[tuple[int, int]]) -> RowDraws:
+        """The live rows' sampling this step: own generators and values, spans, who draws."""
+        return RowDraws(
+            tuple(r.generator for r in live),
+            tuple(r.sampling for r in live),
+            tuple(e - a for a, e in spans),
+            tuple(not r.idle for r in live),
+        )
+
+    def done(self, live: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B,) rows whose answer is final, and (B,) where each answer ends, on the device."""
+        c = self.canvas
+        answer = c.answer()  # (B, G)
+        done = ~(answer == c.mask_id).any(dim=1)
+        cut = torch.full_like(c.rows, answer.shape[1])
+        own = self.own_stops(live)
+        if self.settings.early_stop or self.frontier:  # guided: a stop token ends the row
+            cut = first_stop(answer, self.stop_ids if own is None else own, c.mask_id)
+            done = done | (cut < answer.shape[1])
+        elif own is not None:  # a request's own stop ids cut its answer (EOS after them)
+            cut = first_stop(answer, own, c.mask_id)
+        return done, cut
+
+    def own_stops(self, live: list[Request]) -> torch.Tensor | None:
+        """(B, K) each live row's stop ids (the model's and its own, -1 padded); None when no
+        request has its own (the model's `stop_ids` serve every row)."""
+        if not any(r.sampling.stop for r in live):
+            return None
+        rows = [(*self.special.stop, *r.sampling.stop) for r in live]
+        k = max(len(row) for row in rows)
+        return torch.tensor([[*row, *[-1] * (k - len(row))] for row in rows], device=self.device)
