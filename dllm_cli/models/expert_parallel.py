@@ -20,8 +20,8 @@ from torch import nn
 
 from dllm_cli.models.collectives import Shards
 from dllm_cli.models.layers import residual
-from dllm_cli.models.llada_moe import LLaDAMoELayer
 from dllm_cli.models.moe import ExpertStack, LLaDAMoESparseBlock, grouped_kernel, route
+from dllm_cli.models.qwen_layers import QwenLayer
 
 
 class LocalExperts(LLaDAMoESparseBlock):
@@ -66,7 +66,7 @@ class LocalExperts(LLaDAMoESparseBlock):
         return out
 
 
-class ExpertSummedLayer(LLaDAMoELayer):
+class ExpertSummedLayer(QwenLayer):
     """A sparse layer whose feed-forward output (this rank's experts plus its columns of the
     shared expert) is summed over the ranks once."""
 
@@ -81,7 +81,7 @@ class ExpertSummedLayer(LLaDAMoELayer):
         return residual(x, self.shards.all_reduce(out))
 
 
-def keep_experts(layer: LLaDAMoELayer, shards: Shards) -> None:
+def keep_experts(layer: QwenLayer, shards: Shards) -> None:
     """Shrink a meta-built sparse layer to this rank's experts, in place (the checkpoint's
     other experts are then not read: their names are not in the model)."""
     mlp = layer.mlp
