@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from dllm_cli.models.collectives import Shards
-from dllm_cli.models.layers import residual
 from dllm_cli.models.moe import ExpertStack, LLaDAMoESparseBlock, grouped_kernel, route
 from dllm_cli.models.qwen_layers import QwenLayer
 
@@ -72,13 +71,8 @@ class ExpertSummedLayer(QwenLayer):
 
     shards: Shards
 
-    def forward(self, x, rope, **kw):
-        x = residual(x, self.self_attn(self.input_layernorm(x), rope, **kw))
-        h = self.post_attention_layernorm(x)
-        out = self.mlp(h)  # (B, T, d): this rank's part
-        if self.shared_expert is not None:
-            out = out + self.shared_expert(h)
-        return residual(x, self.shards.all_reduce(out))
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.shards.all_reduce(super().feed_forward(h))  # (B, T, d) summed over ranks
 
 
 def keep_experts(layer: QwenLayer, shards: Shards) -> None:
