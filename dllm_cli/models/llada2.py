@@ -22,6 +22,7 @@ from dllm_cli.models.base import QwenLayout
 from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
+from dllm_cli.models.moe import each_expert
 from dllm_cli.models.qwen_layers import PreNormLayer
 
 
@@ -120,12 +121,7 @@ class LLaDA2MoE(nn.Module):
         order = experts.reshape(-1).argsort()
         rows = flat[order // k]  # (N k, d), grouped by expert
         counts = torch.bincount(experts.reshape(-1), minlength=len(self.experts)).tolist()
-        outs = torch.empty_like(rows)
-        start = 0
-        for expert, n in zip(self.experts, counts, strict=True):
-            if n:
-                outs[start : start + n] = expert(rows[start : start + n])
-                start += n
+        outs = each_expert(list(self.experts), rows, counts)
         back = torch.empty_like(outs)
         back[order] = outs  # (N k, d) in (token, choice) order
         y = (back.view(-1, k, shape[-1]).float() * w[..., None]).sum(dim=1).to(x.dtype)
