@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.layers import sdpa
 
 
 def block_causal(length: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -57,11 +57,7 @@ class BlockContext:
         if self.past is not None:
             pk, pv = self.past[layer]
             k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-        b, h, t, d = q.shape
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=self.mask(b, t), enable_gqa=h != k.shape[1]
-        )
-        return out.transpose(1, 2).reshape(b, t, h * d)
+        return sdpa(q, k, v, self.mask(q.shape[0], q.shape[2]))
 
 
 def rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
