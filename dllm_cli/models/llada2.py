@@ -58,10 +58,6 @@ class LLaDA2MoeConfig(QwenConfig):
     pad_token_id: int | None = 156892
     eos_token_id: int | None = 156892
 
-    def __post_init__(self, rope_scaling: dict | None) -> None:
-        super().__post_init__(rope_scaling)
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
         if basics := unsupported_basics(self):

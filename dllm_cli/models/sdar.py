@@ -42,10 +42,6 @@ class SDARConfig(QwenConfig):
     eos_token_id: int | list | None = 151643
     pad_token_id: int | None = None
 
-    def __post_init__(self, rope_scaling: dict | None) -> None:
-        super().__post_init__(rope_scaling)
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
         if basics := unsupported_basics(self):
@@ -61,11 +57,7 @@ class SDARAttention(nn.Module):
     def __init__(self, cfg: SDARConfig):
         super().__init__()
         d, hd = cfg.hidden_size, cfg.head_dim
-        self.n_heads, self.n_kv, self.head_dim = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            hd,
-        )
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
