@@ -51,8 +51,10 @@ class BlockContext:
             self._mask = own[:, None]
         return self._mask
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """q (B, H, T, D), k/v (B, H_kv, T, D) rotated -> (B, T, H*D); keeps k/v as fresh."""
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope):
+        """q (B, H, T, D), k/v (B, H_kv, T, D) -> (B, T, H*D), q and k rotated by `rope`
+        (cos, sin) first; keeps the rotated k and v as fresh."""
+        q, k = rope_partial(q, *rope), rope_partial(k, *rope)
         self.fresh.append((k, v))
         if self.past is not None:
             pk, pv = self.past[layer]

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
 from dllm_cli.models.moe import each_expert
@@ -143,9 +143,7 @@ class LLaDA2Attention(nn.Module):
         q, k, v = (h.transpose(1, 2) for h in heads.split([self.n_heads, self.n_kv, self.n_kv], 2))
         if self.query_layernorm is not None:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
-        cos, sin = rope
-        q, k = rope_partial(q, cos, sin), rope_partial(k, cos, sin)
-        return self.dense(ctx.attend(layer, q, k, v))
+        return self.dense(ctx.attend(layer, q, k, v, rope))
 
 
 def llada2_layer(cfg: LLaDA2MoeConfig, index: int) -> PreNormLayer:

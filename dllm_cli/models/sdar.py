@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
 from dllm_cli.models.qwen_layers import PreNormLayer
@@ -71,9 +71,7 @@ class SDARAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, -1)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, -1)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, -1).transpose(1, 2)  # (B, H_kv, T, D)
-        cos, sin = rope
-        q, k = rope_partial(q, cos, sin), rope_partial(k, cos, sin)
-        return self.o_proj(ctx.attend(layer, q, k, v))
+        return self.o_proj(ctx.attend(layer, q, k, v, rope))
 
 
 def sdar_layer(cfg: SDARConfig) -> PreNormLayer:
