@@ -117,8 +117,4 @@ class BlockDiffusionLM(DiffusionLM):
         rope = self.rope_at(positions, h.dtype)
         for i, layer in enumerate(self.blocks()):
             h = layer(h, rope, ctx, i)
-        if isinstance(logits_slice, torch.Tensor):  # (B, T') columns per row
-            h = h.gather(1, logits_slice[..., None].expand(-1, -1, h.shape[-1]))
-        elif logits_slice is not None:
-            h = h[:, logits_slice]
-        return self.head(h)
+        return self.logits_of(h, logits_slice)
