@@ -212,6 +212,9 @@ class QwenLayout:
         c = self.config
         return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
 
+    def rope_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype  # Qwen2 and LLaDA-MoE's reference cast cos/sin to the activations' dtype
+
     @property
     def rope_theta(self):
         return self.config.rope_theta
