@@ -23,8 +23,9 @@ from dllm_cli.models.sharding import ShardedLM, Shards
 
 UNMASKS = ("fixed", "threshold", "factor", "prefix", "origin")  # no whole distributions
 CONFIDENCES = ("low_confidence", "margin", "random")
-# block_rules.draft's sampling: float32, confidence from softmax(raw logits) (no fixed schedule)
-BLOCK = Family("block", torch.float32, tempered_confidence=False, schedule="block")
+# block_rules.draft's greedy draft: float32, p from softmax(raw logits); the schedule is unread
+# (block_rules.schedule splits each block)
+BLOCK = Family("block", torch.float32, tempered_confidence=False, schedule="linear")
 
 
 def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False) -> None:
