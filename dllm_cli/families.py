@@ -73,10 +73,6 @@ class Family:
         return TRAITS[self.stepper]
 
     @property
-    def block_causal(self) -> bool:  # (sharded_sampling.py's name for the trait)
-        return self.traits.prompt_blocks
-
-    @property
     def per_request_sampling(self) -> bool:
         """Rows of one engine may sample with their own values (not under transformers'
         sampler, which decodes a batch with one generation config)."""

@@ -1,7 +1,7 @@
 """--tensor-parallel for the block-diffusion families: SDAR's and LLaDA2.x's models split (each
-rank's logits are its vocabulary range of one process's, its KV cache holds its KV heads), while
-decoding them under the flag is refused in one line until the block stepper drafts from
-vocabulary shards."""
+rank's logits are its vocabulary range of one process's, its KV cache holds its KV heads) and
+the block stepper drafts from each rank's vocabulary shard: greedy tokens == one process under
+both block caches, LLaDA2.1's token editing included, and through `torchrun -m dllm_cli`."""
 
 from __future__ import annotations
 
@@ -54,14 +54,50 @@ def test_expert_parallel_is_refused_for_llada2_in_one_line(llada2):
         load_model(llada2, dtype="float32", device="cpu", shards=Shards(0, 2, expert_parallel=True))
 
 
-def test_decoding_sdar_under_tensor_parallel_is_refused_in_one_line(sdar, monkeypatch):
+@pytest.mark.slow
+def test_two_ranks_decode_the_one_process_tokens_under_both_block_caches(sdar, llada2, tmp_path):
+    out = tmp_path / "seen.json"
+    result = launch([str(HERE / "tensor_parallel_block_rank.py"), str(out), str(sdar), str(llada2)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    assert len(seen["sdar"]) == 4 and len(seen["llada2"]) == 6  # caches x rules (+ editing)
+    for name, runs in seen.items():
+        for run, tokens in runs.items():
+            assert tokens["split"] == tokens["whole"], (name, run)
+            # one all-gather of a few numbers per column drafts each decode forward (a prefix
+            # cache's one prefill forward drafts nothing): the logits are never gathered
+            prefills = run.startswith("prefix")
+            assert tokens["all_gather"] == tokens["forwards"] - prefills, (name, run)
+    for cache in ("prefix", "none"):
+        assert seen["llada2"][f"{cache} editing"]["edited"] > 0  # LLaDA2.1's edits happened
+
+
+@pytest.mark.slow
+def test_generate_under_torchrun_writes_the_one_process_sdar_answers(sdar):
+    args = [
+        "--model", str(sdar), "--device", "cpu", "--dtype", "float32", "--temperature", "0",
+        "--gen-length", "8", "--block-length", "4", "--json", "--batch-size", "2",
+    ]  # fmt: skip
+    text = "one two\nthree four five\n"
+    expected = invoke("generate", "-", *args, input=text)
+    assert expected.exit_code == 0, expected.output
+    result = launch(["-m", "dllm_cli", "generate", "-", *args, "--tensor-parallel", "2"], text)
+    assert result.returncode == 0, result.stderr[-3000:]
+    fields = ("line", "token_ids", "forwards", "steps")
+    records = [{k: json.loads(line)[k] for k in fields} for line in result.stdout.splitlines()]
+    assert records == [
+        {k: json.loads(line)[k] for k in fields} for line in expected.stdout.splitlines()
+    ]
+    assert "tensor parallel rank 1 of 2:" in result.stderr
+
+
+def test_sampled_block_drafts_under_tensor_parallel_are_refused_in_one_line(sdar, monkeypatch):
     launch_env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
     for name, value in {**launch_env, "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)
-    model = ["--model", str(sdar), "--device", "cpu"]
+    model = ["--model", str(sdar), "--device", "cpu", "--temperature", "0.5"]
     result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
     assert result.exit_code == 2
     assert error_lines(result) == [
-        "dllm: error: --tensor-parallel does not support sdar models yet (the block-diffusion "
-        "stepper drafts from whole logits)"
+        "dllm: error: --tensor-parallel does not support sampled drafts (--temperature above 0) yet"
     ]

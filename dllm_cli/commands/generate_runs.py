@@ -143,9 +143,8 @@ def tensor_shards(job: distributed.Job | None, degree: int, experts: bool = Fals
 
 def check_split(runtime: Runtime, shards: Shards) -> None:
     """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
-    from dllm_cli.decoding.sharded_sampling import refuse_stepper, refuse_unsupported
+    from dllm_cli.decoding.sharded_sampling import refuse_unsupported
 
-    refuse_stepper(runtime.loaded.family)
     compiled = runtime.profile.model.compile
     refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
     if runtime.loaded.device.type == "cuda":

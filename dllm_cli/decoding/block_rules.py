@@ -13,6 +13,7 @@ same step as the mask fills.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,13 @@ from dllm_cli.errors import SettingsError
 from dllm_cli.families import Family
 from dllm_cli.family_settings import check_refused
 from dllm_cli.settings import DecodeSettings
+
+# The block stepper's drafting: (N, B, V) logits, a request's sampling, its generator ->
+# tokens (N, B), p (N, B). `whole_drafter` drafts from whole logits; a tensor-parallel model's
+# from its vocabulary shard (sharded_sampling.block_drafter).
+Drafter = Callable[
+    [torch.Tensor, DecodeSettings, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]
+]
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,15 @@ def draft(
     probs = flat.softmax(dim=-1)
     token = torch.multinomial(probs, 1, generator=generator)  # (N B, 1)
     return token.view(n, b), probs.gather(-1, token).view(n, b)
+
+
+def whole_drafter(mask_id: int, real_vocab: int) -> Drafter:
+    """`draft` over whole logits, as the stepper of one process calls it."""
+
+    def drafted(logits, s: DecodeSettings, generator):
+        return draft(logits, s, mask_id, real_vocab, generator)
+
+    return drafted
 
 
 def fills(rule: BlockRule, active, p, k) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from dllm_cli.decoding.answer import first_stop
-from dllm_cli.decoding.block_rules import BlockRule, draft, edits, fills
+from dllm_cli.decoding.block_rules import BlockRule, Drafter, edits, fills
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
 from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.stepper import Commit
@@ -49,11 +49,11 @@ class BlockStepper(Protocol):
     special: Any  # SpecialIds
     device: torch.device
     rule: BlockRule
+    drafter: Drafter  # whole logits, or a tensor-parallel rank's vocabulary shard
     rows: list[BlockRow]
     kv: list[list[torch.Tensor]] | None
     cached: bool
     stop_ids: torch.Tensor
-    real_vocab: int
     forwards: int
 
     def answer(self, row: BlockRow) -> torch.Tensor: ...
@@ -157,11 +157,10 @@ def draft_rows(e: BlockStepper, rows, logits: torch.Tensor) -> tuple[torch.Tenso
     """(N, B, V) -> tokens, p: each row samples with its own request's values and generator,
     so a sampled row's draws do not depend on what shares the step (greedy: one call)."""
     own = [r.request.sampling for r in rows]
-    mask, vocab = e.special.mask, e.real_vocab
     if all(s.greedy for s in own):
-        return draft(logits, own[0], mask, vocab, None)
+        return e.drafter(logits, own[0], None)
     drafted = [
-        draft(logits[i : i + 1], s, mask, vocab, r.request.generator)
+        e.drafter(logits[i : i + 1], s, r.request.generator)
         for i, (r, s) in enumerate(zip(rows, own, strict=True))
     ]
     return torch.cat([x for x, _ in drafted]), torch.cat([p for _, p in drafted])

@@ -26,6 +26,7 @@ from dllm_cli.decoding import block_rules, block_step
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.decoding.block_step import BlockRow
 from dllm_cli.decoding.request import Request
+from dllm_cli.decoding.sharded_sampling import block_drafter
 from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
@@ -69,6 +70,10 @@ class BlockStepper:
         self.device = next(model.parameters()).device
         self.real_vocab = special.real_vocab(model.vocab_size)
         self.stop_ids = torch.tensor(special.stop, device=self.device)
+        if model.shards is None:
+            self.drafter = block_rules.whole_drafter(special.mask, self.real_vocab)
+        else:  # a tensor-parallel rank drafts from its vocabulary shard (models/sharding.py)
+            self.drafter = block_drafter(model, settings, self.real_vocab, special.mask)
         self.rows: list[BlockRow] = []  # the live rows, in the engine's order
         self.kv: list[list[torch.Tensor]] | None = None  # per layer [k, v] (slots, H, S, D)
         self.forwards = 0  # forwards so far, prefills included (for the events)

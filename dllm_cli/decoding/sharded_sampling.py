@@ -6,7 +6,7 @@ best logit and id, its sum of exp, its top candidates) and one all-gather of tho
 rank the same greedy drafts and confidences, so every rank takes the same decisions and runs the
 same collectives in the same order; what a rule draws at random, every rank draws alike (the
 same seed). Sampled drafts and the settings that need the whole distribution are refused
-(`refuse_unsupported`).
+(`refuse_unsupported`). The block stepper (SDAR, LLaDA2.x) drafts through `block_drafter`.
 """
 
 from __future__ import annotations
@@ -15,23 +15,17 @@ import math
 
 import torch
 
+from dllm_cli.decoding.block_rules import Drafter
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
+from dllm_cli.decoding.sampling import Family
 from dllm_cli.errors import SettingsError
-from dllm_cli.families import FAMILIES
 from dllm_cli.models.sharding import ShardedLM, Shards
 
 UNMASKS = ("fixed", "threshold", "factor", "prefix", "origin")  # no whole distributions
 CONFIDENCES = ("low_confidence", "margin", "random")
-
-
-def refuse_stepper(family: str) -> None:
-    """The block families' stepper drafts from whole logits: refused until it drafts from
-    vocabulary shards (their model side splits already: models/sharding.py's LAYOUTS)."""
-    if FAMILIES[family].block_causal:
-        raise SettingsError(
-            f"--tensor-parallel does not support {family} models yet (the block-diffusion "
-            "stepper drafts from whole logits)"
-        )
+# block_rules.draft's greedy draft: float32, p from softmax(raw logits); the schedule is unread
+# (block_rules.schedule splits each block)
+BLOCK = Family("block", torch.float32, tempered_confidence=False, schedule="linear")
 
 
 def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False) -> None:
@@ -158,6 +152,20 @@ class ShardedSampler:
         denominator = kept.sum(dim=-1) + more * torch.exp(kth - s.best)
         second = s.second()
         return denominator, torch.where(second >= kth, second, -math.inf)
+
+
+def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
+    """The block stepper's drafts from this rank's vocabulary shard: block_rules.draft's
+    temperature 0 (argmax, its softmax probability in float32) from one all-gather."""
+    sampler = ShardedSampler.of(model, settings, BLOCK, vocab, mask)
+
+    def drafted(logits: torch.Tensor, s, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if not s.greedy:  # a --json-input line's own temperature (the run's is refused)
+            raise SettingsError("--tensor-parallel does not support sampled drafts yet")
+        summary = sampler.gather(sampler.working(logits, BLOCK.dtype), 1)  # (B, L) each
+        return summary.tokens, 1.0 / summary.denominator()
+
+    return drafted
 
 
 class Summaries:

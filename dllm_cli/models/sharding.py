@@ -90,9 +90,8 @@ LAYOUTS: dict[str, Layout] = {
         ("self_attn.o_proj", "mlp.down_proj"),
         ("model.embed_tokens", "lm_head"),
     ),
-    # Qwen3's names: Dream's layout; q_norm and k_norm act per head (replicated). The model
-    # side only: the block stepper still drafts from whole logits (decoding/sharded_sampling.py
-    # refuses the block families until it samples from vocabulary shards).
+    # Qwen3's names: Dream's layout; q_norm and k_norm act per head (replicated). The block
+    # stepper drafts from the vocabulary shard (decoding/sharded_sampling.py block_drafter).
     "sdar": Layout(
         lambda c: {
             "attention heads": c.num_attention_heads,

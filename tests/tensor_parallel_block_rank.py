@@ -1,0 +1,66 @@
+"""One rank of tests/test_tensor_parallel_block.py's decode launch (run as a script).
+
+`python tensor_parallel_block_rank.py OUT FOLDER...`: every rank loads each block-diffusion
+folder twice, its tensor-parallel shard and the whole model, and decodes the same prompts with
+each under both block cache policies (and, with LLaDA2.x, LLaDA2.1's token editing). Rank 0
+writes what it saw to OUT as JSON; the test compares.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch.distributed as dist
+
+from dllm_cli.decoding import decode
+from dllm_cli.models.collectives import Counts, Shards
+from dllm_cli.models.loading import load_model
+from dllm_cli.settings import DecodeSettings
+
+PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: rows at their own blocks
+PLAIN = dict(gen_length=12, block_length=4, threshold=0.6, steps=6)
+EDITING = dict(PLAIN, edit_threshold=0.0, threshold=0.5, max_post_steps=2)  # LLaDA2.1
+
+
+def runs(folder: str) -> dict[str, DecodeSettings]:
+    """name -> settings: both caches, both rules; LLaDA2.1's editing on the LLaDA2.x folder."""
+    out = {}
+    for cache in ("prefix", "none"):
+        out[f"{cache} threshold"] = DecodeSettings(cache=cache, **PLAIN)
+        out[f"{cache} fixed"] = DecodeSettings(cache=cache, unmask="fixed", **PLAIN)
+        if "llada2" in Path(folder).name:
+            out[f"{cache} editing"] = DecodeSettings(cache=cache, **EDITING)
+    return out
+
+
+def decodes(folder: str, shards: Shards) -> dict:
+    """Tokens of the shard and of the whole model per run, and the collectives it spent."""
+    split = load_model(folder, dtype="float32", device="cpu", shards=shards)
+    whole = load_model(folder, dtype="float32", device="cpu")
+    out = {}
+    for name, settings in runs(folder).items():
+        before = replace(shards.counts)
+        result = decode(split.model, split.special, PROMPTS, settings)
+        spent = {k: v - asdict(before)[k] for k, v in asdict(shards.counts).items()}
+        edits = []  # LLaDA2.1's token edits, per step
+        expected = decode(whole.model, whole.special, PROMPTS, settings, on_step=edits.append)
+        edited = sum(len(e.drafts) for e in edits)
+        out[name] = {"split": result.tokens, "whole": expected.tokens, "edited": edited, **spent}
+    return out
+
+
+def main(out: str, *folders: str) -> None:
+    dist.init_process_group("gloo")
+    shards = Shards(dist.get_rank(), dist.get_world_size(), counts=Counts())
+    results = {Path(f).name: decodes(f, shards) for f in folders}
+    if shards.rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
