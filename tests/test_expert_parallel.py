@@ -115,10 +115,10 @@ def test_the_ranks_parts_of_a_sparse_block_sum_to_its_output(monkeypatch, groupe
 
     from torch import nn
 
-    from dllm_cli.models import expert_parallel
+    from dllm_cli.models import expert_parallel, moe
     from dllm_cli.models.moe import LLaDAMoESparseBlock
 
-    monkeypatch.setattr(expert_parallel, "grouped_kernel", lambda rows: grouped)
+    monkeypatch.setattr(moe, "grouped_kernel", lambda rows: grouped)
     torch.manual_seed(0)
     block = LLaDAMoESparseBlock(32, 8, 3, 16, expert_bias=True)
     for p in [*block.parameters(), block.expert_bias]:

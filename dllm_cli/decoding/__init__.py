@@ -34,12 +34,7 @@ Choices worth knowing (details in each module):
 
 from dllm_cli.decoding.answer import answer_end, answer_length, answer_tokens, first_stop
 from dllm_cli.decoding.engine import Engine, StepOutput
-from dllm_cli.decoding.events import (
-    DecodeResult,
-    RowCommit,
-    RowPhase,
-    StepEvent,
-)
+from dllm_cli.decoding.events import DecodeResult, RowCommit, RowPhase, StepEvent
 from dllm_cli.decoding.guided import GuidedCommitter
 from dllm_cli.decoding.request import Finished, Request
 from dllm_cli.decoding.run import Decoder, DecodeRun, decode, decode_steps, open_engine

@@ -31,9 +31,6 @@ Drafter = Callable[
     [torch.Tensor, DecodeSettings, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]
 ]
 
-CACHES = {"prefix": "exact block KV cache", "none": "recompute every earlier block each step"}
-UNMASKS = ("threshold", "fixed")
-
 
 @dataclass(frozen=True)
 class BlockRule:
@@ -57,24 +54,9 @@ def schedule(block: int, steps: int) -> tuple[int, ...]:
 
 
 def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") -> BlockRule:
-    """The settings as a BlockRule; anything that does not apply is refused in one line."""
+    """The settings as a BlockRule; anything that does not apply is refused in one line
+    (cache, unmask and confidence by the family's `only` table)."""
     check_refused(family, s, where)
-    title = family.title
-    if s.cache not in CACHES:
-        raise SettingsError(
-            f"cache {s.cache!r}{where('cache')} does not apply to {title}: its block cache is "
-            "exact, approximate caches are not offered (use prefix, or none to recompute)"
-        )
-    if s.unmask not in UNMASKS:
-        raise SettingsError(
-            f"unmask {s.unmask!r}{where('unmask')} does not apply to {title} (use threshold "
-            "or fixed)"
-        )
-    if s.confidence != "low_confidence":
-        raise SettingsError(
-            f"confidence {s.confidence!r}{where('confidence')} does not apply to {title}: "
-            "the references rank by the draft's probability (low_confidence)"
-        )
     block, planned = s.block_length, s.gen_length if s.steps is None else s.steps
     if planned < s.num_blocks:
         raise SettingsError(

@@ -54,11 +54,7 @@ def uses(family: Family | None) -> dict[str, str]:
     return dict.fromkeys(family.refuses, "not used")
 
 
-def nowhere(key: str) -> str:
-    return ""
-
-
-def check_settings(s: DecodeSettings, canvas: int, where: Where = nowhere) -> DecodeSettings:
+def check_settings(s: DecodeSettings, canvas: int, where: Where = lambda k: "") -> DecodeSettings:
     """Refuse settings that mean nothing here; block_length becomes the canvas length."""
     check_refused(FAMILIES[FAMILY], s, where)
     if s.block_length not in (canvas, DecodeSettings().block_length):
@@ -76,14 +72,13 @@ def denoised_length(gen_length: int, canvas: int) -> int:
 
 def notes(s: DecodeSettings, canvas: int) -> list[str]:
     """What the user should know about how the settings map (shown on stderr)."""
-    out = []
-    if s.gen_length % canvas:
-        n = math.ceil(s.gen_length / canvas)
-        out.append(
-            f"{FAMILY} denoises whole canvases of {canvas} tokens: {n} for gen_length "
-            f"{s.gen_length}, the answer is cut after {s.gen_length}"
-        )
-    return out
+    if not s.gen_length % canvas:
+        return []
+    n = math.ceil(s.gen_length / canvas)
+    return [
+        f"{FAMILY} denoises whole canvases of {canvas} tokens: {n} for gen_length "
+        f"{s.gen_length}, the answer is cut after {s.gen_length}"
+    ]
 
 
 def generation_kwargs(stop: tuple[int, ...], pad: int, s: DecodeSettings) -> dict:

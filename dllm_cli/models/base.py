@@ -145,9 +145,13 @@ class DiffusionLM(nn.Module):
         rope = self.rope_at(positions, self.rope_dtype(h.dtype))  # one for every layer
         for i, block in enumerate(self.blocks()):  # (forward directly: no hooks on blocks)
             h = block.forward(h, rope, cache=cache, layer=i, columns=columns, key_mask=key_mask)
+        return self.logits_of(h, logits_slice)
+
+    def logits_of(self, h: torch.Tensor, logits_slice: slice | torch.Tensor | None) -> torch.Tensor:
+        """The head on the columns kept: a slice of them, (B, T') picks per row, or all."""
         if isinstance(logits_slice, torch.Tensor):  # (B, T') per-row picks
             h = h.gather(1, logits_slice[..., None].expand(-1, -1, h.shape[-1]))
-        elif logits_slice is not None and logits_slice != slice(0, t):  # (all of them: as is)
+        elif logits_slice is not None and logits_slice != slice(0, h.shape[1]):  # (all: as is)
             h = h[:, logits_slice]
         return self.head(h)
 
@@ -207,6 +211,9 @@ class QwenLayout:
     def kv_shape(self) -> tuple[int, int, int]:
         c = self.config
         return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+
+    def rope_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype  # Qwen2 and LLaDA-MoE's reference cast cos/sin to the activations' dtype
 
     @property
     def rope_theta(self):

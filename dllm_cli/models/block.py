@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from dllm_cli.models.base import DiffusionLM
+from dllm_cli.models.layers import sdpa
 
 
 def block_causal(length: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -51,17 +51,15 @@ class BlockContext:
             self._mask = own[:, None]
         return self._mask
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """q (B, H, T, D), k/v (B, H_kv, T, D) rotated -> (B, T, H*D); keeps k/v as fresh."""
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope):
+        """q (B, H, T, D), k/v (B, H_kv, T, D) -> (B, T, H*D), q and k rotated by `rope`
+        (cos, sin) first; keeps the rotated k and v as fresh."""
+        q, k = rope_partial(q, *rope), rope_partial(k, *rope)
         self.fresh.append((k, v))
         if self.past is not None:
             pk, pv = self.past[layer]
             k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-        b, h, t, d = q.shape
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=self.mask(b, t), enable_gqa=h != k.shape[1]
-        )
-        return out.transpose(1, 2).reshape(b, t, h * d)
+        return sdpa(q, k, v, self.mask(q.shape[0], q.shape[2]))
 
 
 def rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -119,8 +117,4 @@ class BlockDiffusionLM(DiffusionLM):
         rope = self.rope_at(positions, h.dtype)
         for i, layer in enumerate(self.blocks()):
             h = layer(h, rope, ctx, i)
-        if isinstance(logits_slice, torch.Tensor):  # (B, T') columns per row
-            h = h.gather(1, logits_slice[..., None].expand(-1, -1, h.shape[-1]))
-        elif logits_slice is not None:
-            h = h[:, logits_slice]
-        return self.head(h)
+        return self.logits_of(h, logits_slice)

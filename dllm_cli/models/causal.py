@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dllm_cli.models.base import Backbone, output_head
-from dllm_cli.models.layers import RMSNorm, SwiGLU, apply_rope
+from dllm_cli.models.layers import RMSNorm, SwiGLU, apply_rope, sdpa
 from dllm_cli.models.qwen_layers import PreNormLayer
 
 
@@ -199,13 +198,8 @@ class Attention(nn.Module):
         q = apply_rope(self.heads_of(self.q_proj, x, "q_norm"), cos, sin, full_precision=False)
         k = apply_rope(self.heads_of(self.k_proj, x, "k_norm"), cos, sin, full_precision=False)
         k, v = kv.update(i, k, self.heads_of(self.v_proj, x, None))  # (B, H_kv, S, D)
-        gqa = self.heads != self.kv_heads
-        causal = mask is None  # a prompt fed alone: causal attention by the kernel's own rule
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa
-        )
-        b, h, t, d = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, h * d))
+        # mask None: a prompt fed alone, causal attention by the kernel's own rule
+        return self.o_proj(sdpa(q, k, v, mask, causal=mask is None))
 
 
 def causal_mask(attention_mask: torch.Tensor | None, past: int, t: int, device) -> torch.Tensor:

@@ -63,6 +63,8 @@ class QwenConfig(ModelConfig):
     def __post_init__(self, rope_scaling: dict | None) -> None:
         self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
         self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
+        if "head_dim" in self.__dataclass_fields__:  # declared (SDAR, LLaDA2): null is d / H
+            self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 
 
 def model_config(cls: type[ModelConfig]) -> type[ModelConfig]:

@@ -67,9 +67,6 @@ class DreamModel(QwenLayout, DiffusionLM):
         super().__init__(config)
         self.build(lambda i: dream_layer(config))
 
-    def rope_dtype(self, dtype):
-        return dtype  # Qwen2 rotates in the model dtype
-
     @property
     def context_length(self):
         return min(self.config.max_position_embeddings, DREAM_CONTEXT)

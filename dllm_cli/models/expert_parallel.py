@@ -19,8 +19,7 @@ import torch
 from torch import nn
 
 from dllm_cli.models.collectives import Shards
-from dllm_cli.models.layers import residual
-from dllm_cli.models.moe import ExpertStack, LLaDAMoESparseBlock, grouped_kernel, route
+from dllm_cli.models.moe import LLaDAMoESparseBlock, route
 from dllm_cli.models.qwen_layers import QwenLayer
 
 
@@ -32,8 +31,8 @@ class LocalExperts(LLaDAMoESparseBlock):
     first: int
     count: int
 
-    def stack_experts(self) -> None:
-        self.stack = ExpertStack(list(self.experts.values()))
+    def members(self) -> list[nn.Module]:
+        return list(self.experts.values())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -46,24 +45,10 @@ class LocalExperts(LLaDAMoESparseBlock):
         token = order // self.top_k  # (N k,) the token each sorted pair reads
         counts = torch.bincount(chosen, minlength=self.count + 1)[: self.count]  # (count,)
         rows = flat[token]  # (N k, d): this rank's pairs first, grouped by expert
-        stack = self.stack
-        if stack is not None and stack.intact() and grouped_kernel(rows):
-            out_rows = stack(rows, counts.cumsum(0).to(torch.int32))  # rows past: not computed
-        else:
-            out_rows = self.each_expert(rows, counts.tolist())
+        out_rows = self.dispatch(rows, counts)  # rows past this rank's: not computed
         scaled = out_rows * weights.to(x.dtype).reshape(-1)[order, None]
         out_rows = torch.where(mine[order, None], scaled, 0.0)  # (N k, d); others' rows: 0
         return torch.zeros_like(flat).index_add_(0, token, out_rows).view(shape)
-
-    def each_expert(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """This rank's experts one at a time on their contiguous rows (the rest left unset)."""
-        out = torch.empty_like(rows)
-        start = 0
-        for expert, n in zip(self.experts.values(), counts, strict=True):
-            if n:
-                out[start : start + n] = expert(rows[start : start + n])
-                start += n
-        return out
 
 
 class ExpertSummedLayer(QwenLayer):
@@ -72,13 +57,8 @@ class ExpertSummedLayer(QwenLayer):
 
     shards: Shards
 
-    def forward(self, x, rope, **kw):
-        x = residual(x, self.self_attn(self.input_layernorm(x), rope, **kw))
-        h = self.post_attention_layernorm(x)
-        out = self.mlp(h)  # (B, T, d): this rank's part
-        if self.shared_expert is not None:
-            out = out + self.shared_expert(h)
-        return residual(x, self.shards.all_reduce(out))
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.shards.all_reduce(super().feed_forward(h))  # (B, T, d) summed over ranks
 
 
 def keep_experts(layer: QwenLayer, shards: Shards) -> None:

@@ -201,10 +201,14 @@ def attend(
         k, v = cache.update(layer, columns, k, v)  # (B, H_kv, S, D)
         if key_mask is not None and key_mask.shape[1] < k.shape[2]:
             k, v = k[:, :, : key_mask.shape[1]], v[:, :, : key_mask.shape[1]]  # (B, H_kv, K, D)
-    mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
+    return sdpa(q, k, v, None if key_mask is None else key_mask[:, None, None, :])  # (B,1,1,S)
+
+
+def sdpa(q, k, v, mask=None, causal: bool = False) -> torch.Tensor:
+    """q (B, H, T, D), k/v (B, H_kv, S, D) -> (B, T, H*D): SDPA over grouped-query heads."""
     gqa = q.shape[1] != k.shape[1]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)  # (B,H,T,D)
-    b, h, t, d = out.shape
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+    b, h, t, d = out.shape  # (B, H, T, D)
     return out.transpose(1, 2).reshape(b, t, h * d)
 
 
@@ -230,10 +234,7 @@ def attend_shadowed(q, k, v, cache, layer: int, columns: Columns, shadow: Shadow
     width = shadow.mask.shape[2] - n  # canvas keys attended (suffix pruning cuts them)
     k = torch.cat([k_main[:, :, :width], k_shadow], dim=2)  # (B, H_kv, K + n, D)
     v = torch.cat([v_main[:, :, :width], v_shadow], dim=2)
-    gqa = q.shape[1] != k.shape[1]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=shadow.mask[:, None], enable_gqa=gqa)
-    b, h, t, d = out.shape
-    return out.transpose(1, 2).reshape(b, t, h * d)
+    return sdpa(q, k, v, shadow.mask[:, None])
 
 
 @dataclass(frozen=True)

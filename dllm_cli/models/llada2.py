@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
+from dllm_cli.models.moe import each_expert
 from dllm_cli.models.qwen_layers import PreNormLayer
 
 
@@ -56,10 +57,6 @@ class LLaDA2MoeConfig(QwenConfig):
     block_size: int = 32  # not in config.json: generate's block_length
     pad_token_id: int | None = 156892
     eos_token_id: int | None = 156892
-
-    def __post_init__(self, rope_scaling: dict | None) -> None:
-        super().__post_init__(rope_scaling)
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
@@ -120,12 +117,7 @@ class LLaDA2MoE(nn.Module):
         order = experts.reshape(-1).argsort()
         rows = flat[order // k]  # (N k, d), grouped by expert
         counts = torch.bincount(experts.reshape(-1), minlength=len(self.experts)).tolist()
-        outs = torch.empty_like(rows)
-        start = 0
-        for expert, n in zip(self.experts, counts, strict=True):
-            if n:
-                outs[start : start + n] = expert(rows[start : start + n])
-                start += n
+        outs = each_expert(list(self.experts), rows, counts)
         back = torch.empty_like(outs)
         back[order] = outs  # (N k, d) in (token, choice) order
         y = (back.view(-1, k, shape[-1]).float() * w[..., None]).sum(dim=1).to(x.dtype)
@@ -151,9 +143,7 @@ class LLaDA2Attention(nn.Module):
         q, k, v = (h.transpose(1, 2) for h in heads.split([self.n_heads, self.n_kv, self.n_kv], 2))
         if self.query_layernorm is not None:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
-        cos, sin = rope
-        q, k = rope_partial(q, cos, sin), rope_partial(k, cos, sin)
-        return self.dense(ctx.attend(layer, q, k, v))
+        return self.dense(ctx.attend(layer, q, k, v, rope))
 
 
 def llada2_layer(cfg: LLaDA2MoeConfig, index: int) -> PreNormLayer:

@@ -138,6 +138,3 @@ class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
         for layer in self.model.layers:
             if isinstance(layer.mlp, LLaDAMoESparseBlock):
                 layer.mlp.stack_experts()
-
-    def rope_dtype(self, dtype):
-        return dtype  # the reference casts cos/sin to the activations' dtype

@@ -36,7 +36,7 @@ class ExpertStack:
     without a Python loop or a host sync. Names, `state_dict()` and memory stay as they were.
     """
 
-    def __init__(self, experts: nn.ModuleList):
+    def __init__(self, experts: list[nn.Module]):
         with torch.no_grad():
             self.w1 = torch.stack(
                 [torch.cat([e.gate_proj.weight, e.up_proj.weight]).t() for e in experts]
@@ -68,6 +68,17 @@ class ExpertStack:
         return torch._grouped_mm(act, self.w2, offs=ends)
 
 
+def each_expert(experts: list[nn.Module], rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """The grouped GEMM's result one expert at a time on its contiguous rows (M, d)."""
+    out = torch.empty_like(rows)
+    start = 0
+    for expert, n in zip(experts, counts, strict=True):
+        if n:
+            out[start : start + n] = expert(rows[start : start + n])
+            start += n
+    return out
+
+
 def grouped_kernel(x: torch.Tensor) -> bool:
     """Whether torch's grouped GEMM runs here: CPU, or CUDA in bfloat16 on compute 9.0+."""
     if x.device.type == "cpu":
@@ -91,7 +102,7 @@ class LLaDAMoESparseBlock(nn.Module):
 
     def stack_experts(self) -> None:
         """Stack the experts' weights once after loading, for the grouped GEMM."""
-        self.stack = ExpertStack(self.experts)
+        self.stack = ExpertStack(self.members())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -104,21 +115,19 @@ class LLaDAMoESparseBlock(nn.Module):
         token = order // self.top_k  # (N k,) the token each sorted pair reads
         counts = torch.bincount(chosen, minlength=len(self.experts))  # (E,)
         rows = flat[token]  # (N k, d), grouped by expert
-        stack = self.stack
-        if stack is not None and stack.intact() and grouped_kernel(rows):
-            out_rows = stack(rows, counts.cumsum(0).to(torch.int32))
-        else:
-            out_rows = self.each_expert(rows, counts.tolist())
+        out_rows = self.dispatch(rows, counts)
         out_rows.mul_(weights.reshape(-1)[order, None])
         # Sum each token's k expert outputs in expert order (as the reference's index_add_).
         return torch.zeros_like(flat).index_add_(0, token, out_rows).view(shape)
 
-    def each_expert(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """The same as the grouped GEMM, one expert at a time on its contiguous rows."""
-        out = torch.empty_like(rows)
-        start = 0
-        for expert, n in zip(self.experts, counts, strict=True):
-            if n:
-                out[start : start + n] = expert(rows[start : start + n])
-                start += n
-        return out
+    def members(self) -> list[nn.Module]:
+        """The experts this block runs, in the order their rows are grouped."""
+        return list(self.experts)
+
+    def dispatch(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """rows (M, d) grouped by expert, counts (E,) -> (M, d): one grouped GEMM where it
+        runs, else one call per expert (rows past the counted ones are left unset)."""
+        stack = self.stack
+        if stack is not None and stack.intact() and grouped_kernel(rows):
+            return stack(rows, counts.cumsum(0).to(torch.int32))
+        return each_expert(self.members(), rows, counts.tolist())

@@ -86,11 +86,12 @@ class QwenLayer(nn.Module):
 
     def forward(self, x, rope, **kw):
         x = residual(x, self.self_attn(self.input_layernorm(x), rope, **kw))
-        h = self.post_attention_layernorm(x)
+        return residual(x, self.feed_forward(self.post_attention_layernorm(x)))
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The mlp plus the shared expert (the hook expert parallelism sums over ranks)."""
         out = self.mlp(h)
-        if self.shared_expert is not None:
-            out = out + self.shared_expert(h)
-        return residual(x, out)
+        return out if self.shared_expert is None else out + self.shared_expert(h)
 
 
 class PreNormLayer(nn.Module):

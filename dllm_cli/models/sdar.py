@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM, rope_partial
+from dllm_cli.models.block import BlockContext, BlockDiffusionLM
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
 from dllm_cli.models.layers import RMSNorm, SwiGLU
 from dllm_cli.models.qwen_layers import PreNormLayer
@@ -42,10 +42,6 @@ class SDARConfig(QwenConfig):
     eos_token_id: int | list | None = 151643
     pad_token_id: int | None = None
 
-    def __post_init__(self, rope_scaling: dict | None) -> None:
-        super().__post_init__(rope_scaling)
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
-
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
         if basics := unsupported_basics(self):
@@ -61,11 +57,7 @@ class SDARAttention(nn.Module):
     def __init__(self, cfg: SDARConfig):
         super().__init__()
         d, hd = cfg.hidden_size, cfg.head_dim
-        self.n_heads, self.n_kv, self.head_dim = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            hd,
-        )
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
@@ -79,9 +71,7 @@ class SDARAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, -1)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, -1)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, -1).transpose(1, 2)  # (B, H_kv, T, D)
-        cos, sin = rope
-        q, k = rope_partial(q, cos, sin), rope_partial(k, cos, sin)
-        return self.o_proj(ctx.attend(layer, q, k, v))
+        return self.o_proj(ctx.attend(layer, q, k, v, rope))
 
 
 def sdar_layer(cfg: SDARConfig) -> PreNormLayer:
