@@ -157,12 +157,19 @@ def check_degree(family: str, config, world: int, experts: bool = False) -> None
             )
 
 
+# family -> the config field counting the experts --expert-parallel splits whole
+# (models/expert_parallel.py); a family not here is refused.
+EXPERT_COUNTS = {"llada_moe": "num_experts"}
+
+
 def expert_sizes(family: str, config, sizes: dict[str, int]) -> dict[str, int]:
     """What must divide under --expert-parallel: whole experts, not their columns."""
-    if family != "llada_moe":
-        raise SettingsError(f"--expert-parallel supports llada_moe models only (this is {family})")
+    if family not in EXPERT_COUNTS:
+        raise SettingsError(
+            f"--expert-parallel supports {', '.join(EXPERT_COUNTS)} models only (this is {family})"
+        )
     kept = {what: n for what, n in sizes.items() if what != "expert MLP columns"}
-    return {**kept, "experts": config.num_experts}
+    return {**kept, "experts": getattr(config, EXPERT_COUNTS[family])}
 
 
 # --- the modules of a split model ---------------------------------------------------------
