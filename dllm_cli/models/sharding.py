@@ -64,6 +64,25 @@ def llada2_sizes(c) -> dict[str, int]:
     return sizes
 
 
+# Qwen's names (Dream, SDAR): heads, KV heads and the SwiGLU's columns split alike.
+QWEN_LAYOUT = Layout(
+    lambda c: {
+        "attention heads": c.num_attention_heads,
+        "KV heads": c.num_key_value_heads,
+        "MLP columns": c.intermediate_size,
+    },
+    "self_attn",
+    (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+    ),
+    ("self_attn.o_proj", "mlp.down_proj"),
+    ("model.embed_tokens", "lm_head"),
+)
+
 # Keyed by families.py names; a family absent here is refused (`layout_of`).
 LAYOUTS: dict[str, Layout] = {
     "llada": Layout(
@@ -73,42 +92,10 @@ LAYOUTS: dict[str, Layout] = {
         ("attn_out", "ff_out"),
         ("model.transformer.wte", "model.transformer.ff_out"),
     ),
-    "dream": Layout(
-        lambda c: {
-            "attention heads": c.num_attention_heads,
-            "KV heads": c.num_key_value_heads,
-            "MLP columns": c.intermediate_size,
-        },
-        "self_attn",
-        (
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-        ),
-        ("self_attn.o_proj", "mlp.down_proj"),
-        ("model.embed_tokens", "lm_head"),
-    ),
+    "dream": QWEN_LAYOUT,
     # Qwen3's names: Dream's layout; q_norm and k_norm act per head (replicated). The block
     # stepper drafts from the vocabulary shard (decoding/sharded_sampling.py block_drafter).
-    "sdar": Layout(
-        lambda c: {
-            "attention heads": c.num_attention_heads,
-            "KV heads": c.num_key_value_heads,
-            "MLP columns": c.intermediate_size,
-        },
-        "self_attn",
-        (
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-        ),
-        ("self_attn.o_proj", "mlp.down_proj"),
-        ("model.embed_tokens", "lm_head"),
-    ),
+    "sdar": QWEN_LAYOUT,
     # The fused QKV read as three row ranges, experts split by columns: its blocks are split
     # by sharded_llada2.py (sharded_load.py's BLOCK_SPLITS), not by these lists.
     "llada2": Layout(
