@@ -65,6 +65,8 @@ class RowDraws:
 
     def value(self, name: str):
         """One sampling value when every row has it (a float or None), else the per-row list."""
+        if len(self.samplings) == 1:  # (one row, the common case: no list to compare)
+            return getattr(self.samplings[0], name)
         values = [getattr(s, name) for s in self.samplings]
         return values[0] if all(v == values[0] for v in values) else values
 

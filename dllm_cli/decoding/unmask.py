@@ -7,7 +7,6 @@ the drafts) plugs in at the same seam and reports how many drafts it accepted.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -206,14 +205,7 @@ def threshold_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     # candidate, since confidence is -inf elsewhere. A row without candidates has its
     # column 0 marked here, which the engine's guard cuts (commits are cut to candidates).
     best = ctx.confidence.argmax(dim=1, keepdim=True)  # (B, 1)
-    top = slot_index(ctx.confidence.shape[1], ctx.confidence.device) == best  # (B, L)
-    return (ctx.confidence >= p.threshold) | top
-
-
-@functools.cache
-def slot_index(length: int, device: torch.device) -> torch.Tensor:
-    """(1, L) slot numbers 0..L-1, made once per length and device (nothing writes into it)."""
-    return torch.arange(length, device=device)[None]
+    return (ctx.confidence >= p.threshold).scatter_(1, best, True)  # (B, L), one op for top
 
 
 def factor_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
