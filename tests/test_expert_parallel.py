@@ -213,3 +213,17 @@ def test_the_ranks_parts_of_a_llada2_moe_sum_to_its_output(monkeypatch):
         assert list(mine.experts) == [str(i) for i in range(4 * rank, 4 * rank + 4)]
         parts.append(mine(x))
     torch.testing.assert_close(parts[0] + parts[1], block(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_generate_with_expert_parallel_writes_the_one_process_llada2_answers(llada2):
+    args = ["--model", str(llada2), "--device", "cpu", "--dtype", "float32", "--temperature", "0"]
+    args += ["--gen-length", "8", "--block-length", "4", "--json", "--batch-size", "2"]
+    text = "one two\nthree four five\n"
+    expected = invoke("generate", "-", *args, input=text)
+    assert expected.exit_code == 0, expected.output
+    command = ["-m", "dllm_cli", "generate", "-", *args, "--tensor-parallel", "2"]
+    result = launch([*command, "--expert-parallel"], text)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ids = [json.loads(line)["token_ids"] for line in result.stdout.splitlines()]
+    assert ids == [json.loads(line)["token_ids"] for line in expected.stdout.splitlines()]
