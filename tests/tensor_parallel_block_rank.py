@@ -1,9 +1,10 @@
 """One rank of tests/test_tensor_parallel_block.py's decode launch (run as a script).
 
-`python tensor_parallel_block_rank.py OUT FOLDER...`: every rank loads each block-diffusion
-folder twice, its tensor-parallel shard and the whole model, and decodes the same prompts with
-each under both block cache policies (and, with LLaDA2.x, LLaDA2.1's token editing). Rank 0
-writes what it saw to OUT as JSON; the test compares.
+`python tensor_parallel_block_rank.py OUT [--expert-parallel] FOLDER...`: every rank loads each
+block-diffusion folder twice, its tensor-parallel shard (with --expert-parallel: E/N whole
+experts) and the whole model, and decodes the same prompts with each under both block cache
+policies (and, with LLaDA2.x, LLaDA2.1's token editing). Rank 0 writes what it saw to OUT as
+JSON; the test compares.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def decodes(folder: str, shards: Shards) -> dict:
     """Tokens of the shard and of the whole model per run, and the collectives it spent."""
     split = load_model(folder, dtype="float32", device="cpu", shards=shards)
     whole = load_model(folder, dtype="float32", device="cpu")
-    out = {}
+    out = {"expert_bytes": [expert_bytes(split.model), expert_bytes(whole.model)]}
     for name, settings in runs(folder).items():
         before = replace(shards.counts)
         result = decode(split.model, split.special, PROMPTS, settings)
@@ -52,9 +53,17 @@ def decodes(folder: str, shards: Shards) -> dict:
     return out
 
 
+def expert_bytes(model) -> int:
+    """Bytes of the routed experts' weights this model holds."""
+    held = (p for name, p in model.named_parameters() if ".mlp.experts." in name)
+    return sum(p.numel() * p.element_size() for p in held)
+
+
 def main(out: str, *folders: str) -> None:
     dist.init_process_group("gloo")
+    experts = folders[0] == "--expert-parallel"
     shards = Shards(dist.get_rank(), dist.get_world_size(), counts=Counts())
+    shards.expert_parallel, folders = experts, folders[experts:]
     results = {Path(f).name: decodes(f, shards) for f in folders}
     if shards.rank == 0:
         Path(out).write_text(json.dumps(results))

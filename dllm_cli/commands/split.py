@@ -37,9 +37,9 @@ ExpertParallel = Annotated[
     bool,
     typer.Option(
         "--expert-parallel",
-        help="With --tensor-parallel N: share LLaDA-MoE's experts out whole over the N ranks "
-        "(each holds E/N experts; attention stays split by heads) instead of splitting every "
-        "expert's columns.",
+        help="With --tensor-parallel N: share LLaDA-MoE's or LLaDA2.x's experts out whole over "
+        "the N ranks (each holds E/N experts; attention stays split by heads) instead of "
+        "splitting every expert's columns.",
         rich_help_panel="Parallelism",
     ),
 ]

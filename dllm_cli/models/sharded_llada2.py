@@ -7,7 +7,8 @@ keys, its values) and concatenates them, which is its own fused projection. `den
 is row-parallel. A dense layer's MLP splits as LLaDA's; a sparse layer splits every routed
 expert and the shared experts over their columns, the router replicated (every rank routes the
 same hidden states), and the layer's whole output (routed sum plus shared experts, each rank's
-partial) is summed by one all-reduce.
+partial) is summed by one all-reduce. Under --expert-parallel a rank keeps E/N whole routed
+experts instead (`LocalLLaDA2MoE`), the shared experts still split over their columns.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from dllm_cli.models.collectives import Shards
 from dllm_cli.models.layers import SwiGLU
 from dllm_cli.models.llada2 import LLaDA2MoE
+from dllm_cli.models.moe import each_expert
 
 ROWS = "rows"  # a plan entry ("rows", ((lo, hi), ...)): these row ranges, concatenated
 
@@ -45,13 +47,54 @@ def split_llada2_block(block, shards: Shards, plan: dict, prefix: str, ops) -> N
         split_rows(mlp.down_proj, shards, plan, f"{where}.down_proj")
         return
     named = [(f"experts.{i}", e) for i, e in enumerate(mlp.experts)]
+    if shards.expert_parallel:  # whole experts: only the shared experts' columns split
+        keep_llada2_experts(mlp, shards)
+        named = []
     if mlp.shared_experts is not None:
         named.append(("shared_experts", mlp.shared_experts))
     for name, expert in named:
         split_columns(expert.gate_proj, shards, plan, f"{where}.{name}.gate_proj")
         split_columns(expert.up_proj, shards, plan, f"{where}.{name}.up_proj")
         split_inputs(expert.down_proj, shards, plan, f"{where}.{name}.down_proj")
-    mlp.__class__, mlp.shards = SummedLLaDA2MoE, shards
+    if not shards.expert_parallel:
+        mlp.__class__, mlp.shards = SummedLLaDA2MoE, shards
+
+
+class LocalLLaDA2MoE(LLaDA2MoE):
+    """A sparse layer holding routed experts [first, first + count) whole (an nn.ModuleDict
+    keyed by their global indices: checkpoint names stay `experts.{i}.*`): the reference's
+    routing and sort, its float32 weighted sum over this rank's experts (others' outputs 0),
+    plus this rank's shared-expert columns; the ranks' parts summed by one all-reduce."""
+
+    shards: Shards
+    first: int
+    count: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (N, d)
+        experts, w = self.gate(flat)  # (N, k) each, the same on every rank
+        k = experts.shape[1]
+        order = experts.reshape(-1).argsort()  # the reference's (unstable) sort
+        counts = torch.bincount(experts.reshape(-1), minlength=self.gate.weight.shape[0])
+        lo, hi = self.first, self.first + self.count
+        start, stop = int(counts[:lo].sum()), int(counts[:hi].sum())  # this rank's sorted pairs
+        mine = order[start:stop]
+        outs = each_expert(list(self.experts.values()), flat[mine // k], counts[lo:hi].tolist())
+        back = flat.new_zeros(flat.shape[0] * k, shape[-1])
+        back[mine] = outs  # (N k, d) in (token, choice) order; other ranks' pairs: 0
+        y = (back.view(-1, k, shape[-1]).float() * w[..., None]).sum(dim=1).to(x.dtype)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(flat)  # this rank's columns' partial product
+        return self.shards.all_reduce(y).view(shape)  # (B, T, d) summed over ranks
+
+
+def keep_llada2_experts(mlp: LLaDA2MoE, shards: Shards) -> None:
+    """Shrink a meta-built sparse layer to this rank's routed experts, in place (the other
+    experts' tensors are then not read: their names are not in the model)."""
+    lo, hi = shards.even(len(mlp.experts))
+    mlp.experts = nn.ModuleDict({str(i): mlp.experts[i] for i in range(lo, hi)})
+    mlp.__class__, mlp.shards, mlp.first, mlp.count = LocalLLaDA2MoE, shards, lo, hi - lo
 
 
 def split_fused_qkv(attention, shards: Shards, plan: dict, name: str) -> None:

@@ -55,12 +55,14 @@ def moe_sizes(c) -> dict[str, int]:
 
 
 def llada2_sizes(c) -> dict[str, int]:
-    """LLaDA2.x: heads, KV heads, the dense MLP's and every expert's width (the shared
-    experts' is a multiple of it)."""
+    """LLaDA2.x: heads, KV heads, the dense MLP's, every expert's and the shared experts'
+    widths (split by columns under --expert-parallel too)."""
     sizes = {"attention heads": c.num_attention_heads, "KV heads": c.num_key_value_heads}
     sizes["dense MLP columns"] = c.intermediate_size
     if c.num_experts:
         sizes["expert MLP columns"] = c.moe_intermediate_size
+    if c.num_experts and c.num_shared_experts:
+        sizes["shared expert MLP columns"] = c.moe_intermediate_size * c.num_shared_experts
     return sizes
 
 
@@ -145,8 +147,8 @@ def check_degree(family: str, config, world: int, experts: bool = False) -> None
 
 
 # family -> the config field counting the experts --expert-parallel splits whole
-# (models/expert_parallel.py); a family not here is refused.
-EXPERT_COUNTS = {"llada_moe": "num_experts"}
+# (models/expert_parallel.py, sharded_llada2.py); a family not here is refused.
+EXPERT_COUNTS = {"llada_moe": "num_experts", "llada2": "num_experts"}
 
 
 def expert_sizes(family: str, config, sizes: dict[str, int]) -> dict[str, int]:
