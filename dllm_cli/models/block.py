@@ -75,7 +75,6 @@ def rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class BlockDiffusionLM(DiffusionLM):
     """Base of the block-causal models: `forward(ids, positions, ctx)` -> logits (B, T, V)."""
 
-    block_causal = True
     packs = False  # their layers attend through a BlockContext
 
     def fuse_projections(self) -> None:
