@@ -222,9 +222,7 @@ class Engine(RequestQueue):
         finished = []
         if out.final:
             finished, gone = self._records(out), set(out.final)
-            kept = [i for i in range(len(self.live)) if i not in gone]
-            self.stepper.keep(self.live, kept)
-            self.live = [self.live[i] for i in kept]
+            self._keep([i for i in range(len(self.live)) if i not in gone])
         self.stepper.move_on(self.live)
         if not out.stepped:
             return StepOutput(-1, finished)
@@ -258,9 +256,12 @@ class Engine(RequestQueue):
 
     def _drop_aborted(self) -> None:
         if any(r.status is Status.ABORTED for r in self.live):
-            kept = [i for i, r in enumerate(self.live) if r.status is not Status.ABORTED]
-            self.stepper.keep(self.live, kept)
-            self.live = [self.live[i] for i in kept]
+            self._keep([i for i, r in enumerate(self.live) if r.status is not Status.ABORTED])
+
+    def _keep(self, kept: list[int]) -> None:
+        """Only live rows `kept` (indices) go on: the stepper's state, then the engine's."""
+        self.stepper.keep(self.live, kept)
+        self.live = [self.live[i] for i in kept]
 
     def _drop_live(self) -> None:
         for r in self.live:
