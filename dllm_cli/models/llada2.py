@@ -114,16 +114,23 @@ class LLaDA2MoE(nn.Module):
         flat = x.reshape(-1, shape[-1])  # (N, d)
         experts, w = self.gate(flat)  # (N, k) each
         k = experts.shape[1]
+        back = self.routed(flat, experts)  # (N k, d) in (token, choice) order
+        y = (back.view(-1, k, shape[-1]).float() * w[..., None]).sum(dim=1).to(x.dtype)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(flat)
+        return y.view(shape)
+
+    def routed(self, flat: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """(N k, d): each (token, choice) pair's expert output, every expert run once on its
+        rows (grouped by the reference's unstable sort)."""
+        k = experts.shape[1]
         order = experts.reshape(-1).argsort()
         rows = flat[order // k]  # (N k, d), grouped by expert
         counts = torch.bincount(experts.reshape(-1), minlength=len(self.experts)).tolist()
         outs = each_expert(list(self.experts), rows, counts)
         back = torch.empty_like(outs)
-        back[order] = outs  # (N k, d) in (token, choice) order
-        y = (back.view(-1, k, shape[-1]).float() * w[..., None]).sum(dim=1).to(x.dtype)
-        if self.shared_experts is not None:
-            y = y + self.shared_experts(flat)
-        return y.view(shape)
+        back[order] = outs
+        return back
 
 
 class LLaDA2Attention(nn.Module):

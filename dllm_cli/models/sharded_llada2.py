@@ -1,5 +1,5 @@
-"""LLaDA2.x's pieces under tensor parallelism (the model side: decoding it under the flag is
-refused until the block stepper drafts from vocabulary shards).
+"""LLaDA2.x's pieces under tensor parallelism (the model side; the block stepper drafts from
+the vocabulary shards: decoding/sharded_sampling.py).
 
 Its attention has one fused `query_key_value` projection whose rows are every query head, then
 every KV head's key, then its value: a rank reads three row ranges of it (its query heads, its
@@ -60,20 +60,17 @@ def split_llada2_block(block, shards: Shards, plan: dict, prefix: str, ops) -> N
         mlp.__class__, mlp.shards = SummedLLaDA2MoE, shards
 
 
-class LocalLLaDA2MoE(LLaDA2MoE):
+class LocalLLaDA2MoE(SummedLLaDA2MoE):
     """A sparse layer holding routed experts [first, first + count) whole (an nn.ModuleDict
     keyed by their global indices: checkpoint names stay `experts.{i}.*`): the reference's
-    routing and sort, its float32 weighted sum over this rank's experts (others' outputs 0),
-    plus this rank's shared-expert columns; the ranks' parts summed by one all-reduce."""
+    routing, sort and float32 weighted sum with other ranks' pairs 0, plus this rank's
+    shared-expert columns; the ranks' parts summed by one all-reduce (SummedLLaDA2MoE)."""
 
-    shards: Shards
     first: int
     count: int
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])  # (N, d)
-        experts, w = self.gate(flat)  # (N, k) each, the same on every rank
+    def routed(self, flat: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """(N k, d): this rank's experts' outputs for their (token, choice) pairs, 0 elsewhere."""
         k = experts.shape[1]
         order = experts.reshape(-1).argsort()  # the reference's (unstable) sort
         counts = torch.bincount(experts.reshape(-1), minlength=self.gate.weight.shape[0])
@@ -81,12 +78,9 @@ class LocalLLaDA2MoE(LLaDA2MoE):
         start, stop = int(counts[:lo].sum()), int(counts[:hi].sum())  # this rank's sorted pairs
         mine = order[start:stop]
         outs = each_expert(list(self.experts.values()), flat[mine // k], counts[lo:hi].tolist())
-        back = flat.new_zeros(flat.shape[0] * k, shape[-1])
-        back[mine] = outs  # (N k, d) in (token, choice) order; other ranks' pairs: 0
-        y = (back.view(-1, k, shape[-1]).float() * w[..., None]).sum(dim=1).to(x.dtype)
-        if self.shared_experts is not None:
-            y = y + self.shared_experts(flat)  # this rank's columns' partial product
-        return self.shards.all_reduce(y).view(shape)  # (B, T, d) summed over ranks
+        back = flat.new_zeros(flat.shape[0] * k, flat.shape[-1])
+        back[mine] = outs
+        return back
 
 
 def keep_llada2_experts(mlp: LLaDA2MoE, shards: Shards) -> None:
