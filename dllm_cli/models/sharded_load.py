@@ -200,7 +200,7 @@ def sum_fused_rows(model: nn.Module) -> None:
             continue
         for name, group in list(fusion.groups.items()):
             if all(isinstance(lin, RowLinear) for lin in group.linears):
-                fusion.groups[name] = _summed(group, group.linears[0].shards)
+                fusion.set(name, _summed(group, group.linears[0].shards))
 
 
 def _summed(group: Callable, shards: Shards) -> Callable:
