@@ -100,28 +100,6 @@ def apply_rope(
     return out if out.dtype == dtype else out.to(dtype)
 
 
-def rotated_qkv(
-    qkv: torch.Tensor,
-    n_heads: int,
-    n_kv: int,
-    rope: tuple[torch.Tensor, ...],
-    full_precision: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B, T, (H + 2 H_kv) D) projections -> q (B, H, T, D), k, v (B, H_kv, T, D); q, k rotated.
-
-    One transpose puts every head in (B, heads, T, D) order before the split, and one RoPE
-    pass covers the queries and keys together (the same arithmetic per element as rotating
-    them one at a time). `rope` is (cos, sin) or (cos, sin, signed sin), (B, 1, T, D) each.
-    """
-    b, t, _ = qkv.shape
-    heads = qkv.view(b, t, n_heads + 2 * n_kv, -1).transpose(1, 2)  # (B, H + 2 H_kv, T, D)
-    qk, v = heads.split_with_sizes((n_heads + n_kv, n_kv), dim=1)
-    cos, sin, *signed = rope
-    rotated = apply_rope(qk, cos, sin, full_precision, *signed)
-    q, k = rotated.split_with_sizes((n_heads, n_kv), dim=1)
-    return q, k, v
-
-
 def attend_qkv(
     qkv: torch.Tensor,
     n_heads: int,
@@ -133,8 +111,18 @@ def attend_qkv(
     columns: Columns,
     key_mask: torch.Tensor | None,
 ) -> torch.Tensor:
-    """(B, T, (H + 2 H_kv) D) projections -> (B, T, H*D): q and k rotated, then attend()."""
-    q, k, v = rotated_qkv(qkv, n_heads, n_kv, rope, full_precision)
+    """(B, T, (H + 2 H_kv) D) projections -> (B, T, H*D): q and k rotated, then attend().
+
+    One transpose puts every head in (B, heads, T, D) order before the split, and one RoPE
+    pass covers the queries and keys together (the same arithmetic per element as rotating
+    them one at a time). `rope` is (cos, sin) or (cos, sin, signed sin), (B, 1, T, D) each.
+    """
+    b, t, _ = qkv.shape
+    heads = qkv.view(b, t, n_heads + 2 * n_kv, -1).transpose(1, 2)  # (B, H + 2 H_kv, T, D)
+    qk, v = heads.split_with_sizes((n_heads + n_kv, n_kv), dim=1)
+    cos, sin, *signed = rope
+    rotated = apply_rope(qk, cos, sin, full_precision, *signed)  # (B, H + H_kv, T, D)
+    q, k = rotated.split_with_sizes((n_heads, n_kv), dim=1)
     return attend(q, k, v, cache, layer, columns, key_mask)
 
 
