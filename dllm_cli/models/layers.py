@@ -186,8 +186,9 @@ def attend(
     q: (B, H, T, D); k, v: (B, H_kv, T, D) for the active columns. With a cache the fresh K/V
     are written at `columns` (a slice, or (B, T) per row) and the queries attend over all
     cached columns. key_mask: (B, S) bool, True where a key may be attended (padding and the
-    cache's scratch column are False); a narrower mask (B, K), K < S, also cuts the keys at K
-    (suffix pruning: the canvas past K is neither attended nor read). Returns (B, T, H*D).
+    cache's scratch column are False), or (B, T, S) per query (block-causal rows: models/block.py);
+    a narrower mask (B, K), K < S, also cuts the keys at K (suffix pruning: the canvas past K is
+    neither attended nor read). Returns (B, T, H*D).
     """
     if rope is not None:  # None: the caller has rotated q and k already
         cos, sin, *signed = rope
@@ -199,9 +200,11 @@ def attend(
         return attend_packed(q, k, v, cache, layer, key_mask)
     if cache is not None:
         k, v = cache.update(layer, columns, k, v)  # (B, H_kv, S, D)
-        if key_mask is not None and key_mask.shape[1] < k.shape[2]:
-            k, v = k[:, :, : key_mask.shape[1]], v[:, :, : key_mask.shape[1]]  # (B, H_kv, K, D)
-    return sdpa(q, k, v, None if key_mask is None else key_mask[:, None, None, :])  # (B,1,1,S)
+        if key_mask is not None and key_mask.shape[-1] < k.shape[2]:
+            k, v = k[:, :, : key_mask.shape[-1]], v[:, :, : key_mask.shape[-1]]  # (B, H_kv, K, D)
+    if key_mask is not None:  # (B, 1, 1, S) for every query alike, or (B, 1, T, S) per query
+        key_mask = key_mask[:, None, None, :] if key_mask.dim() == 2 else key_mask[:, None]
+    return sdpa(q, k, v, key_mask)
 
 
 def sdpa(q, k, v, mask=None, causal: bool = False) -> torch.Tensor:

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM
+from dllm_cli.models.block import BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
-from dllm_cli.models.layers import RMSNorm, SwiGLU
+from dllm_cli.models.layers import RMSNorm, SwiGLU, attend
 from dllm_cli.models.qwen_layers import PreNormLayer
 
 
@@ -66,12 +66,13 @@ class SDARAttention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, ctx: BlockContext, layer: int) -> torch.Tensor:
+    def forward(self, x, rope, **where) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, -1)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, -1)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, -1).transpose(1, 2)  # (B, H_kv, T, D)
-        return self.o_proj(ctx.attend(layer, q, k, v, rope))
+        q, k = rope_partial(q, rope), rope_partial(k, rope)
+        return self.o_proj(attend(q, k, v, None, full_precision_rope=False, **where))
 
 
 def sdar_layer(cfg: SDARConfig) -> PreNormLayer:
