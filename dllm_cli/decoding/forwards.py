@@ -11,9 +11,9 @@ Rows apart (continuous batching: `ragged`) run as one packed forward (packing.py
 SGLang's varlen batching): every row's own columns end to end in one sequence, a new row's
 prefill beside the cached rows' windows, so no row is padded to another's width and a step
 pays one forward's fixed cost; attention runs per group of rows (with no cache policy, over
-one layer's K/V buffers that every layer reuses). Models whose layers attend
-otherwise, classifier-free guidance (two branches) and WINO's shadow queries keep the padded
-layout below:
+one layer's K/V buffers that every layer reuses). Classifier-free guidance packs its second
+branch as more rows (each with its own cache rows). Models whose layers attend otherwise and
+WINO's shadow queries keep the padded layout below:
 
 - rows whose plan is a full refresh are ragged: each computes only its own columns, from its
   first prompt token, in groups of similar width, one forward each (`ragged_groups`);
@@ -95,8 +95,9 @@ class Forwards:
         self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
         self.ragged = ragged
         # Ragged rows share one packed forward (packing.py) where the model's layers attend
-        # through layers.attend; guidance's two branches and WINO's shadow stay padded.
-        self.packs = self.branches == 1 and model.packs and self.packable
+        # through layers.attend (guidance: its second branch as more packed rows); WINO's
+        # shadow stays padded.
+        self.packs = model.packs and self.packable
         self.row_columns = self.key_columns = 0
         self._span_memo: dict = {}  # spans -> (columns, valid), see _slots
         self._buffers: tuple | None = None  # (canvas shape, KVCache): see _layer_buffers
@@ -177,12 +178,19 @@ class Forwards:
         return memo[key]
 
     def _packed(self, c: Canvas, cache: KVCache, plans, spans, generator, columns, valid):
-        """One forward over every row's own columns, packed (packing.py)."""
+        """One forward over every row's own columns, packed (packing.py); under guidance the
+        prompt-masked branch's rows follow (cache rows B.. of the view, as padded)."""
+        if self.branches == 2:
+            c = both_branches(c)
+            plans, spans = plans * 2, spans * 2
         p = pack(c, cache.row_ids, cache.hosts, plans, spans, self.model.logit_shift)
         self.row_columns += p.row_columns
         self.key_columns += p.key_columns
         logits = self.model(p.ids, p.positions, cache, p.layout, logits_slice=p.picks)
-        logits = logits.view(len(plans), p.span, -1)  # (B, L, V)
+        logits = logits.view(len(plans), p.span, -1)  # (branches B, L, V)
+        if self.branches == 2:
+            cond, un = logits.chunk(2)
+            logits = un + (self.cfg + 1) * (cond - un)
         drafts, confidence, probs = self._draft(logits, generator)
         return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
 
@@ -191,11 +199,11 @@ class Forwards:
         forward (each layer writes its rows' keys there and attends them before the next
         layer overwrites them; every row refreshes, so every key it attends is written), kept
         while the canvas keeps its shape."""
-        shape = (c.batch, c.width)
+        shape = (c.batch * self.branches, c.width)
         if self._buffers is None or self._buffers[0] != shape:
             n_layers, n_kv, head_dim = self.model.kv_shape()
             p = next(self.model.parameters())
-            one = KVCache.empty(1, c.batch, n_kv, c.width, head_dim, p.dtype, p.device)
+            one = KVCache.empty(1, shape[0], n_kv, c.width, head_dim, p.dtype, p.device)
             self._buffers = (shape, KVCache(one.k * n_layers, one.v * n_layers))
         return self._buffers[1]
 
@@ -246,7 +254,7 @@ class Forwards:
             # Classifier-free guidance (LLaDA): a second branch with the prompt masked out.
             prompt = pick(c.prompt_mask())
             prompt = prompt[:, cols] if isinstance(cols, slice) else take(prompt, cols, False)
-            uncond = ids.masked_fill(prompt, c.mask_id)
+            uncond = ids.masked_fill(prompt, c.mask_id)  # (as both_branches masks it)
             ids, pos = torch.cat([ids, uncond]), torch.cat([pos, pos])
             keys = None if keys is None else torch.cat([keys, keys])
             if isinstance(cols, torch.Tensor):
@@ -296,6 +304,13 @@ class Forwards:
                 keys = torch.ones((n, c.width), dtype=torch.bool, device=c.ids.device)
             keys = torch.cat([keys, torch.zeros_like(keys[:, :1])], dim=1)
         return None if keys is None else keys[:, lo:]
+
+
+def both_branches(c: Canvas) -> Canvas:
+    """Guidance's canvas of 2B rows: the rows, then each with its prompt masked out."""
+    uncond = c.ids.masked_fill(c.prompt_mask(), c.mask_id)
+    twice = (torch.cat([c.ids, uncond]), c.pad.repeat(2), c.rows.repeat(2), c.steps.repeat(2, 1))
+    return Canvas(*twice, c.prompt_width, c.mask_id, c.any_pad)
 
 
 def ragged_groups(plans: list[Forward], full: list[int]) -> list[list[int]]:
