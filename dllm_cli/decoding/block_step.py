@@ -187,6 +187,8 @@ def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
             cols = torch.cat([torch.where(storing, cols - b, e.cache.width), cols], dim=1)
             index = slice(b, 2 * b)
         keys = block_keys(cols, ends, b, hi)  # (N, T, hi)
+        if len({r.block for r in rows}) == 1 and len(previous) in (0, n):  # rows in lockstep
+            cols = slice(hi - cols.shape[1], hi)  # one slice: written in place, no index
         return ids, positions, rows_view(e, rows, hi), keys, cols, index
     width = int(ends.max())
     ids = torch.full((n, width), e.special.pad, dtype=torch.long, device=e.device)
