@@ -173,9 +173,9 @@ def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
     """
     b, n = e.rule.block, len(rows)
     cols = torch.stack([columns(r, b) for r in rows])  # (N, B)
-    ends = torch.tensor([(r.block + 1) * b for r in rows], device=e.device)
+    host = [(r.block + 1) * b for r in rows]  # each row's end
+    ends, hi = torch.tensor(host, device=e.device), max(host)
     if e.cached:
-        hi = max((r.block + 1) * b for r in rows)
         ids, positions, index = torch.stack([block_of(r, b) for r in rows]), cols, None
         if previous:
             ahead = torch.full_like(ids, e.special.pad)
@@ -190,12 +190,11 @@ def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
         if len({r.block for r in rows}) == 1 and len(previous) in (0, n):  # rows in lockstep
             cols = slice(hi - cols.shape[1], hi)  # one slice: written in place, no index
         return ids, positions, rows_view(e, rows, hi), keys, cols, index
-    width = int(ends.max())
-    ids = torch.full((n, width), e.special.pad, dtype=torch.long, device=e.device)
-    for i, r in enumerate(rows):
-        ids[i, : (r.block + 1) * b] = r.x[: (r.block + 1) * b]
-    every = torch.arange(width, device=e.device).expand(n, width)
-    return ids, None, None, block_keys(every, ends, b, width), slice(0, width), cols
+    ids = torch.full((n, hi), e.special.pad, dtype=torch.long, device=e.device)
+    for i, (r, end) in enumerate(zip(rows, host, strict=True)):
+        ids[i, :end] = r.x[:end]
+    every = torch.arange(hi, device=e.device).expand(n, hi)
+    return ids, None, None, block_keys(every, ends, b, hi), slice(0, hi), cols
 
 
 def rows_view(e: BlockStepper, rows, hi: int) -> KVCache:
