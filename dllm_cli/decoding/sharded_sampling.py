@@ -12,6 +12,7 @@ same seed). Sampled drafts and the settings that need the whole distribution are
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -28,7 +29,7 @@ CONFIDENCES = ("low_confidence", "margin", "random")
 BLOCK = Family("block", torch.float32, tempered_confidence=False, schedule="linear")
 
 
-def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False) -> None:
+def refuse_unsupported(settings, *, compiled: bool = False) -> None:
     """One line for what tensor parallelism does not compute yet (rather than computing it
     wrong): sampled drafts, top-p, classifier-free guidance, rules that read distributions."""
     why = None
@@ -36,16 +37,12 @@ def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False
         why = "sampled drafts (--temperature above 0)"
     elif settings.top_p is not None and settings.top_p < 1.0:
         why = "top-p filtering (--top-p)"
-    elif settings.cfg_scale > 0:
-        why = "classifier-free guidance (--cfg-scale)"
     elif settings.alg_temp > 0:
         why = "sampled positions (alg_temp)"
     elif settings.unmask not in UNMASKS:
         why = f"--unmask {settings.unmask} (supported: {', '.join(UNMASKS)})"
     elif settings.confidence not in CONFIDENCES:
         why = f"--confidence {settings.confidence} (supported: {', '.join(CONFIDENCES)})"
-    elif guided:
-        why = "a guide model (use --no-guide)"
     elif compiled:
         why = "--compile"
     if why:
@@ -62,10 +59,14 @@ class ShardedSampler:
     denominator of the whole distribution, or of the top-k filtered one (Dream's confidence).
     """
 
-    def __init__(self, shards: Shards, start: int, smallest: int, settings, family, vocab, mask):
+    def __init__(
+        self, shards: Shards, start: int, smallest: int, settings, family, vocab, mask,
+        distributions: bool = False,
+    ):  # fmt: skip
         refuse_unsupported(settings)
         self.shards, self.start, self.family = shards, start, family
         self.vocab_size, self.mask_id = vocab, mask
+        self.distributions = distributions  # also each column's distribution over the shard
         self.confidence, self.given_top_k = settings.confidence, settings.top_k
         self.margin = settings.confidence == "margin"
         self.top_k = (settings.top_k or 0) if family.tempered_confidence else 0
@@ -77,29 +78,41 @@ class ShardedSampler:
             )
 
     @classmethod
-    def of(cls, model: ShardedLM, settings, family, vocab: int, mask: int) -> ShardedSampler:
+    def of(
+        cls, model: ShardedLM, settings, family, vocab: int, mask: int, distributions=False
+    ) -> ShardedSampler:
         """The sampler for a split model's own range of the vocabulary."""
         start, smallest = model.vocab_start, model.vocab_smallest
-        return cls(model.shards, start, smallest, settings, family, vocab, mask)
+        return cls(model.shards, start, smallest, settings, family, vocab, mask, distributions)
 
     def __call__(self, logits: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
         tokens, confidence, _ = self.draft(logits, generator)
         return tokens, confidence
 
     def draft(self, logits: torch.Tensor, generator):
-        """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L), no distribution."""
+        """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L) and, when kept
+        (`distributions`), the shard's part of the distribution they come from (B, L, V_r)."""
         self.check_rows(generator)
         dtype = self.family.dtype or (logits.dtype if logits.dtype.itemsize >= 4 else None)
-        s = self.gather(self.working(logits, dtype or torch.float32), self.k)
+        work = self.working(logits, dtype or torch.float32)
+        s = self.gather(work, self.k)
         if self.top_k:
-            denominator, second = self.filtered(s)
+            denominator, second, kth = self.filtered(s)
         else:
-            denominator, second = s.denominator(), s.second()
+            denominator, second, kth = s.denominator(), s.second(), None
+        probs = self.part(work, s.best, denominator, kth) if self.distributions else None
         if self.confidence == "random":  # LLaDA's random remasking: every rank draws the same
-            return s.tokens, uniform(generator, s.tokens.shape, s.best.dtype, s.best.device), None
+            return s.tokens, uniform(generator, s.tokens.shape, s.best.dtype, s.best.device), probs
         if not self.margin:
-            return s.tokens, 1.0 / denominator, None
-        return s.tokens, (1.0 - torch.exp(second - s.best)) / denominator, None
+            return s.tokens, 1.0 / denominator, probs
+        return s.tokens, (1.0 - torch.exp(second - s.best)) / denominator, probs
+
+    @staticmethod
+    def part(work, best, denominator, kth) -> torch.Tensor:
+        """This shard's ids' probabilities under the whole (or top-k filtered: ids below the
+        global k-th dropped) softmax: Sampler.draft's distribution, sliced (B, L, V_r)."""
+        scaled = torch.exp(work - best[..., None]) / denominator[..., None]
+        return scaled if kth is None else torch.where(work >= kth[..., None], scaled, 0.0)
 
     def check_rows(self, generator) -> None:
         """Refuse rows whose own sampling (a --json-input line's) differs from the run's."""
@@ -139,9 +152,9 @@ class ShardedSampler:
         every = self.shards.all_gather(torch.cat(columns, dim=-1))  # (world, B, L, 4 + k)
         return Summaries(every)
 
-    def filtered(self, s: Summaries) -> tuple[torch.Tensor, torch.Tensor]:
+    def filtered(self, s: Summaries) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Dream: the softmax denominator over the global top-k (ties with the k-th kept, as
-        top_k_filter keeps them), and the second largest kept logit (-inf: none)."""
+        top_k_filter keeps them), the second largest kept logit (-inf: none), the k-th."""
         k = self.top_k
         mine = s.top[..., :k]  # (world, B, L, k)
         union = mine.permute(1, 2, 0, 3).flatten(2)  # (B, L, world k)
@@ -151,7 +164,7 @@ class ShardedSampler:
         more = torch.where(mine[..., -1] == kth, s.ties - k, 0.0).sum(dim=0)  # (B, L)
         denominator = kept.sum(dim=-1) + more * torch.exp(kth - s.best)
         second = s.second()
-        return denominator, torch.where(second >= kth, second, -math.inf)
+        return denominator, torch.where(second >= kth, second, -math.inf), kth
 
 
 def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
@@ -166,6 +179,46 @@ def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
         return summary.tokens, 1.0 / summary.denominator()
 
     return drafted
+
+
+@dataclass(frozen=True)
+class VocabPart:
+    """Which ids a step's distributions hold (their last dimension): one process's hold the
+    whole vocabulary; a tensor-parallel rank's hold its shard, ids `start`.. of `total`."""
+
+    start: int = 0
+    total: int | None = None  # the real vocabulary (None: the distributions' own width)
+    shards: Shards | None = None
+
+    @classmethod
+    def of(cls, model, vocab: int) -> VocabPart:
+        """The part a model's sampler gives (`vocab`: the real vocabulary's size)."""
+        if model.shards is None:
+            return WHOLE
+        return cls(model.vocab_start, vocab, model.shards)
+
+    def ids(self, full: torch.Tensor, width: int, fill) -> torch.Tensor:
+        """(..., width) this part's columns of a (..., whole vocabulary) tensor, `fill` past
+        its end (the embedding's padding ids)."""
+        mine = full[..., self.start : self.start + width]
+        missing = width - mine.shape[-1]
+        if missing <= 0:
+            return mine
+        return torch.cat([mine, mine.new_full((*mine.shape[:-1], missing), fill)], dim=-1)
+
+    def best(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(F, V_part) scores -> the whole vocabulary's best score and its id (the lowest
+        among equals, as argmax's), (F,) each: one all-gather of two numbers a row."""
+        top, index = scores.max(dim=-1)
+        if self.shards is None:
+            return top, index
+        ids = (index + self.start).to(scores.dtype)  # exact: ids < 2^24
+        every = self.shards.all_gather(torch.stack([top, ids], dim=-1))  # (world, F, 2)
+        top, rank = every[..., 0].max(dim=0)  # the lowest rank among equals
+        return top, every[..., 1].gather(0, rank[None])[0].long()
+
+
+WHOLE = VocabPart()  # one process: every id
 
 
 class Summaries:
