@@ -78,6 +78,7 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
     for case in seen["drafts"]:
         assert case["tokens"], case["case"]
         assert case["difference"] < 1e-6, case["case"]
+        assert case["probs"] < 1e-6, case["case"]
 
 
 @pytest.mark.slow
@@ -153,7 +154,6 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
     [
         (DecodeSettings(temperature=0.5), "sampled drafts"),
         (DecodeSettings(top_p=0.9), "top-p"),
-        (DecodeSettings(cfg_scale=1.0), "classifier-free guidance"),
         (DecodeSettings(unmask="wino"), "--unmask wino"),
         (DecodeSettings(confidence="entropy"), "--confidence entropy"),
     ],

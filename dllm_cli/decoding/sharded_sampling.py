@@ -67,15 +67,8 @@ class ShardedSampler:
         self.shards, self.start, self.family = shards, start, family
         self.vocab_size, self.mask_id = vocab, mask
         self.distributions = distributions  # also each column's distribution over the shard
-        self.confidence, self.given_top_k = settings.confidence, settings.top_k
-        self.margin = settings.confidence == "margin"
-        self.top_k = (settings.top_k or 0) if family.tempered_confidence else 0
-        self.k = max(self.top_k, 2 if self.margin else 1)  # candidates each rank sends
-        if self.k > smallest:
-            raise SettingsError(
-                f"--tensor-parallel {shards.world}: top_k {self.k} exceeds a rank's "
-                f"{smallest} vocabulary ids"
-            )
+        self.smallest, self.confidence = smallest, settings.confidence
+        self.top_k = self.filter_of(settings.top_k, settings.confidence)
 
     @classmethod
     def of(
@@ -92,18 +85,19 @@ class ShardedSampler:
     def draft(self, logits: torch.Tensor, generator):
         """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L) and, when kept
         (`distributions`), the shard's part of the distribution they come from (B, L, V_r)."""
-        self.check_rows(generator)
+        top_k, confidence = self.values(generator)
         dtype = self.family.dtype or (logits.dtype if logits.dtype.itemsize >= 4 else None)
         work = self.working(logits, dtype or torch.float32)
-        s = self.gather(work, self.k)
-        if self.top_k:
-            denominator, second, kth = self.filtered(s)
+        k = max(top_k, 2 if confidence == "margin" else 1)  # candidates each rank sends
+        s = self.gather(work, k, top_k)
+        if top_k:
+            denominator, second, kth = self.filtered(s, top_k)
         else:
             denominator, second, kth = s.denominator(), s.second(), None
         probs = self.part(work, s.best, denominator, kth) if self.distributions else None
-        if self.confidence == "random":  # LLaDA's random remasking: every rank draws the same
+        if confidence == "random":  # LLaDA's random remasking: every rank draws the same
             return s.tokens, uniform(generator, s.tokens.shape, s.best.dtype, s.best.device), probs
-        if not self.margin:
+        if confidence != "margin":
             return s.tokens, 1.0 / denominator, probs
         return s.tokens, (1.0 - torch.exp(second - s.best)) / denominator, probs
 
@@ -114,17 +108,36 @@ class ShardedSampler:
         scaled = torch.exp(work - best[..., None]) / denominator[..., None]
         return scaled if kth is None else torch.where(work >= kth[..., None], scaled, 0.0)
 
-    def check_rows(self, generator) -> None:
-        """Refuse rows whose own sampling (a --json-input line's) differs from the run's."""
+    def values(self, generator) -> tuple[int, str]:
+        """This step's top-k (0: none) and confidence: the rows' own when they bring them
+        (requests: greedy, and agreeing with each other), else the run's."""
         if not isinstance(generator, RowDraws):
-            return
-        for s in generator.samplings:
-            own = (s.top_p is not None and s.top_p < 1.0) or s.confidence != self.confidence
-            if not s.greedy or own or s.top_k not in (None, self.given_top_k):
-                raise SettingsError(
-                    "--tensor-parallel does not support per-request temperature, top_p, top_k "
-                    "or confidence yet"
-                )
+            return self.top_k, self.confidence
+        top_k, confidence = generator.value("top_k"), generator.value("confidence")
+        nucleus = any(s.top_p is not None and s.top_p < 1.0 for s in generator.samplings)
+        if not generator.all_greedy or nucleus or isinstance(top_k, list):
+            raise SettingsError(
+                "--tensor-parallel does not support per-request temperature, top_p, or rows "
+                "that differ in top_k or confidence yet"
+            )
+        if isinstance(confidence, list) or confidence not in CONFIDENCES:
+            raise SettingsError(
+                "--tensor-parallel does not support per-request confidence other than the "
+                f"run's ({', '.join(CONFIDENCES)}) yet"
+            )
+        return self.filter_of(top_k, confidence), confidence
+
+    def filter_of(self, top_k: int | None, confidence: str) -> int:
+        """Dream's top-k of the confidence (0: none; LLaDA's confidence reads raw logits),
+        refused where a rank holds fewer ids than it would send."""
+        top_k = (top_k or 0) if self.family.tempered_confidence else 0
+        k = max(top_k, 2 if confidence == "margin" else 1)
+        if k > self.smallest:
+            raise SettingsError(
+                f"--tensor-parallel {self.shards.world}: top_k {k} exceeds a rank's "
+                f"{self.smallest} vocabulary ids"
+            )
+        return top_k
 
     def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy drafts and their probability under softmax(raw logits), at least float32."""
@@ -139,23 +152,23 @@ class ShardedSampler:
         dropped = (ids >= self.vocab_size) | (ids == self.mask_id)  # (V_r,)
         return logits.to(dtype).masked_fill(dropped, -math.inf)
 
-    def gather(self, work: torch.Tensor, k: int) -> Summaries:
-        """Every rank's summary of its (B, L, V_r) shard, in one all-gather."""
+    def gather(self, work: torch.Tensor, k: int, top_k: int = 0) -> Summaries:
+        """Every rank's summary of its (B, L, V_r) shard, in one all-gather: k candidates,
+        ties counted with the top_k-th (the first when 0)."""
         best, index = work.max(dim=-1)  # (B, L): the first maximum
         shift = torch.where(torch.isfinite(best), best, 0.0)  # a shard of padding ids only
         total = (work - shift[..., None]).exp().sum(dim=-1)  # (B, L)
         top = work.topk(k, dim=-1).values  # (B, L, k)
-        kth = top[..., (self.top_k or 1) - 1 : self.top_k or 1]
+        kth = top[..., (top_k or 1) - 1 : top_k or 1]
         ties = (work >= kth).sum(dim=-1).to(work.dtype)  # (B, L)
         ids = (index + self.start).to(work.dtype)  # exact: ids < 2^24
         columns = [best[..., None], ids[..., None], total[..., None], ties[..., None], top]
         every = self.shards.all_gather(torch.cat(columns, dim=-1))  # (world, B, L, 4 + k)
         return Summaries(every)
 
-    def filtered(self, s: Summaries) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def filtered(self, s: Summaries, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Dream: the softmax denominator over the global top-k (ties with the k-th kept, as
         top_k_filter keeps them), the second largest kept logit (-inf: none), the k-th."""
-        k = self.top_k
         mine = s.top[..., :k]  # (world, B, L, k)
         union = mine.permute(1, 2, 0, 3).flatten(2)  # (B, L, world k)
         kth = union.topk(k, dim=-1).values[..., -1]  # (B, L)
