@@ -241,3 +241,26 @@ def test_logprobs_under_tensor_parallel_are_refused_before_loading(folders, monk
     result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
     assert result.exit_code == 2
     assert error_lines(result) == ["dllm: error: --tensor-parallel does not support --logprobs yet"]
+
+
+def test_a_step_decodes_with_its_rows_values_when_they_agree():
+    from dllm_cli.decoding.row_sampling import RowDraws
+    from dllm_cli.decoding.sampling import FAMILIES
+    from dllm_cli.decoding.sharded_sampling import ShardedSampler, VocabPart
+    from dllm_cli.lifetimes import Sampling
+
+    sampler = ShardedSampler(Shards(0, 2), 0, 50, DecodeSettings(), FAMILIES["dream"], 99, 7)
+
+    def rows(*values: tuple[int, str]) -> RowDraws:
+        samplings = tuple(Sampling(top_k=k, confidence=c) for k, c in values)
+        n = len(values)
+        return RowDraws((torch.Generator(),) * n, samplings, (1,) * n, (True,) * n)
+
+    assert sampler.values(rows((3, "margin"), (3, "margin"))) == (3, "margin")
+    for differ in (((3, "margin"), (5, "margin")), ((3, "margin"), (3, "random"))):
+        with pytest.raises(SettingsError, match="differ in top_k or confidence"):
+            sampler.values(rows(*differ))
+    with pytest.raises(SettingsError, match="top_k 60 exceeds a rank's 50 vocabulary ids"):
+        sampler.values(rows((60, "margin")))
+    # a rank's columns of a whole-vocabulary mask, padding ids past its end
+    assert VocabPart(3).ids(torch.arange(5), 4, -1).tolist() == [3, 4, -1, -1]

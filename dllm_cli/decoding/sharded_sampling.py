@@ -115,15 +115,12 @@ class ShardedSampler:
             return self.top_k, self.confidence
         top_k, confidence = generator.value("top_k"), generator.value("confidence")
         nucleus = any(s.top_p is not None and s.top_p < 1.0 for s in generator.samplings)
-        if not generator.all_greedy or nucleus or isinstance(top_k, list):
+        differ = isinstance(top_k, list) or isinstance(confidence, list)
+        if not generator.all_greedy or nucleus or differ or confidence not in CONFIDENCES:
             raise SettingsError(
-                "--tensor-parallel does not support per-request temperature, top_p, or rows "
-                "that differ in top_k or confidence yet"
-            )
-        if isinstance(confidence, list) or confidence not in CONFIDENCES:
-            raise SettingsError(
-                "--tensor-parallel does not support per-request confidence other than the "
-                f"run's ({', '.join(CONFIDENCES)}) yet"
+                "--tensor-parallel does not support per-request temperature or top_p, rows "
+                "that differ in top_k or confidence, or a confidence other than "
+                f"{', '.join(CONFIDENCES)} yet"
             )
         return self.filter_of(top_k, confidence), confidence
 
@@ -214,10 +211,8 @@ class VocabPart:
         """(..., width) this part's columns of a (..., whole vocabulary) tensor, `fill` past
         its end (the embedding's padding ids)."""
         mine = full[..., self.start : self.start + width]
-        missing = width - mine.shape[-1]
-        if missing <= 0:
-            return mine
-        return torch.cat([mine, mine.new_full((*mine.shape[:-1], missing), fill)], dim=-1)
+        pad = mine.new_full((*mine.shape[:-1], width - mine.shape[-1]), fill)
+        return torch.cat([mine, pad], dim=-1)
 
     def best(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(F, V_part) scores -> the whole vocabulary's best score and its id (the lowest
