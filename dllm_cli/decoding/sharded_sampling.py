@@ -31,7 +31,7 @@ BLOCK = Family("block", torch.float32, tempered_confidence=False, schedule="line
 
 def refuse_unsupported(settings, *, compiled: bool = False) -> None:
     """One line for what tensor parallelism does not compute yet (rather than computing it
-    wrong): sampled drafts, top-p, classifier-free guidance, rules that read distributions."""
+    wrong): sampled drafts, top-p, rules that read whole distributions."""
     why = None
     if settings.temperature > 0:
         why = "sampled drafts (--temperature above 0)"

@@ -113,7 +113,9 @@ def drop(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
     pools.pop(group, None)  # (gone already when its step failed here too)
 
 
-def add(pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid, grammar):
+def add(
+    pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid, grammar
+) -> None:
     engine = pools[group].engine
     mine = engine.add(ids, settings=settings)
     if mine != rid:  # the engines are deterministic: this is a bug, not bad input
