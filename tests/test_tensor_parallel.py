@@ -262,5 +262,7 @@ def test_a_step_decodes_with_its_rows_values_when_they_agree():
             sampler.values(rows(*differ))
     with pytest.raises(SettingsError, match="top_k 60 exceeds a rank's 50 vocabulary ids"):
         sampler.values(rows((60, "margin")))
+    llada = ShardedSampler(Shards(0, 2), 0, 50, DecodeSettings(), FAMILIES["llada"], 99, 7)
+    assert llada.values(rows((3, "margin"), (60, "margin"))) == (0, "margin")  # raw logits
     # a rank's columns of a whole-vocabulary mask, padding ids past its end
     assert VocabPart(3).ids(torch.arange(5), 4, -1).tolist() == [3, 4, -1, -1]

@@ -109,24 +109,26 @@ class ShardedSampler:
         return scaled if kth is None else torch.where(work >= kth[..., None], scaled, 0.0)
 
     def values(self, generator) -> tuple[int, str]:
-        """This step's top-k (0: none) and confidence: the rows' own when they bring them
-        (requests: greedy, and agreeing with each other), else the run's."""
+        """This step's top-k (0: none, or LLaDA's, which drafts from raw logits) and
+        confidence: the rows' own when they bring them (requests: greedy, agreeing with each
+        other), else the run's."""
         if not isinstance(generator, RowDraws):
             return self.top_k, self.confidence
-        top_k, confidence = generator.value("top_k"), generator.value("confidence")
-        nucleus = any(s.top_p is not None and s.top_p < 1.0 for s in generator.samplings)
-        differ = isinstance(top_k, list) or isinstance(confidence, list)
-        if not generator.all_greedy or nucleus or differ or confidence not in CONFIDENCES:
+        rows = generator.samplings
+        values = {(self.filter_of(s.top_k, s.confidence), s.confidence) for s in rows}
+        nucleus = any(s.top_p is not None and s.top_p < 1.0 for s in rows)
+        sampled = not generator.all_greedy or nucleus
+        if sampled or len(values) > 1 or rows[0].confidence not in CONFIDENCES:
             raise SettingsError(
                 "--tensor-parallel does not support per-request temperature or top_p, rows "
                 "that differ in top_k or confidence, or a confidence other than "
                 f"{', '.join(CONFIDENCES)} yet"
             )
-        return self.filter_of(top_k, confidence), confidence
+        return values.pop()
 
     def filter_of(self, top_k: int | None, confidence: str) -> int:
-        """Dream's top-k of the confidence (0: none; LLaDA's confidence reads raw logits),
-        refused where a rank holds fewer ids than it would send."""
+        """The top-k a confidence filters by (Dream's; 0: none), refused where a rank holds
+        fewer ids than it would send."""
         top_k = (top_k or 0) if self.family.tempered_confidence else 0
         k = max(top_k, 2 if confidence == "margin" else 1)
         if k > self.smallest:
