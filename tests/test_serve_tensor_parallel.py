@@ -172,3 +172,18 @@ def test_a_follower_drops_an_engine_that_fails_as_rank_0_does():
     mirror.drop(pools, None, 1, "bad")  # rank 0's drop of it, next turn: nothing left to drop
     with pytest.raises(RankLost):
         mirror.step(pools, "lost")
+
+
+def test_requests_that_differ_in_top_k_decode_on_engines_of_their_own():
+    from dllm_cli.serve import engines, mirror
+    from dllm_cli.serve.protocol import Job
+    from dllm_cli.settings import DecodeSettings
+
+    jobs = [
+        Job("completion", settings=DecodeSettings(top_k=k, seed=s))
+        for k, s in ((3, 1), (5, 2), (3, 3))
+    ]
+    split = [engines.group_of(job, grouped=mirror.Leader.grouped) for job in jobs]
+    assert split[0] == split[2] != split[1]  # the seed stays the request's own
+    assert split[0].settings.top_k == 3
+    assert len({engines.group_of(job) for job in jobs}) == 1  # one process: one engine

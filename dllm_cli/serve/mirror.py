@@ -48,6 +48,10 @@ class Channel:
 class Leader:
     """Rank 0's worker's record of its engines' changes, sent before each turn's steps."""
 
+    # The sharded sampler drafts a step with one top-k and confidence: requests that differ
+    # there decode on engines of their own.
+    grouped = ("top_k", "confidence")
+
     def __init__(self, channel: Channel):
         self.channel = channel
         self.changes: list[tuple] = []
