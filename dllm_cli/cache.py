@@ -4,11 +4,12 @@ One type (gpt-fast's `KVCache` is the model): `update` writes a forward's fresh 
 the K/V its queries attend; `view(rows, lo)` is the same cache seen by a forward that serves
 only some rows and attends keys from column `lo` on (a row's own columns: ragged rows, see
 decoding/forwards.py); `select_rows` and `pad` reshape it as rows leave and the canvas
-widens. The block-causal models (models/block.py) keep their rows here too: a block-causal row
-is a row of per-row columns whose key mask is block-causal. Columns are either one slice shared by every row (rows in lockstep) or a (B, T) long
+widens. Columns are either one slice shared by every row (rows in lockstep) or a (B, T) long
 tensor of canvas columns per row (rows at different places of their decode). A per-row forward
 pads short rows with queries aimed at the scratch column: one extra column after the canvas
-that every key mask leaves out, so padding writes land where nothing reads.
+that every key mask leaves out, so padding writes land where nothing reads. The block-causal
+models (models/block.py) keep their rows here too: a block-causal row is a row of per-row
+columns whose key mask is block-causal (per query).
 """
 
 from __future__ import annotations
@@ -103,13 +104,8 @@ class KVCache:
         self, layer: int, columns: Columns, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write K/V of the active columns; return the K/V attention reads (its rows, [lo, hi))."""
-        store_k, store_v, rows, lo, hi = (
-            self.k[layer],
-            self.v[layer],
-            self.row_ids,
-            self.lo,
-            self.hi,
-        )
+        store_k, store_v, rows = self.k[layer], self.v[layer], self.row_ids
+        lo, hi = self.lo, self.hi
         if rows is None and isinstance(columns, slice):
             store_k[:, :, columns] = k  # (B, H_kv, T, D)
             store_v[:, :, columns] = v

@@ -36,10 +36,8 @@ def rope_partial(x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tenso
     """Rotate-half RoPE (layers.apply_rope, model dtype) on the first cos.shape[-1] dims of
     (B, H, T, D); the rest pass (LLaDA2's partial_rotary_factor)."""
     n = rope[0].shape[-1]
-    if n == x.shape[-1]:
-        return apply_rope(x, *rope[:2], False, *rope[2:])
     turned = apply_rope(x[..., :n], *rope[:2], False, *rope[2:])
-    return torch.cat([turned, x[..., n:]], dim=-1)
+    return turned if n == x.shape[-1] else torch.cat([turned, x[..., n:]], dim=-1)
 
 
 class BlockDiffusionLM(DiffusionLM):
