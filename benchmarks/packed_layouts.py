@@ -5,9 +5,8 @@
 
 Rows of a continuous engine sit at different places of their decode, so a step either packs
 them into one forward (decoding/packing.py) or runs padded forwards (decoding/forwards.py).
-Plain decoding already packs; this measures classifier-free guidance (its second branch as
-more packed rows) and prints what WINO would be compared against (its shadow block keeps the
-padded layout). Each case runs both layouts in one process, interleaved, in CPU time
+Plain decoding already packed; this measures classifier-free guidance (its second branch as
+more packed rows) and WINO (its shadow block as one more attention group). Each case runs both layouts in one process, interleaved, in CPU time
 (`time.process_time`, one thread), so load on a shared machine barely moves the ratio; the
 tokens must agree. A random float32 LLaDA folder is written by tests/checkpoints.py.
 
@@ -43,7 +42,7 @@ LENGTHS = [4, 120, 12, 200, 40, 90, 8, 160]  # prompts far apart: padding would 
 CASES = {
     "plain": {},
     "cfg 0.5": {"cfg_scale": 0.5},
-    "wino (padded)": {"unmask": "wino", "threshold": 0.5},
+    "wino": {"unmask": "wino", "threshold": 0.5},
 }
 
 

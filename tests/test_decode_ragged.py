@@ -92,15 +92,17 @@ def test_a_cache_view_writes_its_rows_and_reads_from_its_first_key():
 
 
 @pytest.mark.parametrize(
-    ("cache", "packed"),
-    [(c, p) for p in (False, True) for c in ("none", "prefix", "dual", "freecache")],
+    ("cache", "packed", "extra"),
+    [(c, p, {}) for p in (False, True) for c in ("none", "prefix", "dual", "freecache")]
+    + [("dual", True, {"unmask": "wino", "threshold": 0.5})],
 )
-def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache, packed):
-    """Padded (`packed` False: guidance, WINO) or packed into one forward (packing.py)."""
+def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache, packed, extra):
+    """Padded (`packed` False) or packed into one forward (packing.py; WINO's shadows too)."""
     from test_decode_syncs import count_reads
 
     model = tiny("dream", eos_from=6).model
-    s = settings(cache=cache, early_stop=True, refresh_interval=3 if cache != "none" else 0)
+    refresh = 3 if cache != "none" else 0
+    s = settings(cache=cache, early_stop=True, refresh_interval=refresh, **extra)
     engine = Engine(model, SPECIAL, s, slots=3, admission="continuous", quantum=64)
     engine.stepper.executor.packs = packed
     for p in prompts([2, 190, 5, 230, 3], seed=2):

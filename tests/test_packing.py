@@ -9,7 +9,7 @@ from decode_fixtures import MASK, SPECIAL, one_thread, prompts, settings, tiny  
 from test_decode_ragged import run
 
 from dllm_cli.cache import KVCache
-from dllm_cli.decoding import Engine, packing
+from dllm_cli.decoding import packing
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.forwards import Forwards
 from dllm_cli.decoding.packing import attention_groups
@@ -118,14 +118,19 @@ def test_lone_rows_read_their_keys_in_place_and_shared_groups_mask_padding(monke
     assert torch.equal(g.mask, c.key_mask())  # each row's left padding is off
 
 
-@pytest.mark.parametrize(("kind", "cfg"), [("dream", 0.0), ("llada", 0.0), ("llada", 0.5)])
+WINO = {"unmask": "wino", "threshold": 0.5}
+KINDS = [("dream", {}), ("llada", {}), ("llada", {"cfg_scale": 0.5}), ("dream", WINO)]
+
+
+@pytest.mark.parametrize(("kind", "extra"), KINDS)
 @pytest.mark.parametrize("cache", ["prefix", "dual", "freecache"])
 @pytest.mark.parametrize("lone", [False, True])
-def test_continuous_batching_packed_gives_the_padded_tokens(monkeypatch, kind, cfg, cache, lone):
-    """Guidance (`cfg`) packs its prompt-masked branch as more rows (forwards.both_branches)."""
+def test_continuous_batching_packed_gives_the_padded_tokens(monkeypatch, kind, extra, cache, lone):
+    """Guidance packs its prompt-masked branch as more rows (forwards.both_branches), WINO its
+    shadows as one more attention group (wino.ShadowForwards)."""
     monkeypatch.setattr(packing, "GROUP_COST", 0 if lone else 10**9)
     model = tiny(kind).model
-    s = settings(cache=cache, suffix_window=4 if cache == "dual" else 0, cfg_scale=cfg)
+    s = settings(cache=cache, suffix_window=4 if cache == "dual" else 0, **extra)
     ps = prompts([2, 190, 5, 230, 3, 110, 1, 170], seed=5)  # far apart: padded, several forwards
     out = {}
     for packs in (False, True):
@@ -135,21 +140,11 @@ def test_continuous_batching_packed_gives_the_padded_tokens(monkeypatch, kind, c
     assert out[True][1] == out[True][2] < out[False][1]  # one forward a step
 
 
-@pytest.mark.parametrize(
-    ("extra", "packs"),
-    [({}, True), ({"cfg_scale": 0.5}, True), ({"unmask": "wino", "threshold": 0.5}, False)],
-)
-def test_guidance_packs_and_wino_keeps_padded_forwards(extra, packs):
-    """WINO's shadow queries keep the padded layout (forwards.py); CFG's branches pack."""
-    engine = Engine(tiny("llada").model, SPECIAL, settings(cache="dual", **extra), slots=2)
-    assert engine.stepper.executor.packs is packs
-
-
-@pytest.mark.parametrize(("kind", "cfg"), [("dream", 0.0), ("llada", 0.0), ("llada", 0.5)])
-def test_without_a_cache_rows_pack_into_one_forward_over_shared_layer_buffers(kind, cfg):
+@pytest.mark.parametrize(("kind", "extra"), [*KINDS, ("llada", WINO)])
+def test_without_a_cache_rows_pack_into_one_forward_over_shared_layer_buffers(kind, extra):
     """--cache none: every row refreshes every step; one packed forward, the padded tokens."""
     model = tiny(kind).model
-    s = settings(cache="none", suffix_window=4, cfg_scale=cfg)
+    s = settings(cache="none", suffix_window=4, **extra)
     ps = prompts([2, 190, 5, 230, 3], seed=6)  # far apart: the padded path groups them
     padded, slow = run(model, ps, s, slots=3, ragged=True, packs=False)
     packed, fast = run(model, ps, s, slots=3, ragged=True)

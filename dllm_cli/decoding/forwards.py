@@ -12,8 +12,8 @@ SGLang's varlen batching): every row's own columns end to end in one sequence, a
 prefill beside the cached rows' windows, so no row is padded to another's width and a step
 pays one forward's fixed cost; attention runs per group of rows (with no cache policy, over
 one layer's K/V buffers that every layer reuses). Classifier-free guidance packs its second
-branch as more rows (each with its own cache rows). Models whose layers attend otherwise and
-WINO's shadow queries keep the padded layout below:
+branch as more rows (each with its own cache rows), WINO its shadow block as one more
+attention group. Models whose layers attend otherwise keep the padded layout below:
 
 - rows whose plan is a full refresh are ragged: each computes only its own columns, from its
   first prompt token, in groups of similar width, one forward each (`ragged_groups`);
@@ -78,8 +78,6 @@ class Forwards:
     query-key pairs attended per layer.
     """
 
-    packable: bool = True  # a subclass whose forwards add queries of their own says False
-
     def __init__(
         self,
         model,
@@ -95,9 +93,9 @@ class Forwards:
         self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
         self.ragged = ragged
         # Ragged rows share one packed forward (packing.py) where the model's layers attend
-        # through layers.attend (guidance: its second branch as more packed rows); WINO's
-        # shadow stays padded.
-        self.packs = model.packs and self.packable
+        # through layers.attend (guidance: its second branch as more packed rows; WINO: its
+        # shadows as one more attention group, wino.ShadowForwards).
+        self.packs = model.packs
         self.row_columns = self.key_columns = 0
         self._span_memo: dict = {}  # spans -> (columns, valid), see _slots
         self._buffers: tuple | None = None  # (canvas shape, KVCache): see _layer_buffers
