@@ -13,16 +13,17 @@ prefill beside the cached rows' windows, so no row is padded to another's width 
 pays one forward's fixed cost; attention runs per group of rows (with no cache policy, over
 one layer's K/V buffers that every layer reuses). Classifier-free guidance packs its second
 branch as more rows (each with its own cache rows), WINO its shadow block as one more
-attention group. Models whose layers attend otherwise keep the padded layout below:
+attention group: measured no slower than the padded forwards below in every case at d256
+(benchmarks/packed_layouts.py), so rows apart always pack. Rows in lockstep whose plans
+differ (a static batch) keep the padded layout:
 
-- rows whose plan is a full refresh are ragged: each computes only its own columns, from its
-  first prompt token, in groups of similar width, one forward each (`ragged_groups`);
+- rows whose plan is a full refresh share one forward from their first real column;
 - every other row shares one windowed forward, each row feeding its own columns padded to the
   longest window with queries aimed at the KV cache's scratch column. Beside refreshes it runs
   over every row (the full rows with their span as a stand-in window, rewritten by their full
-  forwards right after), so it uses the cache in place;
+  forward right after), so it uses the cache in place;
 - where one forward over every row's own columns computes no more row-columns than the two
-  together (`folds`), a new row's prefill rides along in the cached rows' forward.
+  together (`folds`), the refreshes ride along in the cached rows' forward.
 
 Every forward attends keys only from its rows' first real column. (Measured on CPU, a
 forward's cost grows with its row-columns and attended keys: 8 rows x 600 columns took 13.6x
@@ -39,7 +40,7 @@ import torch
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.canvas import Canvas
-from dllm_cli.decoding.packing import cheapest_split, pack
+from dllm_cli.decoding.packing import pack
 from dllm_cli.decoding.policies import Forward
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import Sampler
@@ -58,22 +59,14 @@ class Prediction:
     verify: torch.Tensor | None = None  # (B, L) WINO's shadow check of earlier commits
 
 
-# Ragged rows (continuous batching): what a forward costs on CPU, in row-columns (measured on
-# the shipped Dream model, one thread: ~12 ms per forward whatever its size, ~0.14 ms per
-# row-column, ~0.2 us per attended key of a column). A group of refresh rows costs
-# FORWARD_COST + rows * width * (1 + width / KEYS_PER_COLUMN).
-FORWARD_COST = 96
-KEYS_PER_COLUMN = 700
-
-
 class Forwards:
     """Runs a step's forwards and turns their logits into drafts per row.
 
     `ragged` (rows at their own places: continuous batching): rows that do not share one slice
-    run as one packed forward (`packs`: packing.py), or else rows due a refresh are served by
-    forwards over their own columns only, grouped by width where one forward costs less than
-    two (`ragged_groups`); not ragged, one forward serves them all, padded to the widest (a
-    static batch, as LLaDA and Fast-dLLM decode one). `row_columns` and `key_columns` count
+    run as one packed forward (`packs`: packing.py; False only in tests, which compare it with
+    the padded forwards); not ragged, one forward serves them all, padded to the widest (a
+    static batch, as LLaDA and Fast-dLLM decode one), or two where refreshes sit beside
+    windows and do not fold. `row_columns` and `key_columns` count
     the arithmetic done: columns forwarded (rows x columns, both CFG branches) and
     query-key pairs attended per layer.
     """
@@ -118,47 +111,32 @@ class Forwards:
         if self.ragged and self.packs and apart(plans, full):
             cache = cache if cache is not None else self._layer_buffers(canvas)
             return self._packed(canvas, cache, plans, spans, generator, columns, valid)
-        groups = ragged_groups(plans, full) if self.ragged and full else [full]
-        if (
-            not full
-            or (every and len(groups) == 1)
-            or (not every and folds(plans, spans, full, self.model))
-        ):
+        if not full or every or folds(plans, spans, full, self.model):
             # one forward serves every row (full rows' prefills folded in with the windows)
             drafts, confidence, probs = self._group(canvas, cache, plans, spans, None, generator)
             return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
-        forwards = len(groups)
-        if every:  # only refreshes, in groups of their own widths
-            drafts = torch.full(valid.shape, canvas.mask_id, dtype=torch.long, device=device)
-            confidence = torch.full(valid.shape, float("-inf"), device=device)
-            probs = None
-        else:
-            # The windowed forward serves every row, so it reads and writes the cache in place
-            # (a forward for some rows gathers their K/V). Rows due a full forward take their
-            # span as a stand-in window there; the full forwards that follow rewrite all their
-            # columns and give their drafts.
-            shift = self.model.logit_shift
-            stand = [
-                replace(p, start=a - shift, end=e, refresh=False) if p.refresh else p
-                for p, (a, e) in zip(plans, spans, strict=True)
-            ]
-            draws = generator.without(full) if isinstance(generator, RowDraws) else generator
-            drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, draws)
-            forwards += 1
-        for group in groups:
-            rows = torch.tensor(group, device=device)
-            sub = ([plans[r] for r in group], [spans[r] for r in group])
-            draws = generator.subset(group) if isinstance(generator, RowDraws) else generator
-            d, conf, p = self._group(canvas, cache, *sub, rows, draws)
-            drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
-            drafts[rows, : d.shape[1]] = d
-            confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)
-            if p is not None:
-                if probs is None:
-                    probs = p.new_zeros((*valid.shape, p.shape[-1]))
-                probs[rows] = 0.0
-                probs[rows, : p.shape[1]] = p.to(probs.dtype)
-        return Prediction(drafts, confidence, columns, valid, forwards=forwards, probs=probs)
+        # The windowed forward serves every row, so it reads and writes the cache in place (a
+        # forward for some rows gathers their K/V). Rows due a full forward take their span as
+        # a stand-in window there; the full forward that follows rewrites all their columns
+        # and gives their drafts.
+        shift = self.model.logit_shift
+        stand = [
+            replace(p, start=a - shift, end=e, refresh=False) if p.refresh else p
+            for p, (a, e) in zip(plans, spans, strict=True)
+        ]
+        draws = generator.without(full) if isinstance(generator, RowDraws) else generator
+        drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, draws)
+        rows = torch.tensor(full, device=device)
+        sub = ([plans[r] for r in full], [spans[r] for r in full])
+        draws = generator.subset(full) if isinstance(generator, RowDraws) else generator
+        d, conf, p = self._group(canvas, cache, *sub, rows, draws)
+        drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
+        drafts[rows, : d.shape[1]] = d
+        confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)
+        if p is not None:  # (kept for every row or none)
+            probs[rows] = 0.0
+            probs[rows, : p.shape[1]] = p.to(probs.dtype)
+        return Prediction(drafts, confidence, columns, valid, forwards=2, probs=probs)
 
     def _slots(self, spans: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, L) canvas columns of each row's span and which slots are real, built once per
@@ -309,19 +287,6 @@ def both_branches(c: Canvas) -> Canvas:
     uncond = c.ids.masked_fill(c.prompt_mask(), c.mask_id)
     twice = (torch.cat([c.ids, uncond]), c.pad.repeat(2), c.rows.repeat(2), c.steps.repeat(2, 1))
     return Canvas(*twice, c.prompt_width, c.mask_id, c.any_pad)
-
-
-def ragged_groups(plans: list[Forward], full: list[int]) -> list[list[int]]:
-    """Rows `full` (due a refresh) in groups, one forward each, cheapest first-to-last split:
-    rows in order of their first real column, each group padded to its widest row."""
-    order = sorted(full, key=lambda r: plans[r].lead)
-    ends, leads = [p.end for p in plans], [p.lead for p in plans]
-
-    def cost(count: int, _wide: int, hi: int, lo: int) -> float:
-        wide = hi - lo  # a group's forward runs from its first real column to its last
-        return FORWARD_COST + count * wide * (1 + wide / KEYS_PER_COLUMN)
-
-    return cheapest_split(order, ends, ends, leads, cost)
 
 
 def folds(plans: list[Forward], spans, full: list[int], model) -> bool:
