@@ -130,15 +130,8 @@ class ShadowForwards(Forwards):
         base = p.ids.shape[1]  # the shadows' packed columns follow the rows' own
         extra = base + torch.arange(b * n, device=device).view(b, n)
         rows = torch.arange(b, device=device) if cache.row_ids is None else cache.row_ids
-        width = mask.shape[2] - n
-        shadows = AttentionGroup(extra, rows[:b], 0, width, mask, extra)
-        outputs = sum(
-            g.queries.numel()
-            if isinstance(g.queries, torch.Tensor)
-            else g.queries.stop - g.queries.start
-            for g in p.layout.groups
-        )
-        back = torch.cat([p.layout.back, outputs + torch.arange(b * n, device=device)])
+        shadows = AttentionGroup(extra, rows, 0, mask.shape[2] - n, mask, extra)
+        back = torch.cat([p.layout.back, p.outputs + torch.arange(b * n, device=device)])
         layout = replace(p.layout, groups=(*p.layout.groups, shadows), back=back)
         read = extra[:, n - span.shape[1] :]  # the last L shadows (readers, when shifted)
         logits = self.model(
