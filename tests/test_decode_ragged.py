@@ -78,6 +78,11 @@ def test_a_cache_view_writes_its_rows_and_reads_from_its_first_key():
     assert cache.view() is cache and cache.whole and not view.whole
     again = view.view(torch.tensor([1]))  # rows of a view are the view's rows
     assert again.row_ids.tolist() == [0]
+    one = fresh[:1, :, :1]  # (1, 1, 1, 2)
+    k, _ = cache.view(torch.tensor([2]), hi=5).update(0, slice(0, 1), one, one)
+    assert k.shape == (1, 1, 5, 2)  # keys [0, 5) only (a block-causal row's end)
+    wider = cache.pad(left=1, right=2)  # a longer prompt, then wider block canvases
+    assert wider.width == 9 and torch.equal(wider.k[0][:, :, 1:7], cache.k[0])
 
 
 @pytest.mark.parametrize(
