@@ -85,10 +85,10 @@ class Forwards:
         self.greedy = greedy_drafts  # guided: drafts are argmax whatever the temperature
         self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
         self.ragged = ragged
-        # Ragged rows share one packed forward (packing.py) where the model's layers attend
-        # through layers.attend (guidance: its second branch as more packed rows; WINO: its
-        # shadows as one more attention group, wino.ShadowForwards).
-        self.packs = model.packs
+        # Ragged rows share one packed forward (packing.py; every model's layers attend through
+        # layers.attend), guidance's second branch as more rows, WINO's shadows as one more
+        # attention group (wino.ShadowForwards). False: the padded forwards (tests).
+        self.packs = True
         self.row_columns = self.key_columns = 0
         self._span_memo: dict = {}  # spans -> (columns, valid), see _slots
         self._buffers: tuple | None = None  # (canvas shape, KVCache): see _layer_buffers

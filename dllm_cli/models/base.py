@@ -36,8 +36,6 @@ class DiffusionLM(nn.Module):
 
     logit_shift: int = 0
     family: ClassVar[str]  # its families.py key (sampler, reference settings)
-    # Its layers attend through layers.attend, so a forward may pack rows (layers.PackedRows).
-    packs: ClassVar[bool] = True
     # Tensor parallelism: this rank's place (models/sharding.py); None: the whole model here.
     shards: Shards | None = None
 
