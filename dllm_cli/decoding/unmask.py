@@ -15,8 +15,8 @@ import torch
 from dllm_cli.decoding.canvas import Block, Canvas
 from dllm_cli.decoding.credit import credit_memory, credit_rule
 from dllm_cli.decoding.position_rules import prefix_rule
+from dllm_cli.decoding.ranking import confident_columns, top_columns
 from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
-from dllm_cli.decoding.ranking import top_columns
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.rules import KlassMemory, eb_rule, klass_rule
 from dllm_cli.decoding.wino import wino_rule
@@ -181,15 +181,21 @@ class RuleParams:
     memory: object | None = None  # the rule's state across steps (klass: KL histories)
     wino_verify: float = 0.9  # wino: earlier commits below this shadow probability go back
     jump_threshold: float = 1.0  # prefix: masks past the left run committed above this
+    one_per_step: bool = True  # every block plans a step per token: threshold's k is 1
+
+
+def planned_counts(p: RuleParams, ctx: StepContext) -> torch.Tensor:
+    """(B,) the step's share of the block by the family's schedule, everything left on the
+    block's last planned step (so a block ends within its planned steps)."""
+    last = ctx.last_step
+    if isinstance(last, bool):
+        return ctx.masks_now if last else p.schedule(ctx, p.eps)
+    return torch.where(last, ctx.masks_now, p.schedule(ctx, p.eps))
 
 
 def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     """A planned number per step (the family's schedule), everything left on the last step."""
-    last = ctx.last_step
-    if isinstance(last, bool):
-        counts = ctx.masks_now if last else p.schedule(ctx, p.eps)
-    else:
-        counts = torch.where(last, ctx.masks_now, p.schedule(ctx, p.eps))
+    counts = planned_counts(p, ctx)
     if p.alg_temp > 0:
         # Dream's alg_temp: positions sampled from softmax(conf / alg_temp) without replacement,
         # drawn here by Gumbel-top-k.
@@ -200,12 +206,10 @@ def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
 
 
 def threshold_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
-    """Fast-dLLM (arXiv 2505.22618): every candidate with confidence >= tau, at least the best."""
-    # The best is the leftmost maximum (argmax's first), as ranking would pick it; only a
-    # candidate, since confidence is -inf elsewhere. A row without candidates has its
-    # column 0 marked here, which the engine's guard cuts (commits are cut to candidates).
-    best = ctx.confidence.argmax(dim=1, keepdim=True)  # (B, 1)
-    return (ctx.confidence >= p.threshold).scatter_(1, best, True)  # (B, L), one op for top
+    """The one threshold rule (ranking.confident_columns) with k = the schedule's share of the
+    step, at least one; Fast-dLLM's `>=` (its reference commits a confidence equal to tau)."""
+    counts = None if p.one_per_step else planned_counts(p, ctx).clamp(min=1)
+    return confident_columns(ctx.confidence, ctx.candidates, p.threshold, counts, inclusive=True)
 
 
 def factor_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -288,6 +292,7 @@ class RuleCommitter(Committer):
             memory=None if entry.memory is None else entry.memory(settings),
             wino_verify=settings.wino_verify,
             jump_threshold=settings.jump_threshold,
+            one_per_step=settings.one_per_step,
         )
         self.needs_probs = entry.needs_probs
         self.needs_shadow = entry.remasking
