@@ -174,6 +174,14 @@ def test_eb_with_early_stop_suffix_pruning_and_continuous_batching(kind, cache, 
     assert_stops_prunes_and_batches_continuously(kind, cache, window, EB)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_threshold_with_fewer_steps_keeps_every_rule_property(kind):
+    """Set steps raise the threshold rule's least per step, each row's own (per-row progress)."""
+    rule = {"unmask": "threshold", "threshold": 0.9, "steps": 6}
+    assert_rows_decode_alone(kind, "dual", rule)
+    assert_stops_prunes_and_batches_continuously(kind, "dual", 4, {**rule, "steps": 8})
+
+
 def test_frontier_points_and_settings():
     points = parse_frontier("threshold=0.9/0.95,eb")
     assert points[0].rule == REFERENCE and [p.rule for p in points[1:3]] == ["threshold"] * 2
