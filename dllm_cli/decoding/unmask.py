@@ -16,7 +16,6 @@ from dllm_cli.decoding.canvas import Block, Canvas
 from dllm_cli.decoding.credit import credit_memory, credit_rule
 from dllm_cli.decoding.position_rules import prefix_rule
 from dllm_cli.decoding.ranking import confident_columns, top_columns
-from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.rules import KlassMemory, eb_rule, klass_rule
 from dllm_cli.decoding.wino import wino_rule
@@ -119,12 +118,6 @@ class Committer:
         raise NotImplementedError
 
 
-def commit_top(ctx: StepContext, counts: torch.Tensor, confidence=None) -> torch.Tensor:
-    """Commit the `counts[r]` most confident candidates of each row."""
-    conf = ctx.confidence if confidence is None else confidence
-    return top_columns(conf, ctx.candidates, counts)
-
-
 def llada_counts(ctx: StepContext, eps: float) -> torch.Tensor:
     """LLaDA's linear schedule: masks // steps each step, the first masks % steps one more."""
     steps = ctx.steps_planned
@@ -201,8 +194,8 @@ def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
         # drawn here by Gumbel-top-k.
         u = uniform(ctx.generator, ctx.confidence.shape, device=ctx.drafts.device)
         noisy = ctx.confidence.double() / p.alg_temp - torch.log(-torch.log(u.double()))
-        return commit_top(ctx, counts, noisy)
-    return commit_top(ctx, counts)
+        return top_columns(noisy, ctx.candidates, counts)
+    return top_columns(ctx.confidence, ctx.candidates, counts)
 
 
 def threshold_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -218,7 +211,7 @@ def factor_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     n = torch.arange(1, ordered.shape[1] + 1, device=ordered.device)
     passes = ((n + 1) * (1 - ordered) < p.factor).long().cumprod(dim=1)
     counts = passes.sum(dim=1).clamp(min=1)
-    return commit_top(ctx, counts)
+    return top_columns(ctx.confidence, ctx.candidates, counts)
 
 
 def origin_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
