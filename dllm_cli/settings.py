@@ -369,6 +369,14 @@ def split_blocks(gen_length: int, block_length: int, steps: int) -> list[tuple[i
     """
     size = min(block_length, gen_length)
     n = -(-gen_length // size)
-    base, extra = divmod(steps, n)
     lengths = [min(size, gen_length - b * size) for b in range(n)]
-    return [(length, min(base + (b < extra), length)) for b, length in enumerate(lengths)]
+    return [
+        (length, min(k, length)) for length, k in zip(lengths, even_split(steps, n), strict=True)
+    ]
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """LLaDA's split of tokens over steps: `total // parts` each, the first `total % parts` one
+    more (steps over blocks here; a block over its steps on SDAR and LLaDA2.x)."""
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]

@@ -22,7 +22,7 @@ from dllm_cli.decoding.ranking import confident_columns, top_columns
 from dllm_cli.decoding.sampling import top_k_filter, top_p_filter
 from dllm_cli.families import Family
 from dllm_cli.family_settings import check_refused
-from dllm_cli.settings import DecodeSettings
+from dllm_cli.settings import DecodeSettings, even_split
 
 # The block stepper's drafting: (N, B, V) logits, a request's sampling, its generator ->
 # tokens (N, B), p (N, B). `whole_drafter` drafts from whole logits; a tensor-parallel model's
@@ -47,12 +47,6 @@ class BlockRule:
         return self.schedule[min(step, len(self.schedule) - 1)]
 
 
-def schedule(block: int, steps: int) -> tuple[int, ...]:
-    """Tokens per step: B split evenly over `steps`, the first B % steps one more."""
-    base, extra = divmod(block, steps)
-    return tuple(base + (i < extra) for i in range(steps))
-
-
 def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") -> BlockRule:
     """The settings as a BlockRule; anything that does not apply is refused in one line
     (cache, unmask and confidence by the family's `only` table)."""
@@ -63,7 +57,7 @@ def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") 
     steps = max(1, min(block, block * s.total_steps // s.gen_length))
     return BlockRule(
         block=block,
-        schedule=schedule(block, steps),
+        schedule=tuple(even_split(block, steps)),
         dynamic=s.unmask == "threshold",
         threshold=s.threshold,
         edit_threshold=s.edit_threshold,
