@@ -32,13 +32,25 @@ Drafter = Callable[
 ]
 
 
+def most_confident(conf, active, threshold: float, k) -> torch.Tensor:
+    """SDAR's low_confidence_static: the k most confident masks (the threshold unread)."""
+    return top_columns(conf, active, k)
+
+
+# `unmask` -> which masks a step fills: (confidence (N, B), masks (N, B), threshold, k (N,))
+BLOCK_FILLS: dict[str, Callable[..., torch.Tensor]] = {
+    "fixed": most_confident,
+    "threshold": confident_columns,  # SDAR's low_confidence_dynamic, LLaDA2.x: strictly past
+}
+
+
 @dataclass(frozen=True)
 class BlockRule:
     """The decode's rule, resolved once: tokens per step, thresholds, editing."""
 
     block: int  # B
     schedule: tuple[int, ...]  # tokens per step within a block (sums to B)
-    dynamic: bool  # threshold rule (else fixed top-k)
+    fill: Callable[..., torch.Tensor]  # BLOCK_FILLS[unmask]
     threshold: float
     edit_threshold: float | None  # None: no token-to-token editing
     max_post_steps: int
@@ -58,7 +70,7 @@ def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") 
     return BlockRule(
         block=block,
         schedule=tuple(even_split(block, steps)),
-        dynamic=s.unmask == "threshold",
+        fill=BLOCK_FILLS[s.unmask],
         threshold=s.threshold,
         edit_threshold=s.edit_threshold,
         max_post_steps=s.max_post_steps,
@@ -101,12 +113,10 @@ def whole_drafter(mask_id: int, real_vocab: int) -> Drafter:
 
 
 def fills(rule: BlockRule, active, p, k) -> torch.Tensor:
-    """(N, B) bool: the masks this step commits (threshold rule or fixed top-k), never more
-    than the masks left (diffusers' cap on SDAR's top-k)."""
+    """(N, B) bool: the masks this step commits (the rule's BLOCK_FILLS), never more than the
+    masks left (diffusers' cap on SDAR's top-k)."""
     conf = torch.where(active, p, float("-inf"))  # (N, B)
-    if not rule.dynamic:
-        return top_columns(conf, active, k)
-    return confident_columns(conf, active, rule.threshold, k)  # SDAR's and LLaDA2.x's `>`
+    return rule.fill(conf, active, rule.threshold, k)
 
 
 def edits(rule: BlockRule, block, active, x0, p, fixed) -> torch.Tensor:
