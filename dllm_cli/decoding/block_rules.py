@@ -4,7 +4,8 @@ One block of B columns per row. A draft is every column's token and its probabil
 (`draft`); which masks become tokens is the references' rule (`fills`):
 - `threshold` (SDAR's `low_confidence_dynamic`, LLaDA2.0's generate, LLaDA2.1's M2T): the
   one threshold rule of every family (ranking.confident_columns), strictly past the threshold;
-- `fixed` (SDAR's `low_confidence_static`): the k most confident;
+- `fixed` (SDAR's `low_confidence_static`): the k most confident, the same rule with a
+  threshold no mask passes;
 k is the step's share of the block (an even split of B over the block's steps, remainder
 first); no step commits more than the masks left. LLaDA2.1 adds token-to-token editing (T2T):
 a committed, non-prompt column whose new draft differs and passes `edit_threshold` is
@@ -13,15 +14,17 @@ replaced, in the same step as the mask fills.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from dllm_cli.decoding.ranking import confident_columns, top_columns
+from dllm_cli.decoding.ranking import confident_columns
 from dllm_cli.decoding.sampling import top_k_filter, top_p_filter
 from dllm_cli.families import Family
 from dllm_cli.family_settings import check_refused
+from dllm_cli.setting_spec import RULES
 from dllm_cli.settings import DecodeSettings, even_split
 
 # The block stepper's drafting: (N, B, V) logits, a request's sampling, its generator ->
@@ -32,26 +35,13 @@ Drafter = Callable[
 ]
 
 
-def most_confident(conf, active, threshold: float, k) -> torch.Tensor:
-    """SDAR's low_confidence_static: the k most confident masks (the threshold unread)."""
-    return top_columns(conf, active, k)
-
-
-# `unmask` -> which masks a step fills: (confidence (N, B), masks (N, B), threshold, k (N,))
-BLOCK_FILLS: dict[str, Callable[..., torch.Tensor]] = {
-    "fixed": most_confident,
-    "threshold": confident_columns,  # SDAR's low_confidence_dynamic, LLaDA2.x: strictly past
-}
-
-
 @dataclass(frozen=True)
 class BlockRule:
     """The decode's rule, resolved once: tokens per step, thresholds, editing."""
 
     block: int  # B
     schedule: tuple[int, ...]  # tokens per step within a block (sums to B)
-    fill: Callable[..., torch.Tensor]  # BLOCK_FILLS[unmask]
-    threshold: float
+    threshold: float  # fixed: inf, never passed, so a step fills exactly its k
     edit_threshold: float | None  # None: no token-to-token editing
     max_post_steps: int
 
@@ -70,8 +60,7 @@ def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") 
     return BlockRule(
         block=block,
         schedule=tuple(even_split(block, steps)),
-        fill=BLOCK_FILLS[s.unmask],
-        threshold=s.threshold,
+        threshold=s.threshold if RULES[s.unmask].least else math.inf,
         edit_threshold=s.edit_threshold,
         max_post_steps=s.max_post_steps,
     )
@@ -113,10 +102,10 @@ def whole_drafter(mask_id: int, real_vocab: int) -> Drafter:
 
 
 def fills(rule: BlockRule, active, p, k) -> torch.Tensor:
-    """(N, B) bool: the masks this step commits (the rule's BLOCK_FILLS), never more than the
-    masks left (diffusers' cap on SDAR's top-k)."""
+    """(N, B) bool: the masks this step commits, never more than the masks left (diffusers'
+    cap on SDAR's top-k); SDAR's and LLaDA2.x's threshold is strict (`>`)."""
     conf = torch.where(active, p, float("-inf"))  # (N, B)
-    return rule.fill(conf, active, rule.threshold, k)
+    return confident_columns(conf, active, rule.threshold, k)
 
 
 def edits(rule: BlockRule, block, active, x0, p, fixed) -> torch.Tensor:
