@@ -12,7 +12,6 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dllm_cli import options as o
 from dllm_cli.commands.common import (
@@ -23,9 +22,8 @@ from dllm_cli.commands.common import (
     is_debug,
     load_runtime,
     note,
+    progress_bar,
     show_prompt,
-    stderr,
-    stderr_is_terminal,
     write,
 )
 from dllm_cli.errors import DllmError
@@ -61,7 +59,7 @@ def run_batch(pipeline: Pipeline, shown: Runtime | None = None) -> int:
             emit(slot, pipeline.json_out, shown)
             written = slot.line
 
-    with decoding_progress() as progress:
+    with progress_bar("decoding") as progress:
         task = progress.add_task("decoding", total=None)
         pipeline.finished = lambda slot: progress.advance(task)  # as each prompt finishes
         try:
@@ -88,20 +86,6 @@ def emit(slot: Slot, json_out: bool, shown: Runtime | None = None) -> None:
     if slot.error is not None and not json_out:
         error_line(f"line {slot.line}: {slot.error}")
     write(f"{slot.output}\n")
-
-
-def decoding_progress(visible: bool = True) -> Progress:
-    """The batch progress bar on stderr (a terminal only; gone when done).
-
-    It must not redirect stdout: Rich's default sends whatever is written to stdout while
-    the bar is up to the bar's console, so records meant for a file or a pipe were drawn on
-    the terminal instead (and the file stayed empty).
-    """
-    return Progress(
-        TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=stderr, disable=not (visible and stderr_is_terminal()), transient=True,
-        redirect_stdout=False,
-    )  # fmt: skip
 
 
 # --- under torchrun -------------------------------------------------------------------------
@@ -185,7 +169,7 @@ def run_split(
                 if job.rank == 0:
                     emit(slot, pipeline.json_out, shown)
 
-        with decoding_progress(visible=job.rank == 0) as progress:
+        with progress_bar("decoding", visible=job.rank == 0) as progress:
             task = progress.add_task("decoding", total=len(lines))
             pipeline.finished = lambda slot: progress.advance(task)
             pipeline.run(enumerate(lines, start=1), write_out)
@@ -223,7 +207,7 @@ def run_sharded(
         def lost(line: int, reason: str) -> Slot:
             return pipeline.lost(line, lines[line - 1], reason)
 
-        with decoding_progress(visible=job.rank == 0) as progress:
+        with progress_bar("decoding", visible=job.rank == 0) as progress:
             task = progress.add_task("decoding", total=len(lines))
             try:
                 outcome = distributed.run(
