@@ -1,9 +1,10 @@
 """One rank of tests/test_tensor_parallel.py's torchrun launch (run as a script).
 
-`python tensor_parallel_rank.py OUT [--expert-parallel] FOLDER...`: every rank loads each folder twice, its
-tensor-parallel shard and the whole model, and decodes the same prompts with each under every
-cache policy; it also drafts random logits with the sharded sampler and the one-process
-Sampler. Rank 0 writes what it saw to OUT as JSON; the test compares.
+`python tensor_parallel_rank.py OUT [--expert-parallel | --quantize=SCHEME] FOLDER...`: every
+rank loads each folder twice, its tensor-parallel shard and the whole model (both quantized
+with SCHEME), and decodes the same prompts with each under every cache policy; it also drafts
+random logits with the sharded sampler and the one-process Sampler. Rank 0 writes what it saw
+to OUT as JSON; the test compares.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dllm_cli.decoding.sampling import FAMILIES, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.models.collectives import Counts, Shards
 from dllm_cli.models.loading import load_model
+from dllm_cli.models.quantize import weight_bytes
 from dllm_cli.settings import DecodeSettings
 
 CACHES = ("none", "prefix", "dual", "freecache")
@@ -36,11 +38,13 @@ RUNS = [
 PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: left padding in the batch
 
 
-def decodes(folder: str, shards: Shards) -> dict:
+def decodes(folder: str, shards: Shards, quantize: str = "none") -> dict:
     """Tokens of the shard and of the whole model per cache policy, and the collectives."""
-    split = load_model(folder, dtype="float32", device="cpu", shards=shards)
-    whole = load_model(folder, dtype="float32", device="cpu")
+    split = load_model(folder, dtype="float32", device="cpu", shards=shards, quantize=quantize)
+    whole = load_model(folder, dtype="float32", device="cpu", quantize=quantize)
     out = {"layers": len(split.model.blocks()), "bytes": list(split.model.weight_bytes)}
+    if quantize != "none":  # the bytes held, int8 buffers and float parameters alike
+        out["quantized_bytes"] = [weight_bytes(split.model), weight_bytes(whole.model)]
     out["expert_bytes"] = [expert_bytes(split.model), expert_bytes(whole.model)]
     for cache, unmask, confidence in RUNS:
         settings = DecodeSettings(
@@ -96,14 +100,16 @@ def drafts(shards: Shards) -> list[dict]:
     return seen
 
 
-def main(out: str, *folders: str) -> None:
-    experts = folders[0] == "--expert-parallel"  # the MoE folders' experts shared out whole
-    folders = folders[experts:]
+def main(out: str, *args: str) -> None:
+    folders = [a for a in args if not a.startswith("--")]
+    experts = "--expert-parallel" in args  # the MoE folders' experts shared out whole
+    schemes = [a.removeprefix("--quantize=") for a in args if a.startswith("--quantize=")]
+    quantize = schemes[0] if schemes else "none"
     dist.init_process_group("gloo")
     shards = Shards(dist.get_rank(), dist.get_world_size(), counts=Counts())
     shards.expert_parallel = experts
-    results = {Path(f).name: decodes(f, shards) for f in folders}
-    if not experts:
+    results = {Path(f).name: decodes(f, shards, quantize) for f in folders}
+    if not experts and quantize == "none":
         results["drafts"] = drafts(shards)
     if shards.rank == 0:
         Path(out).write_text(json.dumps(results))

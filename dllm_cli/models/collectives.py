@@ -38,6 +38,7 @@ class Counts:
 
     all_reduce: int = 0
     all_gather: int = 0
+    all_reduce_max: int = 0  # int8's row peaks before a layer holding part of its inputs
     forwards: int = 0
 
 
@@ -89,6 +90,13 @@ class Shards:
         self.counts.all_reduce += 1
         with self.guarded():
             dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """The largest `x` over the ranks, in place."""
+        self.counts.all_reduce_max += 1
+        with self.guarded():
+            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

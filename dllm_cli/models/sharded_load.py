@@ -10,7 +10,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dllm_cli.errors import SettingsError
+from dllm_cli.models import quantize as quant
 from dllm_cli.models.expert_parallel import keep_experts
+from dllm_cli.models.fused import FusedLinear
 from dllm_cli.models.moe import LLaDAMoESparseBlock
 from dllm_cli.models.sharded_llada2 import ROWS, read_rows, split_llada2_block
 from dllm_cli.models.sharding import (
@@ -23,6 +26,7 @@ from dllm_cli.models.sharding import (
     VocabEmbedding,
     check_degree,
     layout_of,
+    split_inputs_of,
 )
 from dllm_cli.models.weights import retie, tied_groups, weight_files
 
@@ -144,26 +148,96 @@ def unique_bytes(model: nn.Module, itemsize: int) -> int:
 
 
 def load_sharded(
-    folder: Path, model: nn.Module, family: str, shards: Shards, dtype: torch.dtype, device
+    folder: Path,
+    model: nn.Module,
+    family: str,
+    shards: Shards,
+    dtype: torch.dtype,
+    device,
+    scheme: quant.Scheme = quant.SCHEMES["none"],
 ) -> nn.Module:
-    """`model` (meta-built, checked against the folder) as this rank's shard, on `device`."""
+    """`model` (meta-built, checked against the folder) as this rank's shard, on `device`;
+    `scheme`: its projections quantized from this rank's slices, as one process quantizes."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     whole = unique_bytes(model, itemsize)
     groups = tied_groups(model)
     plan = split(model, family, shards)
-    read_slices(folder, model, plan, dtype)
+    inputs = split_inputs_linears(model, plan)  # name -> a linear holding part of its inputs
+    check_split_groups(inputs, scheme, shards)
+    peaks: dict[str, torch.Tensor] | None = {} if scheme.name == "int8" else None
+    read_slices(folder, model, plan, quant.load_dtype(scheme, dtype, weight_files(folder)), peaks)
     for group in groups:
         retie(model, group)
     model.to(device)
     model.eval()
-    model.fuse_projections()
+    if scheme.bits:
+        held = {id(lin): (peaks or {}).get(f"{name}.weight") for name, lin in inputs.items()}
+        quant.quantize_loaded(model, scheme, dtype, quantized_layers(scheme, shards, held))
+    else:
+        model.fuse_projections()
     sum_fused_rows(model)
-    model.weight_bytes = (unique_bytes(model, itemsize), whole)
+    model.weight_bytes = (quant.weight_bytes(model), whole)
     return model
 
 
-def read_slices(folder: Path, model: nn.Module, plan: dict, dtype: torch.dtype) -> None:
-    """Each tensor's slice for this rank, read from its shard file (never the whole tensor)."""
+def split_inputs_linears(model: nn.Module, plan: dict) -> dict[str, nn.Linear]:
+    """The linears of which this rank holds some inputs (their weights split over dim 1)."""
+    return {
+        name.removesuffix(".weight"): model.get_submodule(name.removesuffix(".weight"))
+        for name, piece in plan.items()
+        if name.endswith(".weight") and isinstance(piece, tuple) and piece[0] == 1
+    }
+
+
+def check_split_groups(inputs: dict[str, nn.Linear], scheme: quant.Scheme, shards: Shards):
+    """Refuse, naming the numbers, a split whose share of a layer's inputs is not a whole
+    number of int4 groups (a group must not straddle two ranks)."""
+    for name, lin in inputs.items():
+        if scheme.group and lin.in_features % scheme.group:
+            raise SettingsError(
+                f"--tensor-parallel {shards.world} gives each rank {lin.in_features} of "
+                f"{name}'s {lin.in_features * shards.world} inputs, not a multiple of "
+                f"--quantize {scheme.name}'s group of {scheme.group}"
+            )
+
+
+def quantized_layers(
+    scheme: quant.Scheme, shards: Shards, inputs: dict[int, torch.Tensor | None]
+) -> quant.Maker:
+    """The quantized layer of a group of this rank's linears: a linear holding some of its
+    inputs (`inputs`: its id -> int8's peaks of its whole rows) is quantized with one
+    process's per-row scales and reduces its activations' peaks (QuantizedInputs); a
+    row-parallel one sums its products too."""
+
+    def make(linears, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+        first = linears[0]
+        if id(first) not in inputs:  # its outputs split, or replicated: one process's rows
+            return scheme.make(weight, bias)
+        peak = inputs[id(first)]
+        if peak is None:  # int4: groups of inputs, each rank's own
+            layer = scheme.make(weight, bias)
+        else:
+            layer = quant.Int8Linear.of(weight, bias, peak)
+        return split_inputs_of(layer, shards, summed=isinstance(first, RowLinear))
+
+    return make
+
+
+# Rows of a row-parallel weight read at once to find their peaks (whole rows: this many bytes
+# at most in flight, whatever the tensor's size).
+PEAK_CHUNK_BYTES = 64 << 20
+
+
+def read_slices(
+    folder: Path,
+    model: nn.Module,
+    plan: dict,
+    dtype: torch.dtype,
+    peaks: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Each tensor's slice for this rank, read from its shard file (never the whole tensor);
+    with `peaks` (int8) a weight split over its inputs is read a few whole rows at a time,
+    and the max |w| of its whole rows is kept there (the scale one process gives each row)."""
     from safetensors import safe_open
 
     wanted = model.state_dict(keep_vars=True)
@@ -173,10 +247,28 @@ def read_slices(folder: Path, model: nn.Module, plan: dict, dtype: torch.dtype) 
             for name in st.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if name not in wanted:
                     continue
-                t = _read(st, name, plan.get(name), wanted[name])
+                piece = plan.get(name)
+                if peaks is not None and isinstance(piece, tuple) and piece[0] == 1:
+                    read[name], peaks[name] = _read_with_peaks(st.get_slice(name), piece, dtype)
+                    continue
+                t = _read(st, name, piece, wanted[name])
                 read[name] = t.to(dtype) if t.is_floating_point() else t
         model.load_state_dict(read, strict=False, assign=True)
         read.clear()
+
+
+def _read_with_peaks(tensor, piece: Slice, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Columns lo..hi of a 2-D checkpoint slice, and its whole rows' max |w| (out, 1), from
+    chunks of whole rows in `dtype` (the values one process quantizes)."""
+    _, lo, hi = piece
+    rows, width = tensor.get_shape()
+    step = max(1, PEAK_CHUNK_BYTES // (4 * width))
+    parts, peaks = [], []
+    for start in range(0, rows, step):
+        chunk = tensor[start : start + step].to(dtype)  # (step, in): whole rows
+        peaks.append(quant.row_peaks(chunk))
+        parts.append(chunk[:, lo:hi].clone())
+    return torch.cat(parts), torch.cat(peaks)
 
 
 def _read(st, name: str, piece: Slice | str, like: torch.Tensor) -> torch.Tensor:
@@ -199,6 +291,8 @@ def sum_fused_rows(model: nn.Module) -> None:
         if fusion is None:
             continue
         for name, group in list(fusion.groups.items()):
+            if not isinstance(group, FusedLinear):  # quantized: QuantizedInputs sums it
+                continue
             if all(isinstance(lin, RowLinear) for lin in group.linears):
                 fusion.groups[name] = _summed(group, group.linears[0].shards)
 
