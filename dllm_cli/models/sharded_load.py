@@ -14,6 +14,7 @@ from dllm_cli.errors import SettingsError
 from dllm_cli.models import quantize as quant
 from dllm_cli.models.expert_parallel import keep_experts
 from dllm_cli.models.fused import FusedLinear
+from dllm_cli.models.int4 import Int4Linear
 from dllm_cli.models.moe import LLaDAMoESparseBlock
 from dllm_cli.models.sharded_llada2 import ROWS, read_rows, split_llada2_block
 from dllm_cli.models.sharding import (
@@ -191,8 +192,15 @@ def split_inputs_linears(model: nn.Module, plan: dict) -> dict[str, nn.Linear]:
 
 def check_split_groups(inputs: dict[str, nn.Linear], scheme: quant.Scheme, shards: Shards):
     """Refuse, naming the numbers, a split whose share of a layer's inputs is not a whole
-    number of int4 groups (a group must not straddle two ranks)."""
+    number of int4 groups (a group must not straddle two ranks); and int4 experts split over
+    their columns (summed after their block's weighted sum: each rank's part would be
+    rounded to bfloat16 first, unlike one process's whole expert output)."""
     for name, lin in inputs.items():
+        if scheme.group and not isinstance(lin, RowLinear):
+            raise SettingsError(
+                f"--tensor-parallel does not support --quantize {scheme.name} for experts split "
+                f"over their columns yet ({name}); use --quantize int8"
+            )
         if scheme.group and lin.in_features % scheme.group:
             raise SettingsError(
                 f"--tensor-parallel {shards.world} gives each rank {lin.in_features} of "
@@ -214,8 +222,8 @@ def quantized_layers(
         if id(first) not in inputs:  # its outputs split, or replicated: one process's rows
             return scheme.make(weight, bias)
         peak = inputs[id(first)]
-        if peak is None:  # int4: groups of inputs, each rank's own
-            layer = scheme.make(weight, bias)
+        if peak is None:  # int4: groups of inputs, each rank's own; multiplied in float32
+            layer = Int4Linear.of(weight, bias, scheme.group, kernel="dequant")
         else:
             layer = quant.Int8Linear.of(weight, bias, peak)
         return split_inputs_of(layer, shards, summed=isinstance(first, RowLinear))
