@@ -1,8 +1,8 @@
 """One rank of tests/test_tensor_parallel.py's torchrun launch (run as a script).
 
-`python tensor_parallel_rank.py OUT [--expert-parallel | --quantize=SCHEME] FOLDER...`: every
+`python tensor_parallel_rank.py OUT [--expert-parallel] [--quantize=SCHEME] FOLDER...`: every
 rank loads each folder twice, its tensor-parallel shard and the whole model (both quantized
-with SCHEME), and decodes the same prompts with each under every cache policy; it also drafts
+with the SCHEME named before the folder), and decodes the same prompts with each under every cache policy; it also drafts
 random logits with the sharded sampler and the one-process Sampler. Rank 0 writes what it saw
 to OUT as JSON; the test compares.
 """
@@ -101,14 +101,16 @@ def drafts(shards: Shards) -> list[dict]:
 
 
 def main(out: str, *args: str) -> None:
-    folders = [a for a in args if not a.startswith("--")]
     experts = "--expert-parallel" in args  # the MoE folders' experts shared out whole
-    schemes = [a.removeprefix("--quantize=") for a in args if a.startswith("--quantize=")]
-    quantize = schemes[0] if schemes else "none"
     dist.init_process_group("gloo")
     shards = Shards(dist.get_rank(), dist.get_world_size(), counts=Counts())
     shards.expert_parallel = experts
-    results = {Path(f).name: decodes(f, shards, quantize) for f in folders}
+    results, quantize = {}, "none"
+    for arg in args:
+        if arg.startswith("--quantize="):
+            quantize = arg.removeprefix("--quantize=")
+        elif not arg.startswith("--"):
+            results[Path(arg).name] = decodes(arg, shards, quantize)
     if not experts and quantize == "none":
         results["drafts"] = drafts(shards)
     if shards.rank == 0:

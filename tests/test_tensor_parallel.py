@@ -6,6 +6,7 @@ gather per draft; what is not supported is refused in one line."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from dllm_cli.errors import SettingsError
 from dllm_cli.models.dream import DreamConfig
 from dllm_cli.models.llada import LLaDAConfig
 from dllm_cli.models.loading import load_model
+from dllm_cli.models.quantize import weight_bytes
 from dllm_cli.models.sharding import Shards, check_degree
 from dllm_cli.settings import DecodeSettings
 
@@ -32,6 +34,7 @@ DOWN = {  # a row-parallel weight: split over its inputs
     "llada_moe": "model.layers.0.mlp.experts.3.down_proj.weight",  # (summed once per block)
 }
 LINES = ["how many apples", "tom has 3 pens", "what is 2 + 2 ?"]
+WIDE = {"d_model": 64, "mlp_hidden_size": 128}  # int4: each rank's inputs whole groups of 32
 
 
 @pytest.fixture(scope="module", name="folders")
@@ -78,6 +81,29 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
     for case in seen["drafts"]:
         assert case["tokens"], case["case"]
         assert case["difference"] < 1e-6, case["case"]
+
+
+@pytest.mark.slow
+def test_two_ranks_decode_the_one_process_int8_and_int4_tokens(folders, tmp_path):
+    out = tmp_path / "seen.json"
+    wide = write_llada(tmp_path / "wide", seed=1, max_sequence_length=64, **WIDE).folder
+    script = str(HERE / "tensor_parallel_rank.py")
+    schemes = ["--quantize=int8", str(folders["llada"]), "--quantize=int4", str(wide)]
+    result = launch([script, str(out), *schemes])
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    for name, maxima in (("llada", 1), ("wide", 0)):
+        layers = seen[name]["layers"]
+        runs = {k: v for k, v in seen[name].items() if isinstance(v, dict)}
+        assert len(runs) == 7, runs.keys()
+        for cache, run in runs.items():
+            assert run["split"] == run["whole"], (name, cache)
+            assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
+            # int8: one MAX of the activations' row peaks per row-parallel int8 layer (the
+            # first block's MLP output stays float); int4 quantizes no activations
+            assert run["all_reduce_max"] == maxima * run["forwards"] * (2 * layers - 1)
+        mine, whole = seen[name]["quantized_bytes"]
+        assert mine <= whole * (1 / 2 + 0.05), name
 
 
 @pytest.mark.slow
@@ -133,6 +159,28 @@ def test_each_rank_reads_about_half_the_weights(folders):
         assert torch.equal(torch.cat([p[embed] for p in parts], 0), whole[embed])
         down = DOWN[name]
         assert torch.equal(torch.cat([p[down] for p in parts], 1), whole[down])
+
+
+def test_each_rank_quantizes_its_slices_with_the_one_process_row_scales(folders):
+    halves = [
+        load_model(folders["llada"], dtype="float32", device="cpu", shards=Shards(r, 2), quantize="int8")
+        for r in (0, 1)
+    ]  # fmt: skip
+    whole = load_model(folders["llada"], dtype="float32", device="cpu", quantize="int8").model
+    for half in halves:
+        assert weight_bytes(half.model) <= weight_bytes(whole) * (1 / 2 + 0.05)
+    # a row-parallel layer: each rank holds some inputs of every row, at the whole row's scale
+    down = [h.model.model.transformer.blocks[1].ff_out for h in halves]
+    expected = whole.model.transformer.blocks[1].ff_out
+    assert torch.equal(torch.cat([d.qweight for d in down]), expected.qweight)  # (in, out)
+    for part in down:
+        assert torch.equal(part.scale, expected.scale)
+
+
+def test_an_int4_group_straddling_two_ranks_is_refused_with_its_numbers(folders):
+    said = "gives each rank 16 of model.transformer.blocks.0.attn_out's 32 inputs, not a multiple "
+    with pytest.raises(SettingsError, match=re.escape(f"{said}of --quantize int4's group of 32")):
+        load_model(folders["llada"], device="cpu", shards=Shards(0, 2), quantize="int4")
 
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
