@@ -1,16 +1,18 @@
 """One rank of tests/test_tensor_parallel.py's torchrun launch (run as a script).
 
-`python tensor_parallel_rank.py OUT [--expert-parallel] [--quantize=SCHEME] FOLDER...`: every
+`python tensor_parallel_rank.py OUT [--expert-parallel] [--compile] [--quantize=SCHEME] FOLDER...`: every
 rank loads each folder twice, its tensor-parallel shard and the whole model (both quantized
 with the SCHEME named before the folder), and decodes the same prompts with each under every cache policy; it also drafts
 random logits with the sharded sampler and the one-process Sampler. Rank 0 writes what it saw
-to OUT as JSON; the test compares.
+to OUT as JSON; the test compares. `--compile`: the first folder's shard also decodes through
+`enable_compile` (`recorded`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from dllm_cli.decoding import decode
 from dllm_cli.decoding.sampling import FAMILIES, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.models.collectives import Counts, Shards
+from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.loading import load_model
 from dllm_cli.models.quantize import weight_bytes
 from dllm_cli.settings import DecodeSettings
@@ -64,6 +67,34 @@ def decodes(folder: str, shards: Shards, quantize: str = "none") -> dict:
     return out
 
 
+def recorded(folder: str, shards: Shards) -> dict:
+    """--compile on the shard with a CPU stand-in recorder (a replay reruns the step, its
+    collectives too): tokens when every rank records, and when rank 1's recordings fail
+    (the ranks agree, and every rank decodes eagerly)."""
+    settings = DecodeSettings(gen_length=16, block_length=8, cache="dual", threshold=0.9)
+    whole = load_model(folder, dtype="float32", device="cpu")
+    expected = decode(whole.model, whole.special, PROMPTS, settings).tokens
+    seen = {}
+    for case, fails in (("replayed", False), ("failed on rank 1", True)):
+        split = load_model(folder, dtype="float32", device="cpu", shards=shards)
+
+        def record(run, fails=fails):
+            out = run()  # the warm-up step, eager on every rank (as record_cuda_graph's)
+            if fails and shards.rank == 1:  # then capture fails on this rank alone
+                raise RuntimeError("capture not supported")
+            buffer = out.clone()
+            return out, lambda: buffer.copy_(run()), buffer
+
+        enable_compile(split.model, record)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            tokens = decode(split.model, split.special, PROMPTS, settings).tokens
+        steps = split.model.forward
+        seen[case] = {"equal": tokens == expected, "failed": steps.failed}
+        seen[case] |= {"recordings": steps.recordings, "replays": steps.replays}
+    return seen
+
+
 def expert_bytes(model) -> int:
     """Bytes of the routed experts' weights this model holds."""
     held = (p for name, p in model.named_parameters() if ".mlp.experts." in name)
@@ -100,6 +131,10 @@ def drafts(shards: Shards) -> list[dict]:
     return seen
 
 
+def folders_of(args: tuple[str, ...]) -> list[str]:
+    return [a for a in args if not a.startswith("--")]
+
+
 def main(out: str, *args: str) -> None:
     experts = "--expert-parallel" in args  # the MoE folders' experts shared out whole
     dist.init_process_group("gloo")
@@ -111,6 +146,8 @@ def main(out: str, *args: str) -> None:
             quantize = arg.removeprefix("--quantize=")
         elif not arg.startswith("--"):
             results[Path(arg).name] = decodes(arg, shards, quantize)
+    if "--compile" in args:
+        results["compiled"] = recorded(folders_of(args)[0], shards)
     if not experts and quantize == "none":
         results["drafts"] = drafts(shards)
     if shards.rank == 0:

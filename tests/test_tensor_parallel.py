@@ -84,14 +84,23 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
 
 
 @pytest.mark.slow
-def test_two_ranks_decode_the_one_process_int8_and_int4_tokens(folders, tmp_path):
+def test_two_ranks_decode_the_one_process_int8_int4_and_compiled_tokens(folders, tmp_path):
     out = tmp_path / "seen.json"
     wide = write_llada(tmp_path / "wide", seed=1, max_sequence_length=64, **WIDE).folder
     script = str(HERE / "tensor_parallel_rank.py")
     schemes = ["--quantize=int8", str(folders["llada"]), "--quantize=int4", str(wide)]
-    result = launch([script, str(out), *schemes])
+    result = launch([script, str(out), "--compile", *schemes])
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(out.read_text())
+    # --compile on the shard (a CPU stand-in recorder): replayed steps decode the one-process
+    # tokens; a recording failing on rank 1 only leaves both ranks eager, with those tokens
+    replayed, failed = seen["compiled"]["replayed"], seen["compiled"]["failed on rank 1"]
+    assert replayed["equal"] and replayed["replays"] > 0 and replayed["failed"] is None
+    assert failed["equal"] and failed["recordings"] == failed["replays"] == 0
+    assert (
+        failed["failed"]
+        == "--compile: CUDA graph recording failed (on another rank); decoding eagerly"
+    )
     for name, maxima in (("llada", 1), ("wide", 0)):
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if isinstance(v, dict)}
@@ -175,6 +184,15 @@ def test_each_rank_quantizes_its_slices_with_the_one_process_row_scales(folders)
     assert torch.equal(torch.cat([d.qweight for d in down]), expected.qweight)  # (in, out)
     for part in down:
         assert torch.equal(part.scale, expected.scale)
+
+
+def test_compile_on_a_shard_agrees_on_each_recording_with_the_other_ranks(folders):
+    from dllm_cli.models.compiled import enable_compile
+
+    model = load_model(folders["llada"], device="cpu", shards=Shards(0, 2)).model
+    assert enable_compile(model).startswith("--compile: CUDA graphs need a CUDA device")
+    assert enable_compile(model, lambda run: run()) is None  # a recorder: CUDA's path
+    assert model.forward.agree == model.shards.agree
 
 
 def test_an_int4_group_straddling_two_ranks_is_refused_with_its_numbers(folders):

@@ -145,8 +145,7 @@ def check_split(runtime: Runtime, shards: Shards) -> None:
     """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
     from dllm_cli.decoding.sharded_sampling import refuse_unsupported
 
-    compiled = runtime.profile.model.compile
-    refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
+    refuse_unsupported(runtime.settings, guided=runtime.guide is not None)
     if runtime.loaded.device.type == "cuda":
         import torch
 

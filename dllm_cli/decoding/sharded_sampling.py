@@ -28,7 +28,7 @@ CONFIDENCES = ("low_confidence", "margin", "random")
 BLOCK = Family("block", torch.float32, tempered_confidence=False, schedule="linear")
 
 
-def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False) -> None:
+def refuse_unsupported(settings, *, guided: bool = False) -> None:
     """One line for what tensor parallelism does not compute yet (rather than computing it
     wrong): sampled drafts, top-p, classifier-free guidance, rules that read distributions."""
     why = None
@@ -46,8 +46,6 @@ def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False
         why = f"--confidence {settings.confidence} (supported: {', '.join(CONFIDENCES)})"
     elif guided:
         why = "a guide model (use --no-guide)"
-    elif compiled:
-        why = "--compile"
     if why:
         raise SettingsError(f"--tensor-parallel does not support {why} yet")
 

@@ -99,6 +99,16 @@ class Shards:
             dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
         return x
 
+    def agree(self, ok: bool) -> bool:
+        """Whether every rank says `ok` (one MIN all-reduce of a flag, on NCCL's device)."""
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
+        )
+        flag = torch.tensor([float(ok)], device=device)
+        with self.guarded():
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """(world, *x.shape): every rank's `x`, in rank order."""
         self.counts.all_gather += 1
