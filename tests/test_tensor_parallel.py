@@ -146,6 +146,26 @@ def test_generate_under_torchrun_writes_the_one_process_answers(folders):
 
 
 @pytest.mark.slow
+def test_one_prompt_under_torchrun_is_the_one_process_answer_int8_compiled(folders):
+    args = [
+        "how many apples", "--model", str(folders["llada"]), "--device", "cpu", "--dtype",
+        "float32", "--gen-length", "16", "--block-length", "8", "--cache", "dual",
+        "--unmask", "threshold", "--threshold", "0.9", "--quantize", "int8", "--json",
+    ]  # fmt: skip
+    expected = invoke("generate", *args)
+    assert expected.exit_code == 0, expected.output
+    command = ["-m", "dllm_cli", "generate", *args, "--compile", "--tensor-parallel", "2"]
+    result = launch(command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    fields = ("prompt", "text", "token_ids", "forwards", "steps")
+    [record] = [json.loads(line) for line in result.stdout.splitlines()]  # rank 0's alone
+    assert {k: record[k] for k in fields} == {k: json.loads(expected.stdout)[k] for k in fields}
+    assert result.stderr.count("--compile: CUDA graphs need a CUDA device") == 1  # rank 0's
+    assert "tensor parallel rank 1 of 2: " in result.stderr
+    assert "of int8 weights (" in result.stderr
+
+
+@pytest.mark.slow
 def test_two_replicas_of_two_ranks_share_the_lines_and_write_the_one_process_answers(folders):
     result = generate_twice(folders["dream"], 4, [*LINES, "ann has 5 cats", "sam buys 4 books"])
     for replica in (0, 1):
@@ -307,3 +327,16 @@ def test_logprobs_under_tensor_parallel_are_refused_before_loading(folders, monk
     result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
     assert result.exit_code == 2
     assert error_lines(result) == ["dllm: error: --tensor-parallel does not support --logprobs yet"]
+
+
+def test_one_prompt_over_replicas_is_refused_before_loading(folders, monkeypatch):
+    launch_env = {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**launch_env, "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    model = ["--model", str(folders["llada"]), "--device", "cpu"]
+    result = invoke("generate", "hi", *model, "--tensor-parallel", "2")
+    assert result.exit_code == 2
+    assert error_lines(result) == [
+        "dllm: error: under torchrun, prompts come from stdin: give '-' and pipe them (one "
+        "prompt as an argument runs under --tensor-parallel N over N processes)"
+    ]
