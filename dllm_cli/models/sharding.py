@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +25,7 @@ from torch import nn
 
 from dllm_cli.errors import SettingsError
 from dllm_cli.models.collectives import Shards
-from dllm_cli.models.int4 import Int4Linear, Narrowed
 from dllm_cli.models.moe import LLaDAMoESparseBlock
-from dllm_cli.models.quantize import row_peaks
 
 Slice = tuple[int, int, int] | None  # (dim, start, stop) of a checkpoint tensor; None: whole
 ZERO = "zero"  # a row-parallel bias on ranks other than 0: added once, after the sum
@@ -188,52 +185,6 @@ class RowLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.shards.all_reduce(super().forward(x))
-
-
-class QuantizedInputs:
-    """Mixed in before a quantized layer (models/quantize.py, int4.py) holding this rank's
-    share of its inputs. int8 quantizes each row of x by its whole row's max |x| (one MAX
-    all-reduce of a number a row), as one process does. `summed` (a row-parallel layer; the
-    experts' are summed by their block): the partial products are summed over ranks; int4's
-    are float32 products of the same bfloat16 values, rounded to bfloat16 once after the sum,
-    as one process's bfloat16 GEMM rounds its float32 sums once."""
-
-    shards: Shards
-    summed: bool
-
-    def peaks(self, flat: torch.Tensor) -> torch.Tensor:
-        return self.shards.all_reduce_max(row_peaks(flat))
-
-    def products(self, flat: torch.Tensor) -> torch.Tensor:
-        if not self.summed:
-            return super().products(flat)
-        weight = self.dequantized(torch.bfloat16).float()  # (out, in): the bfloat16 values
-        return torch.mm(flat.to(torch.bfloat16).float(), weight.t())  # (N, out) float32
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
-        if not self.summed:
-            return out
-        out = self.shards.all_reduce(out)
-        return out.bfloat16().to(x.dtype) if isinstance(self, Int4Linear) else out
-
-    def part(self, start: int, stop: int) -> nn.Module:
-        view = super().part(start, stop)  # a Narrowed view calls this layer: reduced already
-        return (
-            view if isinstance(view, Narrowed) else split_inputs_of(view, self.shards, self.summed)
-        )
-
-
-@cache
-def _quantized_inputs(cls: type) -> type:
-    return type(f"Split{cls.__name__}", (QuantizedInputs, cls), {})
-
-
-def split_inputs_of(layer: nn.Module, shards: Shards, summed: bool) -> nn.Module:
-    """`layer` (quantized from this rank's share of its inputs) as a QuantizedInputs layer."""
-    layer.__class__ = _quantized_inputs(type(layer))
-    layer.shards, layer.summed = shards, summed
-    return layer
 
 
 class ShardedLM:
