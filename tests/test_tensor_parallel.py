@@ -215,10 +215,13 @@ def test_compile_on_a_shard_agrees_on_each_recording_with_the_other_ranks(folder
     assert model.forward.agree == model.shards.agree
 
 
-def test_an_int4_group_straddling_two_ranks_is_refused_with_its_numbers(folders):
+def test_int4_groups_straddling_ranks_and_split_int4_experts_are_refused(folders):
     said = "gives each rank 16 of model.transformer.blocks.0.attn_out's 32 inputs, not a multiple "
     with pytest.raises(SettingsError, match=re.escape(f"{said}of --quantize int4's group of 32")):
         load_model(folders["llada"], device="cpu", shards=Shards(0, 2), quantize="int4")
+    experts = "--quantize int4 for experts split over their columns yet"
+    with pytest.raises(SettingsError, match=experts):  # each rank's part would round alone
+        load_model(folders["llada_moe"], device="cpu", shards=Shards(0, 2), quantize="int4")
 
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
