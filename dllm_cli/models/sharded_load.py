@@ -145,11 +145,6 @@ def _narrow(module: nn.Module, dim: int, lo: int, hi: int, plan: dict, name: str
         plan[f"{name}.{kind}"] = (dim, lo, hi)
 
 
-def unique_bytes(model: nn.Module, itemsize: int) -> int:
-    """Bytes of the model's parameters at `itemsize` bytes each, tied ones counted once."""
-    return sum(p.numel() for p in model.parameters()) * itemsize
-
-
 def load_sharded(
     folder: Path,
     model: nn.Module,
@@ -162,12 +157,13 @@ def load_sharded(
     """`model` (meta-built, checked against the folder) as this rank's shard, on `device`;
     `scheme`: its projections quantized from this rank's slices, as one process quantizes."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    whole = unique_bytes(model, itemsize)
+    whole = sum(p.numel() for p in model.parameters()) * itemsize  # tied ones counted once
     groups = tied_groups(model)
     plan = split(model, family, shards)
     inputs = split_inputs_linears(model, plan)  # name -> a linear holding part of its inputs
     check_split_groups(inputs, scheme, shards)
-    peaks: dict[str, torch.Tensor] | None = {} if scheme.name == "int8" else None
+    per_row = scheme.bits and not scheme.group  # one scale a row: the whole row's peak
+    peaks: dict[str, torch.Tensor] | None = {} if per_row else None
     read_slices(folder, model, plan, quant.load_dtype(scheme, dtype, weight_files(folder)), peaks)
     for group in groups:
         retie(model, group)
