@@ -219,11 +219,10 @@ def quantized_layers(
         first = linears[0]
         if id(first) not in inputs:  # its outputs split, or replicated: one process's rows
             return scheme.make(weight, bias)
-        peak = inputs[id(first)]
-        if peak is None:  # int4: groups of inputs, each rank's own; multiplied in float32
+        if scheme.group:  # int4: groups of inputs, each rank's own; multiplied in float32
             layer = Int4Linear.of(weight, bias, scheme.group, kernel="dequant")
-        else:
-            layer = quant.Int8Linear.of(weight, bias, peak)
+        else:  # int8: one process's row scales
+            layer = quant.Int8Linear.of(weight, bias, inputs[id(first)])
         return split_inputs_of(layer, shards, summed=isinstance(first, RowLinear))
 
     return make
