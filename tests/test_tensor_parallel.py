@@ -1,7 +1,8 @@
 """--tensor-parallel: a model split over torchrun ranks (CPU, gloo, 127.0.0.1) decodes the
-tokens one process decodes, every cache policy, LLaDA, Dream and LLaDA-MoE; each rank holds about half
-the weights; the collectives per forward stay at two per layer plus the embedding's, one
-gather per draft; what is not supported is refused in one line."""
+tokens one process decodes, every cache policy, LLaDA, Dream and LLaDA-MoE, float, int8 and
+int4, under --compile's recorder and from one prompt; each rank holds about half the weights;
+the collectives per forward stay at two per layer plus the embedding's (int8: one MAX more per
+row-parallel layer), one gather per draft; what is not supported is refused in one line."""
 
 from __future__ import annotations
 
