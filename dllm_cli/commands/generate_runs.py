@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from dllm_cli.commands.common import (
     show_prompt,
     write,
 )
-from dllm_cli.errors import DllmError
+from dllm_cli.errors import DllmError, InputError
 
 if TYPE_CHECKING:  # the decoding modules (torch) are imported when a run starts
     from dllm_cli import distributed
@@ -129,19 +130,22 @@ def check_split(runtime: Runtime, shards: Shards) -> None:
     """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
     from dllm_cli.decoding.sharded_sampling import refuse_unsupported
 
-    compiled = runtime.profile.model.compile
-    refuse_unsupported(runtime.settings, compiled=compiled)
+    refuse_unsupported(runtime.settings)
     if runtime.loaded.device.type == "cuda":
         import torch
 
         torch.cuda.set_device(runtime.loaded.device)  # NCCL's communicator on this rank's GPU
         shards.backend = "nccl"
     mine, whole = runtime.loaded.model.weight_bytes
-    mib = 2**20
+    mib, scheme = 2**20, runtime.profile.model.quantize
     replica = f" (replica {shards.replica} of {shards.replicas})" if shards.replicas > 1 else ""
+    held, of = "weights", f"{whole / mib:.2f} MiB"
+    if scheme != "none":  # the whole model's bytes are its float ones
+        dtype = str(runtime.loaded.dtype).removeprefix("torch.")
+        held, of = f"{scheme} weights", f"the {of} {dtype} model"
     note(
         f"tensor parallel rank {shards.rank} of {shards.world}{replica}: {mine / mib:.2f} MiB "
-        f"of weights ({100 * mine / whole:.1f}% of {whole / mib:.2f} MiB)"
+        f"of {held} ({100 * mine / whole:.1f}% of {of})"
     )
 
 
@@ -174,12 +178,38 @@ def run_split(
             pipeline.finished = lambda slot: progress.advance(task)
             pipeline.run(enumerate(lines, start=1), write_out)
         if stats and job.rank == 0:
-            c = shards.counts
-            note(
-                f"tensor parallel: {c.forwards} forwards, {c.all_reduce} all-reduces, "
-                f"{c.all_gather} all-gathers on rank 0"
-            )
+            note_collectives(shards)
     return failed if job.rank == 0 else 0
+
+
+def run_split_prompt(
+    job: distributed.Job, shards: Shards, stats: bool, decode: Callable[..., None]
+) -> None:
+    """One prompt through every rank's share of the model: rank 0 writes it as one process
+    does (streamed on a terminal), the others `decode(shown=False)` alongside; a bad prompt,
+    which every rank meets, is rank 0's to say."""
+    from dllm_cli import distributed
+
+    with distributed.process_group(job), distributed.ended_by_sigterm(job.rank):
+        shards.join()
+        try:
+            decode(shown=job.rank == 0)
+        except InputError as e:
+            if job.rank:
+                raise typer.Exit(e.exit_code) from None
+            raise
+        if stats and job.rank == 0:
+            note_collectives(shards)
+
+
+def note_collectives(shards: Shards) -> None:
+    """--stats: rank 0's forwards and collectives."""
+    c = shards.counts
+    maxima = f", {c.all_reduce_max} row-peak maxima (int8)" if c.all_reduce_max else ""
+    note(
+        f"tensor parallel: {c.forwards} forwards, {c.all_reduce} all-reduces, "
+        f"{c.all_gather} all-gathers{maxima} on rank 0"
+    )
 
 
 def run_sharded(
