@@ -86,9 +86,9 @@ TensorParallel = Annotated[
     typer.Option(
         "--tensor-parallel",
         help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
-        "every rank decodes every line, rank 0 writes them (docs/tensor-parallel.md). LLaDA, Dream "
-        "and LLaDA-MoE, greedy decoding; a multiple of N processes runs replicas of N ranks, "
-        "each decoding its share of the lines.",
+        "every rank decodes every prompt, rank 0 writes them (docs/tensor-parallel.md). LLaDA, "
+        "Dream, LLaDA-MoE, SDAR and LLaDA2.x; a multiple of N processes runs replicas of N "
+        "ranks, each decoding its share of the stdin lines.",
         rich_help_panel="Parallelism",
     ),
 ]
