@@ -174,7 +174,7 @@ def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
     b, n = e.rule.block, len(rows)
     cols = torch.stack([columns(r, b) for r in rows])  # (N, B)
     host = [(r.block + 1) * b for r in rows]  # each row's end
-    ends, hi = torch.tensor(host, device=e.device), max(host)
+    hi = max(host)
     if e.cached:
         ids, positions, index = torch.stack([block_of(r, b) for r in rows]), cols, None
         if previous:
@@ -186,15 +186,23 @@ def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
             positions = torch.cat([(cols - b).clamp(min=0), cols], dim=1)
             cols = torch.cat([torch.where(storing, cols - b, e.cache.width), cols], dim=1)
             index = slice(b, 2 * b)
-        keys = block_keys(cols, ends, b, hi)  # (N, T, hi)
+        keys = block_keys(cols, torch.tensor(host, device=e.device), b, hi)  # (N, T, hi)
         if len({r.block for r in rows}) == 1 and len(previous) in (0, n):  # rows in lockstep
             cols = slice(hi - cols.shape[1], hi)  # one slice: written in place, no index
         return ids, positions, rows_view(e, rows, hi), keys, cols, index
-    ids = torch.full((n, hi), e.special.pad, dtype=torch.long, device=e.device)
-    for i, (r, end) in enumerate(zip(rows, host, strict=True)):
+    ids, keys = windows(e, rows, host)
+    return ids, None, None, keys, slice(0, hi), cols
+
+
+def windows(e: BlockStepper, rows, ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids (N, W) of each row's columns [0, end) padded to the longest, and their
+    block-causal key mask (N, W, W): a prefill's or a recompute's whole windows."""
+    width = max(ends)
+    ids = torch.full((len(rows), width), e.special.pad, dtype=torch.long, device=e.device)
+    for i, (r, end) in enumerate(zip(rows, ends, strict=True)):
         ids[i, :end] = r.x[:end]
-    every = torch.arange(hi, device=e.device).expand(n, hi)
-    return ids, None, None, block_keys(every, ends, b, hi), slice(0, hi), cols
+    every = torch.arange(width, device=e.device).expand(len(rows), width)
+    return ids, block_keys(every, torch.tensor(ends, device=e.device), e.rule.block, width)
 
 
 def rows_view(e: BlockStepper, rows, hi: int) -> KVCache:

@@ -32,7 +32,6 @@ from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
 from dllm_cli.families import family_of_model
-from dllm_cli.models.block import block_keys
 from dllm_cli.settings import DecodeSettings
 
 
@@ -143,17 +142,10 @@ class BlockStepper:
         K/V into the cache (a shorter row's padding columns are rewritten before any read)."""
         if not rows:
             return 0
-        b = self.rule.block
-        lengths = [r.block * b for r in rows]
-        width = max(lengths)
-        ids = torch.full((len(rows), width), self.special.pad, dtype=torch.long, device=self.device)
-        for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
-            ids[i, :n] = r.x[:n]
-        columns = torch.arange(width, device=self.device).expand(len(rows), width)
-        ends = torch.tensor(lengths, device=self.device)
-        cache = block_step.rows_view(self, rows, width)
-        keys = block_keys(columns, ends, b, width)  # (R, W, W)
-        self.model(ids, None, cache, keys, slice(0, width), logits_slice=slice(0, 0))
+        lengths = [r.block * self.rule.block for r in rows]
+        ids, keys = block_step.windows(self, rows, lengths)  # (R, W), (R, W, W)
+        cache = block_step.rows_view(self, rows, max(lengths))
+        self.model(ids, None, cache, keys, slice(0, max(lengths)), logits_slice=slice(0, 0))
         for r, n in zip(rows, lengths, strict=True):
             r.cached = n
             r.request.forwards += 1  # (the engine counts the forward itself)
