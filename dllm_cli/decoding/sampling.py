@@ -185,16 +185,17 @@ class Sampler:
         return tokens, row_confidence(probs, tokens, rows), probs
 
 
-def row_confidence(probs, tokens, rows: RowDraws) -> torch.Tensor:
-    """(B, L) each row's own confidence kind (one call when rows agree; `random` rows draw)."""
+def row_confidence(probs, tokens, rows: RowDraws, kinds=CONFIDENCE_KINDS) -> torch.Tensor:
+    """(B, L) each row's own confidence kind (one call when rows agree; `random` rows draw);
+    `kinds` reads `probs` (a tensor here, a rank's gathered summaries in sharded_sampling)."""
     kind = rows.value("confidence")
     if not isinstance(kind, list):
-        return CONFIDENCE_KINDS[kind](probs, tokens, rows)
+        return kinds[kind](probs, tokens, rows)
     out = None
     for name in dict.fromkeys(kind):  # each kind present, in row order
         mine = [k == name for k in kind]
         draws = replace(rows, on=tuple(o and m for o, m in zip(rows.on, mine, strict=True)))
-        conf = CONFIDENCE_KINDS[name](probs, tokens, draws)
+        conf = kinds[name](probs, tokens, draws)
         where = torch.tensor(mine, device=conf.device)[:, None]
         out = conf if out is None else torch.where(where, conf, out)
     return out
