@@ -6,7 +6,8 @@ kind, per-row values (RowDraws), the block families' multinomial draw."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import torch
 from dllm_cli.decoding import block_rules
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import FAMILIES, Sampler
-from dllm_cli.decoding.sharded_sampling import BLOCK, ShardedSampler
+from dllm_cli.decoding.sharded_sampling import ShardedSampler, block_drafter
 from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.collectives import Shards
 from dllm_cli.settings import DecodeSettings
@@ -147,18 +148,19 @@ def test_rows_sample_with_their_own_values_and_generators():
 @pytest.mark.parametrize(("t", "k", "p"), [(0.0, None, None), (1.0, None, None), (0.8, 5, 0.7)])
 def test_shards_draw_the_block_families_multinomial_draft(t, k, p):
     logits = logits_for(4, shape=(2, 6, V))  # (N, B, V): two rows, blocks of 6
-    s = replace(DecodeSettings(), temperature=t, top_k=k, top_p=p)
-    g = torch.Generator().manual_seed(5) if t > 0 else None
-    tokens, probs = block_rules.draft(logits.clone(), s, MASK, VOCAB, g)
+    own = [Sampling(t, p, k), Sampling(0.0)]  # the second row greedy
+    seeded = lambda: [torch.Generator().manual_seed(s) for s in (5, 6)]  # noqa: E731
+    whole = block_rules.whole_drafter(MASK, VOCAB)
+    tokens, probs = whole(logits.clone(), own, seeded())
 
     def job(shards):
         lo, hi = shards.vocabulary(V)
-        sampler = ShardedSampler(shards, lo, V, DecodeSettings(), BLOCK, VOCAB, MASK)
-        own = Sampling(t, p, k)
-        mine = torch.Generator().manual_seed(5) if t > 0 else None
-        return sampler.draft(logits[..., lo:hi], mine, (own, own))
+        model = SimpleNamespace(shards=shards, vocab_start=lo, vocab_width=V)
+        drafted = block_drafter(model, DecodeSettings(), VOCAB, MASK)
+        return (*drafted(logits[..., lo:hi], own, seeded()), shards.counts.all_gather)
 
-    for mine, mine_p, _ in on_ranks(2, job):
+    for mine, mine_p, gathers in on_ranks(2, job):
         assert torch.equal(mine, tokens)
         assert mine_p.dtype == torch.float32
         torch.testing.assert_close(mine_p, probs, rtol=1e-5, atol=1e-6)
+        assert gathers == 1  # every row drafted from one gather

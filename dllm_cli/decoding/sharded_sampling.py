@@ -58,12 +58,17 @@ def gumbel(generator, shape: tuple[int, int], width: int, device) -> torch.Tenso
     return -torch.log(-torch.log(u))
 
 
-def exponential(generator, shape: tuple[int, int], width: int, device) -> torch.Tensor:
+def exponential(generators, shape: tuple[int, int], width: int, device) -> torch.Tensor:
     """torch.multinomial(probs, 1)'s noise (aten Distributions.cpp: argmax(probs / q), q ~
-    Exp(1) drawn like probs, float32): -log q, so argmax(log p - log q) is its draw."""
+    Exp(1) drawn like probs, float32), a row from its own generator (None: greedy, no draw):
+    -log q, so argmax(log p - log q) is its draw."""
     rows, columns = shape
-    q = torch.empty((rows * columns, width), device=device).exponential_(1, generator=generator)
-    return -torch.log(q.view(rows, columns, width).double())
+    out = torch.zeros((rows, columns, width), dtype=torch.float64, device=device)
+    for r, g in enumerate(generators):
+        if g is not None:
+            q = torch.empty((columns, width), device=device).exponential_(1, generator=g)
+            out[r] = -torch.log(q.double())
+    return out
 
 
 @dataclass(frozen=True)
@@ -272,9 +277,10 @@ def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
     argmax, or its top-k, top-p, multinomial draw, and the draft's p (float32)."""
     sampler = ShardedSampler.of(model, settings, BLOCK, vocab, mask)
 
-    def drafted(logits: torch.Tensor, s, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        own = Sampling(s.temperature, s.top_p, s.top_k)  # p: low_confidence
-        tokens, p, _ = sampler.draft(logits, generator, (own,) * logits.shape[0])
+    def drafted(logits: torch.Tensor, samplings, generators) -> tuple[torch.Tensor, torch.Tensor]:
+        own = tuple(Sampling(s.temperature, s.top_p, s.top_k) for s in samplings)  # p: chosen
+        draws = tuple(None if s.greedy else g for s, g in zip(own, generators, strict=True))
+        tokens, p, _ = sampler.draft(logits, draws, own)
         return tokens, p
 
     return drafted
