@@ -80,15 +80,15 @@ def logits_for(seed: int, shape=(2, 5, V), scale=3.0) -> torch.Tensor:
     return x
 
 
-def sharded(settings, family, logits, world=2, seed=3, rows=None):
+def sharded(settings, family, logits, world=2, seed=3, rows=None, keep=False):
     """Every fake rank's drafts of its slice of `logits` (rows: a RowDraws factory)."""
 
     def job(shards):
         lo, hi = shards.vocabulary(V)
         s = ShardedSampler(shards, lo, V, settings, family, VOCAB, MASK)
         g = torch.Generator().manual_seed(seed) if rows is None else rows()
-        tokens, conf, _ = s.draft(logits[..., lo:hi], g)
-        return tokens, conf, shards.counts.all_gather
+        tokens, conf, probs = s.draft(logits[..., lo:hi], g, keep=keep)
+        return (tokens, conf, shards.counts.all_gather, probs)[: 4 if keep else 3]
 
     return on_ranks(world, job)
 
@@ -143,6 +143,22 @@ def test_rows_sample_with_their_own_values_and_generators():
         for mine, mine_conf, _ in sharded(run, FAMILIES[family], logits, rows=rows):
             assert torch.equal(mine, tokens), family
             torch.testing.assert_close(mine_conf, conf, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_logprobs_read_the_one_process_values_from_the_gathered_candidates(family):
+    logits = logits_for(5)
+    settings = DecodeSettings(temperature=0.9, top_k=30, top_p=0.95)
+    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    tokens, _, probs = whole.draft(logits, torch.Generator().manual_seed(3))
+    want = torch.log(probs.double())
+    for mine, _, _, kept in sharded(settings, FAMILIES[family], logits, keep=True):
+        lp = torch.log(kept.double())
+        chosen = lp.gather(-1, mine[..., None])
+        torch.testing.assert_close(chosen, want.gather(-1, tokens[..., None]))
+        values, ids = lp.topk(20, dim=-1)  # logprobs' most (here: past the 30 of top-k)
+        torch.testing.assert_close(values, want.topk(20, dim=-1).values)
+        assert torch.equal(ids, want.topk(20, dim=-1).indices)
 
 
 @pytest.mark.parametrize(("t", "k", "p"), [(0.0, None, None), (1.0, None, None), (0.8, 5, 0.7)])

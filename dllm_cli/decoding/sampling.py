@@ -141,10 +141,11 @@ class Sampler:
         tokens, confidence, _ = self.draft(logits, generator)
         return tokens, confidence
 
-    def draft(self, logits: torch.Tensor, generator: torch.Generator | RowDraws):
+    def draft(self, logits: torch.Tensor, generator: torch.Generator | RowDraws, keep=True):
         """Drafts (B, L), confidences (B, L) and the distribution they come from (B, L, V).
 
-        With a RowDraws every row samples with its own request's values (row_sampling.py)."""
+        With a RowDraws every row samples with its own request's values (row_sampling.py).
+        `keep` is unread: the distribution is at hand (a tensor-parallel rank's is not)."""
         if isinstance(generator, RowDraws):
             return self.draft_rows(logits, generator)
         raw = self.working_logits(logits)

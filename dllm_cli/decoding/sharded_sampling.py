@@ -31,6 +31,7 @@ from dllm_cli.models.sharding import ShardedLM, Shards
 
 UNMASKS = ("fixed", "threshold", "factor", "prefix", "origin")  # no whole distributions
 NUCLEUS = 16  # candidates each rank sends for top-p (times 8 per extra round, rarely needed)
+LOGPROBS = 20  # candidates each rank sends when a request asks for logprobs (its most)
 # block_rules.draft: float32, p from softmax(filtered logits / T); the schedule is unread
 # (block_rules.schedule splits each block)
 BLOCK = Family("block", torch.float32, tempered_confidence=True, schedule="linear")
@@ -140,9 +141,10 @@ class ShardedSampler:
         tokens, confidence, _ = self.draft(logits, generator)
         return tokens, confidence
 
-    def draft(self, logits: torch.Tensor, generator, samplings=None):
-        """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L), no distribution;
-        each row samples with its own values when `generator` is a RowDraws (or `samplings`)."""
+    def draft(self, logits: torch.Tensor, generator, samplings=None, keep: bool = False):
+        """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L) and, when `keep`,
+        the drafts' distribution on the gathered candidates (`kept`); each row samples with
+        its own values when `generator` is a RowDraws (or `samplings`)."""
         if samplings is None:
             samplings = generator.samplings if isinstance(generator, RowDraws) else None
         samplings = samplings or (self.run,) * logits.shape[0]
@@ -152,14 +154,32 @@ class ShardedSampler:
         raw = self.working(logits, dtype)  # (B, L, V_r)
         scores = raw if not rows.sampled else raw / rows.divisor.to(dtype)
         noisy = self.noisy(scores, generator) if rows.sampled else None
-        view = self.reduce(raw, scores, noisy, rows)
+        view = self.reduce(raw, scores, noisy, rows, LOGPROBS if keep else 0)
         tokens = view.tokens
         kinds = [s.confidence for s in samplings]
         if isinstance(generator, RowDraws):
             confidence = row_confidence(view, tokens, generator, KINDS)
         else:
             confidence = KINDS[kinds[0]](view, tokens, generator)
-        return tokens, confidence.to(dtype), None
+        probs = self.kept(view, confidence.to(dtype)) if keep else None
+        return tokens, confidence.to(dtype), probs
+
+    def kept(self, view: View, chosen: torch.Tensor) -> torch.Tensor:
+        """(B, L, V) the distribution confidences read, on every rank's candidates (its top
+        ones, all that logprobs.record reads) and each draft's own; 0 elsewhere. Built when a
+        request asks for logprobs (the probability of the chosen token comes from the
+        low_confidence kind, whatever the row's confidence)."""
+        s = view.s
+        top, total = view.basis()
+        union = s.cand.permute(1, 2, 0, 3, 4).flatten(2, 3)  # (B, L, world k, 4)
+        value = union[..., 2 if view.tempered else 3]
+        p = torch.exp(value - top[..., None]) / total[..., None]
+        p = torch.where(union[..., 2] >= view.cut[..., None], p, 0.0) if view.tempered else p
+        ids = union[..., 1].long()
+        out = torch.zeros((*ids.shape[:2], self.vocab_size), dtype=chosen.dtype, device=ids.device)
+        out.scatter_(-1, ids.clamp(min=0), torch.where(ids >= 0, p, 0.0).to(chosen.dtype))
+        mine = chosen_probability(view, view.tokens, None).to(chosen.dtype)
+        return out.scatter_(-1, view.tokens[..., None], mine[..., None])
 
     def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy drafts and their probability under softmax(raw logits), at least float32."""
@@ -186,10 +206,11 @@ class ShardedSampler:
         mine = torch.nn.functional.pad(mine, (0, pad)) if pad else mine
         return scores.double() + mine
 
-    def reduce(self, raw, scores, noisy, rows: Rows) -> View:
-        """The gathered summaries and the rows' filter thresholds; top-p gathers more
-        candidates while theirs do not decide its threshold exactly (one host read a round)."""
-        k = max([*rows.top_k, 2])
+    def reduce(self, raw, scores, noisy, rows: Rows, least: int = 0) -> View:
+        """The gathered summaries (at least `least` candidates a rank) and the rows' filter
+        thresholds; top-p gathers more candidates while theirs do not decide its threshold
+        exactly (one host read a round)."""
+        k = max([*rows.top_k, 2, least])
         if bool((rows.top_p <= 1).any()):
             k = max(k, NUCLEUS)
         while True:

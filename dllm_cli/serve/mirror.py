@@ -69,8 +69,6 @@ class Leader:
         """Why the other ranks could not decode this request alongside (None: they can)."""
         if job.kind == "score":
             return "scoring (echo with logprobs) is not supported under --tensor-parallel yet"
-        if job.logprobs is not None:
-            return "logprobs are not supported under --tensor-parallel yet"
         if job.structure is not None:
             return "response_format is not supported under --tensor-parallel yet"
         try:
@@ -114,8 +112,9 @@ def drop(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
     pools.pop(group, None)  # (gone already when its step failed here too)
 
 
-def add(pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid) -> None:
-    mine = pools[group].engine.add(ids, settings=settings)
+def add(pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid, logprobs):
+    """Rank 0's request, with its logprobs (every rank gathers the candidates they read)."""
+    mine = pools[group].engine.add(ids, settings=settings, logprobs=logprobs)
     if mine != rid:  # the engines are deterministic: this is a bug, not bad input
         raise RuntimeError(f"request {mine} on this rank is request {rid} on rank 0")
 

@@ -255,7 +255,8 @@ class Worker:
             except DllmError as e:
                 self.fail(ticket, input_error(e, ticket.job.kind))
                 continue
-            self.record("add", ticket.group, ticket.ids, ticket.job.settings, ticket.rid)
+            job = ticket.job
+            self.record("add", ticket.group, ticket.ids, job.settings, ticket.rid, job.logprobs)
             self.tickets[(ticket.group, ticket.rid)] = ticket
         self.parked = still
 
