@@ -91,13 +91,14 @@ DRAWINGS: dict[str, Drawing] = {
 
 @dataclass(frozen=True)
 class Rows:
-    """Each row's sampling values as (B, 1) tensors (host lists where only the host reads)."""
+    """Each row's sampling values as (B, 1) tensors, and what the host decides from them."""
 
     divisor: torch.Tensor  # (B, 1, 1) temperature, 1 for greedy rows
     greedy: torch.Tensor  # (B, 1) bool
     top_k: list[int]  # 0: off
     top_p: torch.Tensor  # (B, 1) above 1: off
     sampled: bool  # some row draws
+    nucleus: bool  # some row filters by top-p
 
     @classmethod
     def of(cls, samplings, filters_greedy: bool, device) -> Rows:
@@ -114,6 +115,7 @@ class Rows:
             [(s.top_k or 0) if on(s) else 0 for s in samplings],
             torch.tensor(top_p, dtype=torch.float64, device=device)[:, None],
             not all(s.greedy for s in samplings),
+            any(p <= 1 for p in top_p),
         )  # fmt: skip
 
 
@@ -156,29 +158,26 @@ class ShardedSampler:
         noisy = self.noisy(scores, generator) if rows.sampled else None
         view = self.reduce(raw, scores, noisy, rows, LOGPROBS if keep else 0)
         tokens = view.tokens
-        kinds = [s.confidence for s in samplings]
         if isinstance(generator, RowDraws):
             confidence = row_confidence(view, tokens, generator, KINDS)
         else:
-            confidence = KINDS[kinds[0]](view, tokens, generator)
-        probs = self.kept(view, confidence.to(dtype)) if keep else None
-        return tokens, confidence.to(dtype), probs
+            confidence = KINDS[samplings[0].confidence](view, tokens, generator)
+        return tokens, confidence.to(dtype), self.kept(view, dtype) if keep else None
 
-    def kept(self, view: View, chosen: torch.Tensor) -> torch.Tensor:
+    def kept(self, view: View, dtype: torch.dtype) -> torch.Tensor:
         """(B, L, V) the distribution confidences read, on every rank's candidates (its top
         ones, all that logprobs.record reads) and each draft's own; 0 elsewhere. Built when a
-        request asks for logprobs (the probability of the chosen token comes from the
-        low_confidence kind, whatever the row's confidence)."""
-        s = view.s
+        request asks for logprobs."""
         top, total = view.basis()
-        union = s.cand.permute(1, 2, 0, 3, 4).flatten(2, 3)  # (B, L, world k, 4)
-        value = union[..., 2 if view.tempered else 3]
-        p = torch.exp(value - top[..., None]) / total[..., None]
-        p = torch.where(union[..., 2] >= view.cut[..., None], p, 0.0) if view.tempered else p
+        union = view.s.cand.permute(1, 2, 0, 3, 4).flatten(2, 3)  # (B, L, world k, 4)
+        p = torch.exp(union[..., 2 if view.tempered else 3] - top[..., None]) / total[..., None]
+        if view.tempered:  # the filtered distribution
+            p = torch.where(union[..., 2] >= view.cut[..., None], p, 0.0)
         ids = union[..., 1].long()
-        out = torch.zeros((*ids.shape[:2], self.vocab_size), dtype=chosen.dtype, device=ids.device)
-        out.scatter_(-1, ids.clamp(min=0), torch.where(ids >= 0, p, 0.0).to(chosen.dtype))
-        mine = chosen_probability(view, view.tokens, None).to(chosen.dtype)
+        real = (ids >= 0) & (ids < self.vocab_size)  # (a shard's padding ids, -inf scores)
+        out = torch.zeros((*ids.shape[:2], self.vocab_size), dtype=dtype, device=ids.device)
+        out.scatter_add_(-1, torch.where(real, ids, 0), torch.where(real, p, 0.0).to(dtype))
+        mine = chosen_probability(view, view.tokens, None).to(dtype)  # a draw's own, sampled
         return out.scatter_(-1, view.tokens[..., None], mine[..., None])
 
     def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,7 +210,7 @@ class ShardedSampler:
         thresholds; top-p gathers more candidates while theirs do not decide its threshold
         exactly (one host read a round)."""
         k = max([*rows.top_k, 2, least])
-        if bool((rows.top_p <= 1).any()):
+        if rows.nucleus:
             k = max(k, NUCLEUS)
         while True:
             k = min(k, self.largest)
@@ -232,7 +231,7 @@ class View:
         self.dtype = torch.float64
         k_cut = s.kth_largest(rows.top_k)  # (B, L) -inf: off
         self.cut, self.exact = k_cut, None
-        if bool((rows.top_p <= 1).any()):
+        if rows.nucleus:
             first = k_cut if top_k_first else None
             p_cut = s.nucleus(rows.top_p.expand_as(k_cut), first)
             self.cut = torch.maximum(k_cut, p_cut)
