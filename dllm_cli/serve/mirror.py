@@ -11,8 +11,8 @@ broadcasts go over a gloo group of their own, with the collective timeout; a fai
 failed collective of the model, is a `RankLost` that ends the server (worker.py answers every
 request in flight with a 503 error object).
 
-What the other ranks cannot mirror yet is refused per request (400): scoring, logprobs,
-response_format, and sampling tensor parallelism does not compute (sharded_sampling.py).
+What the other ranks cannot mirror yet is refused per request (400): scoring, response_format,
+and the settings tensor parallelism does not compute (sharded_sampling.py).
 """
 
 from __future__ import annotations
