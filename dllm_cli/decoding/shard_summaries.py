@@ -13,6 +13,7 @@ score, raw), and its top-K candidates by score (the same four).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -20,13 +21,22 @@ FIELDS = 18  # numbers per column before the candidates
 EPS = 1e-10  # Dream's entropy: p log(p + eps)
 
 
-def exp_sums(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B, L, V) -> best (B, L), sum exp(x - best), sum exp(x - best) (x - best)."""
-    best = x.max(dim=-1).values
+@dataclass(frozen=True)
+class Needs:
+    """What the rows' settings read, so a rank computes only that (the rest is sent as 0)."""
+
+    separate: bool = False  # raw logits and filter scores differ (LLaDA sampled)
+    entropy: bool = False  # some row's confidence is sum p log p
+    filters: bool = False  # some row filters by top-k or top-p (ties at a cut count)
+
+
+def exp_sums(x: torch.Tensor, best: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, ...]:
+    """(B, L, V), its best (B, L) -> sum exp(x - best) and (`entropy`; else 0) sum e log e of
+    e = exp(x - best)."""
     shift = torch.where(torch.isfinite(best), best, 0.0)  # a shard of dropped ids only
-    gap = x - shift[..., None]
-    e = gap.exp()
-    return best, e.sum(dim=-1), torch.where(e > 0, e * gap, 0.0).sum(dim=-1)
+    e = (x - shift[..., None]).exp()
+    plogp = torch.special.xlogy(e, e).sum(dim=-1) if entropy else torch.zeros_like(best)
+    return e.sum(dim=-1), plogp
 
 
 def winner(noisy: torch.Tensor, ids, scores, raw) -> torch.Tensor:
@@ -36,30 +46,45 @@ def winner(noisy: torch.Tensor, ids, scores, raw) -> torch.Tensor:
     return torch.cat(picked, dim=-1)
 
 
-def summarize(raw, scores, noisy, k: int, start: int, separate: bool = False) -> torch.Tensor:
+def summarize(raw, scores, noisy, k: int, start: int, needs: Needs = Needs()) -> torch.Tensor:
     """(B, L, V_r) raw logits, filter scores (raw / T) and perturbed scores (None: greedy) ->
-    (B, L, FIELDS + 4k) this rank's summary; `separate`: raw and scores differ."""
+    (B, L, FIELDS + 4k) this rank's summary."""
     b, length, v = scores.shape
-    best, total, plogp = exp_sums(scores)
-    index = scores.argmax(dim=-1)  # the first maximum
-    raw_best, raw_total, raw_plogp = exp_sums(raw) if separate else (best, total, plogp)
-    raw_top = raw.topk(min(2, v), dim=-1).values
-    raw_second = raw_top[..., -1] if v > 1 else torch.full_like(raw_best, -math.inf)
+    best, index = scores.max(dim=-1)  # the first maximum
+    total, plogp = exp_sums(scores, best, needs.entropy)
     n = min(k, v)
     top, at = scores.topk(n, dim=-1)  # (B, L, n)
+    if needs.separate:
+        raw_top = raw.topk(min(2, v), dim=-1).values
+        raw_best, (raw_total, raw_plogp) = (
+            raw_top[..., 0],
+            exp_sums(raw, raw_top[..., 0], needs.entropy),
+        )
+    else:
+        raw_top, raw_best, raw_total, raw_plogp = top, best, total, plogp
+    raw_second = raw_top[..., 1] if raw_top.shape[-1] > 1 else torch.full_like(best, -math.inf)
     kth = top[..., -1:]
-    unseen = (scores >= kth).sum(dim=-1) - n
+    unseen = (scores >= kth).sum(dim=-1) - n if needs.filters else torch.zeros_like(index)
     floor = kth[..., 0] if v > k else torch.full_like(best, -math.inf)
     double = lambda x: x.double()  # noqa: E731
-    if noisy is None:
-        noisy = torch.full(scores.shape, -math.inf, dtype=torch.float64, device=scores.device)
-    cand = [noisy.gather(-1, at), at + start, top, raw.gather(-1, at)]
+    nothing = torch.full((b, length, 4), -math.inf, dtype=torch.float64, device=top.device)
+    if noisy is None:  # greedy: no draw to send
+        picked, whole, reach = (
+            torch.full_like(top, -math.inf, dtype=torch.float64),
+            nothing,
+            nothing,
+        )
+    else:
+        picked = noisy.gather(-1, at)
+        whole = winner(noisy, start, scores, raw)
+        reach = nothing  # the best draw among the ties with the K-th: only a cut there reads it
+        if needs.filters:
+            reach = winner(noisy.masked_fill(scores < kth, -math.inf), start, scores, raw)
+    cand = [picked, at + start, top, raw.gather(-1, at)]
     cand = torch.stack([double(x) for x in cand], dim=-1)  # (B, L, n, 4)
     if n < k:  # a shard shorter than k: -inf candidates
         filler = torch.tensor([-math.inf, -1.0, -math.inf, -math.inf], dtype=torch.float64)
         cand = torch.cat([cand, filler.to(cand.device).expand(b, length, k - n, 4)], dim=2)
-    whole = winner(noisy, start, scores, raw)
-    reach = winner(noisy.masked_fill(scores < kth, -math.inf), start, scores, raw)
     head = [best, index + start, total, plogp, raw_best, raw_second, raw_total, raw_plogp]
     head = torch.stack([double(x) for x in (*head, unseen, floor)], dim=-1)  # (B, L, 10)
     return torch.cat([head, whole, reach, cand.flatten(2)], dim=-1)

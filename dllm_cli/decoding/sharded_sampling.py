@@ -24,7 +24,7 @@ import torch
 from dllm_cli.decoding.block_rules import Drafter
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.sampling import Family, row_confidence
-from dllm_cli.decoding.shard_summaries import Summaries, summarize
+from dllm_cli.decoding.shard_summaries import Needs, Summaries, summarize
 from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.sharding import ShardedLM, Shards
@@ -99,6 +99,7 @@ class Rows:
     top_p: torch.Tensor  # (B, 1) above 1: off
     sampled: bool  # some row draws
     nucleus: bool  # some row filters by top-p
+    entropy: bool  # some row's confidence is the entropy
 
     @classmethod
     def of(cls, samplings, filters_greedy: bool, device) -> Rows:
@@ -116,6 +117,7 @@ class Rows:
             torch.tensor(top_p, dtype=torch.float64, device=device)[:, None],
             not all(s.greedy for s in samplings),
             any(p <= 1 for p in top_p),
+            any(s.confidence == "entropy" for s in samplings),
         )  # fmt: skip
 
 
@@ -210,14 +212,18 @@ class ShardedSampler:
         thresholds; top-p gathers more candidates while theirs do not decide its threshold
         exactly (one host read a round)."""
         k = max([*rows.top_k, 2, least])
+        filters = rows.nucleus or any(rows.top_k)
+        separate = raw is not scores and not self.family.tempered_confidence  # LLaDA's raw
+        needs = Needs(separate, rows.entropy, filters)
         if rows.nucleus:
             k = max(k, NUCLEUS)
         while True:
             k = min(k, self.largest)
-            mine = summarize(raw, scores, noisy, k, self.start, raw is not scores)
+            mine = summarize(raw, scores, noisy, k, self.start, needs)
             s = Summaries(self.shards.all_gather(mine), k)
-            view = View(s, rows, self.family.tempered_confidence, self.drawing.top_k_first)
-            view.dtype = raw.dtype  # the `random` confidence's draws: the reference's dtype
+            view = View(
+                s, rows, self.family.tempered_confidence, self.drawing.top_k_first, raw.dtype
+            )
             if view.exact is None or k == self.largest or bool(view.exact.all()):
                 return view
             k *= 8
@@ -226,9 +232,9 @@ class ShardedSampler:
 class View:
     """What every rank knows after the gather: thresholds, the draws, each confidence kind."""
 
-    def __init__(self, s: Summaries, rows: Rows, tempered: bool, top_k_first: bool):
+    def __init__(self, s: Summaries, rows: Rows, tempered: bool, top_k_first: bool, dtype):
         self.s, self.rows, self.tempered = s, rows, tempered
-        self.dtype = torch.float64
+        self.dtype = dtype  # the sampler's (the `random` confidence draws in it)
         k_cut = s.kth_largest(rows.top_k)  # (B, L) -inf: off
         self.cut, self.exact = k_cut, None
         if rows.nucleus:
