@@ -56,10 +56,8 @@ def summarize(raw, scores, noisy, k: int, start: int, needs: Needs = Needs()) ->
     top, at = scores.topk(n, dim=-1)  # (B, L, n)
     if needs.separate:
         raw_top = raw.topk(min(2, v), dim=-1).values
-        raw_best, (raw_total, raw_plogp) = (
-            raw_top[..., 0],
-            exp_sums(raw, raw_top[..., 0], needs.entropy),
-        )
+        raw_best = raw_top[..., 0]
+        raw_total, raw_plogp = exp_sums(raw, raw_best, needs.entropy)
     else:
         raw_top, raw_best, raw_total, raw_plogp = top, best, total, plogp
     raw_second = raw_top[..., 1] if raw_top.shape[-1] > 1 else torch.full_like(best, -math.inf)
@@ -69,11 +67,8 @@ def summarize(raw, scores, noisy, k: int, start: int, needs: Needs = Needs()) ->
     double = lambda x: x.double()  # noqa: E731
     nothing = torch.full((b, length, 4), -math.inf, dtype=torch.float64, device=top.device)
     if noisy is None:  # greedy: no draw to send
-        picked, whole, reach = (
-            torch.full_like(top, -math.inf, dtype=torch.float64),
-            nothing,
-            nothing,
-        )
+        picked = torch.full_like(top, -math.inf, dtype=torch.float64)
+        whole = reach = nothing
     else:
         picked = noisy.gather(-1, at)
         whole = winner(noisy, start, scores, raw)
