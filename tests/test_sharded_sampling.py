@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dllm_cli.decoding import block_rules
+from dllm_cli.decoding import block_rules, sharded_sampling
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import FAMILIES, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler, block_drafter
@@ -114,7 +114,8 @@ def test_shards_draft_the_one_process_tokens_and_confidences(family, settings):
             assert gathers == 1  # one gather per draft
 
 
-def test_top_p_of_a_flat_distribution_gathers_more_candidates_and_stays_exact():
+def test_top_p_of_a_flat_distribution_gathers_more_candidates_and_stays_exact(monkeypatch):
+    monkeypatch.setattr(sharded_sampling, "NUCLEUS", 16)  # (64 would hold a shard of 51 whole)
     logits = logits_for(1, scale=0.05)  # near uniform: 0.95 of the mass needs most ids
     settings = DecodeSettings(temperature=1.0, top_p=0.95, confidence="margin")
     whole = Sampler(settings, FAMILIES["dream"], VOCAB, MASK)

@@ -30,7 +30,7 @@ from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.sharding import ShardedLM, Shards
 
 UNMASKS = ("fixed", "threshold", "factor", "prefix", "origin")  # no whole distributions
-NUCLEUS = 16  # candidates each rank sends for top-p (times 8 per extra round, rarely needed)
+NUCLEUS = 64  # candidates each rank sends for top-p (times 8 per extra round)
 LOGPROBS = 20  # candidates each rank sends when a request asks for logprobs (its most)
 # block_rules.draft: float32, p from softmax(filtered logits / T); the schedule is unread
 # (block_rules.schedule splits each block)
