@@ -1,5 +1,5 @@
 """`dllm serve --tensor-parallel 2` under torchrun (CPU, gloo, 127.0.0.1): the official `openai`
-client gets the text a one-process server sends; a client leaving mid-stream does not break the
+client gets the text a one-process server sends (sampled, with logprobs, and greedy); a client leaving mid-stream does not break the
 next request; a rank killed mid-request answers it with a 503 error object and ends the server
 with one line naming the rank."""
 
@@ -38,14 +38,16 @@ def torchrun(script: list[str], env: dict[str, str]) -> list[str]:
     return [*run, "--master-port", env["MASTER_PORT"], *script]
 
 
-def answers(url: str) -> tuple[str, str]:
-    """A completion's text and a streamed chat answer's, greedy."""
+def answers(url: str) -> tuple:
+    """A sampled completion's text and its logprobs' tokens, and a streamed chat answer's,
+    greedy."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     model = client.models.list().data[0].id
-    text = client.completions.create(model=model, prompt="tom has 3 pens", temperature=0)
+    sampled = dict(temperature=0.8, top_p=0.9, seed=3, logprobs=2)
+    text = client.completions.create(model=model, prompt="tom has 3 pens", **sampled)
     stream = client.chat.completions.create(model=model, messages=CHAT, stream=True, temperature=0)
     chat = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    return text.choices[0].text, chat
+    return text.choices[0].text, text.choices[0].logprobs.tokens, chat
 
 
 def leave_mid_stream(url: str) -> None:

@@ -141,10 +141,6 @@ class ShardedSampler:
             model.shards, model.vocab_start, model.vocab_width, settings, family, vocab, mask
         )
 
-    def __call__(self, logits: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens, confidence, _ = self.draft(logits, generator)
-        return tokens, confidence
-
     def draft(self, logits: torch.Tensor, generator, samplings=None, keep: bool = False):
         """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L) and, when `keep`,
         the drafts' distribution on the gathered candidates (`kept`); each row samples with
