@@ -209,8 +209,8 @@ def test_a_setting_not_supported_yet_is_refused_by_rank_0_alone(folders, monkeyp
     result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
     assert result.exit_code == 2
     said = [
-        "dllm: error: --tensor-parallel does not support --unmask wino (supported: fixed, "
-        "threshold, factor, prefix, origin) yet"
+        "dllm: error: --tensor-parallel does not support --unmask wino (its shadow block reads "
+        "each earlier commit's probability off the whole softmax) yet"
     ]
     assert error_lines(result) == (said if rank == "0" else [])
 

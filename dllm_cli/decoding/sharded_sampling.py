@@ -29,7 +29,13 @@ from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.sharding import ShardedLM, Shards
 
-UNMASKS = ("fixed", "threshold", "factor", "prefix", "origin")  # no whole distributions
+# --unmask rules a rank cannot serve from its shard, and why (the rest read drafts, confidences)
+UNREAD = {
+    "eb": "it reads every slot's whole distribution for its entropy",
+    "klass": "it compares every slot's whole distribution with its last step's",
+    "credit": "it fuses per-token credit into every slot's whole distribution",
+    "wino": "its shadow block reads each earlier commit's probability off the whole softmax",
+}
 NUCLEUS = 64  # candidates each rank sends for top-p (times 8 per extra round)
 LOGPROBS = 20  # candidates each rank sends when a request asks for logprobs (its most)
 # block_rules.draft: float32, p from softmax(filtered logits / T); the schedule is unread
@@ -43,8 +49,8 @@ def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False
     why = None
     if settings.cfg_scale > 0:
         why = "classifier-free guidance (--cfg-scale)"
-    elif settings.unmask not in UNMASKS:
-        why = f"--unmask {settings.unmask} (supported: {', '.join(UNMASKS)})"
+    elif settings.unmask in UNREAD:
+        why = f"--unmask {settings.unmask} ({UNREAD[settings.unmask]})"
     elif guided:
         why = "a guide model (use --no-guide)"
     elif compiled:
