@@ -112,7 +112,9 @@ def drop(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
     pools.pop(group, None)  # (gone already when its step failed here too)
 
 
-def add(pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid, logprobs):
+def add(
+    pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid, logprobs
+) -> None:
     """Rank 0's request, with its logprobs (every rank gathers the candidates they read)."""
     mine = pools[group].engine.add(ids, settings=settings, logprobs=logprobs)
     if mine != rid:  # the engines are deterministic: this is a bug, not bad input
