@@ -163,9 +163,9 @@ def generate_command(
         )
         if shards is not None and not batch:
             raise fail("--tensor-parallel reads prompts from stdin: give '-' and pipe them", USAGE)
-        if shards is not None and logprobs is not None:
-            raise fail("--tensor-parallel does not support --logprobs yet", USAGE)
         source = grammar_source(json_schema, grammar)
+        if shards is not None and source is not None and logprobs is not None:
+            raise fail("--tensor-parallel does not support --logprobs with a grammar yet", USAGE)
         defaulted = choices.guide is None  # the profile's guide would have been loaded
         if source is not None:
             choices = without_guide(choices)
