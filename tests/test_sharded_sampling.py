@@ -183,30 +183,28 @@ def test_shards_draw_the_block_families_multinomial_draft(t, k, p):
         assert gathers == 1  # every row drafted from one gather
 
 
+@pytest.mark.parametrize("family", ["llada", "dream"])
 @pytest.mark.parametrize(
     "settings", [DecodeSettings(top_k=3), DecodeSettings(temperature=0.7, top_k=5, top_p=0.8)]
 )
-def test_a_grammar_reads_each_shards_part_of_the_one_process_distribution(settings):
+def test_a_grammar_reads_each_shards_part_of_the_one_process_distribution(family, settings):
     logits = logits_for(6)
     allow = torch.rand(VOCAB) < 0.3  # a grammar's allowed ids
+    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    _, _, probs = whole.draft(logits, torch.Generator().manual_seed(3))
+    want = torch.where(allow, probs.double(), -1.0).flatten(0, 1).max(dim=-1)  # (B L,)
 
-    for family in ("llada", "dream"):
-        whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
-        _, _, probs = whole.draft(logits, torch.Generator().manual_seed(3))
-        masked = torch.where(allow, probs.double(), -1.0).flatten(0, 1)  # (B L, V)
-        want = masked.max(dim=-1)
+    def job(shards):
+        lo, hi = shards.vocabulary(V)
+        s = ShardedSampler(shards, lo, V, settings, FAMILIES[family], VOCAB, MASK, True)
+        _, _, part = s.draft(logits[..., lo:hi], torch.Generator().manual_seed(3))
+        where = sharded_sampling.VocabPart(lo, VOCAB, shards)
+        mine = torch.where(where.ids(allow, hi - lo, False), part.double(), -1.0)
+        return lo, part, where.best(mine.flatten(0, 1))
 
-        def job(shards):
-            lo, hi = shards.vocabulary(V)
-            s = ShardedSampler(shards, lo, V, settings, FAMILIES[family], VOCAB, MASK, True)
-            _, _, part = s.draft(logits[..., lo:hi], torch.Generator().manual_seed(3))
-            where = sharded_sampling.VocabPart(lo, VOCAB, shards)
-            mine = torch.where(where.ids(allow, hi - lo, False), part.double(), -1.0)
-            return lo, part, where.best(mine.flatten(0, 1))
-
-        for lo, part, (top, best) in on_ranks(2, job):
-            real = min(lo + part.shape[-1], VOCAB) - lo
-            torch.testing.assert_close(part[..., :real], probs[..., lo : lo + real])
-            assert not part[..., real:].any()  # the embedding's padding ids
-            assert torch.equal(best, want.indices)  # the allowed argmax over every rank's part
-            torch.testing.assert_close(top, want.values)
+    for lo, part, (top, best) in on_ranks(2, job):
+        real = min(lo + part.shape[-1], VOCAB) - lo
+        torch.testing.assert_close(part[..., :real], probs[..., lo : lo + real])
+        assert not part[..., real:].any()  # the embedding's padding ids
+        assert torch.equal(best, want.indices)  # the allowed argmax over every rank's part
+        torch.testing.assert_close(top, want.values)
