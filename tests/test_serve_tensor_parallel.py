@@ -174,3 +174,14 @@ def test_a_follower_drops_an_engine_that_fails_as_rank_0_does():
     mirror.drop(pools, None, 1, "bad")  # rank 0's drop of it, next turn: nothing left to drop
     with pytest.raises(RankLost):
         mirror.step(pools, "lost")
+
+
+def test_the_mirror_refuses_logprobs_with_a_grammar_and_takes_either_alone():
+    from dllm_cli.serve.mirror import Leader
+    from dllm_cli.serve.protocol import Job
+
+    schema = ("json_schema", {"type": "string"})
+    assert Leader.refusal(Job("completion", logprobs=2)) is None
+    assert Leader.refusal(Job("completion", structure=schema)) is None
+    said = Leader.refusal(Job("completion", logprobs=2, structure=schema))
+    assert said == "logprobs with response_format are not supported under --tensor-parallel yet"
