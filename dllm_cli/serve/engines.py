@@ -53,11 +53,9 @@ class Counts:
 ENGINE_SAMPLING = {f.name: f.default for f in fields(DecodeSettings) if f.name in SAMPLING_FIELDS}
 
 
-def group_of(job: Job, per_request: bool = True, grouped: tuple[str, ...] = ()) -> Group:
-    """The engine a job decodes on: sampling is per request unless the family cannot;
-    `grouped` sampling values are the engine's too (requests apart where they differ)."""
-    engine = {k: v for k, v in ENGINE_SAMPLING.items() if k not in grouped}
-    settings = replace(job.settings, **engine) if per_request else job.settings
+def group_of(job: Job, per_request: bool = True) -> Group:
+    """The engine a job decodes on: sampling is per request unless the family cannot."""
+    settings = replace(job.settings, **ENGINE_SAMPLING) if per_request else job.settings
     return Group(settings, job.guide, job.grammar is not None)
 
 
