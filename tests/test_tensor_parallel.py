@@ -48,16 +48,37 @@ def folders_fixture(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def launch(command: list[str], stdin: str = "", ranks: int = 2) -> subprocess.CompletedProcess:
-    """`torchrun --nproc-per-node RANKS COMMAND` on the loopback interface."""
+def launch(
+    command: list[str], stdin: str = "", ranks: int = 2, nodes: int = 1
+) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node RANKS COMMAND` on the loopback interface; with NODES, one
+    torchrun a "machine" (`--nnodes`, `--node-rank`: the multi-node rendezvous), RANKS over
+    them all, stdin to node 0's (node 0's result, every node's stderr)."""
     env = loopback_env()
-    run = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-        "--master-addr", env["MASTER_ADDR"], "--master-port", env["MASTER_PORT"], *command,
+    runs = [
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks // nodes),
+            "--nnodes", str(nodes), "--node-rank", str(node), "--master-addr",
+            env["MASTER_ADDR"], "--master-port", env["MASTER_PORT"], *command,
+        ]
+        for node in range(nodes)
     ]  # fmt: skip
-    return subprocess.run(
-        run, input=stdin, capture_output=True, text=True, env=env, timeout=LAUNCH_TIMEOUT
-    )
+    if nodes == 1:
+        return subprocess.run(
+            runs[0], input=stdin, capture_output=True, text=True, env=env, timeout=LAUNCH_TIMEOUT
+        )
+    pipe = subprocess.PIPE
+    started = [
+        subprocess.Popen(run, stdin=pipe, stdout=pipe, stderr=pipe, text=True, env=env)
+        for run in runs
+    ]
+    outs = [
+        p.communicate(stdin if i == 0 else "", timeout=LAUNCH_TIMEOUT)
+        for i, p in enumerate(started)
+    ]
+    stderr = "".join(err for _, err in outs)
+    code = next((p.returncode for p in started if p.returncode), 0)
+    return subprocess.CompletedProcess(runs[0], code, outs[0][0], stderr)
 
 
 @pytest.mark.slow
@@ -110,7 +131,7 @@ def test_two_ranks_decode_the_one_process_int8_int4_and_compiled_tokens(folders,
     for name, maxima in (("llada", 1), ("wide", 0)):
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if isinstance(v, dict)}
-        assert len(runs) == 7, runs.keys()
+        assert len(runs) == 9, runs.keys()  # 7 greedy, 2 sampled
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
@@ -122,7 +143,7 @@ def test_two_ranks_decode_the_one_process_int8_int4_and_compiled_tokens(folders,
 
 
 def generate_twice(
-    folder: Path, ranks: int, lines: list[str], extra: tuple[str, ...] = ()
+    folder: Path, ranks: int, lines: list[str], extra: tuple[str, ...] = (), nodes: int = 1
 ) -> subprocess.CompletedProcess:
     """`dllm generate - --tensor-parallel 2` under RANKS processes, its records checked
     against one process's (logprobs: close); the launch returned."""
@@ -135,7 +156,7 @@ def generate_twice(
     expected = invoke("generate", "-", *args, input=text)
     assert expected.exit_code == 0, expected.output
     command = ["-m", "dllm_cli", "generate", "-", *args, "--tensor-parallel", "2", "--stats"]
-    result = launch(command, text, ranks)
+    result = launch(command, text, ranks, nodes)
     assert result.returncode == 0, result.stderr[-3000:]
     fields = ("line", "text", "token_ids", "forwards", "steps")
     records = [{k: json.loads(line)[k] for k in fields} for line in result.stdout.splitlines()]
@@ -167,6 +188,15 @@ def test_generate_under_torchrun_writes_the_one_process_answers(folders):
     for rank in (0, 1):
         assert f"tensor parallel rank {rank} of 2:" in result.stderr
     assert "all-reduces" in result.stderr
+
+
+@pytest.mark.slow
+def test_two_machines_split_one_model_through_torchruns_rendezvous(folders):
+    # two torchruns, one rank each (--nnodes 2, --node-rank 0 and 1): the job's rendezvous and
+    # the model's collectives go between "machines" as they would over a network
+    result = generate_twice(folders["dream"], 2, LINES[:2], nodes=2)
+    for rank in (0, 1):
+        assert f"tensor parallel rank {rank} of 2:" in result.stderr
 
 
 @pytest.mark.slow
