@@ -284,8 +284,9 @@ def attend_packed(q, k, v, cache: KVCache, layer: int, packed: PackedRows) -> to
         else:
             queries = tokens[g.queries].transpose(1, 2)  # (R, H, T, D)
         keys, values = store_k[g.rows, :, g.lo : g.hi], store_v[g.rows, :, g.lo : g.hi]
-        mask = None if g.mask is None else g.mask[:, None, None, :]  # (R, 1, 1, K)
-        if g.extra is not None:  # (R, H_kv, K + n, D), the mask (R, 1, T, K + n)
+        if g.extra is None:
+            mask = None if g.mask is None else g.mask[:, None, None, :]  # (R, 1, 1, K)
+        else:  # keys (R, H_kv, K + n, D), the mask (R, 1, T, K + n) per query
             keys = torch.cat([keys, k[0][:, g.extra].transpose(0, 1)], dim=2)
             values = torch.cat([values, v[0][:, g.extra].transpose(0, 1)], dim=2)
             mask = g.mask[:, None]
