@@ -206,7 +206,7 @@ class MaskedStepper:
             r.row.shift(extra)
         self._note_padding(live)
         if self.cache is not None:
-            self.cache = self.cache.pad_left(extra)
+            self.cache = self.cache.pad(left=extra)
 
     def cache_view(self, live: list[Request]) -> KVCache | None:
         """The cache as this step's canvas rows see it: canvas row r (branch b) is cache row
