@@ -1,5 +1,5 @@
 """`dllm serve --tensor-parallel 2` under torchrun (CPU, gloo, 127.0.0.1): the official `openai`
-client gets the text a one-process server sends; a client leaving mid-stream does not break the
+client gets the text a one-process server sends (sampled, with logprobs, and greedy); a client leaving mid-stream does not break the
 next request; a rank killed mid-request answers it with a 503 error object and ends the server
 with one line naming the rank."""
 
@@ -38,14 +38,16 @@ def torchrun(script: list[str], env: dict[str, str]) -> list[str]:
     return [*run, "--master-port", env["MASTER_PORT"], *script]
 
 
-def answers(url: str) -> tuple[str, str]:
-    """A completion's text and a streamed chat answer's, greedy."""
+def answers(url: str) -> tuple:
+    """A sampled completion's text and its logprobs' tokens, and a streamed chat answer's,
+    greedy."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     model = client.models.list().data[0].id
-    text = client.completions.create(model=model, prompt="tom has 3 pens", temperature=0)
+    sampled = dict(temperature=0.8, top_p=0.9, seed=3, logprobs=2)
+    text = client.completions.create(model=model, prompt="tom has 3 pens", **sampled)
     stream = client.chat.completions.create(model=model, messages=CHAT, stream=True, temperature=0)
     chat = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    return text.choices[0].text, chat
+    return text.choices[0].text, text.choices[0].logprobs.tokens, chat
 
 
 def leave_mid_stream(url: str) -> None:
@@ -95,6 +97,44 @@ def test_two_ranks_serve_the_one_process_answers_and_survive_a_client_leaving(ll
     assert not [line for line in said if line.startswith("dllm: error")], said
 
 
+def featured(url: str) -> list[str]:
+    """The shipped pair's guided chat, a JSON schema's (alone and with the guide) and a
+    classifier-free-guided completion, greedy."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "ok", "schema": schema}}
+    chats = [{}, {"response_format": fmt}, {"response_format": fmt, "extra_body": {"guide": True}}]
+    texts = [
+        client.chat.completions.create(model=model, messages=CHAT, temperature=0, **kw)
+        .choices[0]
+        .message.content
+        for kw in chats
+    ]
+    guided = {"cfg_scale": 1.5, "guide": False}
+    cfg = client.completions.create(model=model, prompt="tom has 3", extra_body=guided)
+    return [*texts, cfg.choices[0].text]
+
+
+@pytest.mark.slow
+def test_two_ranks_serve_the_guide_a_json_schema_and_cfg_as_one_process():
+    env = loopback_env()
+    args = ["serve", "--port", "0", "--device", "cpu", "--gen-length", "24", "--no-ui"]
+    alone, url, _ = start([sys.executable, "-m", "dllm_cli", *args], env)
+    try:
+        expected = featured(url)
+    finally:
+        stop(alone)
+    split, url, said = start(
+        torchrun(["-m", "dllm_cli", *args, "--tensor-parallel", "2"], env), env
+    )
+    try:
+        assert featured(url) == expected
+    finally:
+        stop(split)
+    assert not [line for line in said if line.startswith("dllm: error")], said
+
+
 @pytest.mark.slow
 def test_a_rank_killed_mid_request_answers_503_and_ends_the_server(llada):
     env = loopback_env(DYING_RANK="1", DYING_AFTER="3", DYING_HOW="kill")
@@ -134,3 +174,14 @@ def test_a_follower_drops_an_engine_that_fails_as_rank_0_does():
     mirror.drop(pools, None, 1, "bad")  # rank 0's drop of it, next turn: nothing left to drop
     with pytest.raises(RankLost):
         mirror.step(pools, "lost")
+
+
+def test_the_mirror_refuses_logprobs_with_a_grammar_and_takes_either_alone():
+    from dllm_cli.serve.mirror import Leader
+    from dllm_cli.serve.protocol import Job
+
+    schema = ("json_schema", {"type": "string"})
+    assert Leader.refusal(Job("completion", logprobs=2)) is None
+    assert Leader.refusal(Job("completion", structure=schema)) is None
+    said = Leader.refusal(Job("completion", logprobs=2, structure=schema))
+    assert said == "logprobs with response_format are not supported under --tensor-parallel yet"

@@ -255,8 +255,9 @@ class Worker:
             except DllmError as e:
                 self.fail(ticket, input_error(e, ticket.job.kind))
                 continue
-            self.record("add", ticket.group, ticket.ids, ticket.job.settings, ticket.rid)
-            self.tickets[(ticket.group, ticket.rid)] = ticket
+            job, group, rid = ticket.job, ticket.group, ticket.rid
+            self.record("add", group, ticket.ids, job.settings, rid, job.logprobs, job.grammar)
+            self.tickets[(group, rid)] = ticket
         self.parked = still
 
     def engine_for(self, group: engines.Group) -> engines.Pool | None:
