@@ -54,6 +54,7 @@ def test_fusing_keeps_names_values_and_memory(kind):
     storage = qkv.weight.untyped_storage().data_ptr()
     for lin in qkv.linears:  # views into one matrix: no second copy of the weights
         assert lin.weight.untyped_storage().data_ptr() == storage
+    assert fused.output_linear().weight.t().is_contiguous()  # the head stored (in, out)
     size = sum(p.numel() for p in plain.parameters())
     storages = {
         p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in fused.parameters()

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from dllm_cli.cache import Columns, KVCache
-from dllm_cli.models.fused import worth_fusing
+from dllm_cli.models.fused import lay_out_transposed, worth_fusing
 from dllm_cli.models.layers import RMSNorm, default_positions, rope_tables, signed_sin
 
 if TYPE_CHECKING:
@@ -84,12 +84,20 @@ class DiffusionLM(nn.Module):
         """The dtype queries and keys are rotated in, for activations of `dtype`."""
         raise NotImplementedError
 
+    def output_linear(self) -> nn.Linear | None:
+        """The LM head's own linear (None: tied to the embeddings, or not a plain linear)."""
+        return None
+
     def fuse_projections(self) -> None:
-        """Fuse each block's projections (models/fused.py) once after loading, where it pays."""
+        """Fuse each block's projections (models/fused.py) once after loading, where it pays,
+        and store an untied LM head's weight (in, out) like the fused ones (same floats)."""
         width = self.get_input_embeddings().embedding_dim
         if worth_fusing(width, next(self.parameters()).device):
             for block in self.blocks():
                 block.fuse()
+            head = self.output_linear()
+            if head is not None:
+                lay_out_transposed(head)
 
     @property
     def rope_theta(self) -> float:
@@ -210,6 +218,11 @@ class QwenLayout:
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.model.norm(h))
+
+    def output_linear(self) -> nn.Linear | None:
+        head = self.lm_head
+        tied = head.weight is self.get_input_embeddings().weight
+        return head if type(head) is nn.Linear and not tied else None
 
     def kv_shape(self) -> tuple[int, int, int]:
         c = self.config

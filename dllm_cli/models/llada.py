@@ -164,7 +164,7 @@ class LLaDAModelLM(DiffusionLM):
         self.post_init()
 
     def embed(self, input_ids):
-        h = self.model.transformer.wte(input_ids)
+        h = self.model.transformer.wte.forward(input_ids)  # (no hooks: as the norms)
         if self.config.input_emb_norm:
             h = h * (self.config.d_model**0.5)
         return h
@@ -175,10 +175,14 @@ class LLaDAModelLM(DiffusionLM):
     def head(self, h):
         t = self.model.transformer
         h = t.ln_f.forward(h)
-        logits = F.linear(h, t.wte.weight) if self.config.weight_tying else t.ff_out(h)
+        logits = F.linear(h, t.wte.weight) if self.config.weight_tying else t.ff_out.forward(h)
         if self.config.scale_logits:
             logits = logits * (1.0 / self.config.d_model**0.5)
         return logits
+
+    def output_linear(self):
+        head = None if self.config.weight_tying else self.model.transformer.ff_out
+        return head if type(head) is nn.Linear else None
 
     def kv_shape(self):
         c = self.config

@@ -151,7 +151,7 @@ class LLaDA2Attention(nn.Module):
         if self.query_layernorm is not None:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
         q, k = rope_partial(q, rope), rope_partial(k, rope)
-        return self.dense(attend(q, k, v, None, full_precision_rope=False, **where))
+        return self.dense(attend(q, k, v, **where))
 
 
 def llada2_layer(cfg: LLaDA2MoeConfig, index: int) -> PreNormLayer:

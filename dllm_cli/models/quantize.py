@@ -259,7 +259,7 @@ def quantize_fusion(owner: nn.Module, fusion: Fusion, skip: tuple[str, ...], mak
             kept += len(fused.linears)
             continue
         joined = make(fused.linears, fused.weight.t(), fused.bias)  # (sum out, in)
-        fusion.groups[group] = joined
+        fusion.set(group, joined)
         start = 0
         for lin in fused.linears:
             view = joined.part(start, start + lin.out_features)
@@ -281,7 +281,7 @@ def refuse_float_groups(model: DiffusionLM) -> None:
                 continue
             for group, fused in list(fusion.groups.items()):
                 if isinstance(fused, FusedLinear):
-                    fusion.groups[group] = FusedLinear(*fused.linears)
+                    fusion.set(group, FusedLinear(*fused.linears))
             fusion.pointers = fusion.current()
 
 

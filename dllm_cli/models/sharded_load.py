@@ -344,7 +344,7 @@ def sum_fused_rows(model: nn.Module) -> None:
             if not isinstance(group, FusedLinear):  # quantized: QuantizedInputs sums it
                 continue
             if all(isinstance(lin, RowLinear) for lin in group.linears):
-                fusion.groups[name] = _summed(group, group.linears[0].shards)
+                fusion.set(name, _summed(group, group.linears[0].shards))
 
 
 def _summed(group: Callable, shards: Shards) -> Callable:
