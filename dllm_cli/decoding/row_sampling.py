@@ -48,19 +48,19 @@ class RowDraws:
         on = tuple(o and not s.greedy for o, s in zip(self.on, self.samplings, strict=True))
         return replace(self, on=on)
 
-    def uniform(self, shape, dtype=torch.float32, device=None) -> torch.Tensor:
-        """(B, L, ...) uniforms in [0, 1): row r's first lengths[r] slots from its generator,
-        0.5 elsewhere (padding and rows that do not draw)."""
-        rest = tuple(shape[2:])
+    def uniform(self, shape, dtype=torch.float32, device=None, law=None) -> torch.Tensor:
+        """(B, L, ...) uniforms in [0, 1) (or `law`'s draws): row r's first lengths[r] slots
+        from its generator, 0.5 elsewhere (padding and rows that do not draw)."""
+        law, rest = law or uniforms, tuple(shape[2:])
         if all(self.on) and all(n == shape[1] for n in self.lengths):  # every row, whole spans
-            rows = [torch.rand((n, *rest), generator=g, dtype=dtype, device=device)
+            rows = [law((n, *rest), g, dtype, device)
                     for g, n in zip(self.generators, self.lengths, strict=True)]  # fmt: skip
             return torch.stack(rows)
         out = torch.full(tuple(shape), 0.5, dtype=dtype, device=device)
         for r, (g, n, on) in enumerate(zip(self.generators, self.lengths, self.on, strict=True)):
             n = min(n, shape[1])
             if on and n > 0:
-                out[r, :n] = torch.rand((n, *shape[2:]), generator=g, dtype=dtype, device=device)
+                out[r, :n] = law((n, *rest), g, dtype, device)
         return out
 
     def value(self, name: str):
@@ -83,11 +83,20 @@ class RowDraws:
         return torch.tensor([[s.greedy] for s in self.samplings], device=device)
 
 
-def uniform(generator, shape, dtype=torch.float32, device=None) -> torch.Tensor:
-    """Uniform draws from a RowDraws (per row) or a plain torch.Generator (one stream)."""
-    if isinstance(generator, RowDraws):
-        return generator.uniform(shape, dtype, device)
+def uniforms(shape, generator, dtype, device) -> torch.Tensor:
     return torch.rand(shape, generator=generator, dtype=dtype, device=device)
+
+
+def exponentials(shape, generator, dtype, device) -> torch.Tensor:
+    """Exp(1) draws as torch.multinomial's one-sample path draws them (its q)."""
+    return torch.empty(shape, dtype=dtype, device=device).exponential_(1, generator=generator)
+
+
+def uniform(generator, shape, dtype=torch.float32, device=None, law=None) -> torch.Tensor:
+    """Uniform (or `law`'s) draws from a RowDraws (per row) or a plain torch.Generator."""
+    if isinstance(generator, RowDraws):
+        return generator.uniform(shape, dtype, device, law)
+    return (law or uniforms)(shape, generator, dtype, device)
 
 
 def per_row(values: list, like: torch.Tensor, fill: float) -> torch.Tensor:

@@ -1,8 +1,11 @@
-"""Logits -> (draft token, confidence) for every column of the current block.
+"""Logits -> (draft token, confidence) for every column of the current block, for every family.
 
-Drafting follows LLaDA (arXiv 2502.09992, Gumbel-max in float64) and Dream (arXiv 2508.15487,
-`sample_tokens`: temperature, then top-p, then top-k); the confidence kinds are LLaDA's
-`low_confidence` / `random` remasking and Dream's `maskgit_plus` / `topk_margin` / `entropy`.
+One sampler, each family's reference declared in `FAMILIES` (docs/decoding-rules.md#sampling):
+LLaDA (arXiv 2502.09992, generate.py `add_gumbel_noise`: Gumbel-max in float64), Dream (arXiv
+2508.15487, `sample_tokens`: temperature, then top-p, then top-k) and the block families
+(SDAR's and LLaDA2.x's generate: float32, temperature, then top-k, then top-p, one
+torch.multinomial draw). The confidence kinds are LLaDA's `low_confidence` / `random`
+remasking and Dream's `maskgit_plus` / `topk_margin` / `entropy`.
 """
 
 from __future__ import annotations
@@ -13,28 +16,81 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dllm_cli.decoding.row_sampling import RowDraws, temperatures, top_k_rows, top_p_rows, uniform
+from dllm_cli.decoding.row_sampling import (
+    RowDraws,
+    exponentials,
+    temperatures,
+    top_k_rows,
+    top_p_rows,
+    uniform,
+)
 from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
 
 
+def gumbel_argmax(scores: torch.Tensor, probs, generator) -> torch.Tensor:
+    """Sample softmax(scores) by Gumbel-max in float64 (low precision hurts quality: LLaDA).
+
+    LLaDA takes argmax of exp(logits) / (-log U)^T; with scores = logits / T this is the same
+    argmax in log space, which cannot overflow for large logits.
+    """
+    u = uniform(generator, scores.shape, torch.float64, scores.device)
+    return (scores.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
+
+
+def exponential_argmax(scores, probs: torch.Tensor, generator) -> torch.Tensor:
+    """torch.multinomial(probs, 1, generator)'s own draw, bit for bit (aten Distributions.cpp,
+    one sample: argmax(probs / q), q ~ Exp(1) drawn like probs); each row from its own."""
+    return (
+        probs / uniform(generator, probs.shape, probs.dtype, probs.device, exponentials)
+    ).argmax(dim=-1)
+
+
+def gumbel(generator, shape: tuple[int, int], width: int, device) -> torch.Tensor:
+    """gumbel_argmax's noise for a vocabulary shard: float64 uniforms, -log(-log u)."""
+    u = uniform(generator, (*shape, width), torch.float64, device)
+    return -torch.log(-torch.log(u))
+
+
+def exponential(generators, shape: tuple[int, int], width: int, device) -> torch.Tensor:
+    """exponential_argmax's noise for a vocabulary shard, a row from its own generator (None:
+    greedy, no draw): -log q, so argmax(log p - log q) is its draw."""
+    rows, columns = shape
+    out = torch.zeros((rows, columns, width), dtype=torch.float64, device=device)
+    for r, g in enumerate(generators):
+        if g is not None:
+            out[r] = -torch.log(exponentials((columns, width), g, torch.float32, device).double())
+    return out
+
+
 @dataclass(frozen=True)
 class Family:
-    """What a model family's reference sampler does differently from the other one's."""
+    """How a family's reference sampler drafts: dtype, filter order, draw, confidence."""
 
     name: str
     dtype: torch.dtype | None  # None: the logits' own dtype, at least float32
     tempered_confidence: bool  # confidence from the tempered, filtered distribution (Dream)
     schedule: str  # which `fixed` schedule the family uses (a key of unmask.SCHEDULES)
+    draw: Callable[..., torch.Tensor]  # (scores, probs, generator) -> (B, L) sampled drafts
+    noise: Callable[..., torch.Tensor]  # the draw's noise for a vocabulary shard (log scale)
+    whole_width: bool  # the draw covers every logit (padding at -inf), else the real vocab
+    top_k_first: bool  # filters top-k then top-p (the block families), else top-p then top-k
+    greedy_filters: bool  # a greedy draft's confidence reads the filtered distribution (Dream)
 
 
 # Keyed by a families.py entry's `sampler` (LLaDA-MoE samples as LLaDA does).
 FAMILIES: dict[str, Family] = {
     # LLaDA upcasts to float64 and measures confidence on softmax(raw logits).
-    "llada": Family("llada", torch.float64, tempered_confidence=False, schedule="linear"),
+    "llada": Family("llada", torch.float64, False, "linear", gumbel_argmax, gumbel,
+                    whole_width=False, top_k_first=False, greedy_filters=True),
     # Dream samples in the logits' dtype from softmax(filtered logits / temperature).
-    "dream": Family("dream", None, tempered_confidence=True, schedule="dream"),
-}
+    "dream": Family("dream", None, True, "dream", gumbel_argmax, gumbel,
+                    whole_width=False, top_k_first=False, greedy_filters=True),
+    # SDAR / LLaDA2.x: float32, top-k then top-p, multinomial; T = 0 is the plain argmax (its
+    # p from the unfiltered softmax). The schedule is unread (block_rules splits each block).
+    "block": Family("block", torch.float32, True, "linear", exponential_argmax, exponential,
+                    whole_width=True, top_k_first=True, greedy_filters=False),
+}  # fmt: skip
 
 
 def family_of(model) -> Family:
@@ -60,16 +116,6 @@ def top_k_filter(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
         return logits
     kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def gumbel_argmax(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Sample softmax(scores) by Gumbel-max in float64 (low precision hurts quality: LLaDA).
-
-    LLaDA takes argmax of exp(logits) / (-log U)^T; with scores = logits / T this is the same
-    argmax in log space, which cannot overflow for large logits.
-    """
-    u = uniform(generator, scores.shape, torch.float64, scores.device)
-    return (scores.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
 
 
 def chosen_probability(probs, tokens, generator) -> torch.Tensor:
@@ -107,13 +153,18 @@ class Sampler:
     def __init__(self, settings: DecodeSettings, family: Family, vocab_size: int, mask_id: int):
         self.temperature = settings.temperature
         self.top_p, self.top_k = settings.top_p, settings.top_k
-        self.confidence = CONFIDENCE_KINDS[settings.confidence]
+        self.kind = settings.confidence  # (a key of CONFIDENCE_KINDS)
         self.family = family
         self.vocab_size, self.mask_id = vocab_size, mask_id
 
     def working_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Real vocabulary only (embedding padding dropped), [MASK] never a draft."""
+        """Real vocabulary only (embedding padding dropped, or at -inf where the family's draw
+        covers every logit), [MASK] never a draft."""
         dtype = self.family.dtype or (logits.dtype if logits.dtype.itemsize >= 4 else torch.float32)
+        if self.family.whole_width:  # (B, L, V_embedding)
+            ids = torch.arange(logits.shape[-1], device=logits.device)
+            dropped = (ids >= self.vocab_size) | (ids == self.mask_id)
+            return logits.to(dtype).masked_fill(dropped, -math.inf)
         out = logits[..., : self.vocab_size].to(dtype)  # (B, L, V)
         if self.mask_id < self.vocab_size:
             out = out.clone() if out.data_ptr() == logits.data_ptr() else out
@@ -146,44 +197,62 @@ class Sampler:
 
         With a RowDraws every row samples with its own request's values (row_sampling.py).
         `keep` is unread: the distribution is at hand (a tensor-parallel rank's is not)."""
-        if isinstance(generator, RowDraws):
-            return self.draft_rows(logits, generator)
+        rows = self.own_rows(generator) if isinstance(generator, RowDraws) else None
+        if rows is None:  # one run's values, one generator
+            values = (self.temperature, self.top_p, self.top_k)
+            if self.temperature == 0 and not self.family.greedy_filters:
+                values = (0.0, None, None)
+        else:  # scalars where rows agree, else per-row lists
+            values = tuple(rows.value(k) for k in ("temperature", "top_p", "top_k"))
         raw = self.working_logits(logits)
-        scores = raw / self.temperature if self.temperature > 0 else raw
-        scores = top_k_filter(top_p_filter(scores, self.top_p), self.top_k)
-        probs = (scores if self.family.tempered_confidence else raw).softmax(dim=-1)
-        # Greedy: argmax of probabilities, as Dream does (equal to the logits' for LLaDA).
-        greedy = self.temperature == 0
-        if greedy and self.confidence is chosen_probability:
-            confidence, tokens = probs.max(dim=-1)  # the first maximum, as argmax's
-            return tokens, confidence, probs
-        tokens = probs.argmax(dim=-1) if greedy else gumbel_argmax(scores, generator)
-        return tokens, self.confidence(probs, tokens, generator), probs
-
-    def draft_rows(self, logits: torch.Tensor, rows: RowDraws):
-        """`draft` with per-row temperature, top-p and top-k (scalars where rows agree)."""
-        raw = self.working_logits(logits)
-        temperature, top_p, top_k = (rows.value(k) for k in ("temperature", "top_p", "top_k"))
-        divisor = temperatures(temperature, raw)
+        divisor = temperatures(values[0], raw)
         scores = raw if isinstance(divisor, float) and divisor == 1.0 else raw / divisor
-        scores = (
-            top_p_rows(scores, top_p) if isinstance(top_p, list) else top_p_filter(scores, top_p)
-        )
-        scores = (
-            top_k_rows(scores, top_k) if isinstance(top_k, list) else top_k_filter(scores, top_k)
-        )
+        scores = self.filtered(scores, *values[1:])
         probs = (scores if self.family.tempered_confidence else raw).softmax(dim=-1)
-        if rows.all_greedy:
-            kind = rows.value("confidence")  # (a list when rows differ)
+        kind = self.kind if rows is None else rows.value("confidence")  # (a list: rows differ)
+        # Greedy: argmax of probabilities, as Dream does (equal to the logits' for LLaDA).
+        if self.temperature == 0 if rows is None else rows.all_greedy:
             if isinstance(kind, str) and CONFIDENCE_KINDS[kind] is chosen_probability:
                 confidence, tokens = probs.max(dim=-1)  # one op: the first maximum, as argmax's
                 return tokens, confidence, probs
             tokens = probs.argmax(dim=-1)
-        else:
-            tokens = gumbel_argmax(scores, rows.sampled())  # greedy rows draw nothing
-            if rows.any_greedy:
+        else:  # greedy rows draw nothing
+            tokens = self.family.draw(scores, probs, generator if rows is None else rows.sampled())
+            if rows is not None and rows.any_greedy:
                 tokens = torch.where(rows.greedy_rows(raw.device), probs.argmax(dim=-1), tokens)
+        if rows is None:
+            return tokens, CONFIDENCE_KINDS[kind](probs, tokens, generator), probs
         return tokens, row_confidence(probs, tokens, rows), probs
+
+    def own_rows(self, rows: RowDraws) -> RowDraws:
+        """The rows as the family's reference samples them: a greedy row unfiltered where the
+        reference skips the filters at temperature 0 (the block families)."""
+        if self.family.greedy_filters or not rows.any_greedy:
+            return rows
+        own = tuple(replace(s, top_p=None, top_k=None) if s.greedy else s for s in rows.samplings)
+        return replace(rows, samplings=own)
+
+    def filtered(self, scores: torch.Tensor, top_p, top_k) -> torch.Tensor:
+        """top-p and top-k (scalars or per-row lists) in the family's reference order."""
+        if self.family.top_k_first:
+            return by_top_p(by_top_k(scores, top_k), top_p)
+        return by_top_k(by_top_p(scores, top_p), top_k)
+
+    def drafts(self, logits: torch.Tensor, samplings, generators):
+        """The block stepper's Drafter (block_rules.py): (N, B, V) -> tokens, p (N, B), every
+        row with its own request's values and generator."""
+        n, b = logits.shape[:2]
+        rows = RowDraws(tuple(generators), tuple(samplings), (b,) * n, (True,) * n)
+        tokens, p, _ = self.draft(logits, rows)
+        return tokens, p
+
+
+def by_top_p(scores: torch.Tensor, top_p) -> torch.Tensor:
+    return top_p_rows(scores, top_p) if isinstance(top_p, list) else top_p_filter(scores, top_p)
+
+
+def by_top_k(scores: torch.Tensor, top_k) -> torch.Tensor:
+    return top_k_rows(scores, top_k) if isinstance(top_k, list) else top_k_filter(scores, top_k)
 
 
 def row_confidence(probs, tokens, rows: RowDraws, kinds=CONFIDENCE_KINDS) -> torch.Tensor:
