@@ -111,28 +111,3 @@ def temperatures(values, logits: torch.Tensor):
     if not isinstance(values, list):
         return values if values > 0 else 1.0
     return per_row([t if t > 0 else 1.0 for t in values], logits, 1.0)
-
-
-def top_p_rows(logits: torch.Tensor, top_p: list) -> torch.Tensor:
-    """Nucleus filtering with each row's own top_p (None: off), as sampling.top_p_filter."""
-    ordered, order = logits.sort(dim=-1, descending=True)
-    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-    drop = cumulative > per_row([p if p is not None and p < 1 else 2.0 for p in top_p], logits, 2.0)
-    drop[..., 1:] = drop[..., :-1].clone()  # keep the token that crosses top_p
-    drop[..., 0] = False
-    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-
-
-def top_k_rows(logits: torch.Tensor, top_k: list) -> torch.Tensor:
-    """Each row's k most likely tokens (ties kept, as sampling.top_k_filter); 0/None: all."""
-    ks = [min(k or 0, logits.shape[-1]) for k in top_k]
-    most = max(ks)
-    if most == 0:
-        return logits
-    values = logits.topk(most, dim=-1).values  # (B, L, most), descending
-    index = torch.tensor([max(k, 1) - 1 for k in ks], device=logits.device)
-    index = index.view(-1, *([1] * (logits.dim() - 1))).expand(*logits.shape[:-1], 1)
-    kth = values.gather(-1, index)
-    off = per_row([k == 0 for k in ks], kth, 0.0).bool()
-    kth = kth.masked_fill(off, float("-inf"))
-    return logits.masked_fill(logits < kth, float("-inf"))

@@ -19,9 +19,8 @@ import torch
 from dllm_cli.decoding.row_sampling import (
     RowDraws,
     exponentials,
+    per_row,
     temperatures,
-    top_k_rows,
-    top_p_rows,
     uniform,
 )
 from dllm_cli.families import family_of_model
@@ -98,23 +97,34 @@ def family_of(model) -> Family:
     return FAMILIES[family_of_model(model).sampler]
 
 
-def top_p_filter(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
-    """Nucleus filtering: keep the smallest set of tokens whose probability reaches top_p."""
-    if top_p is None or top_p >= 1.0:
+def top_p_filter(logits: torch.Tensor, top_p) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of tokens whose probability reaches top_p
+    (None or >= 1: off; a list: each row's own)."""
+    if isinstance(top_p, list):
+        cut = per_row([p if p is not None and p < 1 else 2.0 for p in top_p], logits, 2.0)
+    elif top_p is None or top_p >= 1.0:
         return logits
+    else:
+        cut = top_p
     ordered, order = logits.sort(dim=-1, descending=True)
-    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-    drop = cumulative > top_p
+    drop = ordered.softmax(dim=-1).cumsum(dim=-1) > cut
     drop[..., 1:] = drop[..., :-1].clone()  # keep the token that crosses top_p
     drop[..., 0] = False
     return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
 
-def top_k_filter(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
-    """Keep the k most likely tokens (ties with the k-th kept too, as in Dream); 0/None: all."""
-    if not top_k:
+def top_k_filter(logits: torch.Tensor, top_k) -> torch.Tensor:
+    """Keep the k most likely tokens (ties with the k-th kept too, as in Dream); 0/None: all;
+    a list: each row's own k."""
+    ks = [min(k or 0, logits.shape[-1]) for k in (top_k if isinstance(top_k, list) else [top_k])]
+    if max(ks) == 0:
         return logits
-    kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+    values = logits.topk(max(ks), dim=-1).values  # (B, L, most), descending
+    kth = values[..., -1:]
+    if len(set(ks)) > 1:  # each row's k-th (-inf: the row's top-k is off)
+        index = per_row([max(k, 1) - 1 for k in ks], values, 0).long()
+        kth = values.gather(-1, index.expand(*values.shape[:-1], 1))
+        kth = kth.masked_fill(per_row([k == 0 for k in ks], kth, 0.0).bool(), float("-inf"))
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
@@ -185,13 +195,6 @@ class Sampler:
         best, tokens = work.max(dim=-1)
         return tokens, torch.exp(best - torch.logsumexp(work, dim=-1))
 
-    def __call__(
-        self, logits: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, L, V) logits -> drafts (B, L) long and confidences (B, L)."""
-        tokens, confidence, _ = self.draft(logits, generator)
-        return tokens, confidence
-
     def draft(self, logits: torch.Tensor, generator: torch.Generator | RowDraws, keep=True):
         """Drafts (B, L), confidences (B, L) and the distribution they come from (B, L, V).
 
@@ -235,8 +238,8 @@ class Sampler:
     def filtered(self, scores: torch.Tensor, top_p, top_k) -> torch.Tensor:
         """top-p and top-k (scalars or per-row lists) in the family's reference order."""
         if self.family.top_k_first:
-            return by_top_p(by_top_k(scores, top_k), top_p)
-        return by_top_k(by_top_p(scores, top_p), top_k)
+            return top_p_filter(top_k_filter(scores, top_k), top_p)
+        return top_k_filter(top_p_filter(scores, top_p), top_k)
 
     def drafts(self, logits: torch.Tensor, samplings, generators):
         """The block stepper's Drafter (block_rules.py): (N, B, V) -> tokens, p (N, B), every
@@ -245,14 +248,6 @@ class Sampler:
         rows = RowDraws(tuple(generators), tuple(samplings), (b,) * n, (True,) * n)
         tokens, p, _ = self.draft(logits, rows)
         return tokens, p
-
-
-def by_top_p(scores: torch.Tensor, top_p) -> torch.Tensor:
-    return top_p_rows(scores, top_p) if isinstance(top_p, list) else top_p_filter(scores, top_p)
-
-
-def by_top_k(scores: torch.Tensor, top_k) -> torch.Tensor:
-    return top_k_rows(scores, top_k) if isinstance(top_k, list) else top_k_filter(scores, top_k)
 
 
 def row_confidence(probs, tokens, rows: RowDraws, kinds=CONFIDENCE_KINDS) -> torch.Tensor:
