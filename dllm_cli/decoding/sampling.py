@@ -16,13 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dllm_cli.decoding.row_sampling import (
-    RowDraws,
-    exponentials,
-    per_row,
-    temperatures,
-    uniform,
-)
+from dllm_cli.decoding.row_sampling import RowDraws, exponentials, per_row, temperatures, uniform
 from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
 
@@ -33,20 +27,19 @@ def gumbel_argmax(scores: torch.Tensor, probs, generator) -> torch.Tensor:
     LLaDA takes argmax of exp(logits) / (-log U)^T; with scores = logits / T this is the same
     argmax in log space, which cannot overflow for large logits.
     """
-    u = uniform(generator, scores.shape, torch.float64, scores.device)
-    return (scores.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
+    noise = gumbel(generator, scores.shape[:2], scores.shape[-1], scores.device)
+    return (scores.to(torch.float64) + noise).argmax(dim=-1)
 
 
 def exponential_argmax(scores, probs: torch.Tensor, generator) -> torch.Tensor:
     """torch.multinomial(probs, 1, generator)'s own draw, bit for bit (aten Distributions.cpp,
     one sample: argmax(probs / q), q ~ Exp(1) drawn like probs); each row from its own."""
-    return (
-        probs / uniform(generator, probs.shape, probs.dtype, probs.device, exponentials)
-    ).argmax(dim=-1)
+    q = uniform(generator, probs.shape, probs.dtype, probs.device, exponentials)  # (B, L, V)
+    return (probs / q).argmax(dim=-1)
 
 
 def gumbel(generator, shape: tuple[int, int], width: int, device) -> torch.Tensor:
-    """gumbel_argmax's noise for a vocabulary shard: float64 uniforms, -log(-log u)."""
+    """(B, L, width) Gumbel noise: float64 uniforms, -log(-log u) (a shard keeps its part)."""
     u = uniform(generator, (*shape, width), torch.float64, device)
     return -torch.log(-torch.log(u))
 
