@@ -194,20 +194,14 @@ class Sampler:
         With a RowDraws every row samples with its own request's values (row_sampling.py).
         `keep` is unread: the distribution is at hand (a tensor-parallel rank's is not)."""
         rows = self.own_rows(generator) if isinstance(generator, RowDraws) else None
-        if rows is None:  # one run's values, one generator
-            values = (self.temperature, self.top_p, self.top_k)
-            if self.temperature == 0 and not self.family.greedy_filters:
-                values = (0.0, None, None)
-        else:  # scalars where rows agree, else per-row lists
-            values = tuple(rows.value(k) for k in ("temperature", "top_p", "top_k"))
+        temperature, top_p, top_k, kind, greedy = self.values(rows)
         raw = self.working_logits(logits)
-        divisor = temperatures(values[0], raw)
+        divisor = temperatures(temperature, raw)
         scores = raw if isinstance(divisor, float) and divisor == 1.0 else raw / divisor
-        scores = self.filtered(scores, *values[1:])
+        scores = self.filtered(scores, top_p, top_k)
         probs = (scores if self.family.tempered_confidence else raw).softmax(dim=-1)
-        kind = self.kind if rows is None else rows.value("confidence")  # (a list: rows differ)
         # Greedy: argmax of probabilities, as Dream does (equal to the logits' for LLaDA).
-        if self.temperature == 0 if rows is None else rows.all_greedy:
+        if greedy:
             if isinstance(kind, str) and CONFIDENCE_KINDS[kind] is chosen_probability:
                 confidence, tokens = probs.max(dim=-1)  # one op: the first maximum, as argmax's
                 return tokens, confidence, probs
@@ -219,6 +213,18 @@ class Sampler:
         if rows is None:
             return tokens, CONFIDENCE_KINDS[kind](probs, tokens, generator), probs
         return tokens, row_confidence(probs, tokens, rows), probs
+
+    def values(self, rows: RowDraws | None) -> tuple:
+        """(temperature, top-p, top-k, confidence, all greedy): the run's (a greedy run's
+        filters off where the family's reference skips them), or the rows' (scalars where
+        they agree, else per-row lists)."""
+        if rows is not None:
+            names = ("temperature", "top_p", "top_k", "confidence")
+            return (*(rows.value(k) for k in names), rows.all_greedy)
+        greedy = self.temperature == 0
+        if greedy and not self.family.greedy_filters:
+            return 0.0, None, None, self.kind, True
+        return self.temperature, self.top_p, self.top_k, self.kind, greedy
 
     def own_rows(self, rows: RowDraws) -> RowDraws:
         """The rows as the family's reference samples them: a greedy row unfiltered where the
