@@ -66,7 +66,7 @@ class Rows:
 
     @classmethod
     def of(cls, samplings, filters_greedy: bool, device) -> Rows:
-        def on(s) -> bool:  # the row's filters apply (block_rules.draft: not at temperature 0)
+        def on(s) -> bool:  # the row's filters apply (block: not at temperature 0)
             return filters_greedy or not s.greedy
 
         top_p = [
@@ -276,7 +276,7 @@ KINDS: dict[str, Callable[..., torch.Tensor]] = {
 
 
 def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
-    """The block stepper's drafts from this rank's vocabulary shard: block_rules.draft's
+    """The block stepper's drafts from this rank's vocabulary shard: the block family's
     argmax, or its top-k, top-p, multinomial draw, and the draft's p (float32)."""
     sampler = ShardedSampler.of(model, settings, FAMILIES["block"], vocab, mask)
 
