@@ -1,7 +1,8 @@
 """Drafts and commit decisions of the block-causal decode (SDAR, LLaDA2.0, LLaDA2.1).
 
 One block of B columns per row. A draft is every column's token and its probability
-(sampling.Sampler with the "block" family); which masks become tokens is the references' rule (`fills`):
+(sampling.Sampler, the "block" family); which masks become tokens is the references' rule
+(`fills`):
 - `threshold` (SDAR's `low_confidence_dynamic`, LLaDA2.0's generate, LLaDA2.1's M2T): the
   one threshold rule of every family (ranking.confident_columns), strictly past the threshold;
 - `fixed` (SDAR's `low_confidence_static`): the k most confident, the same rule with a
