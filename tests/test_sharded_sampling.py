@@ -173,6 +173,8 @@ def test_shards_draw_the_block_families_multinomial_draft(t, k, p):
     for i, (s, g) in enumerate(zip(own, seeded(), strict=True)):  # the references' multinomial
         want, want_p = sample(logits[i], s.temperature, MASK, VOCAB, s.top_k, s.top_p, g)
         assert torch.equal(tokens[i], want) and torch.equal(probs[i], want_p)
+    alone = whole.drafts(logits[:1].clone(), own[:1], seeded()[:1])  # every row draws
+    assert torch.equal(alone[0], tokens[:1]) and torch.equal(alone[1], probs[:1])
 
     def job(shards):
         lo, hi = shards.vocabulary(V)
