@@ -71,8 +71,9 @@ def sdar_forward(t, cfg, ids, positions, mask, cache, store):
     return rms(h, t["model.norm.weight"], eps) @ t["lm_head.weight"].T
 
 
-def sample(logits, temperature, mask_id, vocab):
-    """x0 and its probability; T = 0 argmax (the greedy patch), else multinomial at T."""
+def sample(logits, temperature, mask_id, vocab, top_k=None, top_p=None, generator=None):
+    """x0 and its probability; T = 0 argmax (the greedy patch), else SDAR's / LLaDA2's
+    sampling: logits / T, top-k, then top-p, softmax, one torch.multinomial draw."""
     logits = logits.float().clone()
     logits[..., vocab:] = float("-inf")
     logits[..., mask_id] = float("-inf")
@@ -80,7 +81,19 @@ def sample(logits, temperature, mask_id, vocab):
         probs = logits.softmax(-1)
         x0 = probs.argmax(-1)
         return x0, probs.gather(-1, x0[..., None])[..., 0]
-    raise NotImplementedError("the tests compare greedy decodes")
+    flat = logits.view(-1, logits.shape[-1]) / temperature
+    if top_k:  # SDAR top_k_logits
+        kth = flat.topk(min(top_k, flat.shape[-1]), dim=-1).values[..., -1:]
+        flat = flat.masked_fill(flat < kth, float("-inf"))
+    if top_p is not None and top_p < 1:  # SDAR top_p_logits (the crossing token kept)
+        ordered, order = flat.sort(dim=-1, descending=True)
+        drop = ordered.softmax(dim=-1).cumsum(dim=-1) > top_p
+        drop[..., 1:] = drop[..., :-1].clone()
+        drop[..., 0] = False
+        flat = flat.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = flat.softmax(dim=-1)
+    x0 = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+    return x0.view(logits.shape[:-1]), probs.gather(-1, x0).view(logits.shape[:-1])
 
 
 def num_transfer_tokens(block_length, steps):

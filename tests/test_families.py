@@ -55,8 +55,7 @@ def test_each_entry_agrees_with_its_classes(name):
     config_cls, model_cls = family.classes()
     assert model_cls.family == name and model_cls.config_class is config_cls
     assert model_cls.logit_shift == family.logit_shift
-    # Block-causal families draft in decoding/block_rules.py (their "block" sampler).
-    assert family.sampler in SAMPLERS or (family.traits.prompt_blocks and family.sampler == "block")
+    assert family.sampler in SAMPLERS  # the block-causal families' is "block"
     assert config_cls.model_type in family.model_types
     reference_settings(family).validate()  # the declared reference values are valid settings
 

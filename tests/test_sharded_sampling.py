@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from block_reference import sample
 
-from dllm_cli.decoding import block_rules, sharded_sampling
+from dllm_cli.decoding import sharded_sampling
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import FAMILIES, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler, block_drafter
@@ -167,8 +168,13 @@ def test_shards_draw_the_block_families_multinomial_draft(t, k, p):
     logits = logits_for(4, shape=(2, 6, V))  # (N, B, V): two rows, blocks of 6
     own = [Sampling(t, p, k), Sampling(0.0)]  # the second row greedy
     seeded = lambda: [torch.Generator().manual_seed(s) for s in (5, 6)]  # noqa: E731
-    whole = block_rules.whole_drafter(MASK, VOCAB)
-    tokens, probs = whole(logits.clone(), own, seeded())
+    whole = Sampler(DecodeSettings(), FAMILIES["block"], VOCAB, MASK)
+    tokens, probs = whole.drafts(logits.clone(), own, seeded())
+    for i, (s, g) in enumerate(zip(own, seeded(), strict=True)):  # the references' multinomial
+        want, want_p = sample(logits[i], s.temperature, MASK, VOCAB, s.top_k, s.top_p, g)
+        assert torch.equal(tokens[i], want) and torch.equal(probs[i], want_p)
+    alone = whole.drafts(logits[:1].clone(), own[:1], seeded()[:1])  # every row draws
+    assert torch.equal(alone[0], tokens[:1]) and torch.equal(alone[1], probs[:1])
 
     def job(shards):
         lo, hi = shards.vocabulary(V)

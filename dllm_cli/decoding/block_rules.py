@@ -1,7 +1,8 @@
 """Drafts and commit decisions of the block-causal decode (SDAR, LLaDA2.0, LLaDA2.1).
 
 One block of B columns per row. A draft is every column's token and its probability
-(`draft`); which masks become tokens is the references' rule (`fills`):
+(sampling.Sampler, the "block" family); which masks become tokens is the references' rule
+(`fills`):
 - `threshold` (SDAR's `low_confidence_dynamic`, LLaDA2.0's generate, LLaDA2.1's M2T): the
   one threshold rule of every family (ranking.confident_columns), strictly past the threshold;
 - `fixed` (SDAR's `low_confidence_static`): the k most confident, the same rule with a
@@ -21,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from dllm_cli.decoding.ranking import confident_columns
-from dllm_cli.decoding.sampling import top_k_filter, top_p_filter
 from dllm_cli.families import Family
 from dllm_cli.family_settings import check_refused
 from dllm_cli.lifetimes import Sampling
@@ -29,8 +29,8 @@ from dllm_cli.setting_spec import RULES
 from dllm_cli.settings import DecodeSettings, even_split
 
 # The block stepper's drafting: (N, B, V) logits, each row's request's sampling and generator
-# -> tokens (N, B), p (N, B). `whole_drafter` drafts from whole logits; a tensor-parallel
-# model's from its vocabulary shard (sharded_sampling.block_drafter).
+# -> tokens (N, B), p (N, B). sampling.Sampler.drafts drafts from whole logits; a
+# tensor-parallel model's from its vocabulary shard (sharded_sampling.block_drafter).
 Drafter = Callable[
     [torch.Tensor, Sequence[Sampling], Sequence[torch.Generator | None]],
     tuple[torch.Tensor, torch.Tensor],
@@ -66,49 +66,6 @@ def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") 
         edit_threshold=s.edit_threshold,
         max_post_steps=s.max_post_steps,
     )
-
-
-def draft(
-    logits: torch.Tensor,
-    s: DecodeSettings,
-    mask_id: int,
-    real_vocab: int,
-    generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, B, V) logits -> tokens (N, B) and their probabilities (N, B), as the references
-    sample: temperature 0 is argmax with p from the plain softmax; otherwise logits / T, top-k,
-    top-p, softmax, one multinomial draw. [MASK] and the embedding's padding rows are never
-    drafted (their logits are -inf before anything else)."""
-    logits = logits.float()
-    logits[..., real_vocab:] = float("-inf")
-    logits[..., mask_id] = float("-inf")
-    if s.temperature == 0:
-        probs = logits.softmax(dim=-1)
-        token = probs.argmax(dim=-1)
-        return token, probs.gather(-1, token[..., None])[..., 0]
-    n, b, v = logits.shape
-    flat = logits.view(n * b, v) / s.temperature
-    flat = top_p_filter(top_k_filter(flat, s.top_k), s.top_p)
-    probs = flat.softmax(dim=-1)
-    token = torch.multinomial(probs, 1, generator=generator)  # (N B, 1)
-    return token.view(n, b), probs.gather(-1, token).view(n, b)
-
-
-def whole_drafter(mask_id: int, real_vocab: int) -> Drafter:
-    """`draft` over whole logits: each row samples with its own request's values and
-    generator, so a sampled row's draws do not depend on what shares the step (greedy: one
-    call)."""
-
-    def drafted(logits, samplings, generators):
-        if all(s.greedy for s in samplings):
-            return draft(logits, samplings[0], mask_id, real_vocab, None)
-        rows = [
-            draft(logits[i : i + 1], s, mask_id, real_vocab, g)
-            for i, (s, g) in enumerate(zip(samplings, generators, strict=True))
-        ]
-        return torch.cat([x for x, _ in rows]), torch.cat([p for _, p in rows])
-
-    return drafted
 
 
 def fills(rule: BlockRule, active, p, k) -> torch.Tensor:

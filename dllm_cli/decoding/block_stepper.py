@@ -27,6 +27,7 @@ from dllm_cli.decoding import block_rules, block_step
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.decoding.block_step import BlockRow
 from dllm_cli.decoding.request import Request
+from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.sharded_sampling import block_drafter
 from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
@@ -71,7 +72,7 @@ class BlockStepper:
         self.real_vocab = special.real_vocab(model.vocab_size)
         self.stop_ids = torch.tensor(special.stop, device=self.device)
         if model.shards is None:
-            self.drafter = block_rules.whole_drafter(special.mask, self.real_vocab)
+            self.drafter = Sampler(settings, family_of(model), self.real_vocab, special.mask).drafts
         else:  # a tensor-parallel rank drafts from its vocabulary shard (models/sharding.py)
             self.drafter = block_drafter(model, settings, self.real_vocab, special.mask)
         self.rows: list[BlockRow] = []  # the live rows, in the engine's order

@@ -48,19 +48,19 @@ class RowDraws:
         on = tuple(o and not s.greedy for o, s in zip(self.on, self.samplings, strict=True))
         return replace(self, on=on)
 
-    def uniform(self, shape, dtype=torch.float32, device=None) -> torch.Tensor:
-        """(B, L, ...) uniforms in [0, 1): row r's first lengths[r] slots from its generator,
-        0.5 elsewhere (padding and rows that do not draw)."""
-        rest = tuple(shape[2:])
+    def uniform(self, shape, dtype=torch.float32, device=None, law=None) -> torch.Tensor:
+        """(B, L, ...) uniforms in [0, 1) (or `law`'s draws): row r's first lengths[r] slots
+        from its generator, 0.5 elsewhere (padding and rows that do not draw)."""
+        law, rest = law or uniforms, tuple(shape[2:])
         if all(self.on) and all(n == shape[1] for n in self.lengths):  # every row, whole spans
-            rows = [torch.rand((n, *rest), generator=g, dtype=dtype, device=device)
+            rows = [law((n, *rest), g, dtype, device)
                     for g, n in zip(self.generators, self.lengths, strict=True)]  # fmt: skip
             return torch.stack(rows)
         out = torch.full(tuple(shape), 0.5, dtype=dtype, device=device)
         for r, (g, n, on) in enumerate(zip(self.generators, self.lengths, self.on, strict=True)):
             n = min(n, shape[1])
             if on and n > 0:
-                out[r, :n] = torch.rand((n, *shape[2:]), generator=g, dtype=dtype, device=device)
+                out[r, :n] = law((n, *rest), g, dtype, device)
         return out
 
     def value(self, name: str):
@@ -83,11 +83,20 @@ class RowDraws:
         return torch.tensor([[s.greedy] for s in self.samplings], device=device)
 
 
-def uniform(generator, shape, dtype=torch.float32, device=None) -> torch.Tensor:
-    """Uniform draws from a RowDraws (per row) or a plain torch.Generator (one stream)."""
-    if isinstance(generator, RowDraws):
-        return generator.uniform(shape, dtype, device)
+def uniforms(shape, generator, dtype, device) -> torch.Tensor:
     return torch.rand(shape, generator=generator, dtype=dtype, device=device)
+
+
+def exponentials(shape, generator, dtype, device) -> torch.Tensor:
+    """Exp(1) draws as torch.multinomial's one-sample path draws them (its q)."""
+    return torch.empty(shape, dtype=dtype, device=device).exponential_(1, generator=generator)
+
+
+def uniform(generator, shape, dtype=torch.float32, device=None, law=None) -> torch.Tensor:
+    """Uniform (or `law`'s) draws from a RowDraws (per row) or a plain torch.Generator."""
+    if isinstance(generator, RowDraws):
+        return generator.uniform(shape, dtype, device, law)
+    return (law or uniforms)(shape, generator, dtype, device)
 
 
 def per_row(values: list, like: torch.Tensor, fill: float) -> torch.Tensor:
@@ -102,28 +111,3 @@ def temperatures(values, logits: torch.Tensor):
     if not isinstance(values, list):
         return values if values > 0 else 1.0
     return per_row([t if t > 0 else 1.0 for t in values], logits, 1.0)
-
-
-def top_p_rows(logits: torch.Tensor, top_p: list) -> torch.Tensor:
-    """Nucleus filtering with each row's own top_p (None: off), as sampling.top_p_filter."""
-    ordered, order = logits.sort(dim=-1, descending=True)
-    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-    drop = cumulative > per_row([p if p is not None and p < 1 else 2.0 for p in top_p], logits, 2.0)
-    drop[..., 1:] = drop[..., :-1].clone()  # keep the token that crosses top_p
-    drop[..., 0] = False
-    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-
-
-def top_k_rows(logits: torch.Tensor, top_k: list) -> torch.Tensor:
-    """Each row's k most likely tokens (ties kept, as sampling.top_k_filter); 0/None: all."""
-    ks = [min(k or 0, logits.shape[-1]) for k in top_k]
-    most = max(ks)
-    if most == 0:
-        return logits
-    values = logits.topk(most, dim=-1).values  # (B, L, most), descending
-    index = torch.tensor([max(k, 1) - 1 for k in ks], device=logits.device)
-    index = index.view(-1, *([1] * (logits.dim() - 1))).expand(*logits.shape[:-1], 1)
-    kth = values.gather(-1, index)
-    off = per_row([k == 0 for k in ks], kth, 0.0).bool()
-    kth = kth.masked_fill(off, float("-inf"))
-    return logits.masked_fill(logits < kth, float("-inf"))

@@ -1,8 +1,11 @@
-"""Logits -> (draft token, confidence) for every column of the current block.
+"""Logits -> (draft token, confidence) for every column of the current block, for every family.
 
-Drafting follows LLaDA (arXiv 2502.09992, Gumbel-max in float64) and Dream (arXiv 2508.15487,
-`sample_tokens`: temperature, then top-p, then top-k); the confidence kinds are LLaDA's
-`low_confidence` / `random` remasking and Dream's `maskgit_plus` / `topk_margin` / `entropy`.
+One sampler, each family's reference declared in `FAMILIES` (docs/decoding-rules.md#sampling):
+LLaDA (arXiv 2502.09992, generate.py `add_gumbel_noise`: Gumbel-max in float64), Dream (arXiv
+2508.15487, `sample_tokens`: temperature, then top-p, then top-k) and the block families
+(SDAR's and LLaDA2.x's generate: float32, temperature, then top-k, then top-p, one
+torch.multinomial draw). The confidence kinds are LLaDA's `low_confidence` / `random`
+remasking and Dream's `maskgit_plus` / `topk_margin` / `entropy`.
 """
 
 from __future__ import annotations
@@ -13,28 +16,73 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dllm_cli.decoding.row_sampling import RowDraws, temperatures, top_k_rows, top_p_rows, uniform
+from dllm_cli.decoding.row_sampling import RowDraws, exponentials, per_row, temperatures, uniform
 from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
 
 
+def gumbel_argmax(scores: torch.Tensor, probs, generator) -> torch.Tensor:
+    """Sample softmax(scores) by Gumbel-max in float64 (low precision hurts quality: LLaDA).
+
+    LLaDA takes argmax of exp(logits) / (-log U)^T; with scores = logits / T this is the same
+    argmax in log space, which cannot overflow for large logits.
+    """
+    noise = gumbel(generator, scores.shape[:2], scores.shape[-1], scores.device)
+    return (scores.to(torch.float64) + noise).argmax(dim=-1)
+
+
+def exponential_argmax(scores, probs: torch.Tensor, generator) -> torch.Tensor:
+    """torch.multinomial(probs, 1, generator)'s own draw, bit for bit (aten Distributions.cpp,
+    one sample: argmax(probs / q), q ~ Exp(1) drawn like probs); each row from its own."""
+    q = uniform(generator, probs.shape, probs.dtype, probs.device, exponentials)  # (B, L, V)
+    return (probs / q).argmax(dim=-1)
+
+
+def gumbel(generator, shape: tuple[int, int], width: int, device) -> torch.Tensor:
+    """(B, L, width) Gumbel noise: float64 uniforms, -log(-log u) (a shard keeps its part)."""
+    u = uniform(generator, (*shape, width), torch.float64, device)
+    return -torch.log(-torch.log(u))
+
+
+def exponential(generators, shape: tuple[int, int], width: int, device) -> torch.Tensor:
+    """exponential_argmax's noise for a vocabulary shard, a row from its own generator (None:
+    greedy, no draw): -log q, so argmax(log p - log q) is its draw."""
+    rows, columns = shape
+    out = torch.zeros((rows, columns, width), dtype=torch.float64, device=device)
+    for r, g in enumerate(generators):
+        if g is not None:
+            out[r] = -torch.log(exponentials((columns, width), g, torch.float32, device).double())
+    return out
+
+
 @dataclass(frozen=True)
 class Family:
-    """What a model family's reference sampler does differently from the other one's."""
+    """How a family's reference sampler drafts: dtype, filter order, draw, confidence."""
 
     name: str
     dtype: torch.dtype | None  # None: the logits' own dtype, at least float32
     tempered_confidence: bool  # confidence from the tempered, filtered distribution (Dream)
     schedule: str  # which `fixed` schedule the family uses (a key of unmask.SCHEDULES)
+    draw: Callable[..., torch.Tensor]  # (scores, probs, generator) -> (B, L) sampled drafts
+    noise: Callable[..., torch.Tensor]  # the draw's noise for a vocabulary shard (log scale)
+    whole_width: bool  # the draw covers every logit (padding at -inf), else the real vocab
+    top_k_first: bool  # filters top-k then top-p (the block families), else top-p then top-k
+    greedy_filters: bool  # a greedy draft's confidence reads the filtered distribution (Dream)
 
 
 # Keyed by a families.py entry's `sampler` (LLaDA-MoE samples as LLaDA does).
 FAMILIES: dict[str, Family] = {
     # LLaDA upcasts to float64 and measures confidence on softmax(raw logits).
-    "llada": Family("llada", torch.float64, tempered_confidence=False, schedule="linear"),
+    "llada": Family("llada", torch.float64, False, "linear", gumbel_argmax, gumbel,
+                    whole_width=False, top_k_first=False, greedy_filters=True),
     # Dream samples in the logits' dtype from softmax(filtered logits / temperature).
-    "dream": Family("dream", None, tempered_confidence=True, schedule="dream"),
-}
+    "dream": Family("dream", None, True, "dream", gumbel_argmax, gumbel,
+                    whole_width=False, top_k_first=False, greedy_filters=True),
+    # SDAR / LLaDA2.x: float32, top-k then top-p, multinomial; T = 0 is the plain argmax (its
+    # p from the unfiltered softmax). The schedule is unread (block_rules splits each block).
+    "block": Family("block", torch.float32, True, "linear", exponential_argmax, exponential,
+                    whole_width=True, top_k_first=True, greedy_filters=False),
+}  # fmt: skip
 
 
 def family_of(model) -> Family:
@@ -42,34 +90,35 @@ def family_of(model) -> Family:
     return FAMILIES[family_of_model(model).sampler]
 
 
-def top_p_filter(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
-    """Nucleus filtering: keep the smallest set of tokens whose probability reaches top_p."""
-    if top_p is None or top_p >= 1.0:
+def top_p_filter(logits: torch.Tensor, top_p) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of tokens whose probability reaches top_p
+    (None or >= 1: off; a list: each row's own)."""
+    if isinstance(top_p, list):
+        cut = per_row([p if p is not None and p < 1 else 2.0 for p in top_p], logits, 2.0)
+    elif top_p is None or top_p >= 1.0:
         return logits
+    else:
+        cut = top_p
     ordered, order = logits.sort(dim=-1, descending=True)
-    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-    drop = cumulative > top_p
+    drop = ordered.softmax(dim=-1).cumsum(dim=-1) > cut
     drop[..., 1:] = drop[..., :-1].clone()  # keep the token that crosses top_p
     drop[..., 0] = False
     return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
 
-def top_k_filter(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
-    """Keep the k most likely tokens (ties with the k-th kept too, as in Dream); 0/None: all."""
-    if not top_k:
+def top_k_filter(logits: torch.Tensor, top_k) -> torch.Tensor:
+    """Keep the k most likely tokens (ties with the k-th kept too, as in Dream); 0/None: all;
+    a list: each row's own k."""
+    ks = [min(k or 0, logits.shape[-1]) for k in (top_k if isinstance(top_k, list) else [top_k])]
+    if max(ks) == 0:
         return logits
-    kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+    values = logits.topk(max(ks), dim=-1).values  # (B, L, most), descending
+    kth = values[..., -1:]
+    if len(set(ks)) > 1:  # each row's k-th (-inf: the row's top-k is off)
+        index = per_row([max(k, 1) - 1 for k in ks], values, 0).long()
+        kth = values.gather(-1, index.expand(*values.shape[:-1], 1))
+        kth = kth.masked_fill(per_row([k == 0 for k in ks], kth, 0.0).bool(), float("-inf"))
     return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def gumbel_argmax(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Sample softmax(scores) by Gumbel-max in float64 (low precision hurts quality: LLaDA).
-
-    LLaDA takes argmax of exp(logits) / (-log U)^T; with scores = logits / T this is the same
-    argmax in log space, which cannot overflow for large logits.
-    """
-    u = uniform(generator, scores.shape, torch.float64, scores.device)
-    return (scores.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
 
 
 def chosen_probability(probs, tokens, generator) -> torch.Tensor:
@@ -107,13 +156,18 @@ class Sampler:
     def __init__(self, settings: DecodeSettings, family: Family, vocab_size: int, mask_id: int):
         self.temperature = settings.temperature
         self.top_p, self.top_k = settings.top_p, settings.top_k
-        self.confidence = CONFIDENCE_KINDS[settings.confidence]
+        self.kind = settings.confidence  # (a key of CONFIDENCE_KINDS)
         self.family = family
         self.vocab_size, self.mask_id = vocab_size, mask_id
 
     def working_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Real vocabulary only (embedding padding dropped), [MASK] never a draft."""
+        """Real vocabulary only (embedding padding dropped, or at -inf where the family's draw
+        covers every logit), [MASK] never a draft."""
         dtype = self.family.dtype or (logits.dtype if logits.dtype.itemsize >= 4 else torch.float32)
+        if self.family.whole_width:  # (B, L, V_embedding)
+            ids = torch.arange(logits.shape[-1], device=logits.device)
+            dropped = (ids >= self.vocab_size) | (ids == self.mask_id)
+            return logits.to(dtype).masked_fill(dropped, -math.inf)
         out = logits[..., : self.vocab_size].to(dtype)  # (B, L, V)
         if self.mask_id < self.vocab_size:
             out = out.clone() if out.data_ptr() == logits.data_ptr() else out
@@ -134,56 +188,65 @@ class Sampler:
         best, tokens = work.max(dim=-1)
         return tokens, torch.exp(best - torch.logsumexp(work, dim=-1))
 
-    def __call__(
-        self, logits: torch.Tensor, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, L, V) logits -> drafts (B, L) long and confidences (B, L)."""
-        tokens, confidence, _ = self.draft(logits, generator)
-        return tokens, confidence
-
     def draft(self, logits: torch.Tensor, generator: torch.Generator | RowDraws, keep=True):
         """Drafts (B, L), confidences (B, L) and the distribution they come from (B, L, V).
 
         With a RowDraws every row samples with its own request's values (row_sampling.py).
         `keep` is unread: the distribution is at hand (a tensor-parallel rank's is not)."""
-        if isinstance(generator, RowDraws):
-            return self.draft_rows(logits, generator)
+        rows = self.own_rows(generator) if isinstance(generator, RowDraws) else None
+        temperature, top_p, top_k, kind, greedy = self.values(rows)
         raw = self.working_logits(logits)
-        scores = raw / self.temperature if self.temperature > 0 else raw
-        scores = top_k_filter(top_p_filter(scores, self.top_p), self.top_k)
-        probs = (scores if self.family.tempered_confidence else raw).softmax(dim=-1)
-        # Greedy: argmax of probabilities, as Dream does (equal to the logits' for LLaDA).
-        greedy = self.temperature == 0
-        if greedy and self.confidence is chosen_probability:
-            confidence, tokens = probs.max(dim=-1)  # the first maximum, as argmax's
-            return tokens, confidence, probs
-        tokens = probs.argmax(dim=-1) if greedy else gumbel_argmax(scores, generator)
-        return tokens, self.confidence(probs, tokens, generator), probs
-
-    def draft_rows(self, logits: torch.Tensor, rows: RowDraws):
-        """`draft` with per-row temperature, top-p and top-k (scalars where rows agree)."""
-        raw = self.working_logits(logits)
-        temperature, top_p, top_k = (rows.value(k) for k in ("temperature", "top_p", "top_k"))
         divisor = temperatures(temperature, raw)
         scores = raw if isinstance(divisor, float) and divisor == 1.0 else raw / divisor
-        scores = (
-            top_p_rows(scores, top_p) if isinstance(top_p, list) else top_p_filter(scores, top_p)
-        )
-        scores = (
-            top_k_rows(scores, top_k) if isinstance(top_k, list) else top_k_filter(scores, top_k)
-        )
+        scores = self.filtered(scores, top_p, top_k)
         probs = (scores if self.family.tempered_confidence else raw).softmax(dim=-1)
-        if rows.all_greedy:
-            kind = rows.value("confidence")  # (a list when rows differ)
+        # Greedy: argmax of probabilities, as Dream does (equal to the logits' for LLaDA).
+        if greedy:
             if isinstance(kind, str) and CONFIDENCE_KINDS[kind] is chosen_probability:
                 confidence, tokens = probs.max(dim=-1)  # one op: the first maximum, as argmax's
                 return tokens, confidence, probs
             tokens = probs.argmax(dim=-1)
-        else:
-            tokens = gumbel_argmax(scores, rows.sampled())  # greedy rows draw nothing
-            if rows.any_greedy:
+        else:  # greedy rows draw nothing
+            tokens = self.family.draw(scores, probs, generator if rows is None else rows.sampled())
+            if rows is not None and rows.any_greedy:
                 tokens = torch.where(rows.greedy_rows(raw.device), probs.argmax(dim=-1), tokens)
+        if rows is None:
+            return tokens, CONFIDENCE_KINDS[kind](probs, tokens, generator), probs
         return tokens, row_confidence(probs, tokens, rows), probs
+
+    def values(self, rows: RowDraws | None) -> tuple:
+        """(temperature, top-p, top-k, confidence, all greedy): the run's (a greedy run's
+        filters off where the family's reference skips them), or the rows' (scalars where
+        they agree, else per-row lists)."""
+        if rows is not None:
+            names = ("temperature", "top_p", "top_k", "confidence")
+            return (*(rows.value(k) for k in names), rows.all_greedy)
+        greedy = self.temperature == 0
+        if greedy and not self.family.greedy_filters:
+            return 0.0, None, None, self.kind, True
+        return self.temperature, self.top_p, self.top_k, self.kind, greedy
+
+    def own_rows(self, rows: RowDraws) -> RowDraws:
+        """The rows as the family's reference samples them: a greedy row unfiltered where the
+        reference skips the filters at temperature 0 (the block families)."""
+        if self.family.greedy_filters or not rows.any_greedy:
+            return rows
+        own = tuple(replace(s, top_p=None, top_k=None) if s.greedy else s for s in rows.samplings)
+        return replace(rows, samplings=own)
+
+    def filtered(self, scores: torch.Tensor, top_p, top_k) -> torch.Tensor:
+        """top-p and top-k (scalars or per-row lists) in the family's reference order."""
+        if self.family.top_k_first:
+            return top_p_filter(top_k_filter(scores, top_k), top_p)
+        return top_k_filter(top_p_filter(scores, top_p), top_k)
+
+    def drafts(self, logits: torch.Tensor, samplings, generators):
+        """The block stepper's Drafter (block_rules.py): (N, B, V) -> tokens, p (N, B), every
+        row with its own request's values and generator."""
+        n, b = logits.shape[:2]
+        rows = RowDraws(tuple(generators), tuple(samplings), (b,) * n, (True,) * n)
+        tokens, p, _ = self.draft(logits, rows)
+        return tokens, p
 
 
 def row_confidence(probs, tokens, rows: RowDraws, kinds=CONFIDENCE_KINDS) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch
 
 from dllm_cli.decoding.block_rules import Drafter
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
-from dllm_cli.decoding.sampling import Family, row_confidence
+from dllm_cli.decoding.sampling import FAMILIES, row_confidence
 from dllm_cli.decoding.shard_summaries import Needs, Summaries, summarize
 from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import Sampling
@@ -40,9 +40,6 @@ UNREAD = {
 }
 NUCLEUS = 64  # candidates each rank sends for top-p (times 8 per extra round)
 LOGPROBS = 20  # candidates each rank sends when a request asks for logprobs (its most)
-# block_rules.draft: float32, p from softmax(filtered logits / T); the schedule is unread
-# (block_rules.schedule splits each block)
-BLOCK = Family("block", torch.float32, tempered_confidence=True, schedule="linear")
 
 
 def refuse_unsupported(settings) -> None:
@@ -53,42 +50,6 @@ def refuse_unsupported(settings) -> None:
         why = f"--unmask {settings.unmask} ({UNREAD[settings.unmask]})"
     if why:
         raise SettingsError(f"--tensor-parallel does not support {why} yet")
-
-
-def gumbel(generator, shape: tuple[int, int], width: int, device) -> torch.Tensor:
-    """LLaDA's and Dream's noise (sampling.gumbel_argmax): float64 uniforms, -log(-log u)."""
-    u = uniform(generator, (*shape, width), torch.float64, device)
-    return -torch.log(-torch.log(u))
-
-
-def exponential(generators, shape: tuple[int, int], width: int, device) -> torch.Tensor:
-    """torch.multinomial(probs, 1)'s noise (aten Distributions.cpp: argmax(probs / q), q ~
-    Exp(1) drawn like probs, float32), a row from its own generator (None: greedy, no draw):
-    -log q, so argmax(log p - log q) is its draw."""
-    rows, columns = shape
-    out = torch.zeros((rows, columns, width), dtype=torch.float64, device=device)
-    for r, g in enumerate(generators):
-        if g is not None:
-            q = torch.empty((columns, width), device=device).exponential_(1, generator=g)
-            out[r] = -torch.log(q.double())
-    return out
-
-
-@dataclass(frozen=True)
-class Drawing:
-    """How a family's reference samples a draft from its filtered scores."""
-
-    noise: Callable[..., torch.Tensor]  # (generator, (B, L), width, device) -> (B, L, W) f64
-    whole_width: bool  # the noise covers every logit (block_rules.draft), else the real vocab
-    top_k_first: bool  # block_rules.draft filters top-k then top-p; Sampler top-p then top-k
-    greedy_filters: bool  # a greedy draft's confidence reads the filtered distribution (Dream)
-
-
-DRAWINGS: dict[str, Drawing] = {
-    "llada": Drawing(gumbel, whole_width=False, top_k_first=False, greedy_filters=True),
-    "dream": Drawing(gumbel, whole_width=False, top_k_first=False, greedy_filters=True),
-    "block": Drawing(exponential, whole_width=True, top_k_first=True, greedy_filters=False),
-}
 
 
 @dataclass(frozen=True)
@@ -105,7 +66,7 @@ class Rows:
 
     @classmethod
     def of(cls, samplings, filters_greedy: bool, device) -> Rows:
-        def on(s) -> bool:  # the row's filters apply (block_rules.draft: not at temperature 0)
+        def on(s) -> bool:  # the row's filters apply (block: not at temperature 0)
             return filters_greedy or not s.greedy
 
         top_p = [
@@ -136,7 +97,7 @@ class ShardedSampler:
         self.vocab_size, self.mask_id = vocab, mask
         self.distributions = distributions  # kept: each column's distribution over the shard
         self.run = Sampling.of(settings)
-        self.drawing = DRAWINGS[family.name]
+        self.drawing = family  # its draw: noise, width, filter order (sampling.FAMILIES)
         pieces = [Shards(r, shards.world).vocabulary(width) for r in range(shards.world)]
         self.largest = max(hi - lo for lo, hi in pieces)
 
@@ -315,9 +276,9 @@ KINDS: dict[str, Callable[..., torch.Tensor]] = {
 
 
 def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
-    """The block stepper's drafts from this rank's vocabulary shard: block_rules.draft's
+    """The block stepper's drafts from this rank's vocabulary shard: the block family's
     argmax, or its top-k, top-p, multinomial draw, and the draft's p (float32)."""
-    sampler = ShardedSampler.of(model, settings, BLOCK, vocab, mask)
+    sampler = ShardedSampler.of(model, settings, FAMILIES["block"], vocab, mask)
 
     def drafted(logits: torch.Tensor, samplings, generators) -> tuple[torch.Tensor, torch.Tensor]:
         own = tuple(Sampling(s.temperature, s.top_p, s.top_k) for s in samplings)  # p: chosen
