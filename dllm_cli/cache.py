@@ -125,6 +125,13 @@ class KVCache:
         k = [pad(t, (0, 0, extra, 0)) for t in self.k]
         return KVCache(k, [pad(t, (0, 0, extra, 0)) for t in self.v], self.scratch)
 
+    def pad_right(self, extra: int) -> KVCache:
+        """`extra` more columns after every row (a longer answer joined the canvas); what the
+        scratch column held lands in the first new column, written before any row reads it."""
+        pad = torch.nn.functional.pad
+        k = [pad(t, (0, 0, 0, extra)) for t in self.k]
+        return KVCache(k, [pad(t, (0, 0, 0, extra)) for t in self.v], self.scratch)
+
     def clone(self) -> KVCache:
         return KVCache([k.clone() for k in self.k], [v.clone() for v in self.v], self.scratch)
 

@@ -18,6 +18,7 @@ a step admits (and prefills) new rows, then one forward serves every live row's 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 import torch
@@ -31,6 +32,7 @@ from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
 from dllm_cli.families import family_of_model
+from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.block import BlockContext, block_causal
 from dllm_cli.settings import DecodeSettings
 
@@ -63,6 +65,7 @@ class BlockStepper:
         if committer is not None:
             raise SettingsError(f"a guide model does not apply to {family.title}")
         self.rule = block_rules.check_block_settings(settings, family)
+        self.family, self.rules = family, {settings.gen_length: self.rule}  # by gen_length
         self.settings, self.model, self.special, self.slots = settings, model, special, slots
         self.answer_room = settings.gen_length
         self.vocabulary = model.get_input_embeddings().num_embeddings
@@ -119,16 +122,23 @@ class BlockStepper:
         return answer_tokens(tokens[:first], self.special.stop)
 
     def answer(self, row: BlockRow) -> torch.Tensor:
-        return row.x[row.prompt : row.prompt + self.settings.gen_length]
+        return row.x[row.prompt : row.prompt + row.request.sampling.gen_length]
+
+    def check(self, sampling: Sampling) -> None:
+        """A request's own gen_length gets its own steps per block (SettingsError: too few)."""
+        g = sampling.gen_length
+        if g not in self.rules:
+            own = replace(self.settings, gen_length=g)
+            self.rules[g] = block_rules.check_block_settings(own, self.family)
 
     # --- rows and the cache ------------------------------------------------------------------
     def _row(self, request: Request) -> BlockRow:
-        b, n = self.rule.block, len(request.prompt)
-        blocks = -(-(n + self.settings.gen_length) // b)
+        b, n, g = self.rule.block, len(request.prompt), request.sampling.gen_length
+        blocks = -(-(n + g) // b)
         x = torch.full((blocks * b,), self.special.mask, dtype=torch.long, device=self.device)
         x[:n] = torch.tensor(request.prompt, device=self.device)
         marks = torch.full_like(x, -1)
-        return BlockRow(request, request.slot, x, marks, n, blocks, block=n // b)
+        return BlockRow(request, request.slot, x, marks, n, blocks, n // b, rule=self.rules[g])
 
     def _reserve(self, width: int) -> None:
         """Cache room for `width` columns in every slot (grown, never shrunk)."""

@@ -12,6 +12,7 @@ with `frontier = True` (guided decoding) makes every row walk its own first mask
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 import torch
@@ -27,11 +28,12 @@ from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
-from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_left
+from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_left, pad_right
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
 from dllm_cli.decoding.wino import ShadowForwards
 from dllm_cli.errors import InputError
+from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
@@ -58,7 +60,7 @@ class MaskedStepper:
     ):
         self.settings, self.model, self.special = settings, model, special
         self.admission, self.slots, self.quantum = admission, slots, quantum or admission.quantum
-        self.answer_room = settings.gen_length
+        self.answer_room = settings.gen_length  # the engine's; a request brings its own
         self.vocabulary = model.get_input_embeddings().num_embeddings
         family = family_of(model)
         # A tensor-parallel model samples from its vocabulary shard (models/sharding.py).
@@ -92,32 +94,42 @@ class MaskedStepper:
         self.canvas: Canvas | None = None
         self.cache: KVCache | None = None  # `slots` rows per branch
         self.slot_rows = torch.zeros(0, dtype=torch.long, device=self.device)  # live row -> slot
-        self.blocks: list = []
+        self.plans: dict[int, tuple] = {}  # gen_length -> its blocks at this prompt width
         self.step_tensors: dict = {}  # small host tuples -> device tensors (step.on_device)
         self.counts: list[int] = []  # masks left in each row's block after the last commit
         self.forwards = self.guide_forwards = 0  # totals so far, for the events
 
     # --- the Stepper protocol ----------------------------------------------------------------
+    def check(self, sampling: Sampling) -> None:
+        """Nothing beyond the DecodeSettings checks (and `batch_wide`)."""
+
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
         """New rows into the canvas (allocated, or widened for a longer prompt) and the cache."""
         longest = max(len(r.prompt) for r in new)
+        lengths = [r.sampling.gen_length for r in new]
         if self.admission.whole_batches:
-            self._allocate(longest, len(new))
+            self._allocate(longest, max(lengths), len(new), mixed=len(set(lengths)) > 1)
             self.committer.start(len(new))  # the committer learns that a decode begins
         elif self.canvas is None:
-            self._allocate(self._width_for(longest), self.slots)
+            answer = self._answer_for(max(lengths))
+            self._allocate(self._width_for(longest, answer), answer, self.slots)
             self.committer.start(0)  # rows join through `admit`
-        elif longest > self.canvas.prompt_width:
-            self._widen(live, self._width_for(longest))
-        c, special, s = self.canvas, self.special, self.settings
+        else:
+            if max(lengths) > self.answer_width:
+                self._lengthen(self._answer_for(max(lengths)))
+            if longest > self.canvas.prompt_width:
+                self._widen(live, self._width_for(longest, self.answer_width))
+        c, special = self.canvas, self.special
+        prompts = [r.prompt for r in new]
         fresh = Canvas.build(
-            [r.prompt for r in new], s.gen_length, special.mask, special.pad, c.ids.device
+            prompts, self.answer_width, special.mask, special.pad, c.ids.device, lengths
         )
         fresh = pad_left(fresh, c.prompt_width - fresh.prompt_width, special.pad)
         fresh.rows = torch.tensor([r.id for r in new], device=self.device)
         for r in new:
             r.row.first = c.prompt_width  # its first mask: the answer's first column
             r.row.lead = c.prompt_width - len(r.prompt)  # its first prompt token
+            r.row.blocks = self._blocks(r.sampling.gen_length)
         ranks = torch.tensor(order, dtype=torch.long, device=self.device)
         self.canvas = cat_canvases(c, fresh).select(ranks)
         if not self.admission.whole_batches:
@@ -163,7 +175,7 @@ class MaskedStepper:
         if not self.counts:
             return
         counts, self.counts = self.counts, []
-        self.walk.advance([r.row for r in live], counts, self.blocks)
+        self.walk.advance([r.row for r in live], counts)
         if not self.frontier:  # a row left waiting in an empty block (lockstep) draws nothing
             for r, n in zip(live, counts, strict=True):
                 r.idle = n == 0 and r.row.step > 0
@@ -171,42 +183,67 @@ class MaskedStepper:
     def progress(self, live: list[Request], i: int) -> list[int]:
         """Row i's committed answer so far, up to its first mask or stop token."""
         request = live[i]
-        row = self.canvas.answer()[i].tolist()
+        row = self.canvas.answer()[i, : request.sampling.gen_length].tolist()
         first = row.index(self.special.mask) if self.special.mask in row else len(row)
         if self.revokes:  # WINO may mask a commit of the current block again: final before it
-            first = min(first, self.blocks[request.row.block].start - self.canvas.prompt_width)
+            first = min(first, request.row.current.start - self.canvas.prompt_width)
         return answer_tokens(row[:first], (*self.special.stop, *request.sampling.stop))
 
     # --- the canvas and cache ------------------------------------------------------------------
-    def _width_for(self, longest: int) -> int:
+    @property
+    def answer_width(self) -> int:
+        """Answer columns of the canvas: the longest gen_length it holds room for."""
+        return self.canvas.width - self.canvas.prompt_width
+
+    def _width_for(self, longest: int, answer: int) -> int:
         """The prompt width for a prompt of `longest` tokens: rounded up, within the context."""
-        room = self.model.context_length - self.settings.gen_length
+        room = self.model.context_length - answer
         return max(longest, min(-(-longest // self.quantum) * self.quantum, room))
 
-    def _allocate(self, width: int, slots: int) -> None:
+    def _answer_for(self, longest: int) -> int:
+        """Answer columns for a gen_length of `longest`: rounded up as the prompt width is (so
+        the canvas grows at most once per quantum), not past the engine's own gen_length."""
+        return max(longest, min(-(-longest // self.quantum) * self.quantum, self.answer_room))
+
+    def _blocks(self, gen_length: int) -> tuple:
+        """A row's blocks for its own gen_length (steps split as its settings alone split
+        them), in this canvas's columns."""
+        if gen_length not in self.plans:
+            own = replace(self.settings, gen_length=gen_length)
+            width, size, steps = self.canvas.prompt_width, own.block_length, own.total_steps
+            self.plans[gen_length] = tuple(plan_blocks(width, gen_length, size, steps))
+        return self.plans[gen_length]
+
+    def _allocate(self, width: int, answer: int, slots: int, mixed: bool = False) -> None:
         """An empty canvas and (cache policies) the KV cache for `slots` rows."""
-        s = self.settings
-        self.canvas = empty_canvas(width, s.gen_length, self.special.mask, self.device)
-        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
-        self.cache = None
+        self.canvas = empty_canvas(width, answer, self.special.mask, self.device)
+        self.plans, self.cache = {}, None
         if self.policy.uses_cache:
-            # Rows apart need per-row columns, whose padding writes go to a scratch column.
-            apart = self.frontier or not self.lockstep
+            # Rows apart, or ending apart (`mixed` gen_lengths), need per-row columns, whose
+            # padding writes go to a scratch column.
+            apart = self.frontier or not self.lockstep or mixed
             scratch = not self.admission.whole_batches or (slots > 1 and apart)
             rows = slots * self.branches
-            self.cache = KVCache.for_model(self.model, rows, width + s.gen_length, scratch)
+            self.cache = KVCache.for_model(self.model, rows, width + answer, scratch)
 
     def _widen(self, live: list[Request], width: int) -> None:
         """A longer prompt arrived: shift every live row right (canvas, cache, frozen marks)."""
-        s, c = self.settings, self.canvas
-        extra = width - c.prompt_width
-        self.canvas = pad_left(c, extra, self.special.pad)
-        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
+        extra = width - self.canvas.prompt_width
+        self.canvas = pad_left(self.canvas, extra, self.special.pad)
+        self.plans = {}
         for r in live:
             r.row.shift(extra)
+            r.row.blocks = self._blocks(r.sampling.gen_length)
         self._note_padding(live)
         if self.cache is not None:
             self.cache = self.cache.pad_left(extra)
+
+    def _lengthen(self, answer: int) -> None:
+        """A longer answer arrived: answer columns added after every row (canvas, cache)."""
+        extra = answer - self.answer_width
+        self.canvas = pad_right(self.canvas, extra, self.special.pad)
+        if self.cache is not None:
+            self.cache = self.cache.pad_right(extra)
 
     def cache_view(self, live: list[Request]) -> KVCache | None:
         """The cache as this step's canvas rows see it: canvas row r (branch b) is cache row

@@ -65,6 +65,16 @@ def pad_left(c: Canvas, extra: int, pad_id: int) -> Canvas:
     return Canvas(ids, c.pad + extra, c.rows, c.steps, c.prompt_width + extra, c.mask_id)
 
 
+def pad_right(c: Canvas, extra: int, pad_id: int) -> Canvas:
+    """The canvas with `extra` more answer columns after every row (padding: each row's own
+    answer ends where it did; a longer one joins)."""
+    if extra == 0:
+        return c
+    ids = torch.cat([c.ids, c.ids.new_full((c.batch, extra), pad_id)], dim=1)
+    steps = torch.cat([c.steps, c.steps.new_full((c.batch, extra), -1)], dim=1)
+    return Canvas(ids, c.pad, c.rows, steps, c.prompt_width, c.mask_id, c.any_pad)
+
+
 def cat_canvases(a: Canvas, b: Canvas) -> Canvas:
     """Rows of `a` then rows of `b` (same prompt width)."""
     parts = [torch.cat([x, y]) for x, y in zip(fields(a), fields(b), strict=True)]
