@@ -14,9 +14,9 @@ Settings are the CLI's (`dllm generate --help`), by their bare names (`gen_lengt
 same `dllm_cli.errors` exception the CLI turns into its one-line message and exit code.
 Settings given to `LLM(...)` hold for every call; those given to a call, for that call only
 (the model and guide stay loaded, so they cannot change per call). Per-request settings
-(lifetimes.py: temperature, top_p, top_k, seed, stop token ids) go to each request itself, so a
-call that changes only those decodes on the loaded engine settings and each answer is what the
-same request gets alone.
+(lifetimes.py: gen_length, temperature, top_p, top_k, seed, stop token ids) go to each request
+itself, so a call that changes only those decodes on the loaded engine settings and each
+answer is what the same request gets alone.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class LLM:
         own, rest = split(settings)
         rt = self._runtime(rest)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
-        ids = [rt.prepare(p) for p in texts]
+        ids = [rt.prepare(p, own_length="gen_length" in own) for p in texts]
         engine = self._engine(rt, batch_size, rt.admission(), json_schema)
         for i, x in enumerate(ids):
             engine.add(x, key=i, sampling=own or None)
@@ -103,8 +103,8 @@ class LLM:
         own, rest = split(settings)
         rt = self._runtime(rest)
         engine = self._engine(rt, 1, "static")
-        rid = engine.add(rt.prepare(prompt), sampling=own or None)
-        view = TextStream(rt.settings.gen_length, rt.text, row=rid)
+        rid = engine.add(rt.prepare(prompt, "gen_length" in own), sampling=own or None)
+        view = TextStream(engine.requests[rid].sampling.gen_length, rt.text, row=rid)
         while engine.has_work:
             out = engine.step()
             if out.event is not None:
