@@ -13,7 +13,8 @@ as wide as its longest prompt, finished rows' cache rows are dropped, and each b
 a freshly seeded generator (a static batch is a decode of its own). Continuous batching keeps
 one canvas and one KV cache of B slots: its prompt width P is the longest prompt seen, rounded
 up to `quantum` columns (a longer prompt widens it, shifting every row right: at most once per
-quantum); a finished row leaves the canvas and the next prompt is written over its cache row
+quantum), its answer width likewise the longest gen_length (a longer one adds columns on the
+right; a shorter row's canvas ends at its own length, policies.py); a finished row leaves the canvas and the next prompt is written over its cache row
 (the engine maps live canvas rows to their slots' cache rows). Rows are left-padded to P and
 RoPE positions count from each row's first token, so a row decodes as it would alone; its
 padding is never computed or attended where it can be left out (ragged rows: a refresh

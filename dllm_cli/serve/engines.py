@@ -1,12 +1,12 @@
 """Settings groups -> engines: which requests may share a canvas, and building the engine.
 
 A group is everything an engine is built with: the DecodeSettings less the per-request ones
-(lifetimes.py: temperature, top_p, top_k, seed go with each request to `Engine.add`, each row
-sampling with its own values and generator) and whether the guide verifies drafts. Two
-requests share an engine, and so a batch, when every engine and schedule setting is equal
-(max_tokens, the generation length, is one: a different canvas is a different model input);
-each answer is still what `dllm generate` gives that request alone. DiffusionGemma decodes a
-static batch with one generation config, so there its sampling stays part of the group.
+(lifetimes.py: max_tokens as gen_length, temperature, top_p, top_k, seed go with each request
+to `Engine.add`, each row decoding its own length and sampling with its own values and
+generator) and whether the guide verifies drafts. Two requests share an engine, and so a
+batch, when every engine and schedule setting is equal; each answer is still what `dllm
+generate` gives that request alone. DiffusionGemma decodes a static batch with one generation
+config, so there its sampling and length stay part of the group.
 Every group refills a finished request's slot on the next step (continuous admission, guided
 decoding included), except where the model cannot (DiffusionGemma: whole batches).
 """

@@ -5,9 +5,9 @@ thread drains before every step, so an engine is only ever used from one thread.
 also encodes prompts and decodes answers: a Hugging Face fast tokenizer flips shared state to
 split special tokens, which is not safe under concurrent calls.
 
-An engine decodes one canvas shape with one set of engine and schedule settings; sampling
-(temperature, top_p, top_k, seed) is each request's own (lifetimes.py). Requests whose other
-settings differ (max_tokens, block length, steps, cache, threshold, guide, ...) need engines of
+An engine decodes with one set of engine and schedule settings; the length (max_tokens) and
+sampling (temperature, top_p, top_k, seed) are each request's own (lifetimes.py). Requests
+whose other settings differ (block length, steps, cache, threshold, guide, ...) need engines of
 their own: one per distinct settings group, created on first use, at most `max_engines` at a
 time; a group without an engine waits until an engine falls idle and is dropped (least
 recently used first). Engines with work are stepped in turn, one step each.
