@@ -93,3 +93,26 @@ def test_early_stop_stays_lossless_and_suffix_pruning_equals_alone_across_length
     for admission in ("static", "continuous"):
         pruned, _ = mixed(model, ps, lengths, s, 3, admission)
         assert pruned == [alone(model, p, s, g) for p, g in zip(ps, lengths, strict=True)]
+
+
+@pytest.mark.parametrize(("kind", "cache"), [("llada", "dual"), ("dream", "freecache")])
+def test_guided_rows_of_different_lengths_equal_rows_alone(kind, cache):
+    """A frontier walk (the AR guide verifying drafts) over rows of their own lengths."""
+    from guided_fixtures import committer
+    from test_guided import PAIRS, run_guided
+
+    model, guide = PAIRS["random"](kind)
+    ps = prompts([3, 8, 5, 1, 6], seed=6)
+    lengths = [10, 24, 17, 30, 6]
+    s = settings(gen_length=24, block_length=6, cache=cache, early_stop=True)
+    for admission in ("static", "continuous"):
+        g = committer(guide, "topk", 5, verify_chunk=4)
+        engine = Engine(model, SPECIAL, s, g, slots=3, admission=admission, quantum=4)
+        for i, (p, n) in enumerate(zip(ps, lengths, strict=True)):
+            engine.add(p, key=i, sampling={"gen_length": n})
+        out = {}
+        while engine.has_work:
+            out.update({f.key: f.tokens for f in engine.step().finished})
+        for i, (p, n) in enumerate(zip(ps, lengths, strict=True)):
+            one = committer(guide, "topk", 5, verify_chunk=4)
+            assert out[i] == run_guided(model, [p], replace(s, gen_length=n), one)[1].tokens[0]
