@@ -43,8 +43,8 @@ class RowState:
     ) -> StepPlace:
         """Where the row is; its canvas ends at its own answer's end, and `suffix` W > 0
         prunes it W columns past its block (a shorter answer: a canvas cut for good)."""
-        block, end = self.blocks[self.block], self.blocks[-1].end
-        limit = min(block.end + suffix, end) if suffix > 0 else end
+        block = self.current
+        limit = min(block.end + suffix, self.end) if suffix > 0 else self.end
         return StepPlace(
             block, self.step, width, shift, interval, self.fresh, self.frozen_until, reach,
             limit, self.seen, self.lead,

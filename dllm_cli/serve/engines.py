@@ -53,10 +53,14 @@ class Counts:
 ENGINE_SAMPLING = {f.name: f.default for f in fields(DecodeSettings) if f.name in SAMPLING_FIELDS}
 
 
-def group_of(job: Job, per_request: bool = True) -> Group:
-    """The engine a job decodes on: sampling is per request unless the family cannot."""
-    settings = replace(job.settings, **ENGINE_SAMPLING) if per_request else job.settings
-    return Group(settings, job.guide, job.grammar is not None)
+def group_of(job: Job, per_request: bool = True, gen_length: int | None = None) -> Group:
+    """The engine a job decodes on: sampling and length are per request unless the family
+    cannot. `gen_length`: the engine's own (the server's --gen-length: its canvas is sized
+    for it, longer requests widen it)."""
+    if not per_request:
+        return Group(job.settings, job.guide, job.grammar is not None)
+    own = ENGINE_SAMPLING if gen_length is None else {**ENGINE_SAMPLING, "gen_length": gen_length}
+    return Group(replace(job.settings, **own), job.guide, job.grammar is not None)
 
 
 def add(pool: Pool, ids: list[int], job: Job, key) -> int:

@@ -193,7 +193,7 @@ class Worker:
             if job.logprobs is not None:
                 scores.check_logprobs(self.runtime)
             per_request = FAMILIES[self.runtime.loaded.family].per_request_sampling
-            ticket.group = engines.group_of(job, per_request)
+            ticket.group = engines.group_of(job, per_request, self.runtime.settings.gen_length)
             ticket.ids = self.encode(job)
             engines.check_length(self.runtime, ticket.ids, job.settings)
         except InputError as e:
