@@ -82,15 +82,19 @@ def drafts(shards: Shards) -> list[dict]:
                 settings = DecodeSettings(confidence=confidence, top_k=top_k)
                 whole = Sampler(settings, FAMILIES[family], 99, 7)  # ids 99, 100: padding
                 sharded = ShardedSampler(
-                    shards, lo, last[1] - last[0], settings, FAMILIES[family], 99, 7
+                    shards, lo, last[1] - last[0], settings, FAMILIES[family], 99, 7, True
                 )
-                tokens, conf, _ = whole.draft(logits, torch.Generator())
-                mine, mine_conf, _ = sharded.draft(logits[..., lo:hi], torch.Generator())
+                tokens, conf, probs = whole.draft(logits, torch.Generator())
+                mine, mine_conf, part = sharded.draft(logits[..., lo:hi], torch.Generator())
+                # the shard's part of the distribution (a grammar reads it): padding ids 0
+                real = min(hi, 99) - lo
+                spread = (probs[..., lo : lo + real].double() - part[..., :real].double()).abs()
                 seen.append(
                     {
                         "case": f"{family} {confidence} top_k {top_k}",
                         "tokens": tokens.tolist() == mine.tolist(),
                         "difference": float((conf.double() - mine_conf.double()).abs().max()),
+                        "probs": float(spread.max()) + float(part[..., real:].abs().sum()),
                     }
                 )
     return seen

@@ -95,6 +95,44 @@ def test_two_ranks_serve_the_one_process_answers_and_survive_a_client_leaving(ll
     assert not [line for line in said if line.startswith("dllm: error")], said
 
 
+def featured(url: str) -> list[str]:
+    """The shipped pair's guided chat, a JSON schema's (alone and with the guide) and a
+    classifier-free-guided completion, greedy."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "ok", "schema": schema}}
+    chats = [{}, {"response_format": fmt}, {"response_format": fmt, "extra_body": {"guide": True}}]
+    texts = [
+        client.chat.completions.create(model=model, messages=CHAT, temperature=0, **kw)
+        .choices[0]
+        .message.content
+        for kw in chats
+    ]
+    guided = {"cfg_scale": 1.5, "guide": False}
+    cfg = client.completions.create(model=model, prompt="tom has 3", extra_body=guided)
+    return [*texts, cfg.choices[0].text]
+
+
+@pytest.mark.slow
+def test_two_ranks_serve_the_guide_a_json_schema_and_cfg_as_one_process():
+    env = loopback_env()
+    args = ["serve", "--port", "0", "--device", "cpu", "--gen-length", "24", "--no-ui"]
+    alone, url, _ = start([sys.executable, "-m", "dllm_cli", *args], env)
+    try:
+        expected = featured(url)
+    finally:
+        stop(alone)
+    split, url, said = start(
+        torchrun(["-m", "dllm_cli", *args, "--tensor-parallel", "2"], env), env
+    )
+    try:
+        assert featured(url) == expected
+    finally:
+        stop(split)
+    assert not [line for line in said if line.startswith("dllm: error")], said
+
+
 @pytest.mark.slow
 def test_a_rank_killed_mid_request_answers_503_and_ends_the_server(llada):
     env = loopback_env(DYING_RANK="1", DYING_AFTER="3", DYING_HOW="kill")
@@ -134,3 +172,18 @@ def test_a_follower_drops_an_engine_that_fails_as_rank_0_does():
     mirror.drop(pools, None, 1, "bad")  # rank 0's drop of it, next turn: nothing left to drop
     with pytest.raises(RankLost):
         mirror.step(pools, "lost")
+
+
+def test_requests_that_differ_in_top_k_decode_on_engines_of_their_own():
+    from dllm_cli.serve import engines, mirror
+    from dllm_cli.serve.protocol import Job
+    from dllm_cli.settings import DecodeSettings
+
+    jobs = [
+        Job("completion", settings=DecodeSettings(top_k=k, seed=s))
+        for k, s in ((3, 1), (5, 2), (3, 3))
+    ]
+    split = [engines.group_of(job, grouped=mirror.Leader.grouped) for job in jobs]
+    assert split[0] == split[2] != split[1]  # the seed stays the request's own
+    assert split[0].settings.top_k == 3
+    assert len({engines.group_of(job) for job in jobs}) == 1  # one process: one engine

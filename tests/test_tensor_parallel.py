@@ -78,6 +78,7 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
     for case in seen["drafts"]:
         assert case["tokens"], case["case"]
         assert case["difference"] < 1e-6, case["case"]
+        assert case["probs"] < 1e-6, case["case"]
 
 
 @pytest.mark.slow
@@ -153,7 +154,6 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
     [
         (DecodeSettings(temperature=0.5), "sampled drafts"),
         (DecodeSettings(top_p=0.9), "top-p"),
-        (DecodeSettings(cfg_scale=1.0), "classifier-free guidance"),
         (DecodeSettings(unmask="wino"), "--unmask wino"),
         (DecodeSettings(confidence="entropy"), "--confidence entropy"),
     ],
@@ -241,3 +241,28 @@ def test_logprobs_under_tensor_parallel_are_refused_before_loading(folders, monk
     result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
     assert result.exit_code == 2
     assert error_lines(result) == ["dllm: error: --tensor-parallel does not support --logprobs yet"]
+
+
+def test_a_step_decodes_with_its_rows_values_when_they_agree():
+    from dllm_cli.decoding.row_sampling import RowDraws
+    from dllm_cli.decoding.sampling import FAMILIES
+    from dllm_cli.decoding.sharded_sampling import ShardedSampler, VocabPart
+    from dllm_cli.lifetimes import Sampling
+
+    sampler = ShardedSampler(Shards(0, 2), 0, 50, DecodeSettings(), FAMILIES["dream"], 99, 7)
+
+    def rows(*values: tuple[int, str]) -> RowDraws:
+        samplings = tuple(Sampling(top_k=k, confidence=c) for k, c in values)
+        n = len(values)
+        return RowDraws((torch.Generator(),) * n, samplings, (1,) * n, (True,) * n)
+
+    assert sampler.values(rows((3, "margin"), (3, "margin"))) == (3, "margin")
+    for differ in (((3, "margin"), (5, "margin")), ((3, "margin"), (3, "random"))):
+        with pytest.raises(SettingsError, match="differ in top_k or confidence"):
+            sampler.values(rows(*differ))
+    with pytest.raises(SettingsError, match="top_k 60 exceeds a rank's 50 vocabulary ids"):
+        sampler.values(rows((60, "margin")))
+    llada = ShardedSampler(Shards(0, 2), 0, 50, DecodeSettings(), FAMILIES["llada"], 99, 7)
+    assert llada.values(rows((3, "margin"), (60, "margin"))) == (0, "margin")  # raw logits
+    # a rank's columns of a whole-vocabulary mask, padding ids past its end
+    assert VocabPart(3).ids(torch.arange(5), 4, -1).tolist() == [3, 4, -1, -1]

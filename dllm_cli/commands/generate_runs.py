@@ -146,7 +146,7 @@ def check_split(runtime: Runtime, shards: Shards) -> None:
     from dllm_cli.decoding.sharded_sampling import refuse_unsupported
 
     compiled = runtime.profile.model.compile
-    refuse_unsupported(runtime.settings, guided=runtime.guide is not None, compiled=compiled)
+    refuse_unsupported(runtime.settings, compiled=compiled)
     if runtime.loaded.device.type == "cuda":
         import torch
 

@@ -43,6 +43,7 @@ import torch
 from dllm_cli.decoding.grammar import Grammar, GrammarError, GrammarVocab, vocab_of
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import family_of
+from dllm_cli.decoding.sharded_sampling import WHOLE, VocabPart
 from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
 from dllm_cli.families import family_of_model, with_family_defaults
 
@@ -65,6 +66,7 @@ class GrammarCommitter(Committer):
         tempered: bool,
         default: Grammar | None = None,
         fast_forward: bool = True,
+        part: VocabPart = WHOLE,
     ):
         if rule.needs_shadow or rule.redrafts:
             raise GrammarError(
@@ -74,6 +76,7 @@ class GrammarCommitter(Committer):
         self.rule, self.vocab, self.default = rule, vocab, default
         self.tempered = tempered  # the distributions are already tempered (Dream's sampler)
         self.fast_forward = fast_forward  # commit the tokens the grammar forces after a run
+        self.part = part  # which vocabulary ids the step's distributions hold
         self.bound: dict[int, Grammar] = {}  # request id -> its grammar, until it appears
         self.matchers: dict[int, Any] = {}  # request id -> its llguidance matcher
         self.masked = 0  # tokens the grammar chose over a rejected draft (lifetime)
@@ -149,11 +152,12 @@ class GrammarCommitter(Committer):
         return out
 
     def _masked_tokens(self, ctx: StepContext, rows: list[int], slots: list[int], matchers):
-        """The grammar-masked argmax (or sample) at each row's first rejected slot."""
-        device = ctx.drafts.device
-        vocab = ctx.probs.shape[-1]
-        bits = np.stack([next_tokens(matchers[r], self.vocab) for r in rows])[:, :vocab]
-        allow = torch.from_numpy(bits).to(device)  # (F, V) bool
+        """The grammar-masked argmax (or sample) at each row's first rejected slot; under
+        tensor parallelism each rank scores its vocabulary shard (`part`)."""
+        device, part = ctx.drafts.device, self.part
+        width = ctx.probs.shape[-1]  # the part's ids (one process: every real id)
+        bits = np.stack([next_tokens(matchers[r], self.vocab) for r in rows])
+        allow = part.ids(torch.from_numpy(bits).to(device), width, False)  # (F, V) bool
         index = torch.tensor(rows, device=device)
         probs = ctx.probs[index, torch.tensor(slots, device=device)].double()  # (F, V)
         # Allowed tokens the filters zeroed stay above disallowed ones (never -inf).
@@ -163,11 +167,11 @@ class GrammarCommitter(Committer):
             t = 0.0 if draws is None else draws.samplings[r].temperature
             if t > 0:
                 scale = 1.0 if self.tempered else t  # LLaDA's probs are softmax(raw logits)
-                u = torch.rand(vocab, generator=draws.generators[r], dtype=torch.float64,
-                               device=device)  # fmt: skip
-                scores[j] = scores[j] / scale - torch.log(-torch.log(u))
-        best = scores.argmax(dim=-1)
-        none = ~allow.any(dim=-1)  # a dead grammar: end the answer
+                u = torch.rand(part.total or width, generator=draws.generators[r],
+                               dtype=torch.float64, device=device)  # fmt: skip
+                scores[j] = scores[j] / scale - torch.log(-torch.log(part.ids(u, width, 0.5)))
+        top, best = part.best(scores)
+        none = top == -math.inf  # a dead grammar (no allowed token): end the answer
         stop = torch.full_like(best, self.vocab.stops[0])
         return torch.where(none, stop, best).tolist()
 
@@ -323,7 +327,8 @@ def runtime_committer(
     family = family_of(model)
     rule = RuleCommitter(settings, family.schedule)
     tempered = family.tempered_confidence
-    committer = GrammarCommitter(rule, vocab_of(runtime), tempered, default, fast_forward)
+    part = VocabPart.of(model, runtime.loaded.special.real_vocab(model.vocab_size))
+    committer = GrammarCommitter(rule, vocab_of(runtime), tempered, default, fast_forward, part)
     if guided and runtime.guide is not None:  # the guide verifies what the grammar allows
         return GuidedGrammarCommitter(runtime.guide_committer(), committer)
     return committer

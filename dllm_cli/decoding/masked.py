@@ -65,13 +65,14 @@ class MaskedStepper:
         self.answer_room = settings.gen_length  # the engine's; a request brings its own
         self.vocabulary = model.get_input_embeddings().num_embeddings
         family = family_of(model)
-        # A tensor-parallel model samples from its vocabulary shard (models/sharding.py).
-        vocab = special.real_vocab(model.vocab_size)
+        self.committer = committer or RuleCommitter(settings, family.schedule)
+        # A tensor-parallel model samples from its vocabulary shard (models/sharding.py); a
+        # committer that reads distributions (a grammar's) gets the shard's part of them.
+        vocab, probs = special.real_vocab(model.vocab_size), self.committer.needs_probs
         if model.shards is None:
             self.sampler = Sampler(settings, family, vocab, special.mask)
         else:
-            self.sampler = ShardedSampler.of(model, settings, family, vocab, special.mask)
-        self.committer = committer or RuleCommitter(settings, family.schedule)
+            self.sampler = ShardedSampler.of(model, settings, family, vocab, special.mask, probs)
         self.frontier, self.draft_window = self.committer.frontier, self.committer.draft_window
         if not self.committer.joins and not admission.whole_batches:
             raise InputError(
@@ -79,8 +80,7 @@ class MaskedStepper:
                 "its committer keeps one state per batch (no `admit` hook)"
             )
         self.policy = POLICIES[settings.cache]()
-        probs = self.committer.needs_probs  # eb, klass read them
-        self.keeps_probs = probs  # (a step where a request asks for logprobs keeps them too)
+        self.keeps_probs = probs  # eb, klass, a grammar read them (so does a logprobs step)
         # WINO's committer verifies earlier commits with a shadow block in the same forward.
         self.revokes = self.committer.needs_shadow
         kind = ShadowForwards if self.revokes else Forwards

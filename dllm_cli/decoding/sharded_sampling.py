@@ -12,6 +12,7 @@ same seed). Sampled drafts and the settings that need the whole distribution are
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -28,24 +29,20 @@ CONFIDENCES = ("low_confidence", "margin", "random")
 BLOCK = Family("block", torch.float32, tempered_confidence=False, schedule="linear")
 
 
-def refuse_unsupported(settings, *, guided: bool = False, compiled: bool = False) -> None:
+def refuse_unsupported(settings, *, compiled: bool = False) -> None:
     """One line for what tensor parallelism does not compute yet (rather than computing it
-    wrong): sampled drafts, top-p, classifier-free guidance, rules that read distributions."""
+    wrong): sampled drafts, top-p, rules that read whole distributions."""
     why = None
     if settings.temperature > 0:
         why = "sampled drafts (--temperature above 0)"
     elif settings.top_p is not None and settings.top_p < 1.0:
         why = "top-p filtering (--top-p)"
-    elif settings.cfg_scale > 0:
-        why = "classifier-free guidance (--cfg-scale)"
     elif settings.alg_temp > 0:
         why = "sampled positions (alg_temp)"
     elif settings.unmask not in UNMASKS:
         why = f"--unmask {settings.unmask} (supported: {', '.join(UNMASKS)})"
     elif settings.confidence not in CONFIDENCES:
         why = f"--confidence {settings.confidence} (supported: {', '.join(CONFIDENCES)})"
-    elif guided:
-        why = "a guide model (use --no-guide)"
     elif compiled:
         why = "--compile"
     if why:
@@ -62,56 +59,84 @@ class ShardedSampler:
     denominator of the whole distribution, or of the top-k filtered one (Dream's confidence).
     """
 
-    def __init__(self, shards: Shards, start: int, smallest: int, settings, family, vocab, mask):
+    def __init__(
+        self, shards: Shards, start: int, smallest: int, settings, family, vocab, mask,
+        distributions: bool = False,
+    ):  # fmt: skip
         refuse_unsupported(settings)
         self.shards, self.start, self.family = shards, start, family
         self.vocab_size, self.mask_id = vocab, mask
-        self.confidence, self.given_top_k = settings.confidence, settings.top_k
-        self.margin = settings.confidence == "margin"
-        self.top_k = (settings.top_k or 0) if family.tempered_confidence else 0
-        self.k = max(self.top_k, 2 if self.margin else 1)  # candidates each rank sends
-        if self.k > smallest:
-            raise SettingsError(
-                f"--tensor-parallel {shards.world}: top_k {self.k} exceeds a rank's "
-                f"{smallest} vocabulary ids"
-            )
+        self.distributions = distributions  # also each column's distribution over the shard
+        self.smallest, self.confidence = smallest, settings.confidence
+        self.top_k = self.filter_of(settings.top_k, settings.confidence)
 
     @classmethod
-    def of(cls, model: ShardedLM, settings, family, vocab: int, mask: int) -> ShardedSampler:
+    def of(
+        cls, model: ShardedLM, settings, family, vocab: int, mask: int, distributions=False
+    ) -> ShardedSampler:
         """The sampler for a split model's own range of the vocabulary."""
         start, smallest = model.vocab_start, model.vocab_smallest
-        return cls(model.shards, start, smallest, settings, family, vocab, mask)
+        return cls(model.shards, start, smallest, settings, family, vocab, mask, distributions)
 
     def __call__(self, logits: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
         tokens, confidence, _ = self.draft(logits, generator)
         return tokens, confidence
 
     def draft(self, logits: torch.Tensor, generator):
-        """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L), no distribution."""
-        self.check_rows(generator)
+        """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L) and, when kept
+        (`distributions`), the shard's part of the distribution they come from (B, L, V_r)."""
+        top_k, confidence = self.values(generator)
         dtype = self.family.dtype or (logits.dtype if logits.dtype.itemsize >= 4 else None)
-        s = self.gather(self.working(logits, dtype or torch.float32), self.k)
-        if self.top_k:
-            denominator, second = self.filtered(s)
+        work = self.working(logits, dtype or torch.float32)
+        k = max(top_k, 2 if confidence == "margin" else 1)  # candidates each rank sends
+        s = self.gather(work, k, top_k)
+        if top_k:
+            denominator, second, kth = self.filtered(s, top_k)
         else:
-            denominator, second = s.denominator(), s.second()
-        if self.confidence == "random":  # LLaDA's random remasking: every rank draws the same
-            return s.tokens, uniform(generator, s.tokens.shape, s.best.dtype, s.best.device), None
-        if not self.margin:
-            return s.tokens, 1.0 / denominator, None
-        return s.tokens, (1.0 - torch.exp(second - s.best)) / denominator, None
+            denominator, second, kth = s.denominator(), s.second(), None
+        probs = self.part(work, s.best, denominator, kth) if self.distributions else None
+        if confidence == "random":  # LLaDA's random remasking: every rank draws the same
+            return s.tokens, uniform(generator, s.tokens.shape, s.best.dtype, s.best.device), probs
+        if confidence != "margin":
+            return s.tokens, 1.0 / denominator, probs
+        return s.tokens, (1.0 - torch.exp(second - s.best)) / denominator, probs
 
-    def check_rows(self, generator) -> None:
-        """Refuse rows whose own sampling (a --json-input line's) differs from the run's."""
+    @staticmethod
+    def part(work, best, denominator, kth) -> torch.Tensor:
+        """This shard's ids' probabilities under the whole (or top-k filtered: ids below the
+        global k-th dropped) softmax: Sampler.draft's distribution, sliced (B, L, V_r)."""
+        scaled = torch.exp(work - best[..., None]) / denominator[..., None]
+        return scaled if kth is None else torch.where(work >= kth[..., None], scaled, 0.0)
+
+    def values(self, generator) -> tuple[int, str]:
+        """This step's top-k (0: none, or LLaDA's, which drafts from raw logits) and
+        confidence: the rows' own when they bring them (requests: greedy, agreeing with each
+        other), else the run's."""
         if not isinstance(generator, RowDraws):
-            return
-        for s in generator.samplings:
-            own = (s.top_p is not None and s.top_p < 1.0) or s.confidence != self.confidence
-            if not s.greedy or own or s.top_k not in (None, self.given_top_k):
-                raise SettingsError(
-                    "--tensor-parallel does not support per-request temperature, top_p, top_k "
-                    "or confidence yet"
-                )
+            return self.top_k, self.confidence
+        rows = generator.samplings
+        values = {(self.filter_of(s.top_k, s.confidence), s.confidence) for s in rows}
+        nucleus = any(s.top_p is not None and s.top_p < 1.0 for s in rows)
+        sampled = not generator.all_greedy or nucleus
+        if sampled or len(values) > 1 or rows[0].confidence not in CONFIDENCES:
+            raise SettingsError(
+                "--tensor-parallel does not support per-request temperature or top_p, rows "
+                "that differ in top_k or confidence, or a confidence other than "
+                f"{', '.join(CONFIDENCES)} yet"
+            )
+        return values.pop()
+
+    def filter_of(self, top_k: int | None, confidence: str) -> int:
+        """The top-k a confidence filters by (Dream's; 0: none), refused where a rank holds
+        fewer ids than it would send."""
+        top_k = (top_k or 0) if self.family.tempered_confidence else 0
+        k = max(top_k, 2 if confidence == "margin" else 1)
+        if k > self.smallest:
+            raise SettingsError(
+                f"--tensor-parallel {self.shards.world}: top_k {k} exceeds a rank's "
+                f"{self.smallest} vocabulary ids"
+            )
+        return top_k
 
     def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy drafts and their probability under softmax(raw logits), at least float32."""
@@ -126,23 +151,23 @@ class ShardedSampler:
         dropped = (ids >= self.vocab_size) | (ids == self.mask_id)  # (V_r,)
         return logits.to(dtype).masked_fill(dropped, -math.inf)
 
-    def gather(self, work: torch.Tensor, k: int) -> Summaries:
-        """Every rank's summary of its (B, L, V_r) shard, in one all-gather."""
+    def gather(self, work: torch.Tensor, k: int, top_k: int = 0) -> Summaries:
+        """Every rank's summary of its (B, L, V_r) shard, in one all-gather: k candidates,
+        ties counted with the top_k-th (the first when 0)."""
         best, index = work.max(dim=-1)  # (B, L): the first maximum
         shift = torch.where(torch.isfinite(best), best, 0.0)  # a shard of padding ids only
         total = (work - shift[..., None]).exp().sum(dim=-1)  # (B, L)
         top = work.topk(k, dim=-1).values  # (B, L, k)
-        kth = top[..., (self.top_k or 1) - 1 : self.top_k or 1]
+        kth = top[..., (top_k or 1) - 1 : top_k or 1]
         ties = (work >= kth).sum(dim=-1).to(work.dtype)  # (B, L)
         ids = (index + self.start).to(work.dtype)  # exact: ids < 2^24
         columns = [best[..., None], ids[..., None], total[..., None], ties[..., None], top]
         every = self.shards.all_gather(torch.cat(columns, dim=-1))  # (world, B, L, 4 + k)
         return Summaries(every)
 
-    def filtered(self, s: Summaries) -> tuple[torch.Tensor, torch.Tensor]:
+    def filtered(self, s: Summaries, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Dream: the softmax denominator over the global top-k (ties with the k-th kept, as
-        top_k_filter keeps them), and the second largest kept logit (-inf: none)."""
-        k = self.top_k
+        top_k_filter keeps them), the second largest kept logit (-inf: none), the k-th."""
         mine = s.top[..., :k]  # (world, B, L, k)
         union = mine.permute(1, 2, 0, 3).flatten(2)  # (B, L, world k)
         kth = union.topk(k, dim=-1).values[..., -1]  # (B, L)
@@ -151,7 +176,7 @@ class ShardedSampler:
         more = torch.where(mine[..., -1] == kth, s.ties - k, 0.0).sum(dim=0)  # (B, L)
         denominator = kept.sum(dim=-1) + more * torch.exp(kth - s.best)
         second = s.second()
-        return denominator, torch.where(second >= kth, second, -math.inf)
+        return denominator, torch.where(second >= kth, second, -math.inf), kth
 
 
 def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
@@ -166,6 +191,44 @@ def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
         return summary.tokens, 1.0 / summary.denominator()
 
     return drafted
+
+
+@dataclass(frozen=True)
+class VocabPart:
+    """Which ids a step's distributions hold (their last dimension): one process's hold the
+    whole vocabulary; a tensor-parallel rank's hold its shard, ids `start`.. of `total`."""
+
+    start: int = 0
+    total: int | None = None  # the real vocabulary (None: the distributions' own width)
+    shards: Shards | None = None
+
+    @classmethod
+    def of(cls, model, vocab: int) -> VocabPart:
+        """The part a model's sampler gives (`vocab`: the real vocabulary's size)."""
+        if model.shards is None:
+            return WHOLE
+        return cls(model.vocab_start, vocab, model.shards)
+
+    def ids(self, full: torch.Tensor, width: int, fill) -> torch.Tensor:
+        """(..., width) this part's columns of a (..., whole vocabulary) tensor, `fill` past
+        its end (the embedding's padding ids)."""
+        mine = full[..., self.start : self.start + width]
+        pad = mine.new_full((*mine.shape[:-1], width - mine.shape[-1]), fill)
+        return torch.cat([mine, pad], dim=-1)
+
+    def best(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(F, V_part) scores -> the whole vocabulary's best score and its id (the lowest
+        among equals, as argmax's), (F,) each: one all-gather of two numbers a row."""
+        top, index = scores.max(dim=-1)
+        if self.shards is None:
+            return top, index
+        ids = (index + self.start).to(scores.dtype)  # exact: ids < 2^24
+        every = self.shards.all_gather(torch.stack([top, ids], dim=-1))  # (world, F, 2)
+        top, rank = every[..., 0].max(dim=0)  # the lowest rank among equals
+        return top, every[..., 1].gather(0, rank[None])[0].long()
+
+
+WHOLE = VocabPart()  # one process: every id
 
 
 class Summaries:

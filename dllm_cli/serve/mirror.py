@@ -11,8 +11,9 @@ broadcasts go over a gloo group of their own, with the collective timeout; a fai
 failed collective of the model, is a `RankLost` that ends the server (worker.py answers every
 request in flight with a 503 error object).
 
-What the other ranks cannot mirror yet is refused per request (400): scoring, logprobs,
-response_format, and sampling tensor parallelism does not compute (sharded_sampling.py).
+A request's grammar (response_format) comes with its `add`: every rank's matcher follows the
+same committed tokens. What the other ranks cannot mirror yet is refused per request (400):
+scoring, logprobs, and sampling tensor parallelism does not compute (sharded_sampling.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class Channel:
 class Leader:
     """Rank 0's worker's record of its engines' changes, sent before each turn's steps."""
 
+    # The sharded sampler drafts a step with one top-k and confidence: requests that differ
+    # there decode on engines of their own.
+    grouped = ("top_k", "confidence")
+
     def __init__(self, channel: Channel):
         self.channel = channel
         self.changes: list[tuple] = []
@@ -71,8 +76,6 @@ class Leader:
             return "scoring (echo with logprobs) is not supported under --tensor-parallel yet"
         if job.logprobs is not None:
             return "logprobs are not supported under --tensor-parallel yet"
-        if job.structure is not None:
-            return "response_format is not supported under --tensor-parallel yet"
         try:
             refuse_unsupported(job.settings)
         except SettingsError as e:
@@ -114,10 +117,15 @@ def drop(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
     pools.pop(group, None)  # (gone already when its step failed here too)
 
 
-def add(pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid) -> None:
-    mine = pools[group].engine.add(ids, settings=settings)
+def add(
+    pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid, grammar
+) -> None:
+    engine = pools[group].engine
+    mine = engine.add(ids, settings=settings)
     if mine != rid:  # the engines are deterministic: this is a bug, not bad input
         raise RuntimeError(f"request {mine} on this rank is request {rid} on rank 0")
+    if grammar is not None:  # response_format: its matcher here follows rank 0's
+        engine.stepper.committer.bind(rid, grammar)
 
 
 def abort(pools, runtime: Runtime, slots: int, group: engines.Group, rid: int) -> None:

@@ -193,7 +193,9 @@ class Worker:
             if job.logprobs is not None:
                 scores.check_logprobs(self.runtime)
             per_request = FAMILIES[self.runtime.loaded.family].per_request_sampling
-            ticket.group = engines.group_of(job, per_request, self.runtime.settings.gen_length)
+            grouped = () if self.mirror is None else self.mirror.grouped
+            gen = self.runtime.settings.gen_length
+            ticket.group = engines.group_of(job, per_request, grouped, gen)
             ticket.ids = self.encode(job)
             engines.check_length(self.runtime, ticket.ids, job.settings)
         except InputError as e:
@@ -255,7 +257,8 @@ class Worker:
             except DllmError as e:
                 self.fail(ticket, input_error(e, ticket.job.kind))
                 continue
-            self.record("add", ticket.group, ticket.ids, ticket.job.settings, ticket.rid)
+            job = ticket.job
+            self.record("add", ticket.group, ticket.ids, job.settings, ticket.rid, job.grammar)
             self.tickets[(ticket.group, ticket.rid)] = ticket
         self.parked = still
 
