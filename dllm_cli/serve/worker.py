@@ -5,12 +5,11 @@ thread drains before every step, so an engine is only ever used from one thread.
 also encodes prompts and decodes answers: a Hugging Face fast tokenizer flips shared state to
 split special tokens, which is not safe under concurrent calls.
 
-An engine decodes with one set of engine and schedule settings; the length (max_tokens) and
+An engine decodes with one set of engine and schedule settings; length (max_tokens) and
 sampling (temperature, top_p, top_k, seed) are each request's own (lifetimes.py). Requests
-whose other settings differ (block length, steps, cache, threshold, guide, ...) need engines of
-their own: one per distinct settings group, created on first use, at most `max_engines` at a
-time; a group without an engine waits until an engine falls idle and is dropped (least
-recently used first). Engines with work are stepped in turn, one step each.
+whose other settings differ (steps, cache, guide, ...) need engines of their own, one per
+settings group, made on first use, at most `max_engines`; a group without one waits until an
+engine falls idle and is dropped (least recently used first). Engines take turns, a step each.
 
 Scoring requests (echo + logprobs, scoring.py) run on the same thread, one estimate (one
 context/continuation split of one prompt) per turn between the engines' steps, so a long
