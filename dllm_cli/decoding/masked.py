@@ -30,7 +30,7 @@ from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
-from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_left, pad_right
+from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_canvas
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
 from dllm_cli.decoding.wino import ShadowForwards
@@ -126,7 +126,7 @@ class MaskedStepper:
         fresh = Canvas.build(
             prompts, self.answer_width, special.mask, special.pad, c.ids.device, lengths
         )
-        fresh = pad_left(fresh, c.prompt_width - fresh.prompt_width, special.pad)
+        fresh = pad_canvas(fresh, special.pad, left=c.prompt_width - fresh.prompt_width)
         fresh.rows = torch.tensor([r.id for r in new], device=self.device)
         for r in new:
             r.row.first = c.prompt_width  # its first mask: the answer's first column
@@ -231,7 +231,7 @@ class MaskedStepper:
     def _widen(self, live: list[Request], width: int) -> None:
         """A longer prompt arrived: shift every live row right (canvas, cache, frozen marks)."""
         extra = width - self.canvas.prompt_width
-        self.canvas = pad_left(self.canvas, extra, self.special.pad)
+        self.canvas = pad_canvas(self.canvas, self.special.pad, left=extra)
         self.plans = {}
         for r in live:
             r.row.shift(extra)
@@ -243,7 +243,7 @@ class MaskedStepper:
     def _lengthen(self, answer: int) -> None:
         """A longer answer arrived: answer columns added after every row (canvas, cache)."""
         extra = answer - self.answer_width
-        self.canvas = pad_right(self.canvas, extra, self.special.pad)
+        self.canvas = pad_canvas(self.canvas, self.special.pad, right=extra)
         if self.cache is not None:
             self.cache = self.cache.pad_right(extra)
 

@@ -57,23 +57,14 @@ def empty_canvas(width: int, gen_length: int, mask_id: int, device) -> Canvas:
     return Canvas(ids, none, none.clone(), steps, width, mask_id)
 
 
-def pad_left(c: Canvas, extra: int, pad_id: int) -> Canvas:
-    """The canvas with `extra` more padding columns before every row (prompt width + extra)."""
-    if extra == 0:
+def pad_canvas(c: Canvas, pad_id: int, left: int = 0, right: int = 0) -> Canvas:
+    """The canvas with `left` more padding columns before every row (prompt width + left) and
+    `right` more after (room for a longer answer; each row's own still ends where it did)."""
+    if left == right == 0:
         return c
-    padding = torch.full((c.batch, extra), pad_id, dtype=c.ids.dtype, device=c.ids.device)
-    ids = torch.cat([padding, c.ids], dim=1)
-    return Canvas(ids, c.pad + extra, c.rows, c.steps, c.prompt_width + extra, c.mask_id)
-
-
-def pad_right(c: Canvas, extra: int, pad_id: int) -> Canvas:
-    """The canvas with `extra` more answer columns after every row (padding: each row's own
-    answer ends where it did; a longer one joins)."""
-    if extra == 0:
-        return c
-    ids = torch.cat([c.ids, c.ids.new_full((c.batch, extra), pad_id)], dim=1)
-    steps = torch.cat([c.steps, c.steps.new_full((c.batch, extra), -1)], dim=1)
-    return Canvas(ids, c.pad, c.rows, steps, c.prompt_width, c.mask_id, c.any_pad)
+    ids = torch.nn.functional.pad(c.ids, (left, right), value=pad_id)
+    steps = torch.nn.functional.pad(c.steps, (0, right), value=-1)
+    return Canvas(ids, c.pad + left, c.rows, steps, c.prompt_width + left, c.mask_id)
 
 
 def cat_canvases(a: Canvas, b: Canvas) -> Canvas:
