@@ -261,11 +261,6 @@ class Order:
         self.flush()
 
 
-def prompt_from_json(text: str) -> str:
-    """The "prompt" string of a JSON-lines input."""
-    return json_line(text)[0]
-
-
 def json_line(text: str) -> tuple[str, dict | None]:
     """A JSON-lines input's "prompt" and its per-request settings (lifetimes.py: gen_length,
     temperature, top_p, top_k, seed, stop ids; None when it has none). Other keys are the line's own, except

@@ -221,7 +221,8 @@ def measure_accuracy(
     )
 
 
-MARKDOWN_COLUMNS = (
+Columns = tuple[tuple[str, str, str], ...]  # (title, record key, format) per column
+MARKDOWN_COLUMNS: Columns = (
     ("strategy", "strategy", "{}"),
     ("gen", "gen_length", "{}"),
     ("accuracy", "accuracy", "{:.1%}"),
@@ -236,11 +237,9 @@ MARKDOWN_COLUMNS = (
 )
 
 
-def cells(record: dict) -> list[str]:
+def cells(record: dict, columns: Columns = MARKDOWN_COLUMNS) -> list[str]:
     """One record's row for a table (markdown or Rich); "-" where a value is undefined."""
-    return [
-        "-" if record[key] is None else fmt.format(record[key]) for _, key, fmt in MARKDOWN_COLUMNS
-    ]
+    return ["-" if record[key] is None else fmt.format(record[key]) for _, key, fmt in columns]
 
 
 def progress_line(r: dict) -> str:
@@ -252,25 +251,37 @@ def progress_line(r: dict) -> str:
     )
 
 
-def markdown_table(records: Sequence[dict]) -> str:
-    head = [title for title, _, _ in MARKDOWN_COLUMNS]
+def markdown_table(records: Sequence[dict], columns: Columns = MARKDOWN_COLUMNS) -> str:
+    head = [title for title, _, _ in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cells(r)) + " |" for r in records]
+    lines += ["| " + " | ".join(cells(r, columns)) + " |" for r in records]
     return "\n".join(lines) + "\n"
 
 
-def plot(records: Sequence[dict], path: Path) -> None:
-    """Throughput against accuracy, one point per strategy, one panel per gen_length."""
+def figure(width: float, height: float):
+    """A matplotlib Figure for `--plot` (bench and the frontier), or why there is none."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         raise UsageError(
             "--plot needs matplotlib: pip install 'dllm-cli[plot]' (or matplotlib>=3.7)"
         ) from None
+    return Figure(figsize=(width, height), layout="tight")
+
+
+def save_figure(fig, path: Path) -> None:
+    try:
+        fig.savefig(path)
+    except (OSError, ValueError) as e:
+        raise DllmError(f"cannot write plot {path}: {e}") from None
+
+
+def plot(records: Sequence[dict], path: Path) -> None:
+    """Throughput against accuracy, one point per strategy, one panel per gen_length."""
     if any(r["accuracy"] is None for r in records):
         raise UsageError("--plot draws accuracy, which synthetic prompts (--prompt-length) lack")
     lengths = sorted({r["gen_length"] for r in records})
-    fig = Figure(figsize=(6 * len(lengths), 4.5), layout="tight")
+    fig = figure(6 * len(lengths), 4.5)
     axes = fig.subplots(1, len(lengths), squeeze=False)[0]
     for ax, length in zip(axes, lengths, strict=True):
         points = [r for r in records if r["gen_length"] == length]
@@ -285,7 +296,4 @@ def plot(records: Sequence[dict], path: Path) -> None:
         ax.set_ylabel("exact-match accuracy (%)")
         ax.set_title(f"gen_length {length}")
         ax.grid(alpha=0.3)
-    try:
-        fig.savefig(path)
-    except (OSError, ValueError) as e:
-        raise DllmError(f"cannot write plot {path}: {e}") from None
+    save_figure(fig, path)

@@ -1,5 +1,7 @@
 """Domain errors: raised by the library, turned into one line + exit code by the CLI."""
 
+from pathlib import Path
+
 
 class DllmError(Exception):
     """Base class: a user-facing problem with a clear one-line message (exit 1: a run that
@@ -43,3 +45,11 @@ class DeviceError(DllmError):
     """The requested device does not exist on this machine."""
 
     exit_code = 5
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write an output file; one that cannot be written is a DllmError saying why (exit 1)."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise DllmError(f"cannot write {path}: {e.strerror or e}") from None

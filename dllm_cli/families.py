@@ -368,9 +368,3 @@ def reference_settings(family: Family) -> DecodeSettings:
     if family.whole_answer:
         settings = replace(settings, block_length=settings.gen_length)
     return settings
-
-
-def describe_reference(family: Family) -> str:
-    """One line of the family's reference settings (the docs/profiles.md table, `profiles show`)."""
-    ref = reference_settings(family)
-    return ", ".join(f"{k} {getattr(ref, k)}" for k in family.reference_keys())

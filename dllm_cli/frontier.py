@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dllm_cli.errors import DllmError, SettingsError, UsageError
+from dllm_cli.bench import Columns, figure, markdown_table, save_figure
+from dllm_cli.errors import SettingsError, UsageError
 from dllm_cli.settings import DecodeSettings
 
 if TYPE_CHECKING:  # `dllm bench --help` reads SWEEPS: no torch at import
@@ -148,7 +149,7 @@ def run_frontier(
     return records
 
 
-COLUMNS = (
+COLUMNS: Columns = (
     ("rule", "rule", "{}"),
     ("parameter", "param", "{}"),
     ("value", "value", "{:g}"),
@@ -160,15 +161,8 @@ COLUMNS = (
 )
 
 
-def cells(record: dict) -> list[str]:
-    return ["-" if record[key] is None else fmt.format(record[key]) for _, key, fmt in COLUMNS]
-
-
 def markdown(records: Sequence[dict]) -> str:
-    head = [title for title, _, _ in COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cells(r)) + " |" for r in records]
-    return "\n".join(lines) + "\n"
+    return markdown_table(records, COLUMNS)
 
 
 def progress_line(r: dict) -> str:
@@ -181,13 +175,7 @@ def progress_line(r: dict) -> str:
 
 def plot(records: Sequence[dict], path: Path, title: str) -> None:
     """Accuracy against answer tokens per forward: one line per rule, the reference a star."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise UsageError(
-            "--plot needs matplotlib: pip install 'dllm-cli[plot]' (or matplotlib>=3.7)"
-        ) from None
-    fig = Figure(figsize=(7, 5), layout="tight")
+    fig = figure(7, 5)
     ax = fig.subplots()
     for rule in dict.fromkeys(r["rule"] for r in records):
         line = sorted(
@@ -208,7 +196,4 @@ def plot(records: Sequence[dict], path: Path, title: str) -> None:
     ax.set_title(textwrap.fill(" ".join(title.split()), 90), fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    try:
-        fig.savefig(path)
-    except (OSError, ValueError) as e:
-        raise DllmError(f"cannot write plot {path}: {e}") from None
+    save_figure(fig, path)

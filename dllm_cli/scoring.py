@@ -200,18 +200,6 @@ def greedy_flags(
     return (logp.argmax(dim=-1) == seq[start:]).tolist(), logp
 
 
-def prompt_scores(model, mask: int, family: str, ids: list[int], **options) -> list[float]:
-    """Per position j >= 1 of a sequence whose context/continuation split is not known: L(j) -
-    L(j + 1), L(c) the estimate for context ids[:c] and continuation ids[c:] (L(n) = 0), so the
-    values from any c to the end sum to exactly L(c). Each L(c) is one estimate (same seed)."""
-    if len(ids) < 2:
-        raise InputError("scoring needs a prompt of at least two tokens")
-    totals = [estimate(model, mask, family, ids[:c], ids[c:], **options).total for c in
-              range(1, len(ids))]  # fmt: skip
-    totals.append(0.0)
-    return [totals[i] - totals[i + 1] for i in range(len(ids) - 1)]
-
-
 def next_token(model, mask: int, family: str, ids: list[int]) -> tuple[int, torch.Tensor]:
     """The token a one-token decode commits after `ids` (one masked column, its argmax) and
     that column's log-probabilities (V,)."""

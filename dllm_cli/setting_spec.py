@@ -88,13 +88,14 @@ class Rule:
     """One `--unmask` choice as the settings see it (its step is in decoding/unmask.py)."""
 
     follows_steps: bool = False  # a step schedule says how many commit (`steps` applies)
+    least: bool = False  # the schedule is the least a step commits (steps None: one token)
     probability: bool = False  # it compares confidences with a probability
     one_forward: bool = False  # it verifies against the conditional forward alone (no CFG)
 
 
 RULES = {
     "fixed": Rule(follows_steps=True),
-    "threshold": Rule(probability=True),
+    "threshold": Rule(follows_steps=True, least=True, probability=True),
     "factor": Rule(probability=True),
     "origin": Rule(follows_steps=True),
     "eb": Rule(),

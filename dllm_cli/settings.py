@@ -16,12 +16,13 @@ How the numbers combine (`split_blocks` below; `adjustments()` says it in words)
   So LLaDA's divisible settings behave exactly as in its reference code, and other settings
   are adjusted rather than refused, except `steps` below the number of blocks (an error).
 - `steps` means one thing everywhere: steps over the whole answer, split over its blocks as
-  above. On the masked families it drives the `fixed` and `origin` schedules only;
-  `threshold`, `factor`, `eb`, `klass` and `wino` commit by confidence and run each block
-  until it has no masks left (`wino` at most block_length steps: see decoding/wino.py). On
-  SDAR and LLaDA2.x a block's share is the references' own per-block `steps`: exactly the
-  tokens each step commits under `fixed`, the least it commits under `threshold`
-  (decoding/block_rules.py).
+  above, and a step's share of its block is the family's schedule (LLaDA's even split, Dream's
+  timesteps; on SDAR and LLaDA2.x the references' own per-block `steps`). `fixed` and `origin`
+  commit exactly that share; `threshold` commits at least it (the masks past the threshold
+  when at least that many pass, else the most confident: decoding/ranking.confident_columns),
+  so `steps` None is one token a step at least, Fast-dLLM's rule. `factor`, `eb`, `klass`,
+  `wino`, `prefix` and `credit` commit by confidence and run each block until it has no masks
+  left (`wino` at most block_length steps: see decoding/wino.py).
 """
 
 from __future__ import annotations
@@ -68,8 +69,7 @@ class DecodeSettings:
     steps: int | None = setting(  # None: one token per step (steps = gen_length)
         None,
         help="Denoising steps over the answer, split over its blocks: fixed/origin take exactly "
-        "these; SDAR/LLaDA2.x's threshold commits at least a step's share; default one per "
-        "token.",
+        "these; threshold commits at least a step's share; default one per token.",
         range=Range(1),
         rules=STEP_RULES,
     )
@@ -292,11 +292,17 @@ class DecodeSettings:
 
     @property
     def total_steps(self) -> int:
-        """Steps the schedule plans: `steps` (None: one token per step) under fixed and origin;
-        threshold and factor commit by confidence, so `steps` does not apply to them."""
+        """Steps the schedule plans: `steps` (None: one token per step) under fixed, origin and
+        threshold (the least a step commits); the other rules commit by confidence alone."""
         if self.steps is None or self.unmask not in STEP_RULES:
             return self.gen_length
         return self.steps
+
+    @property
+    def one_per_step(self) -> bool:
+        """Every block plans a step per token (`steps` None: one token a step at least), so the
+        threshold rule's least per step is one token."""
+        return self.steps is None or all(n == k for n, k in self.block_plan())
 
     def block_plan(self) -> list[tuple[int, int]]:
         """(tokens, steps) per block: see `split_blocks`."""
@@ -311,8 +317,8 @@ class DecodeSettings:
         if self.gen_length % size:
             notes.append(f"the last block has {self.gen_length % size} tokens, not {size}")
         n, steps = self.num_blocks, self.total_steps
-        if self.unmask not in STEP_RULES:  # confidence rules: no step plan to explain
-            return notes
+        if self.unmask not in STEP_RULES or (self.steps is None and RULES[self.unmask].least):
+            return notes  # confidence rules, or one token a step at least: no plan to explain
         if steps % n:
             base, extra = divmod(steps, n)
             notes.append(
@@ -361,6 +367,14 @@ def split_blocks(gen_length: int, block_length: int, steps: int) -> list[tuple[i
     """
     size = min(block_length, gen_length)
     n = -(-gen_length // size)
-    base, extra = divmod(steps, n)
     lengths = [min(size, gen_length - b * size) for b in range(n)]
-    return [(length, min(base + (b < extra), length)) for b, length in enumerate(lengths)]
+    return [
+        (length, min(k, length)) for length, k in zip(lengths, even_split(steps, n), strict=True)
+    ]
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """LLaDA's split of tokens over steps: `total // parts` each, the first `total % parts` one
+    more (steps over blocks here; a block over its steps on SDAR and LLaDA2.x)."""
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]

@@ -17,7 +17,7 @@ from rich.console import Console, RenderableType
 from rich.segment import Segment
 from rich.terminal_theme import MONOKAI, TerminalTheme
 
-from dllm_cli.errors import DllmError
+from dllm_cli.errors import write_text
 from dllm_cli.view import CanvasView, check_save_path
 
 if TYPE_CHECKING:
@@ -94,10 +94,7 @@ class Recorder:
             text = self.console.export_svg(
                 title="dllm", theme=THEME, code_format=SVG_FORMAT, font_aspect_ratio=FONT_ASPECT
             )
-        try:
-            self.path.write_text(text, encoding="utf-8")
-        except OSError as e:
-            raise DllmError(f"cannot write {self.path}: {e.strerror or e}") from None
+        write_text(self.path, text)
         return self.path
 
     # --- HTML ---------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """One rank of tests/test_tensor_parallel_block.py's decode launch (run as a script).
 
-`python tensor_parallel_block_rank.py OUT [--expert-parallel] FOLDER...`: every rank loads each
-block-diffusion folder twice, its tensor-parallel shard (with --expert-parallel: E/N whole
-experts) and the whole model, and decodes the same prompts with each under both block cache
+`python tensor_parallel_block_rank.py OUT [--expert-parallel] [--quantize=SCHEME] FOLDER...`:
+every rank loads each block-diffusion folder twice, its tensor-parallel shard (with
+--expert-parallel: E/N whole experts) and the whole model (both quantized with SCHEME), and decodes the same prompts with each under both block cache
 policies (and, with LLaDA2.x, LLaDA2.1's token editing). Rank 0 writes what it saw to OUT as
 JSON; the test compares.
 """
@@ -19,6 +19,7 @@ import torch.distributed as dist
 from dllm_cli.decoding import decode
 from dllm_cli.models.collectives import Counts, Shards
 from dllm_cli.models.loading import load_model
+from dllm_cli.models.quantize import weight_bytes
 from dllm_cli.settings import DecodeSettings
 
 PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: rows at their own blocks
@@ -37,11 +38,13 @@ def runs(folder: str) -> dict[str, DecodeSettings]:
     return out
 
 
-def decodes(folder: str, shards: Shards) -> dict:
+def decodes(folder: str, shards: Shards, quantize: str = "none") -> dict:
     """Tokens of the shard and of the whole model per run, and the collectives it spent."""
-    split = load_model(folder, dtype="float32", device="cpu", shards=shards)
-    whole = load_model(folder, dtype="float32", device="cpu")
+    split = load_model(folder, dtype="float32", device="cpu", shards=shards, quantize=quantize)
+    whole = load_model(folder, dtype="float32", device="cpu", quantize=quantize)
     out = {"expert_bytes": [expert_bytes(split.model), expert_bytes(whole.model)]}
+    if quantize != "none":  # the bytes held, int8 buffers and float parameters alike
+        out["quantized_bytes"] = [weight_bytes(split.model), weight_bytes(whole.model)]
     for name, settings in runs(folder).items():
         before = replace(shards.counts)
         result = decode(split.model, split.special, PROMPTS, settings)
@@ -59,12 +62,13 @@ def expert_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in held)
 
 
-def main(out: str, *folders: str) -> None:
+def main(out: str, *args: str) -> None:
     dist.init_process_group("gloo")
-    experts = folders[0] == "--expert-parallel"
+    folders = [a for a in args if not a.startswith("--")]
+    schemes = [a.removeprefix("--quantize=") for a in args if a.startswith("--quantize=")]
     shards = Shards(dist.get_rank(), dist.get_world_size(), counts=Counts())
-    shards.expert_parallel, folders = experts, folders[experts:]
-    results = {Path(f).name: decodes(f, shards) for f in folders}
+    shards.expert_parallel = "--expert-parallel" in args
+    results = {Path(f).name: decodes(f, shards, *schemes) for f in folders}
     if shards.rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.barrier()

@@ -1,15 +1,18 @@
 """One rank of tests/test_tensor_parallel.py's torchrun launch (run as a script).
 
-`python tensor_parallel_rank.py OUT [--expert-parallel] FOLDER...`: every rank loads each folder twice, its
-tensor-parallel shard and the whole model, and decodes the same prompts with each under every
-cache policy; it also drafts random logits with the sharded sampler and the one-process
-Sampler. Rank 0 writes what it saw to OUT as JSON; the test compares.
+`python tensor_parallel_rank.py OUT [--expert-parallel] [--compile] [--quantize=SCHEME] FOLDER...`: every
+rank loads each folder twice, its tensor-parallel shard and the whole model (both quantized
+with the SCHEME named before the folder), and decodes the same prompts with each under every cache policy; it also drafts
+random logits with the sharded sampler and the one-process Sampler. Rank 0 writes what it saw
+to OUT as JSON; the test compares. `--compile`: the first folder's shard also decodes through
+`enable_compile` (`recorded`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -20,7 +23,9 @@ from dllm_cli.decoding import decode
 from dllm_cli.decoding.sampling import FAMILIES, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.models.collectives import Counts, Shards
+from dllm_cli.models.compiled import enable_compile
 from dllm_cli.models.loading import load_model
+from dllm_cli.models.quantize import weight_bytes
 from dllm_cli.settings import DecodeSettings
 
 CACHES = ("none", "prefix", "dual", "freecache")
@@ -36,11 +41,13 @@ RUNS = [
 PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: left padding in the batch
 
 
-def decodes(folder: str, shards: Shards) -> dict:
+def decodes(folder: str, shards: Shards, quantize: str = "none") -> dict:
     """Tokens of the shard and of the whole model per cache policy, and the collectives."""
-    split = load_model(folder, dtype="float32", device="cpu", shards=shards)
-    whole = load_model(folder, dtype="float32", device="cpu")
+    split = load_model(folder, dtype="float32", device="cpu", shards=shards, quantize=quantize)
+    whole = load_model(folder, dtype="float32", device="cpu", quantize=quantize)
     out = {"layers": len(split.model.blocks()), "bytes": list(split.model.weight_bytes)}
+    if quantize != "none":  # the bytes held, int8 buffers and float parameters alike
+        out["quantized_bytes"] = [weight_bytes(split.model), weight_bytes(whole.model)]
     out["expert_bytes"] = [expert_bytes(split.model), expert_bytes(whole.model)]
     for cache, unmask, confidence in RUNS:
         settings = DecodeSettings(
@@ -58,6 +65,34 @@ def decodes(folder: str, shards: Shards) -> dict:
         expected = decode(whole.model, whole.special, PROMPTS, settings).tokens
         out[f"{cache} {unmask} {confidence}"] = {"split": tokens, "whole": expected, **spent}
     return out
+
+
+def recorded(folder: str, shards: Shards) -> dict:
+    """--compile on the shard with a CPU stand-in recorder (a replay reruns the step, its
+    collectives too): tokens when every rank records, and when rank 1's recordings fail
+    (the ranks agree, and every rank decodes eagerly)."""
+    settings = DecodeSettings(gen_length=16, block_length=8, cache="dual", threshold=0.9)
+    whole = load_model(folder, dtype="float32", device="cpu")
+    expected = decode(whole.model, whole.special, PROMPTS, settings).tokens
+    seen = {}
+    for case, fails in (("replayed", False), ("failed on rank 1", True)):
+        split = load_model(folder, dtype="float32", device="cpu", shards=shards)
+
+        def record(run, fails=fails):
+            out = run()  # the warm-up step, eager on every rank (as record_cuda_graph's)
+            if fails and shards.rank == 1:  # then capture fails on this rank alone
+                raise RuntimeError("capture not supported")
+            buffer = out.clone()
+            return out, lambda: buffer.copy_(run()), buffer
+
+        enable_compile(split.model, record)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            tokens = decode(split.model, split.special, PROMPTS, settings).tokens
+        steps = split.model.forward
+        seen[case] = {"equal": tokens == expected, "failed": steps.failed}
+        seen[case] |= {"recordings": steps.recordings, "replays": steps.replays}
+    return seen
 
 
 def expert_bytes(model) -> int:
@@ -100,14 +135,24 @@ def drafts(shards: Shards) -> list[dict]:
     return seen
 
 
-def main(out: str, *folders: str) -> None:
-    experts = folders[0] == "--expert-parallel"  # the MoE folders' experts shared out whole
-    folders = folders[experts:]
+def folders_of(args: tuple[str, ...]) -> list[str]:
+    return [a for a in args if not a.startswith("--")]
+
+
+def main(out: str, *args: str) -> None:
+    experts = "--expert-parallel" in args  # the MoE folders' experts shared out whole
     dist.init_process_group("gloo")
     shards = Shards(dist.get_rank(), dist.get_world_size(), counts=Counts())
     shards.expert_parallel = experts
-    results = {Path(f).name: decodes(f, shards) for f in folders}
-    if not experts:
+    results, quantize = {}, "none"
+    for arg in args:
+        if arg.startswith("--quantize="):
+            quantize = arg.removeprefix("--quantize=")
+        elif not arg.startswith("--"):
+            results[Path(arg).name] = decodes(arg, shards, quantize)
+    if "--compile" in args:
+        results["compiled"] = recorded(folders_of(args)[0], shards)
+    if not experts and quantize == "none":
         results["drafts"] = drafts(shards)
     if shards.rank == 0:
         Path(out).write_text(json.dumps(results))

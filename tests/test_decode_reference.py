@@ -202,6 +202,58 @@ def test_dream_schedule_on_a_llada_model_matches_diffusion_generate(make, steps)
     assert got.tokens[0] == dream_generate(lm.model, prompt, 16, steps, "maskgit_plus", shift=False)
 
 
+@torch.inference_mode()
+def fast_dllm_generate(model, prompt, gen_length, block_length, steps, threshold, shift=False):
+    """Fast-dLLM's `generate` with a threshold (no cache): each block runs until it has no
+    masks, committing every mask whose confidence is >= tau, at least the best. With `steps`
+    below gen_length a step commits at least LLaDA's schedule share k of its block (the
+    masks past tau when at least k pass, else the k most confident: LLaDA2.0's rule); at
+    steps = gen_length k is 1 and this is Fast-dLLM's loop exactly."""
+    p = len(prompt)
+    x = torch.full((1, p + gen_length), MASK, dtype=torch.long)
+    x[0, :p] = torch.tensor(prompt)
+    per_block = steps // (gen_length // block_length)
+    for b in range(gen_length // block_length):
+        start, end = p + b * block_length, p + (b + 1) * block_length
+        base, rem = divmod(block_length, per_block)
+        schedule = [base + (i < rem) for i in range(per_block)]
+        i = 0
+        while (x[0, start:end] == MASK).any():
+            logits = reference_logits(model, x)
+            if shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+            x0 = logits.argmax(dim=-1)
+            probs = torch.softmax(logits.to(torch.float64), dim=-1)
+            x0_p = probs.gather(-1, x0[..., None]).squeeze(-1)
+            mask_index = x == MASK
+            mask_index[:, end:] = False
+            confidence = torch.where(mask_index, x0_p, float("-inf"))[0]
+            k = min(schedule[i], int(mask_index.sum()))
+            passing = (confidence >= threshold) & mask_index[0]
+            if int(passing.sum()) >= k:
+                x[0, passing] = x0[0, passing]
+            else:
+                select = torch.topk(confidence, k).indices
+                x[0, select] = x0[0, select]
+            i += 1
+    return x[0, p:].tolist()
+
+
+@pytest.mark.parametrize("make", MODELS)
+@pytest.mark.parametrize(("kind", "steps"), [("llada", None), ("llada", 8), ("dream", None)])
+@pytest.mark.parametrize("threshold", [0.3, 0.9])
+def test_threshold_matches_fast_dllm(make, kind, steps, threshold):
+    """`--unmask threshold`: Fast-dLLM's rule at the default steps (one token a step at least),
+    and at fewer steps the least a step commits is the schedule's share (the block families'
+    rule, one rule for every family)."""
+    lm = make(kind)
+    for prompt in prompts([5, 9], seed=31):
+        s = settings(unmask="threshold", threshold=threshold, steps=steps)
+        got = decode(lm.model, lm.special, [prompt], s).tokens[0]
+        want = fast_dllm_generate(lm.model, prompt, 16, 4, steps or 16, threshold, kind == "dream")
+        assert got == want
+
+
 @pytest.mark.parametrize("kind", ["llada", "dream"])
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_threshold_above_one_is_fixed_one_token_per_step(kind, cache):

@@ -12,13 +12,8 @@ from decode_fixtures import one_thread, prompts, settings, tiny  # noqa: F401
 
 from dllm_cli.decoding import decode
 from dllm_cli.decoding.canvas import Block, plan_blocks
-from dllm_cli.decoding.unmask import (
-    RuleCommitter,
-    StepContext,
-    dream_counts,
-    llada_counts,
-    rank_by_confidence,
-)
+from dllm_cli.decoding.ranking import rank_by_confidence
+from dllm_cli.decoding.unmask import RuleCommitter, StepContext, dream_counts, llada_counts
 from dllm_cli.errors import InputError, SettingsError
 from dllm_cli.settings import DecodeSettings
 

@@ -96,11 +96,19 @@ def test_accept_message_names_the_flag(profile_file, tmp_path):
 
 
 def test_steps_apply_only_to_the_step_rules(profile_file):
-    """The profile decodes with the threshold rule: --steps is not refused, and no note
-    about steps is printed; under fixed the step plan is explained (and checked)."""
+    """The profile decodes with the threshold rule: unset steps (one token a step at least)
+    need no note; set steps are the least a step commits, explained and checked as under
+    fixed; factor ignores them."""
     threshold = invoke("generate", "hi", "-p", str(profile_file), "--steps", "1")
-    assert threshold.exit_code == 0, threshold.output
-    assert "step" not in threshold.stderr
+    assert threshold.exit_code == 2, threshold.output
+    assert "fewer than the number of blocks" in one_error_line(threshold)
+    factor = invoke("generate", "hi", "-p", str(profile_file), "--steps", "1", "--unmask", "factor")
+    assert factor.exit_code == 0, factor.output
+    assert "step" not in factor.stderr
+    planned = invoke(
+        "generate", "hi", "-p", str(profile_file), "--block-length", "7", "--steps", "16"
+    )
+    assert planned.exit_code == 0 and "steps 16 over 3 blocks" in planned.stderr
     blocks = invoke("generate", "hi", "-p", str(profile_file), "--block-length", "7")
     assert blocks.exit_code == 0, blocks.output
     notes = [line for line in blocks.stderr.splitlines() if line.startswith("dllm: note:")]

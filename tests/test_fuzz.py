@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dllm_cli import runtime as runtime_module
-from dllm_cli.batch import prompt_from_json
+from dllm_cli.batch import json_line
 from dllm_cli.decoding import decode
 from dllm_cli.errors import InputError
 from dllm_cli.models import loading
@@ -122,7 +122,7 @@ def expected(path: str, line: bytes, *, first: bool = False, json_input: bool = 
         return {"raw": escape_bytes(line), "error": str(e)}
     try:
         if json_input:
-            prompt = prompt_from_json(prompt)
+            prompt = json_line(prompt)[0]
         ids = opened(path).prepare(prompt)
     except InputError as e:
         return {"prompt": prompt, "error": str(e)}

@@ -50,16 +50,6 @@ def test_fixed_seed_is_deterministic_and_seeds_differ(llada):
     assert one == again and one.total != other.total and one.total < 0
 
 
-def test_prompt_scores_telescope_to_each_split(llada):
-    model, mask = llada.model, llada.special.mask
-    ids = [*CONTEXT, *CONTINUATION]
-    values = scoring.prompt_scores(model, mask, "llada", ids, samples=8, batch=8, seed=4)
-    assert len(values) == len(ids) - 1
-    for c in (1, 3, len(CONTEXT)):
-        split = scoring.estimate(model, mask, "llada", ids[:c], ids[c:], samples=8, batch=8, seed=4)
-        assert sum(values[c - 1 :]) == pytest.approx(split.total, abs=1e-6)
-
-
 def test_greedy_flags_follow_the_argmax(llada):
     model, mask = llada.model, llada.special.mask
     ids = [*CONTEXT, *CONTINUATION]

@@ -1,11 +1,13 @@
 """--tensor-parallel: a model split over torchrun ranks (CPU, gloo, 127.0.0.1) decodes the
-tokens one process decodes, every cache policy, LLaDA, Dream and LLaDA-MoE; each rank holds about half
-the weights; the collectives per forward stay at two per layer plus the embedding's, one
-gather per draft; what is not supported is refused in one line."""
+tokens one process decodes, every cache policy, LLaDA, Dream and LLaDA-MoE, float, int8 and
+int4, under --compile's recorder and from one prompt; each rank holds about half the weights;
+the collectives per forward stay at two per layer plus the embedding's (int8: one MAX more per
+row-parallel layer), one gather per draft; what is not supported is refused in one line."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,7 @@ from dllm_cli.errors import SettingsError
 from dllm_cli.models.dream import DreamConfig
 from dllm_cli.models.llada import LLaDAConfig
 from dllm_cli.models.loading import load_model
+from dllm_cli.models.quantize import weight_bytes
 from dllm_cli.models.sharding import Shards, check_degree
 from dllm_cli.settings import DecodeSettings
 
@@ -32,6 +35,7 @@ DOWN = {  # a row-parallel weight: split over its inputs
     "llada_moe": "model.layers.0.mlp.experts.3.down_proj.weight",  # (summed once per block)
 }
 LINES = ["how many apples", "tom has 3 pens", "what is 2 + 2 ?"]
+WIDE = {"d_model": 64, "mlp_hidden_size": 128}  # int4: each rank's inputs whole groups of 32
 
 
 @pytest.fixture(scope="module", name="folders")
@@ -82,6 +86,38 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
 
 
 @pytest.mark.slow
+def test_two_ranks_decode_the_one_process_int8_int4_and_compiled_tokens(folders, tmp_path):
+    out = tmp_path / "seen.json"
+    wide = write_llada(tmp_path / "wide", seed=1, max_sequence_length=64, **WIDE).folder
+    script = str(HERE / "tensor_parallel_rank.py")
+    schemes = ["--quantize=int8", str(folders["llada"]), "--quantize=int4", str(wide)]
+    result = launch([script, str(out), "--compile", *schemes])
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    # --compile on the shard (a CPU stand-in recorder): replayed steps decode the one-process
+    # tokens; a recording failing on rank 1 only leaves both ranks eager, with those tokens
+    replayed, failed = seen["compiled"]["replayed"], seen["compiled"]["failed on rank 1"]
+    assert replayed["equal"] and replayed["replays"] > 0 and replayed["failed"] is None
+    assert failed["equal"] and failed["recordings"] == failed["replays"] == 0
+    assert (
+        failed["failed"]
+        == "--compile: CUDA graph recording failed (on another rank); decoding eagerly"
+    )
+    for name, maxima in (("llada", 1), ("wide", 0)):
+        layers = seen[name]["layers"]
+        runs = {k: v for k, v in seen[name].items() if isinstance(v, dict)}
+        assert len(runs) == 7, runs.keys()
+        for cache, run in runs.items():
+            assert run["split"] == run["whole"], (name, cache)
+            assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
+            # int8: one MAX of the activations' row peaks per row-parallel int8 layer (the
+            # first block's MLP output stays float); int4 quantizes no activations
+            assert run["all_reduce_max"] == maxima * run["forwards"] * (2 * layers - 1)
+        mine, whole = seen[name]["quantized_bytes"]
+        assert mine <= whole * (1 / 2 + 0.05), name
+
+
+@pytest.mark.slow
 def generate_twice(folder: Path, ranks: int, lines: list[str]) -> subprocess.CompletedProcess:
     """`dllm generate - --tensor-parallel 2` under RANKS processes, its records checked
     against one process's; the launch returned."""
@@ -112,6 +148,26 @@ def test_generate_under_torchrun_writes_the_one_process_answers(folders):
 
 
 @pytest.mark.slow
+def test_one_prompt_under_torchrun_is_the_one_process_answer_int8_compiled(folders):
+    args = [
+        "how many apples", "--model", str(folders["llada"]), "--device", "cpu", "--dtype",
+        "float32", "--gen-length", "16", "--block-length", "8", "--cache", "dual",
+        "--unmask", "threshold", "--threshold", "0.9", "--quantize", "int8", "--json",
+    ]  # fmt: skip
+    expected = invoke("generate", *args)
+    assert expected.exit_code == 0, expected.output
+    command = ["-m", "dllm_cli", "generate", *args, "--compile", "--tensor-parallel", "2"]
+    result = launch(command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    fields = ("prompt", "text", "token_ids", "forwards", "steps")
+    [record] = [json.loads(line) for line in result.stdout.splitlines()]  # rank 0's alone
+    assert {k: record[k] for k in fields} == {k: json.loads(expected.stdout)[k] for k in fields}
+    assert result.stderr.count("--compile: CUDA graphs need a CUDA device") == 1  # rank 0's
+    assert "tensor parallel rank 1 of 2: " in result.stderr
+    assert "of int8 weights (" in result.stderr
+
+
+@pytest.mark.slow
 def test_two_replicas_of_two_ranks_share_the_lines_and_write_the_one_process_answers(folders):
     result = generate_twice(folders["dream"], 4, [*LINES, "ann has 5 cats", "sam buys 4 books"])
     for replica in (0, 1):
@@ -134,6 +190,40 @@ def test_each_rank_reads_about_half_the_weights(folders):
         assert torch.equal(torch.cat([p[embed] for p in parts], 0), whole[embed])
         down = DOWN[name]
         assert torch.equal(torch.cat([p[down] for p in parts], 1), whole[down])
+
+
+def test_each_rank_quantizes_its_slices_with_the_one_process_row_scales(folders):
+    halves = [
+        load_model(folders["llada"], dtype="float32", device="cpu", shards=Shards(r, 2), quantize="int8")
+        for r in (0, 1)
+    ]  # fmt: skip
+    whole = load_model(folders["llada"], dtype="float32", device="cpu", quantize="int8").model
+    for half in halves:
+        assert weight_bytes(half.model) <= weight_bytes(whole) * (1 / 2 + 0.05)
+    # a row-parallel layer: each rank holds some inputs of every row, at the whole row's scale
+    down = [h.model.model.transformer.blocks[1].ff_out for h in halves]
+    expected = whole.model.transformer.blocks[1].ff_out
+    assert torch.equal(torch.cat([d.qweight for d in down]), expected.qweight)  # (in, out)
+    for part in down:
+        assert torch.equal(part.scale, expected.scale)
+
+
+def test_compile_on_a_shard_agrees_on_each_recording_with_the_other_ranks(folders):
+    from dllm_cli.models.compiled import enable_compile
+
+    model = load_model(folders["llada"], device="cpu", shards=Shards(0, 2)).model
+    assert enable_compile(model).startswith("--compile: CUDA graphs need a CUDA device")
+    assert enable_compile(model, lambda run: run()) is None  # a recorder: CUDA's path
+    assert model.forward.agree == model.shards.agree
+
+
+def test_int4_groups_straddling_ranks_and_split_int4_experts_are_refused(folders):
+    said = "gives each rank 16 of model.transformer.blocks.0.attn_out's 32 inputs, not a multiple "
+    with pytest.raises(SettingsError, match=re.escape(f"{said}of --quantize int4's group of 32")):
+        load_model(folders["llada"], device="cpu", shards=Shards(0, 2), quantize="int4")
+    experts = "--quantize int4 for experts split over their columns yet"
+    with pytest.raises(SettingsError, match=experts):  # each rank's part would round alone
+        load_model(folders["llada_moe"], device="cpu", shards=Shards(0, 2), quantize="int4")
 
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
@@ -266,3 +356,16 @@ def test_a_step_decodes_with_its_rows_values_when_they_agree():
     assert llada.values(rows((3, "margin"), (60, "margin"))) == (0, "margin")  # raw logits
     # a rank's columns of a whole-vocabulary mask, padding ids past its end
     assert VocabPart(3).ids(torch.arange(5), 4, -1).tolist() == [3, 4, -1, -1]
+
+
+def test_one_prompt_over_replicas_is_refused_before_loading(folders, monkeypatch):
+    launch_env = {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**launch_env, "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    model = ["--model", str(folders["llada"]), "--device", "cpu"]
+    result = invoke("generate", "hi", *model, "--tensor-parallel", "2")
+    assert result.exit_code == 2
+    assert error_lines(result) == [
+        "dllm: error: under torchrun, prompts come from stdin: give '-' and pipe them (one "
+        "prompt as an argument runs under --tensor-parallel N over N processes)"
+    ]

@@ -64,6 +64,24 @@ def test_two_ranks_decode_the_one_process_tokens_under_both_block_caches(sdar, l
 
 
 @pytest.mark.slow
+def test_two_ranks_decode_the_one_process_int8_block_tokens(sdar, llada2, tmp_path):
+    out = tmp_path / "seen.json"
+    script = str(HERE / "tensor_parallel_block_rank.py")
+    result = launch([script, str(out), "--quantize=int8", str(sdar), str(llada2)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    for name, runs in seen.items():
+        mine, whole = runs.pop("quantized_bytes")
+        assert mine <= whole * (1 / 2 + 0.05), name
+        runs.pop("expert_bytes")
+        for run, tokens in runs.items():
+            assert tokens["split"] == tokens["whole"], (name, run)
+            assert tokens["all_reduce_max"] > 0, (name, run)  # int8 activations' row peaks
+    for run in seen["sdar"].values():  # 2 layers: o_proj twice, one down_proj (first: float)
+        assert run["all_reduce_max"] == 3 * run["forwards"]
+
+
+@pytest.mark.slow
 def test_generate_under_torchrun_writes_the_one_process_sdar_answers(sdar):
     args = [
         "--model", str(sdar), "--device", "cpu", "--dtype", "float32", "--temperature", "0",

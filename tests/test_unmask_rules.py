@@ -20,7 +20,7 @@ from test_decode_continuous import stream
 
 from dllm_cli.decoding import Decoder, decode
 from dllm_cli.decoding.canvas import Block
-from dllm_cli.decoding.ranking import top_columns
+from dllm_cli.decoding.ranking import confident_columns, top_columns
 from dllm_cli.decoding.rules import entropy_bounded_counts
 from dllm_cli.decoding.unmask import UNMASK_RULES, RuleCommitter, StepContext
 from dllm_cli.errors import SettingsError
@@ -28,6 +28,36 @@ from dllm_cli.frontier import REFERENCE, parse_frontier, settings_at
 from dllm_cli.settings import CACHES, UNMASKS, DecodeSettings
 
 EB = {"unmask": "eb", "eb_gamma": 2.0}
+
+
+def test_one_threshold_rule_for_every_family():
+    """ranking.confident_columns: the least per step k, ties with tau by the family's
+    comparison (Fast-dLLM's >=, SDAR's and LLaDA2's >), and k = 1 by argmax = by ranking."""
+    conf = torch.tensor([[0.5, 0.9, 0.95, -math.inf], [0.2, 0.9, 0.1, 0.3]])
+    cand = conf > -math.inf
+    ones, twos = torch.ones(2, dtype=torch.long), torch.full((2,), 2)
+    assert confident_columns(conf, cand, 0.9, ones, inclusive=True).tolist() == [
+        [False, True, True, False],
+        [False, True, False, False],
+    ]
+    assert confident_columns(conf, cand, 0.9, ones).tolist() == [
+        [False, False, True, False],
+        [False, True, False, False],
+    ]
+    # row 0 has two past 0.9 (>=): those; row 1 one: the two most confident instead
+    assert confident_columns(conf, cand, 0.9, twos, inclusive=True).tolist() == [
+        [False, True, True, False],
+        [False, True, False, True],
+    ]
+    g = torch.Generator().manual_seed(0)
+    tied = torch.randint(0, 4, (64, 8), generator=g) / 4  # many ties, some with tau
+    cand = torch.rand(64, 8, generator=g) < 0.7
+    cand[:, 0] = True
+    tied = tied.masked_fill(~cand, -math.inf)
+    for inclusive in (True, False):
+        fast = confident_columns(tied, cand, 0.5, None, inclusive)
+        ranked = confident_columns(tied, cand, 0.5, torch.ones(64, dtype=torch.long), inclusive)
+        assert torch.equal(fast, ranked)
 
 
 def test_every_unmask_choice_is_one_implemented_rule():
@@ -142,6 +172,14 @@ def test_eb_every_cache_batch_equals_single_no_mask_deterministic(kind, cache):
 )
 def test_eb_with_early_stop_suffix_pruning_and_continuous_batching(kind, cache, window):
     assert_stops_prunes_and_batches_continuously(kind, cache, window, EB)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_threshold_with_fewer_steps_keeps_every_rule_property(kind):
+    """Set steps raise the threshold rule's least per step, each row's own (per-row progress)."""
+    rule = {"unmask": "threshold", "threshold": 0.9, "steps": 6}
+    assert_rows_decode_alone(kind, "dual", rule)
+    assert_stops_prunes_and_batches_continuously(kind, "dual", 4, {**rule, "steps": 8})
 
 
 def test_frontier_points_and_settings():

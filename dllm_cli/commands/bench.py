@@ -20,12 +20,13 @@ from dllm_cli.bench import (
     SUFFIX_WINDOW,
     BenchPlan,
     cells,
+    figure,
     markdown_table,
     plot,
     progress_line,
     run_bench,
 )
-from dllm_cli.commands.bench_modes import bench_serve, run_batching_mode, run_frontier_mode, write
+from dllm_cli.commands.bench_modes import bench_serve, run_batching_mode, run_frontier_mode
 from dllm_cli.commands.bench_peer import (
     Peer,
     PeerBinary,
@@ -36,7 +37,7 @@ from dllm_cli.commands.bench_peer import (
 )
 from dllm_cli.commands.common import check_output, cli_errors, fail, note, stderr
 from dllm_cli.commands.split import ExpertParallel, leads, option, split_runtime
-from dllm_cli.errors import SettingsError, UsageError
+from dllm_cli.errors import SettingsError, UsageError, write_text
 from dllm_cli.families import FAMILIES
 from dllm_cli.frontier import SWEEPS
 from dllm_cli.peer import PEER_PROMPT
@@ -133,21 +134,16 @@ def preflight(json_path, markdown_path, plot_path) -> None:
     ):  # fmt: skip
         check_output(path, flag)
     if plot_path is not None:
-        try:
-            import matplotlib.figure  # noqa: F401
-        except ImportError:
-            raise UsageError(
-                "--plot needs matplotlib, which is not installed: pip install 'dllm-cli[plot]'"
-            ) from None
+        figure(1, 1)  # the one matplotlib check (bench.py): a usage error without it
 
 
 def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> None:
     """JSON (a list of records), markdown beside it unless given elsewhere, optional plot."""
     if json_path is not None:
-        write(json_path, json.dumps(records, indent=2) + "\n")
+        write_text(json_path, json.dumps(records, indent=2) + "\n")
         markdown_path = markdown_path or json_path.with_suffix(".md")
     if markdown_path is not None:
-        write(markdown_path, markdown_table(records))
+        write_text(markdown_path, markdown_table(records))
     if plot_path is not None:
         plot(records, plot_path)
 

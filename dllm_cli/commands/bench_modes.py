@@ -7,22 +7,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import typer
 
 from dllm_cli import frontier
 from dllm_cli.bench import STRATEGIES, settings_for
 from dllm_cli.commands.common import fail, stderr
-from dllm_cli.errors import DllmError, UsageError
+from dllm_cli.errors import UsageError, write_text
 from dllm_cli.frontier import parse_frontier, run_frontier
-
-
-def write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text)
-    except OSError as e:
-        raise DllmError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def run_frontier_mode(
@@ -53,10 +45,10 @@ def run_frontier_mode(
     typer.echo(title)
     typer.echo(frontier.markdown(records), nl=False)
     if json_path is not None:
-        write(json_path, json.dumps(records, indent=2) + "\n")
+        write_text(json_path, json.dumps(records, indent=2) + "\n")
         markdown_path = markdown_path or json_path.with_suffix(".md")
     if markdown_path is not None:
-        write(markdown_path, title + "\n\n" + frontier.markdown(records))
+        write_text(markdown_path, title + "\n\n" + frontier.markdown(records))
     if plot_path is not None:
         frontier.plot(records, plot_path, title)
     bad = sum(r["mask_violations"] for r in records)
@@ -83,7 +75,7 @@ def run_batching_mode(
         del r["tokens"]
     print(table(records), end="")
     if json_path is not None:
-        write(json_path, json.dumps(records, indent=2) + "\n")
+        write_text(json_path, json.dumps(records, indent=2) + "\n")
 
 
 def report_pass(r: dict) -> None:
@@ -105,7 +97,7 @@ def bench_serve(rt, n: int, concurrency: int, cancel: float, slots: int, gen: in
     rt.settings = dataclasses.replace(rt.settings, gen_length=gen)
     records = load.run(rt, n, concurrency, cancel, max(slots, concurrency), report_serve)
     if json_path is not None:
-        write(json_path, json.dumps(records, indent=2) + "\n")
+        write_text(json_path, json.dumps(records, indent=2) + "\n")
 
 
 def report_serve(r: dict) -> None:

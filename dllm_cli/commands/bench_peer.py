@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from dllm_cli.commands.common import load_runtime, stderr
-from dllm_cli.errors import DllmError, UsageError
+from dllm_cli.errors import UsageError, write_text
 from dllm_cli.options import Choices
 from dllm_cli.peer import (
     LOAD_LIMIT,
@@ -113,10 +113,7 @@ def run_peer(
     )
     typer.echo(markdown(records), nl=False)
     if json_path is not None:
-        try:
-            json_path.write_text(json.dumps(records, indent=2) + "\n")
-        except OSError as e:
-            raise DllmError(f"cannot write {json_path}: {e.strerror or e}") from None
+        write_text(json_path, json.dumps(records, indent=2) + "\n")
 
 
 def chat_ids(rt, prompt: str) -> list[int]:

@@ -156,27 +156,12 @@ def ask(session, question: str, visual: bool) -> None:
 
 def show_canvas(runtime, answer) -> None:
     """The canvas live on stderr (a summary line per step when stderr is no terminal)."""
-    from contextlib import nullcontext
-
-    from rich.console import Console
-    from rich.live import Live
-
-    from dllm_cli.commands.common import stderr, stderr_is_terminal
+    from dllm_cli.commands.visualize import drawn
     from dllm_cli.view import CanvasView
 
     view = CanvasView.for_runtime(runtime)
-    live = None
-    if stderr_is_terminal():
-        live = Live(
-            view.render(), console=Console(stderr=True, highlight=False), auto_refresh=False
-        )
-    with live or nullcontext():
+    with drawn(view) as redraw:
         for event, _ in answer:
             view.update(event, answer.run.seconds)
-            if live is not None:
-                live.update(view.render(), refresh=True)
-            else:
-                stderr.print(view.summary(), highlight=False)
+            redraw()
         view.finish(answer.result)
-        if live is not None:
-            live.update(view.render(), refresh=True)

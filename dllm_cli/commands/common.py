@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from dllm_cli.errors import DllmError, UsageError
@@ -120,6 +121,20 @@ def stdout_is_terminal() -> bool:
 
 def stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
+
+
+def progress_bar(label: str, visible: bool = True) -> Progress:
+    """A transient bar on stderr (a terminal only, not on another rank; gone when done).
+
+    It must not redirect stdout: Rich's default sends whatever is written to stdout while
+    the bar is up to the bar's console, so records meant for a file or a pipe were drawn on
+    the terminal instead (and the file stayed empty).
+    """
+    return Progress(
+        TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=stderr, disable=not (visible and stderr_is_terminal()), transient=True,
+        redirect_stdout=False,
+    )  # fmt: skip
 
 
 def open_runtime(*args, **kwargs) -> Runtime:

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dllm_cli import options as opt
-from dllm_cli.commands.common import check_output, cli_errors, stderr
+from dllm_cli.commands.common import check_output, cli_errors, progress_bar, stderr
 from dllm_cli.commands.split import ExpertParallel, TensorParallel, leads, split_runtime
 from dllm_cli.errors import InputError, UsageError
 from dllm_cli.families import FAMILIES
@@ -25,20 +24,6 @@ if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
     from dllm_cli.evaluate import Score
     from dllm_cli.problems import BadLine
     from dllm_cli.runtime import Runtime
-
-
-def progress(visible: bool = True) -> Progress:
-    """A transient bar on stderr (nothing when stderr is not a terminal, or not rank 0)."""
-    return Progress(
-        TextColumn("[bold]solving[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=not (visible and stderr.is_terminal),
-        redirect_stdout=False,  # stdout is for the report, never drawn on the terminal
-    )
 
 
 def eval_report(
@@ -231,7 +216,7 @@ def solve(
         tasks = held_out(rt.encode, 100 if n is None else n, shots, start, split)
     else:
         tasks, bad = from_file(rt.encode, data, n, shots, start, shots_from)
-    with progress(leads()) as bar:
+    with progress_bar("[bold]solving[/]", leads()) as bar:
         task = bar.add_task("eval", total=len(tasks))
         score = evaluate(
             rt,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -31,6 +32,7 @@ from dllm_cli.commands.generate_runs import (
     run_batch,
     run_sharded,
     run_split,
+    run_split_prompt,
     tensor_shards,
 )
 from dllm_cli.commands.split import ExpertParallel, check_experts
@@ -146,8 +148,17 @@ def generate_command(
         job = distributed.Job.from_env()
         leader = job is None or job.rank == 0  # the process that reads stdin and writes stdout
         batch = prompt is None or prompt == "-"
-        if job is not None and not batch:
-            raise fail("under torchrun, prompts come from stdin: give '-' and pipe them", USAGE)
+        check_experts(tensor_parallel, expert_parallel)
+        shards = (
+            None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel, expert_parallel)
+        )
+        split_prompt = shards is not None and shards.replicas == 1 and not batch
+        if job is not None and not batch and not split_prompt:
+            raise fail(
+                "under torchrun, prompts come from stdin: give '-' and pipe them (one prompt "
+                "as an argument runs under --tensor-parallel N over N processes)",
+                USAGE,
+            )
         if batch and leader and stdin_is_terminal():
             raise fail(
                 "no prompt: give one as an argument, or pipe prompts on stdin (one per line)",
@@ -157,12 +168,6 @@ def generate_command(
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
         if logprobs is not None and not 0 <= logprobs <= 20:
             raise fail(f"--logprobs must be in 0..20 (got {logprobs})", USAGE)
-        check_experts(tensor_parallel, expert_parallel)
-        shards = (
-            None if tensor_parallel == 1 else tensor_shards(job, tensor_parallel, expert_parallel)
-        )
-        if shards is not None and not batch:
-            raise fail("--tensor-parallel reads prompts from stdin: give '-' and pipe them", USAGE)
         if shards is not None and logprobs is not None:
             raise fail("--tensor-parallel does not support --logprobs yet", USAGE)
         source = grammar_source(json_schema, grammar)
@@ -190,7 +195,11 @@ def generate_command(
         if batch and leader:
             note_static(pipeline)
         shown = runtime if verbose_prompt else None
-        if shards is not None and shards.replicas == 1:
+        if split_prompt:
+            failed = 0
+            decode = partial(run_single, runtime, prompt, pipeline, verbose_prompt)
+            run_split_prompt(job, shards, stats, decode)
+        elif shards is not None and shards.replicas == 1:
             failed = run_split(job, pipeline, shards, shown, stats)
         elif job is not None:
             failed = run_sharded(job, pipeline, shown, shards)
@@ -246,13 +255,17 @@ def note_static(pipeline: Pipeline) -> None:
         note(f"continuous batching falls back to static batches: {reason}")
 
 
-def run_single(runtime: Runtime, arg: str, pipeline: Pipeline, verbose: bool = False) -> None:
-    """Decode one prompt; on a terminal, print text as soon as its prefix is final."""
+def run_single(
+    runtime: Runtime, arg: str, pipeline: Pipeline, verbose: bool = False, shown: bool = True
+) -> None:
+    """Decode one prompt; on a terminal, print text as soon as its prefix is final. Not
+    `shown` (a tensor-parallel rank but the first): the same decode, nothing written."""
     from dllm_cli.batch import record, solo
     from dllm_cli.decoding import decode_steps
     from dllm_cli.text_stream import TextStream
 
-    json_out, totals = pipeline.json_out, pipeline.totals
+    json_out, totals = pipeline.json_out and shown, pipeline.totals
+    put = write if shown else lambda text: None
     try:
         prompt = from_argv(arg)
     except InputError as e:  # not UTF-8: the record shows its bytes
@@ -263,28 +276,28 @@ def run_single(runtime: Runtime, arg: str, pipeline: Pipeline, verbose: bool = F
     except InputError as e:
         single_error({"prompt": prompt}, e, json_out)
         raise
-    if verbose:
+    if verbose and shown:
         show_prompt(runtime, ids)
     model, special = runtime.loaded.model, runtime.loaded.special
     if pipeline.logprobs is not None:  # the engine's record, with each token's logprobs
-        return write(json.dumps(logprob_record(runtime, prompt, ids, pipeline)) + "\n")
+        return put(json.dumps(logprob_record(runtime, prompt, ids, pipeline)) + "\n")
     run = decode_steps(model, special, [ids], runtime.settings, committer=runtime.committer())
     stream = None
-    if stdout_is_terminal() and not json_out:
+    if shown and stdout_is_terminal() and not json_out:
         stream = TextStream(runtime.settings.gen_length, runtime.text)
     for event in run:
         if stream is not None:
-            write(stream.feed(event))
+            put(stream.feed(event))
     result = run.result()
     text = runtime.text(result.tokens[0])
     totals.add(result, special.stop)
     if json_out:
-        shown = record(prompt, text, solo(result), special.stop, pipeline.canvas)
-        write(json.dumps(shown) + "\n")
+        line = record(prompt, text, solo(result), special.stop, pipeline.canvas)
+        put(json.dumps(line) + "\n")
     elif stream is not None:
-        write(stream.finish(text))
+        put(stream.finish(text))
     else:
-        write(text + "\n")
+        put(text + "\n")
 
 
 def logprob_record(runtime: Runtime, prompt: str, ids: list[int], pipeline: Pipeline) -> dict:

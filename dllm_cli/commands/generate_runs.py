@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sys
 import traceback
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dllm_cli import options as o
 from dllm_cli.commands.common import (
@@ -23,12 +23,11 @@ from dllm_cli.commands.common import (
     is_debug,
     load_runtime,
     note,
+    progress_bar,
     show_prompt,
-    stderr,
-    stderr_is_terminal,
     write,
 )
-from dllm_cli.errors import DllmError
+from dllm_cli.errors import DllmError, InputError
 
 if TYPE_CHECKING:  # the decoding modules (torch) are imported when a run starts
     from dllm_cli import distributed
@@ -61,7 +60,7 @@ def run_batch(pipeline: Pipeline, shown: Runtime | None = None) -> int:
             emit(slot, pipeline.json_out, shown)
             written = slot.line
 
-    with decoding_progress() as progress:
+    with progress_bar("decoding") as progress:
         task = progress.add_task("decoding", total=None)
         pipeline.finished = lambda slot: progress.advance(task)  # as each prompt finishes
         try:
@@ -88,20 +87,6 @@ def emit(slot: Slot, json_out: bool, shown: Runtime | None = None) -> None:
     if slot.error is not None and not json_out:
         error_line(f"line {slot.line}: {slot.error}")
     write(f"{slot.output}\n")
-
-
-def decoding_progress(visible: bool = True) -> Progress:
-    """The batch progress bar on stderr (a terminal only; gone when done).
-
-    It must not redirect stdout: Rich's default sends whatever is written to stdout while
-    the bar is up to the bar's console, so records meant for a file or a pipe were drawn on
-    the terminal instead (and the file stayed empty).
-    """
-    return Progress(
-        TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=stderr, disable=not (visible and stderr_is_terminal()), transient=True,
-        redirect_stdout=False,
-    )  # fmt: skip
 
 
 # --- under torchrun -------------------------------------------------------------------------
@@ -145,19 +130,22 @@ def check_split(runtime: Runtime, shards: Shards) -> None:
     """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
     from dllm_cli.decoding.sharded_sampling import refuse_unsupported
 
-    compiled = runtime.profile.model.compile
-    refuse_unsupported(runtime.settings, compiled=compiled)
+    refuse_unsupported(runtime.settings)
     if runtime.loaded.device.type == "cuda":
         import torch
 
         torch.cuda.set_device(runtime.loaded.device)  # NCCL's communicator on this rank's GPU
         shards.backend = "nccl"
     mine, whole = runtime.loaded.model.weight_bytes
-    mib = 2**20
+    mib, scheme = 2**20, runtime.profile.model.quantize
     replica = f" (replica {shards.replica} of {shards.replicas})" if shards.replicas > 1 else ""
+    held, of = "weights", f"{whole / mib:.2f} MiB"
+    if scheme != "none":  # the whole model's bytes are its float ones
+        dtype = str(runtime.loaded.dtype).removeprefix("torch.")
+        held, of = f"{scheme} weights", f"the {of} {dtype} model"
     note(
         f"tensor parallel rank {shards.rank} of {shards.world}{replica}: {mine / mib:.2f} MiB "
-        f"of weights ({100 * mine / whole:.1f}% of {whole / mib:.2f} MiB)"
+        f"of {held} ({100 * mine / whole:.1f}% of {of})"
     )
 
 
@@ -185,17 +173,43 @@ def run_split(
                 if job.rank == 0:
                     emit(slot, pipeline.json_out, shown)
 
-        with decoding_progress(visible=job.rank == 0) as progress:
+        with progress_bar("decoding", visible=job.rank == 0) as progress:
             task = progress.add_task("decoding", total=len(lines))
             pipeline.finished = lambda slot: progress.advance(task)
             pipeline.run(enumerate(lines, start=1), write_out)
         if stats and job.rank == 0:
-            c = shards.counts
-            note(
-                f"tensor parallel: {c.forwards} forwards, {c.all_reduce} all-reduces, "
-                f"{c.all_gather} all-gathers on rank 0"
-            )
+            note_collectives(shards)
     return failed if job.rank == 0 else 0
+
+
+def run_split_prompt(
+    job: distributed.Job, shards: Shards, stats: bool, decode: Callable[..., None]
+) -> None:
+    """One prompt through every rank's share of the model: rank 0 writes it as one process
+    does (streamed on a terminal), the others `decode(shown=False)` alongside; a bad prompt,
+    which every rank meets, is rank 0's to say."""
+    from dllm_cli import distributed
+
+    with distributed.process_group(job), distributed.ended_by_sigterm(job.rank):
+        shards.join()
+        try:
+            decode(shown=job.rank == 0)
+        except InputError as e:
+            if job.rank:
+                raise typer.Exit(e.exit_code) from None
+            raise
+        if stats and job.rank == 0:
+            note_collectives(shards)
+
+
+def note_collectives(shards: Shards) -> None:
+    """--stats: rank 0's forwards and collectives."""
+    c = shards.counts
+    maxima = f", {c.all_reduce_max} row-peak maxima (int8)" if c.all_reduce_max else ""
+    note(
+        f"tensor parallel: {c.forwards} forwards, {c.all_reduce} all-reduces, "
+        f"{c.all_gather} all-gathers{maxima} on rank 0"
+    )
 
 
 def run_sharded(
@@ -223,7 +237,7 @@ def run_sharded(
         def lost(line: int, reason: str) -> Slot:
             return pipeline.lost(line, lines[line - 1], reason)
 
-        with decoding_progress(visible=job.rank == 0) as progress:
+        with progress_bar("decoding", visible=job.rank == 0) as progress:
             task = progress.add_task("decoding", total=len(lines))
             try:
                 outcome = distributed.run(

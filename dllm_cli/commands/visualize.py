@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -89,25 +89,29 @@ def visualize_command(
         if save is not None:
             recorder = Recorder(save, width, text, run_settings(runtime), run_headline(runtime))
         steps_seen = recorded(run) if replay else timed(run)
-        live = None
-        if stderr_is_terminal():  # a console of its own: `stderr` soft-wraps, Live must wrap
-            screen = Console(stderr=True, highlight=False)
-            live = Live(view.render(), console=screen, auto_refresh=False)
-        with live or nullcontext():
+        with drawn(view) as redraw:
             for event, seconds in steps_seen:
                 show(view, event, seconds, recorder, delay)
-                if live is not None:
-                    live.update(view.render(), refresh=True)
-                else:
-                    stderr.print(view.summary(), highlight=False)
+                redraw()
             result = run.result()
             view.finish(result)
-            if live is not None:
-                live.update(view.render(), refresh=True)
         answer = runtime.text(result.tokens[0])
         if recorder is not None:
             saved(recorder, view, answer)
         write(answer + "\n")
+
+
+@contextmanager
+def drawn(view: CanvasView) -> Iterator[Callable[[], None]]:
+    """`redraw()` shows the view on stderr: in place on a terminal (drawn once more at the
+    end), else one summary line per call (`visualize`, `chat --visual`)."""
+    if not stderr_is_terminal():
+        yield lambda: stderr.print(view.summary(), highlight=False)
+        return
+    screen = Console(stderr=True, highlight=False)  # its own: `stderr` soft-wraps, Live wraps
+    with Live(view.render(), console=screen, auto_refresh=False) as live:
+        yield lambda: live.update(view.render(), refresh=True)
+        live.update(view.render(), refresh=True)
 
 
 def saved(recorder: Recorder, view: CanvasView, answer: str) -> None:

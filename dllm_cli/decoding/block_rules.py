@@ -1,28 +1,31 @@
 """Drafts and commit decisions of the block-causal decode (SDAR, LLaDA2.0, LLaDA2.1).
 
 One block of B columns per row. A draft is every column's token and its probability
-(`draft`); which masks become tokens is the references' rule (`decide`):
+(`draft`); which masks become tokens is the references' rule (`fills`):
 - `threshold` (SDAR's `low_confidence_dynamic`, LLaDA2.0's generate, LLaDA2.1's M2T): the
-  masks whose p passes the threshold when at least k do, else the k most confident;
-- `fixed` (SDAR's `low_confidence_static`): the k most confident;
+  one threshold rule of every family (ranking.confident_columns), strictly past the threshold;
+- `fixed` (SDAR's `low_confidence_static`): the k most confident, the same rule with a
+  threshold no mask passes;
 k is the step's share of the block (an even split of B over the block's steps, remainder
-first), capped at the masks left. LLaDA2.1 adds token-to-token editing (T2T): a committed,
-non-prompt column whose new draft differs and passes `edit_threshold` is replaced, in the
-same step as the mask fills.
+first); no step commits more than the masks left. LLaDA2.1 adds token-to-token editing (T2T):
+a committed, non-prompt column whose new draft differs and passes `edit_threshold` is
+replaced, in the same step as the mask fills.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from dllm_cli.decoding.ranking import confident_columns
 from dllm_cli.decoding.sampling import top_k_filter, top_p_filter
-from dllm_cli.errors import SettingsError
 from dllm_cli.families import Family
 from dllm_cli.family_settings import check_refused
-from dllm_cli.settings import DecodeSettings
+from dllm_cli.setting_spec import RULES
+from dllm_cli.settings import DecodeSettings, even_split
 
 # The block stepper's drafting: (N, B, V) logits, a request's sampling, its generator ->
 # tokens (N, B), p (N, B). `whole_drafter` drafts from whole logits; a tensor-parallel model's
@@ -38,8 +41,7 @@ class BlockRule:
 
     block: int  # B
     schedule: tuple[int, ...]  # tokens per step within a block (sums to B)
-    dynamic: bool  # threshold rule (else fixed top-k)
-    threshold: float
+    threshold: float  # fixed: inf, never passed, so a step fills exactly its k
     edit_threshold: float | None  # None: no token-to-token editing
     max_post_steps: int
 
@@ -47,29 +49,18 @@ class BlockRule:
         return self.schedule[min(step, len(self.schedule) - 1)]
 
 
-def schedule(block: int, steps: int) -> tuple[int, ...]:
-    """Tokens per step: B split evenly over `steps`, the first B % steps one more."""
-    base, extra = divmod(block, steps)
-    return tuple(base + (i < extra) for i in range(steps))
-
-
 def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") -> BlockRule:
     """The settings as a BlockRule; anything that does not apply is refused in one line
     (cache, unmask and confidence by the family's `only` table)."""
     check_refused(family, s, where)
-    block, planned = s.block_length, s.gen_length if s.steps is None else s.steps
-    if planned < s.num_blocks:
-        raise SettingsError(
-            f"steps ({planned}){where('steps')} is fewer than the number of blocks "
-            f"({s.num_blocks}): every block needs at least one step"
-        )
-    # steps over the answer -> per block, the references' `steps` (both rules' schedule)
-    steps = max(1, min(block, block * planned // s.gen_length))
+    block = s.block_length
+    # steps over the answer -> per block, the references' `steps` (both rules' schedule); the
+    # settings refuse fewer steps than blocks when they are built
+    steps = max(1, min(block, block * s.total_steps // s.gen_length))
     return BlockRule(
         block=block,
-        schedule=schedule(block, steps),
-        dynamic=s.unmask == "threshold",
-        threshold=s.threshold,
+        schedule=tuple(even_split(block, steps)),
+        threshold=s.threshold if RULES[s.unmask].least else math.inf,
         edit_threshold=s.edit_threshold,
         max_post_steps=s.max_post_steps,
     )
@@ -111,18 +102,10 @@ def whole_drafter(mask_id: int, real_vocab: int) -> Drafter:
 
 
 def fills(rule: BlockRule, active, p, k) -> torch.Tensor:
-    """(N, B) bool: the masks this step commits (threshold rule or fixed top-k)."""
-    conf = torch.where(active, p, torch.full_like(p, float("-inf")))
-    k = torch.minimum(k, active.sum(dim=1))  # never more than the masks left
-    top = torch.zeros_like(active)
-    most = int(k.max()) if k.numel() else 0
-    if most:
-        idx = conf.topk(most, dim=1).indices  # (N, most)
-        top.scatter_(1, idx, torch.arange(most, device=k.device)[None] < k[:, None])
-    if not rule.dynamic:
-        return top
-    high = (conf > rule.threshold) & active
-    return torch.where((high.sum(dim=1) >= k)[:, None], high, top) & active
+    """(N, B) bool: the masks this step commits, never more than the masks left (diffusers'
+    cap on SDAR's top-k); SDAR's and LLaDA2.x's threshold is strict (`>`)."""
+    conf = torch.where(active, p, float("-inf"))  # (N, B)
+    return confident_columns(conf, active, rule.threshold, k)
 
 
 def edits(rule: BlockRule, block, active, x0, p, fixed) -> torch.Tensor:

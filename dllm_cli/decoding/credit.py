@@ -109,7 +109,7 @@ def credit_rule(p, ctx) -> tuple[torch.Tensor, torch.Tensor]:
     confidence = confidence.masked_fill(~ctx.candidates, float("-inf"))
     # dInfer's bar: the threshold, or just under the best mask when none reaches it
     best_mask = confidence.max(dim=1, keepdim=True).values
-    bar = (best_mask - TIE).clamp(-1000.0, p.threshold)
+    bar = (best_mask - TIE).clamp(-1000.0, p.s.threshold)
     return (confidence >= bar) & ctx.candidates, tokens
 
 

@@ -35,5 +35,5 @@ def prefix_rule(p, ctx) -> torch.Tensor:
     """SDLM's step: the longest run of masks from the block's leftmost above tau (at least
     the leftmost), plus any mask above `jump_threshold`."""
     conf, cand = ctx.confidence, ctx.candidates  # (B, L)
-    run = longest_run(conf > p.threshold, cand)  # empty when the leftmost mask fails
-    return run | leftmost(cand) | ((conf > p.jump_threshold) & cand)
+    run = longest_run(conf > p.s.threshold, cand)  # empty when the leftmost mask fails
+    return run | leftmost(cand) | ((conf > p.s.jump_threshold) & cand)

@@ -16,3 +16,30 @@ def rank_by_confidence(confidence: torch.Tensor) -> torch.Tensor:
 def top_columns(confidence: torch.Tensor, candidates: torch.Tensor, counts) -> torch.Tensor:
     """(B, L) bool: the `counts[r]` most confident candidates of each row."""
     return (rank_by_confidence(confidence) < counts[:, None]) & candidates
+
+
+def confident_columns(
+    confidence: torch.Tensor,
+    candidates: torch.Tensor,
+    threshold: float,
+    counts: torch.Tensor | None = None,
+    inclusive: bool = False,
+) -> torch.Tensor:
+    """(B, L) bool: the one threshold rule (Fast-dLLM, arXiv 2505.22618; SDAR's
+    low_confidence_dynamic; LLaDA2.x's generate): every candidate past `threshold` when at
+    least `counts[r]` pass, else the `counts[r]` most confident.
+
+    `counts` None is k = 1 everywhere: the passing candidates and at least the best, taken by
+    argmax instead of a ranking (the same columns). `inclusive`: a confidence equal to the
+    threshold passes (Fast-dLLM's `>=`; SDAR's and LLaDA2.x's `>` otherwise). `confidence` is
+    -inf off the candidates.
+    """
+    passed = confidence >= threshold if inclusive else confidence > threshold  # (B, L)
+    if counts is None:
+        # The best is the leftmost maximum (argmax's first), as ranking would pick it. A row
+        # without candidates has its column 0 marked here, which the caller's guard cuts.
+        best = confidence.argmax(dim=1, keepdim=True)  # (B, 1)
+        return passed.scatter_(1, best, True)
+    passed &= candidates
+    enough = passed.sum(dim=1, keepdim=True) >= counts[:, None]  # (B, 1)
+    return torch.where(enough, passed, top_columns(confidence, candidates, counts))

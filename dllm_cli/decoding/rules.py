@@ -51,7 +51,7 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 def eb_rule(p, ctx) -> torch.Tensor:
     """EB-Sampler's step: the most confident candidates while their entropy stays under gamma."""
     h = entropy(ctx.probs.to(torch.float64))
-    counts = entropy_bounded_counts(h, ctx.confidence, ctx.candidates, p.eb_gamma)
+    counts = entropy_bounded_counts(h, ctx.confidence, ctx.candidates, p.s.eb_gamma)
     return top_columns(ctx.confidence, ctx.candidates, counts)
 
 
@@ -96,8 +96,8 @@ class KlassMemory:
 def klass_rule(p, ctx) -> torch.Tensor:
     """KLASS's step: every mask confident (> threshold) and stable (KL < kl_threshold for the
     last kl_history steps); none ready: the schedule's count of most confident masks."""
-    kls = p.memory.stable(ctx, p.kl_history)  # (B, L, H)
-    stable = (kls < p.kl_threshold).all(dim=-1)
-    ready = stable & (ctx.confidence > p.threshold) & ctx.candidates  # (B, L)
+    kls = p.memory.stable(ctx, p.s.kl_history)  # (B, L, H)
+    stable = (kls < p.s.kl_threshold).all(dim=-1)
+    ready = stable & (ctx.confidence > p.s.threshold) & ctx.candidates  # (B, L)
     fallback = p.fallback(p, ctx)  # the schedule's top-k (everything on the block's last step)
     return torch.where(ready.any(dim=1, keepdim=True), ready, fallback)

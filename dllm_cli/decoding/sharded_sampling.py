@@ -29,7 +29,7 @@ CONFIDENCES = ("low_confidence", "margin", "random")
 BLOCK = Family("block", torch.float32, tempered_confidence=False, schedule="linear")
 
 
-def refuse_unsupported(settings, *, compiled: bool = False) -> None:
+def refuse_unsupported(settings) -> None:
     """One line for what tensor parallelism does not compute yet (rather than computing it
     wrong): sampled drafts, top-p, rules that read whole distributions."""
     why = None
@@ -43,8 +43,6 @@ def refuse_unsupported(settings, *, compiled: bool = False) -> None:
         why = f"--unmask {settings.unmask} (supported: {', '.join(UNMASKS)})"
     elif settings.confidence not in CONFIDENCES:
         why = f"--confidence {settings.confidence} (supported: {', '.join(CONFIDENCES)})"
-    elif compiled:
-        why = "--compile"
     if why:
         raise SettingsError(f"--tensor-parallel does not support {why} yet")
 

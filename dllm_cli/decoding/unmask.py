@@ -15,8 +15,7 @@ import torch
 from dllm_cli.decoding.canvas import Block, Canvas
 from dllm_cli.decoding.credit import credit_memory, credit_rule
 from dllm_cli.decoding.position_rules import prefix_rule
-from dllm_cli.decoding.ranking import rank_by_confidence as rank_by_confidence
-from dllm_cli.decoding.ranking import top_columns
+from dllm_cli.decoding.ranking import confident_columns, top_columns
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.rules import KlassMemory, eb_rule, klass_rule
 from dllm_cli.decoding.wino import wino_rule
@@ -119,12 +118,6 @@ class Committer:
         raise NotImplementedError
 
 
-def commit_top(ctx: StepContext, counts: torch.Tensor, confidence=None) -> torch.Tensor:
-    """Commit the `counts[r]` most confident candidates of each row."""
-    conf = ctx.confidence if confidence is None else confidence
-    return top_columns(conf, ctx.candidates, counts)
-
-
 def llada_counts(ctx: StepContext, eps: float) -> torch.Tensor:
     """LLaDA's linear schedule: masks // steps each step, the first masks % steps one more."""
     steps = ctx.steps_planned
@@ -169,52 +162,51 @@ SCHEDULES: dict[str, Callable[[StepContext, float], torch.Tensor]] = {
 
 @dataclass(frozen=True)
 class RuleParams:
-    threshold: float
-    factor: float
-    eps: float
-    alg_temp: float
-    eb_gamma: float
-    schedule: Callable[[StepContext, float], torch.Tensor]
-    kl_threshold: float = 0.01
-    kl_history: int = 2
+    """What a rule reads besides the step: the run's settings (its parameters are fields
+    there: threshold, factor, eps, ...) and what they resolve to once."""
+
+    s: DecodeSettings
+    schedule: Callable[[StepContext, float], torch.Tensor]  # the family's or `schedule`'s
     fallback: Callable | None = None  # klass: the rule of a step with nothing ready (fixed)
     memory: object | None = None  # the rule's state across steps (klass: KL histories)
-    wino_verify: float = 0.9  # wino: earlier commits below this shadow probability go back
-    jump_threshold: float = 1.0  # prefix: masks past the left run committed above this
+    one_per_step: bool = True  # every block plans a step per token: threshold's k is 1
+
+
+def planned_counts(p: RuleParams, ctx: StepContext) -> torch.Tensor:
+    """(B,) the step's share of the block by the family's schedule, everything left on the
+    block's last planned step (so a block ends within its planned steps)."""
+    last = ctx.last_step
+    if isinstance(last, bool):
+        return ctx.masks_now if last else p.schedule(ctx, p.s.eps)
+    return torch.where(last, ctx.masks_now, p.schedule(ctx, p.s.eps))
 
 
 def fixed_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     """A planned number per step (the family's schedule), everything left on the last step."""
-    last = ctx.last_step
-    if isinstance(last, bool):
-        counts = ctx.masks_now if last else p.schedule(ctx, p.eps)
-    else:
-        counts = torch.where(last, ctx.masks_now, p.schedule(ctx, p.eps))
-    if p.alg_temp > 0:
+    counts = planned_counts(p, ctx)
+    if p.s.alg_temp > 0:
         # Dream's alg_temp: positions sampled from softmax(conf / alg_temp) without replacement,
         # drawn here by Gumbel-top-k.
         u = uniform(ctx.generator, ctx.confidence.shape, device=ctx.drafts.device)
-        noisy = ctx.confidence.double() / p.alg_temp - torch.log(-torch.log(u.double()))
-        return commit_top(ctx, counts, noisy)
-    return commit_top(ctx, counts)
+        noisy = ctx.confidence.double() / p.s.alg_temp - torch.log(-torch.log(u.double()))
+        return top_columns(noisy, ctx.candidates, counts)
+    return top_columns(ctx.confidence, ctx.candidates, counts)
 
 
 def threshold_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
-    """Fast-dLLM (arXiv 2505.22618): every candidate with confidence >= tau, at least the best."""
-    # The best is the leftmost maximum (argmax's first), as ranking would pick it; only a
-    # candidate, since confidence is -inf elsewhere. A row without candidates has its
-    # column 0 marked here, which the engine's guard cuts (commits are cut to candidates).
-    best = ctx.confidence.argmax(dim=1, keepdim=True)  # (B, 1)
-    return (ctx.confidence >= p.threshold).scatter_(1, best, True)  # (B, L), one op for top
+    """The one threshold rule (ranking.confident_columns) with k = the schedule's share of the
+    step, at least one; Fast-dLLM's `>=` (its reference commits a confidence equal to tau)."""
+    counts = None if p.one_per_step else planned_counts(p, ctx).clamp(min=1)
+    return confident_columns(ctx.confidence, ctx.candidates, p.s.threshold, counts, inclusive=True)
 
 
 def factor_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     """Fast-dLLM's factor rule: the largest n with (n + 1) * (1 - c_n) < f, at least one."""
     ordered = ctx.confidence.sort(dim=1, descending=True).values  # (B, L), -inf last
     n = torch.arange(1, ordered.shape[1] + 1, device=ordered.device)
-    passes = ((n + 1) * (1 - ordered) < p.factor).long().cumprod(dim=1)
+    passes = ((n + 1) * (1 - ordered) < p.s.factor).long().cumprod(dim=1)
     counts = passes.sum(dim=1).clamp(min=1)
-    return commit_top(ctx, counts)
+    return top_columns(ctx.confidence, ctx.candidates, counts)
 
 
 def origin_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -222,7 +214,7 @@ def origin_rule(p: RuleParams, ctx: StepContext) -> torch.Tensor:
     last = ctx.last_step
     if isinstance(last, bool) and last:
         return ctx.candidates.clone()
-    t, s = timesteps(ctx, p.eps)
+    t, s = timesteps(ctx, p.s.eps)
     chance = 1 - s / t
     if isinstance(chance, torch.Tensor) and chance.dim() == 1:
         chance = chance[:, None]  # (B, 1)
@@ -276,18 +268,11 @@ class RuleCommitter(Committer):
         self.rule = entry.select
         schedule = family_schedule if settings.schedule == "family" else settings.schedule
         self.params = RuleParams(
-            threshold=settings.threshold,
-            factor=settings.factor,
-            eps=settings.eps,
-            alg_temp=settings.alg_temp,
-            eb_gamma=settings.eb_gamma,
-            schedule=SCHEDULES[schedule],
-            kl_threshold=settings.kl_threshold,
-            kl_history=settings.kl_history,
+            settings,
+            SCHEDULES[schedule],
             fallback=fixed_rule,
             memory=None if entry.memory is None else entry.memory(settings),
-            wino_verify=settings.wino_verify,
-            jump_threshold=settings.jump_threshold,
+            one_per_step=settings.one_per_step,
         )
         self.needs_probs = entry.needs_probs
         self.needs_shadow = entry.remasking

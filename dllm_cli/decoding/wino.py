@@ -64,10 +64,10 @@ def narrow_out(verify, accepted: torch.Tensor, last: torch.Tensor, bar: float) -
 
 def wino_rule(p, ctx) -> tuple[torch.Tensor, torch.Tensor]:
     """WINO's step: (commit, remask) over the row's block slots."""
-    commit = wide_in(ctx.confidence, ctx.candidates, p.threshold)
+    commit = wide_in(ctx.confidence, ctx.candidates, p.s.threshold)
     committed = torch.isfinite(ctx.verify)  # the block's columns committed in earlier steps
     last = last_accepted(ctx, committed)
-    remask = narrow_out(ctx.verify, commit.sum(dim=1), last, p.wino_verify)
+    remask = narrow_out(ctx.verify, commit.sum(dim=1), last, p.s.wino_verify)
     return commit, remask
 
 

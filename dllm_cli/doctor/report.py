@@ -96,9 +96,12 @@ def markdown(r: Report) -> str:
 def several_gpus(checks: list[Check]) -> list[str]:
     """The multi-GPU section's rows (doctor/multi_gpu.py), when it ran."""
     rows = [c for c in checks if c.section == "multi-GPU" and c.status != "skip"]
-    if not rows:
-        return []
-    out = ["## Multi-GPU", "", "| check | status | detail | s |", "|---|---|---|---|"]
+    return check_table("Multi-GPU", rows) if rows else []
+
+
+def check_table(title: str, rows: list[Check]) -> list[str]:
+    """A section's checks as a table: name, status, detail, seconds."""
+    out = [f"## {title}", "", "| check | status | detail | s |", "|---|---|---|---|"]
     out += [f"| {c.name} | {c.status} | {cell(c.detail)} | {c.seconds:.1f} |" for c in rows]
     return [*out, ""]
 
@@ -107,9 +110,7 @@ def correctness(checks: list[Check]) -> list[str]:
     rows = [c for c in checks if c.section == "correctness"]
     if not rows:
         return []
-    out = ["## Correctness", "", "| check | status | detail | s |", "|---|---|---|---|"]
-    out += [f"| {c.name} | {c.status} | {cell(c.detail)} | {c.seconds:.1f} |" for c in rows]
-    out.append("")
+    out = check_table("Correctness", rows)
     for c in rows:  # cells that were not equal, for the failing checks
         bad = [x for x in c.data.get("cells", []) if not ok(x)]
         if c.status in ("fail", "error") and bad:

@@ -38,6 +38,7 @@ class Counts:
 
     all_reduce: int = 0
     all_gather: int = 0
+    all_reduce_max: int = 0  # int8's row peaks before a layer holding part of its inputs
     forwards: int = 0
 
 
@@ -90,6 +91,23 @@ class Shards:
         with self.guarded():
             dist.all_reduce(x, group=self.group)
         return x
+
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """The largest `x` over the ranks, in place."""
+        self.counts.all_reduce_max += 1
+        with self.guarded():
+            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
+        return x
+
+    def agree(self, ok: bool) -> bool:
+        """Whether every rank says `ok` (one MIN all-reduce of a flag, on NCCL's device)."""
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
+        )
+        flag = torch.tensor([float(ok)], device=device)
+        with self.guarded():
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """(world, *x.shape): every rank's `x`, in rank order."""

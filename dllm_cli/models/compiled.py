@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from dllm_cli.cache import KVCache
+from dllm_cli.errors import DllmError
 
 # record(run) -> (this step's output, replay, the buffer each replay rewrites)
 Recorder = Callable[
@@ -42,10 +43,19 @@ def record_cuda_graph(run: Callable[[], torch.Tensor]):
 
 
 class StepGraphs:
-    """A model forward that replays recorded cached block steps and runs the rest eagerly."""
+    """A model forward that replays recorded cached block steps and runs the rest eagerly.
 
-    def __init__(self, forward: Callable[..., torch.Tensor], record: Recorder):
-        self.forward, self.record = forward, record
+    `agree` (tensor parallelism: `Shards.agree`, one MIN all-reduce of a flag per recording)
+    says whether every rank recorded: one rank's failed recording leaves every rank eager, so
+    every rank runs the same collectives (a replay's NCCL kernels, or the eager calls)."""
+
+    def __init__(
+        self,
+        forward: Callable[..., torch.Tensor],
+        record: Recorder,
+        agree: Callable[[bool], bool] | None = None,
+    ):
+        self.forward, self.record, self.agree = forward, record, agree
         self.key = self.replay = self.static = self.output = None
         self.failed: str | None = None
         self.recordings = self.replays = 0
@@ -76,11 +86,20 @@ class StepGraphs:
         def run() -> torch.Tensor:
             return self.forward(ids, pos, cache, keys, columns, logits_slice)
 
+        why = None
         try:
             out, self.replay, self.output = self.record(run)
+        except DllmError:  # a lost rank: no recording problem, the job ends
+            raise
         except Exception as e:  # recording is an optimisation: never let it break a decode
-            self.failed = f"--compile: CUDA graph recording failed ({e}); decoding eagerly"
+            why = str(e)
+        if self.agree is not None and not self.agree(why is None) and why is None:
+            why = "on another rank"
+        if why is not None:
+            self.failed = f"--compile: CUDA graph recording failed ({why}); decoding eagerly"
+            self.replay = self.output = None
             warnings.warn(self.failed, RuntimeWarning, stacklevel=2)
+            # every rank runs the step again, eagerly (the same collectives on every rank)
             return self.forward(input_ids, positions, cache, key_mask, columns, logits_slice)
         self.key = key
         self.recordings += 1
@@ -110,7 +129,13 @@ def recording_key(input_ids, positions, cache, key_mask, columns, logits_slice) 
 
 
 def enable_compile(model, record: Recorder | None = None) -> str | None:
-    """Turn on CUDA-graph replay of cached block steps; None, or why the model stays eager."""
+    """Turn on CUDA-graph replay of cached block steps; None, or why the model stays eager.
+
+    A tensor-parallel shard records its NCCL all-reduces with the step (torch captures NCCL
+    collectives, NCCL >= 2.9.6); every rank records the same steps, as every rank takes the
+    same decisions, and the ranks agree on each recording (`StepGraphs.agree`)."""
+    from dllm_cli.models.sharding import ShardedLM
+
     device = next(model.parameters()).device
     if record is None:
         if device.type != "cuda":
@@ -120,5 +145,6 @@ def enable_compile(model, record: Recorder | None = None) -> str | None:
             )
         record = record_cuda_graph
     if not isinstance(model.forward, StepGraphs):
-        model.forward = StepGraphs(model.forward, record)
+        agree = model.shards.agree if isinstance(model, ShardedLM) else None
+        model.forward = StepGraphs(model.forward, record, agree)
     return None

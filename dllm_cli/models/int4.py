@@ -279,10 +279,14 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # (N, in)
-        out = MATMULS[self.kernel](self, flat.to(torch.bfloat16))  # (N, out) bfloat16
+        out = self.products(flat)  # (N, out) bfloat16
         if self.bias is not None:  # added in float32, as Int8Linear does
             out = out.float().add_(self.bias)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def products(self, flat: torch.Tensor) -> torch.Tensor:
+        """(N, in) -> (N, out) bfloat16: x W^T on this layer's kernel."""
+        return MATMULS[self.kernel](self, flat.to(torch.bfloat16))
 
     def extra_repr(self) -> str:
         return (

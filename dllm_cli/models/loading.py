@@ -282,9 +282,8 @@ def load_model(
     own = family.traits.own_model  # transformers' own model and sampler (DiffusionGemma)
     if scheme.bits:
         refuse_feature(family, "quantize", f"--quantize {scheme.name}")
-    if shards is not None and (scheme.bits or own):
-        what = f"--quantize {scheme.name}" if scheme.bits else f"{family.name} models"
-        raise SettingsError(f"--tensor-parallel does not support {what} yet")
+    if shards is not None and own:
+        raise SettingsError(f"--tensor-parallel does not support {family.name} models yet")
     if own:
         return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
     config, model_cls = config_from_json(raw, folder / "config.json", family)
@@ -297,10 +296,10 @@ def load_model(
         ) from None
     check_weights(folder, skeleton)
     try:
-        if shards is not None:  # this rank's slices only, fused (models/sharded_load.py)
+        if shards is not None:  # this rank's slices only, fused or quantized (sharded_load.py)
             from dllm_cli.models.sharded_load import load_sharded
 
-            model = load_sharded(folder, skeleton, family.name, shards, torch_dtype, dev)
+            model = load_sharded(folder, skeleton, family.name, shards, torch_dtype, dev, scheme)
         else:
             # Weights stream shard by shard onto the meta-built model (models/weights.py);
             # device placement is a plain .to() so no accelerate dependency is needed.
@@ -312,11 +311,8 @@ def load_model(
     except Exception as e:  # a damaged shard past our checks (safetensors raises several)
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
     model.eval()
-    if scheme.bits:  # quantized layers of the fused groups, then the rest cast to the asked dtype
-        quant.quantize_model(model, scheme)
-        model.to(torch_dtype)
-        quant.refuse_float_groups(model)
-        quant.release_freed_memory()
+    if scheme.bits and shards is None:
+        quant.quantize_loaded(model, scheme, torch_dtype)
     elif shards is None:
         model.fuse_projections()  # one GEMM for q/k/v and for gate/up; names, memory unchanged
     tokenizer = load_tokenizer(folder, config)

@@ -20,7 +20,7 @@ when it writes Q4_0 (6.6 bits a weight: the logits are what sampling reads).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,12 +68,21 @@ def scheme_for(name: str) -> Scheme:
     return scheme
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) float -> int8 (N, K) and float32 scales (N, 1): x ~= q * scale, |q| <= 127."""
+def row_peaks(x: torch.Tensor) -> torch.Tensor:
+    """(N, K) -> float32 (N, 1): max |x| per row."""
     x = x.float()
-    # max |x| per row as max(-min, max): two reductions, no |x| buffer (the fastest measured
-    # here: 23 us against 30 for abs().amax() and 232 for aminmax at 192 x 512).
-    peak = torch.maximum(x.amin(dim=-1, keepdim=True).neg_(), x.amax(dim=-1, keepdim=True))
+    # max(-min, max): two reductions, no |x| buffer (the fastest measured here: 23 us against
+    # 30 for abs().amax() and 232 for aminmax at 192 x 512).
+    return torch.maximum(x.amin(dim=-1, keepdim=True).neg_(), x.amax(dim=-1, keepdim=True))
+
+
+def quantize_rows(
+    x: torch.Tensor, peak: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float -> int8 (N, K) and float32 scales (N, 1): x ~= q * scale, |q| <= 127;
+    `peak` (N, 1): each row's max |x| when the row is wider than x (tensor parallelism)."""
+    x = x.float()
+    peak = row_peaks(x) if peak is None else peak.clone()
     scale = peak.clamp_(min=1e-12).div_(INT8_MAX)  # (N, 1)
     q = x.div(scale).round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
@@ -108,10 +117,16 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", bias)  # (out,) float32, or None
 
     @classmethod
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
-        """Quantize a float (out, in) weight (and keep its bias in float32)."""
+    def of(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        peak: torch.Tensor | None = None,
+    ) -> Int8Linear:
+        """Quantize a float (out, in) weight (and keep its bias in float32); `peak` (out, 1):
+        its whole rows' max |w| where it holds some of their inputs (tensor parallelism)."""
         with torch.no_grad():
-            q, scale = quantize_rows(weight.detach())
+            q, scale = quantize_rows(weight.detach(), peak)
             kept = None if bias is None else bias.detach().float().clone()
         return cls(q.t().contiguous(), scale.view(1, -1), kept)
 
@@ -122,12 +137,16 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # (N, in)
-        q, row_scale = quantize_rows(flat)
+        q, row_scale = quantize_rows(flat, self.peaks(flat))
         acc = int_matmul(q, self.qweight)  # (N, out) int32
         out = acc.float().mul_(row_scale).mul_(self.scale)  # faster than int32 * float32
         if self.bias is not None:
             out.add_(self.bias)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def peaks(self, flat: torch.Tensor) -> torch.Tensor | None:
+        """Each input row's max |x| (None: its own; tensor parallelism's shards reduce theirs)."""
+        return None
 
     def dequantized(self) -> torch.Tensor:
         """The float (out, in) weight this layer multiplies by (for tests and error bounds)."""
@@ -150,25 +169,32 @@ SCHEMES: dict[str, Scheme] = {
 }
 
 
-def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
+# (the float linears a layer replaces, its (out, in) weight, its bias) -> the quantized layer;
+# tensor parallelism's (models/sharded_load.py) knows which linears hold part of their inputs
+Maker = Callable[[Sequence[nn.Linear], torch.Tensor, torch.Tensor | None], nn.Module]
+
+
+def quantize_model(model: DiffusionLM, scheme: str | Scheme, make: Maker | None = None) -> int:
     """Replace the model's projections in place; returns how many were quantized.
 
     Each block's fused groups (q/k/v, gate/up: fused.py) become one int8 layer, so their input
     is quantized once and multiplied in one GEMM; each output channel is the one the separate
     layers compute (the same integers, the same scales). Call it instead of
-    `fuse_projections`. A tied output head stays the embedding's float view.
+    `fuse_projections`. A tied output head stays the embedding's float view; `make` (else the
+    scheme's) makes the layers but the output head.
     """
     scheme = scheme if isinstance(scheme, Scheme) else scheme_for(scheme)
     if scheme.bits == 0:
         return 0
     check_groups(model, scheme)
+    make = make or (lambda linears, weight, bias: scheme.make(weight, bias))
     count = 0
     kept: set[int] = set()  # the first block's MLP output linears
     for i, block in enumerate(model.blocks()):  # one block at a time: one float copy at most
         block.fuse()  # float groups first: their weights joined, the linears views of them
         skip = FIRST_BLOCK_FLOAT if i == 0 else ()
         owners = [m for m in block.modules() if isinstance(m.__dict__.get("fusion"), Fusion)]
-        count += sum(quantize_fusion(owner, owner.fusion, skip, scheme) for owner in owners)
+        count += sum(quantize_fusion(owner, owner.fusion, skip, make) for owner in owners)
         if i == 0:
             kept = {id(m) for n, m in block.named_modules() if n.rpartition(".")[2] in MLP_OUT}
     tied = {id(p) for p in _embedding_weights(model)}
@@ -176,17 +202,29 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme) -> int:
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear
+        if isinstance(child, nn.Linear)
         and name not in KEEP_FLOAT
         and id(child.weight) not in tied
         and id(child) not in kept
     ]
     heads = {id(m) for m in output_heads(model)}
     for parent, name, child in targets:
-        make = scheme.head if id(child) in heads and scheme.head else scheme.make
-        setattr(parent, name, make(child.weight, child.bias))
+        head = scheme.head if id(child) in heads and scheme.head else None
+        layer = head(child.weight, child.bias) if head else make([child], child.weight, child.bias)
+        setattr(parent, name, layer)
     model.quantized = scheme.name
     return count + len(targets)
+
+
+def quantize_loaded(
+    model: DiffusionLM, scheme: Scheme, dtype: torch.dtype, make: Maker | None = None
+) -> None:
+    """A model read in `load_dtype`'s dtype: its projections quantized (fused groups joined),
+    the rest cast to `dtype`, the freed float weights handed back."""
+    quantize_model(model, scheme, make)
+    model.to(dtype)
+    refuse_float_groups(model)
+    release_freed_memory()
 
 
 def output_heads(model: DiffusionLM) -> list[nn.Linear]:
@@ -196,7 +234,7 @@ def output_heads(model: DiffusionLM) -> list[nn.Linear]:
     return [
         m
         for m in model.modules()
-        if type(m) is nn.Linear and id(m) not in inside and m.out_features in vocab
+        if isinstance(m, nn.Linear) and id(m) not in inside and m.out_features in vocab
     ]
 
 
@@ -205,16 +243,13 @@ def check_groups(model: nn.Module, scheme: Scheme) -> None:
     if not scheme.group:
         return
     for name, child in model.named_modules():
-        if type(child) is nn.Linear:
+        if isinstance(child, nn.Linear):
             check_group(scheme.group, child.in_features, name)
 
 
-def quantize_fusion(
-    owner: nn.Module, fusion: Fusion, skip: tuple[str, ...] = (), scheme: Scheme | None = None
-) -> int:
-    """One quantized layer (int8 unless `scheme` says) per fused group but those in `skip`
-    (kept float); the owner's linears become views of it (no float copy left)."""
-    make = (scheme or SCHEMES["int8"]).make
+def quantize_fusion(owner: nn.Module, fusion: Fusion, skip: tuple[str, ...], make: Maker) -> int:
+    """One quantized layer per fused group but those in `skip` (kept float); the owner's
+    linears become views of it (no float copy left)."""
     names = {id(child): name for name, child in owner.named_children()}
     views: list[nn.Module] = []
     kept = 0
@@ -223,7 +258,7 @@ def quantize_fusion(
             views.extend(fused.linears)
             kept += len(fused.linears)
             continue
-        joined = make(fused.weight.t(), fused.bias)  # (sum out, in)
+        joined = make(fused.linears, fused.weight.t(), fused.bias)  # (sum out, in)
         fusion.groups[group] = joined
         start = 0
         for lin in fused.linears:

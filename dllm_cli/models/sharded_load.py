@@ -1,16 +1,23 @@
 """Tensor parallelism's loading: a meta-built model shrunk to this rank's pieces, and only those
-slices of every tensor read from the safetensors files (`get_slice`, never the whole tensor).
+slices of every tensor read from the safetensors files (`get_slice`, never the whole tensor);
+with --quantize, those slices quantized to the integers and scales one process gives them
+(`quantized_layers`, `QuantizedInputs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from dllm_cli.errors import SettingsError
+from dllm_cli.models import quantize as quant
 from dllm_cli.models.expert_parallel import keep_experts
+from dllm_cli.models.fused import FusedLinear
+from dllm_cli.models.int4 import Int4Linear, Narrowed
 from dllm_cli.models.moe import LLaDAMoESparseBlock
 from dllm_cli.models.sharded_llada2 import ROWS, read_rows, split_llada2_block
 from dllm_cli.models.sharding import (
@@ -138,32 +145,150 @@ def _narrow(module: nn.Module, dim: int, lo: int, hi: int, plan: dict, name: str
         plan[f"{name}.{kind}"] = (dim, lo, hi)
 
 
-def unique_bytes(model: nn.Module, itemsize: int) -> int:
-    """Bytes of the model's parameters at `itemsize` bytes each, tied ones counted once."""
-    return sum(p.numel() for p in model.parameters()) * itemsize
-
-
 def load_sharded(
-    folder: Path, model: nn.Module, family: str, shards: Shards, dtype: torch.dtype, device
+    folder: Path,
+    model: nn.Module,
+    family: str,
+    shards: Shards,
+    dtype: torch.dtype,
+    device,
+    scheme: quant.Scheme = quant.SCHEMES["none"],
 ) -> nn.Module:
-    """`model` (meta-built, checked against the folder) as this rank's shard, on `device`."""
+    """`model` (meta-built, checked against the folder) as this rank's shard, on `device`;
+    `scheme`: its projections quantized from this rank's slices, as one process quantizes."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    whole = unique_bytes(model, itemsize)
+    whole = sum(p.numel() for p in model.parameters()) * itemsize  # tied ones counted once
     groups = tied_groups(model)
     plan = split(model, family, shards)
-    read_slices(folder, model, plan, dtype)
+    inputs = split_inputs_linears(model, plan)  # name -> a linear holding part of its inputs
+    check_split_groups(inputs, scheme, shards)
+    per_row = scheme.bits and not scheme.group  # one scale a row: the whole row's peak
+    peaks: dict[str, torch.Tensor] | None = {} if per_row else None
+    read_slices(folder, model, plan, quant.load_dtype(scheme, dtype, weight_files(folder)), peaks)
     for group in groups:
         retie(model, group)
     model.to(device)
     model.eval()
-    model.fuse_projections()
+    if scheme.bits:
+        held = {id(lin): (peaks or {}).get(f"{name}.weight") for name, lin in inputs.items()}
+        quant.quantize_loaded(model, scheme, dtype, quantized_layers(scheme, shards, held))
+    else:
+        model.fuse_projections()
     sum_fused_rows(model)
-    model.weight_bytes = (unique_bytes(model, itemsize), whole)
+    model.weight_bytes = (quant.weight_bytes(model), whole)
     return model
 
 
-def read_slices(folder: Path, model: nn.Module, plan: dict, dtype: torch.dtype) -> None:
-    """Each tensor's slice for this rank, read from its shard file (never the whole tensor)."""
+def split_inputs_linears(model: nn.Module, plan: dict) -> dict[str, nn.Linear]:
+    """The linears of which this rank holds some inputs (their weights split over dim 1)."""
+    return {
+        name.removesuffix(".weight"): model.get_submodule(name.removesuffix(".weight"))
+        for name, piece in plan.items()
+        if name.endswith(".weight") and isinstance(piece, tuple) and piece[0] == 1
+    }
+
+
+def check_split_groups(inputs: dict[str, nn.Linear], scheme: quant.Scheme, shards: Shards):
+    """Refuse, naming the numbers, a split whose share of a layer's inputs is not a whole
+    number of int4 groups (a group must not straddle two ranks); and int4 experts split over
+    their columns (summed after their block's weighted sum: each rank's part would be
+    rounded to bfloat16 first, unlike one process's whole expert output)."""
+    for name, lin in inputs.items():
+        if scheme.group and not isinstance(lin, RowLinear):
+            raise SettingsError(
+                f"--tensor-parallel does not support --quantize {scheme.name} for experts split "
+                f"over their columns yet ({name}); use --quantize int8"
+            )
+        if scheme.group and lin.in_features % scheme.group:
+            raise SettingsError(
+                f"--tensor-parallel {shards.world} gives each rank {lin.in_features} of "
+                f"{name}'s {lin.in_features * shards.world} inputs, not a multiple of "
+                f"--quantize {scheme.name}'s group of {scheme.group}"
+            )
+
+
+def quantized_layers(
+    scheme: quant.Scheme, shards: Shards, inputs: dict[int, torch.Tensor | None]
+) -> quant.Maker:
+    """The quantized layer of a group of this rank's linears: a linear holding some of its
+    inputs (`inputs`: its id -> int8's peaks of its whole rows) is quantized with one
+    process's per-row scales and reduces its activations' peaks (QuantizedInputs); a
+    row-parallel one sums its products too."""
+
+    def make(linears, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+        first = linears[0]
+        if id(first) not in inputs:  # its outputs split, or replicated: one process's rows
+            return scheme.make(weight, bias)
+        if scheme.group:  # int4: groups of inputs, each rank's own; multiplied in float32
+            layer = Int4Linear.of(weight, bias, scheme.group, kernel="dequant")
+        else:  # int8: one process's row scales
+            layer = quant.Int8Linear.of(weight, bias, inputs[id(first)])
+        return split_inputs_of(layer, shards, summed=isinstance(first, RowLinear))
+
+    return make
+
+
+class QuantizedInputs:
+    """Mixed in before a quantized layer (models/quantize.py, int4.py) holding this rank's
+    share of its inputs. int8 quantizes each row of x by its whole row's max |x| (one MAX
+    all-reduce of a number a row), as one process does. `summed` (a row-parallel layer; the
+    experts' are summed by their block): the partial products are summed over ranks; int4's
+    are float32 products of the same bfloat16 values, rounded to bfloat16 once after the sum,
+    as one process's bfloat16 GEMM rounds its float32 sums once."""
+
+    shards: Shards
+    summed: bool
+
+    def peaks(self, flat: torch.Tensor) -> torch.Tensor:
+        return self.shards.all_reduce_max(quant.row_peaks(flat))
+
+    def products(self, flat: torch.Tensor) -> torch.Tensor:
+        if not self.summed:
+            return super().products(flat)
+        weight = self.dequantized(torch.bfloat16).float()  # (out, in): the bfloat16 values
+        return torch.mm(flat.to(torch.bfloat16).float(), weight.t())  # (N, out) float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if not self.summed:
+            return out
+        out = self.shards.all_reduce(out)
+        return out.bfloat16().to(x.dtype) if isinstance(self, Int4Linear) else out
+
+    def part(self, start: int, stop: int) -> nn.Module:
+        view = super().part(start, stop)  # a Narrowed view calls this layer: reduced already
+        return (
+            view if isinstance(view, Narrowed) else split_inputs_of(view, self.shards, self.summed)
+        )
+
+
+@cache
+def _quantized_inputs(cls: type) -> type:
+    return type(f"Split{cls.__name__}", (QuantizedInputs, cls), {})
+
+
+def split_inputs_of(layer: nn.Module, shards: Shards, summed: bool) -> nn.Module:
+    """`layer` (quantized from this rank's share of its inputs) as a QuantizedInputs layer."""
+    layer.__class__ = _quantized_inputs(type(layer))
+    layer.shards, layer.summed = shards, summed
+    return layer
+
+
+# Rows of a row-parallel weight read at once to find their peaks (whole rows: this many bytes
+# at most in flight, whatever the tensor's size).
+PEAK_CHUNK_BYTES = 64 << 20
+
+
+def read_slices(
+    folder: Path,
+    model: nn.Module,
+    plan: dict,
+    dtype: torch.dtype,
+    peaks: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Each tensor's slice for this rank, read from its shard file (never the whole tensor);
+    with `peaks` (int8) a weight split over its inputs is read a few whole rows at a time,
+    and the max |w| of its whole rows is kept there (the scale one process gives each row)."""
     from safetensors import safe_open
 
     wanted = model.state_dict(keep_vars=True)
@@ -173,10 +298,28 @@ def read_slices(folder: Path, model: nn.Module, plan: dict, dtype: torch.dtype) 
             for name in st.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if name not in wanted:
                     continue
-                t = _read(st, name, plan.get(name), wanted[name])
+                piece = plan.get(name)
+                if peaks is not None and isinstance(piece, tuple) and piece[0] == 1:
+                    read[name], peaks[name] = _read_with_peaks(st.get_slice(name), piece, dtype)
+                    continue
+                t = _read(st, name, piece, wanted[name])
                 read[name] = t.to(dtype) if t.is_floating_point() else t
         model.load_state_dict(read, strict=False, assign=True)
         read.clear()
+
+
+def _read_with_peaks(tensor, piece: Slice, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Columns lo..hi of a 2-D checkpoint slice, and its whole rows' max |w| (out, 1), from
+    chunks of whole rows in `dtype` (the values one process quantizes)."""
+    _, lo, hi = piece
+    rows, width = tensor.get_shape()
+    step = max(1, PEAK_CHUNK_BYTES // (4 * width))
+    parts, peaks = [], []
+    for start in range(0, rows, step):
+        chunk = tensor[start : start + step].to(dtype)  # (step, in): whole rows
+        peaks.append(quant.row_peaks(chunk))
+        parts.append(chunk[:, lo:hi].clone())
+    return torch.cat(parts), torch.cat(peaks)
 
 
 def _read(st, name: str, piece: Slice | str, like: torch.Tensor) -> torch.Tensor:
@@ -199,6 +342,8 @@ def sum_fused_rows(model: nn.Module) -> None:
         if fusion is None:
             continue
         for name, group in list(fusion.groups.items()):
+            if not isinstance(group, FusedLinear):  # quantized: QuantizedInputs sums it
+                continue
             if all(isinstance(lin, RowLinear) for lin in group.linears):
                 fusion.groups[name] = _summed(group, group.linears[0].shards)
 
