@@ -32,7 +32,6 @@ from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
 from dllm_cli.families import family_of_model
-from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.block import BlockContext, block_causal
 from dllm_cli.settings import DecodeSettings
 
@@ -124,12 +123,13 @@ class BlockStepper:
     def answer(self, row: BlockRow) -> torch.Tensor:
         return row.x[row.prompt : row.prompt + row.request.sampling.gen_length]
 
-    def check(self, sampling: Sampling) -> None:
-        """A request's own gen_length gets its own steps per block (SettingsError: too few)."""
-        g = sampling.gen_length
-        if g not in self.rules:
-            own = replace(self.settings, gen_length=g)
-            self.rules[g] = block_rules.check_block_settings(own, self.family)
+    def rule_for(self, gen_length: int) -> block_rules.BlockRule:
+        """A request's own gen_length's rule: its own steps per block (its settings, which
+        refuse too few steps as they are built, checked the gen_length when it was added)."""
+        if gen_length not in self.rules:
+            own = replace(self.settings, gen_length=gen_length)
+            self.rules[gen_length] = block_rules.check_block_settings(own, self.family)
+        return self.rules[gen_length]
 
     # --- rows and the cache ------------------------------------------------------------------
     def _row(self, request: Request) -> BlockRow:
@@ -138,7 +138,7 @@ class BlockStepper:
         x = torch.full((blocks * b,), self.special.mask, dtype=torch.long, device=self.device)
         x[:n] = torch.tensor(request.prompt, device=self.device)
         marks = torch.full_like(x, -1)
-        return BlockRow(request, request.slot, x, marks, n, blocks, n // b, rule=self.rules[g])
+        return BlockRow(request, request.slot, x, marks, n, blocks, n // b, rule=self.rule_for(g))
 
     def _reserve(self, width: int) -> None:
         """Cache room for `width` columns in every slot (grown, never shrunk)."""

@@ -120,7 +120,6 @@ class Engine(RequestQueue):
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
             self._check_sampling(own)
-            self.stepper.check(own)
         if logprobs is not None:
             refuse_feature(self.family, "logprobs", "logprobs", InputError)
         ids = one_prompt(prompt, lambda p: self.check_prompts(p, own.gen_length))

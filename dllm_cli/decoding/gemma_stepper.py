@@ -25,7 +25,7 @@ from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
-from dllm_cli.lifetimes import SAMPLING_FIELDS, Sampling
+from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.settings import DecodeSettings
 
 _ONE_CONFIG = "one generation config decodes its whole static batch"
@@ -72,9 +72,6 @@ class GemmaStepper:
         self.first = 0  # the engine step the batch began
 
     # --- the Stepper protocol ----------------------------------------------------------------
-    def check(self, sampling: Sampling) -> None:
-        """Nothing beyond the DecodeSettings checks (and `batch_wide`)."""
-
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
         """The batch's decode starts: left-padded prompts, one generator per row."""
         self._close()

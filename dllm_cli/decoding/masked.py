@@ -35,7 +35,6 @@ from dllm_cli.decoding.stepper import Commit
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
 from dllm_cli.decoding.wino import ShadowForwards
 from dllm_cli.errors import InputError
-from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.settings import DecodeSettings
@@ -102,9 +101,6 @@ class MaskedStepper:
         self.forwards = self.guide_forwards = 0  # totals so far, for the events
 
     # --- the Stepper protocol ----------------------------------------------------------------
-    def check(self, sampling: Sampling) -> None:
-        """Nothing beyond the DecodeSettings checks (and `batch_wide`)."""
-
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
         """New rows into the canvas (allocated, or widened for a longer prompt) and the cache."""
         longest = max(len(r.prompt) for r in new)

@@ -25,7 +25,6 @@ import torch
 
 from dllm_cli.decoding.events import StepEvent
 from dllm_cli.decoding.request import Request
-from dllm_cli.lifetimes import Sampling
 from dllm_cli.settings import DecodeSettings
 
 # Family.stepper -> its class ("module:Class")
@@ -67,10 +66,6 @@ class Stepper(Protocol):
     batch_wide: Mapping[str, str]  # Sampling field -> why a request cannot set its own
     who: str  # names the decoder in refusals
     canvas: Any  # the live rows' shared canvas (masked), else None
-
-    def check(self, sampling: Sampling) -> None:
-        """A request's own values (beside the DecodeSettings checks) it cannot decode with are
-        refused (SettingsError), before the request is queued."""
 
     def place(self, live: list[Request], new: list[Request], order: list[int], step: int) -> int:
         """New requests (slots given) join the live rows; `order` sorts `live + new` into the
