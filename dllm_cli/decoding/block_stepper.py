@@ -124,8 +124,8 @@ class BlockStepper:
         return row.x[row.prompt : row.prompt + row.request.sampling.gen_length]
 
     def rule_for(self, gen_length: int) -> block_rules.BlockRule:
-        """A request's own gen_length's rule: its own steps per block (its settings, which
-        refuse too few steps as they are built, checked the gen_length when it was added)."""
+        """The rule of rows of this gen_length: their own steps per block (the request's
+        settings, validated as it was added, refuse too few steps)."""
         if gen_length not in self.rules:
             own = replace(self.settings, gen_length=gen_length)
             self.rules[gen_length] = block_rules.check_block_settings(own, self.family)

@@ -113,9 +113,9 @@ class Engine(RequestQueue):
         """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError).
 
         `sampling` (or whole `settings`) gives the request its own gen_length, temperature,
-        top_p, top_k, seed and stop ids (lifetimes.py) where the stepper takes them; any other setting
-        differing from the engine's is refused (SettingsError naming it). `logprobs` (k >= 0)
-        records each answer token's log-probability and k alternatives (logprobs.py)."""
+        top_p, top_k, seed and stop ids (lifetimes.py) where the stepper takes them; any other
+        setting differing from the engine's is refused (SettingsError naming it). `logprobs`
+        (k >= 0) records each answer token's log-probability and k alternatives (logprobs.py)."""
         own = self.sampling
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
