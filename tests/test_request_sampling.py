@@ -13,12 +13,13 @@ from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import Sampling, request_sampling
 from dllm_cli.settings import DecodeSettings
 
-# One request per row, each with its own sampling (greedy ones beside sampled ones).
+# One request per row, each with its own sampling (greedy ones beside sampled ones) and
+# length (shorter and longer than the engine's).
 MIX = (
     {"temperature": 1.0, "seed": 3},
     {},
-    {"temperature": 0.7, "top_k": 5, "seed": 11, "confidence": "random"},
-    {"temperature": 1.3, "top_p": 0.8, "seed": 5, "confidence": "margin"},
+    {"temperature": 0.7, "top_k": 5, "seed": 11, "confidence": "random", "gen_length": 9},
+    {"temperature": 1.3, "top_p": 0.8, "seed": 5, "confidence": "margin", "gen_length": 24},
     {"temperature": 1.0, "seed": 3},  # same values as the first: same generator stream
 )
 CASES = (
