@@ -79,7 +79,7 @@ class LLM:
         """Answers in prompt order; prompts decode `batch_size` at a time (continuous
         batching unless the settings or the model ask for static batches). `json_schema`:
         every answer is JSON valid under it (docs/structured-output.md; without the guide)."""
-        own, rest = split(settings)
+        own, rest = self._split(settings)
         rt = self._runtime(rest)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [rt.prepare(p, own_length="gen_length" in own) for p in texts]
@@ -100,7 +100,7 @@ class LLM:
 
     def stream(self, prompt: str, **settings: object) -> Iterator[str]:
         """The answer's text in pieces, each as soon as every position up to it is committed."""
-        own, rest = split(settings)
+        own, rest = self._split(settings)
         rt = self._runtime(rest)
         engine = self._engine(rt, 1, "static")
         rid = engine.add(rt.prepare(prompt, "gen_length" in own), sampling=own or None)
@@ -153,6 +153,14 @@ class LLM:
             compiled = grammar.compile_grammar("json_schema", schema, grammar.vocab_of(rt))
             committer = runtime_committer(rt, compiled, guided=False)
         return open_engine(model, special, rt.settings, committer, slots=slots, admission=admission)
+
+    def _split(self, settings: dict[str, object]) -> tuple[dict, dict]:
+        """(the call's per-request values, the rest); a family that takes no length per request
+        (the family table's `lengths`: DiffusionGemma) decodes the call's gen_length as its own."""
+        own, rest = split(settings)
+        if "lengths" in FAMILIES[self.runtime.loaded.family].cannot and "gen_length" in own:
+            rest["gen_length"] = own.pop("gen_length")
+        return own, rest
 
     def _runtime(self, settings: dict[str, object]) -> Runtime:
         """The loaded runtime with this call's settings, validated as the CLI validates."""
