@@ -33,6 +33,9 @@ def runs(folder: str) -> dict[str, DecodeSettings]:
     for cache in ("prefix", "none"):
         out[f"{cache} threshold"] = DecodeSettings(cache=cache, **PLAIN)
         out[f"{cache} fixed"] = DecodeSettings(cache=cache, unmask="fixed", **PLAIN)
+        # sampled drafts: top-k, then top-p, then torch.multinomial's draw (the same seed)
+        sampled = dict(PLAIN, temperature=1.0, top_k=20, top_p=0.9, seed=5)
+        out[f"{cache} sampled"] = DecodeSettings(cache=cache, **sampled)
         if "llada2" in Path(folder).name:
             out[f"{cache} editing"] = DecodeSettings(cache=cache, **EDITING)
     return out

@@ -38,6 +38,16 @@ RUNS = [
     ("prefix", "fixed", "random"),
     ("freecache", "origin", "low_confidence"),
 ]
+# Sampled drafts from the shards (the same seed: the tokens one process samples): top-p and
+# top-k, the entropy confidence; the fixed rule's positions sampled too (alg_temp).
+SAMPLED = {
+    "dual fixed entropy sampled": dict(
+        cache="dual", unmask="fixed", confidence="entropy", top_p=0.9, top_k=20, alg_temp=0.5
+    ),
+    "prefix threshold margin sampled": dict(
+        cache="prefix", unmask="threshold", confidence="margin", top_k=5
+    ),
+}
 PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: left padding in the batch
 
 
@@ -49,21 +59,16 @@ def decodes(folder: str, shards: Shards, quantize: str = "none") -> dict:
     if quantize != "none":  # the bytes held, int8 buffers and float parameters alike
         out["quantized_bytes"] = [weight_bytes(split.model), weight_bytes(whole.model)]
     out["expert_bytes"] = [expert_bytes(split.model), expert_bytes(whole.model)]
-    for cache, unmask, confidence in RUNS:
-        settings = DecodeSettings(
-            gen_length=16,
-            block_length=8,
-            cache=cache,
-            unmask=unmask,
-            confidence=confidence,
-            threshold=0.9,
-            steps=4,
-        )
+    plain = dict(gen_length=16, block_length=8, threshold=0.9, steps=4)
+    every = {f"{c} {u} {k}": dict(cache=c, unmask=u, confidence=k) for c, u, k in RUNS}
+    every.update({k: dict(v, temperature=0.8, seed=3) for k, v in SAMPLED.items()})
+    for name, values in every.items():
+        settings = DecodeSettings(**plain, **values)
         before = replace(shards.counts)
         tokens = decode(split.model, split.special, PROMPTS, settings).tokens
         spent = {k: v - asdict(before)[k] for k, v in asdict(shards.counts).items()}
         expected = decode(whole.model, whole.special, PROMPTS, settings).tokens
-        out[f"{cache} {unmask} {confidence}"] = {"split": tokens, "whole": expected, **spent}
+        out[name] = {"split": tokens, "whole": expected, **spent}
     return out
 
 
@@ -109,24 +114,25 @@ def drafts(shards: Shards) -> list[dict]:
     logits[1, 1, 7] = 30.0  # the mask id's logit is never drafted
     logits[1, 2, 20:24] = 15.0  # four ties on rank 0 at the top: top_k 3 keeps all four
     lo, hi = shards.vocabulary(101)
-    last = Shards(shards.world - 1, shards.world).vocabulary(101)
     seen = []
     for family in ("llada", "dream"):
-        for confidence in ("low_confidence", "margin"):
-            for top_k in (0, 3):
-                settings = DecodeSettings(confidence=confidence, top_k=top_k)
-                whole = Sampler(settings, FAMILIES[family], 99, 7)  # ids 99, 100: padding
-                sharded = ShardedSampler(
-                    shards, lo, last[1] - last[0], settings, FAMILIES[family], 99, 7, True
+        for confidence in ("low_confidence", "margin", "entropy"):
+            for top_k, temperature, top_p in ((0, 0.0, None), (3, 0.0, None), (3, 0.7, 0.8)):
+                settings = DecodeSettings(
+                    confidence=confidence, top_k=top_k, temperature=temperature, top_p=top_p
                 )
-                tokens, conf, probs = whole.draft(logits, torch.Generator())
-                mine, mine_conf, part = sharded.draft(logits[..., lo:hi], torch.Generator())
+                whole = Sampler(settings, FAMILIES[family], 99, 7)  # ids 99, 100: padding
+                sharded = ShardedSampler(shards, lo, 101, settings, FAMILIES[family], 99, 7, True)
+                tokens, conf, probs = whole.draft(logits, torch.Generator().manual_seed(1))
+                mine, mine_conf, part = sharded.draft(
+                    logits[..., lo:hi], torch.Generator().manual_seed(1)
+                )
                 # the shard's part of the distribution (a grammar reads it): padding ids 0
                 real = min(hi, 99) - lo
                 spread = (probs[..., lo : lo + real].double() - part[..., :real].double()).abs()
                 seen.append(
                     {
-                        "case": f"{family} {confidence} top_k {top_k}",
+                        "case": f"{family} {confidence} top_k {top_k} T {temperature} p {top_p}",
                         "tokens": tokens.tolist() == mine.tolist(),
                         "difference": float((conf.double() - mine_conf.double()).abs().max()),
                         "probs": float(spread.max()) + float(part[..., real:].abs().sum()),

@@ -46,7 +46,7 @@ def test_two_ranks_of_whole_experts_decode_the_one_process_tokens(folders, tmp_p
     for name in folders:
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if k not in ("layers", "bytes", "expert_bytes")}
-        assert len(runs) == 7, runs.keys()
+        assert len(runs) == 9, runs.keys()  # (with 2 sampled runs)
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             # attention's and the feed-forward's (experts + shared expert: one) per layer
@@ -156,7 +156,7 @@ def test_two_ranks_of_whole_llada2_experts_decode_the_one_process_tokens(llada2,
     runs = json.loads(out.read_text())["llada2"]
     mine, whole = runs.pop("expert_bytes")
     assert mine * 2 == whole
-    assert len(runs) == 6, runs.keys()  # both block caches x (threshold, fixed, editing)
+    assert len(runs) == 8, runs.keys()  # both block caches x (threshold, fixed, sampled, editing)
     for name, run in runs.items():
         assert run["split"] == run["whole"], name
         # 3 layers (1 dense): attention's and the feed-forward's all-reduce each, the embedding's

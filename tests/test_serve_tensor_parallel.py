@@ -1,5 +1,5 @@
 """`dllm serve --tensor-parallel 2` under torchrun (CPU, gloo, 127.0.0.1): the official `openai`
-client gets the text a one-process server sends; a client leaving mid-stream does not break the
+client gets the text a one-process server sends (sampled, with logprobs, and greedy); a client leaving mid-stream does not break the
 next request; a rank killed mid-request answers it with a 503 error object and ends the server
 with one line naming the rank."""
 
@@ -38,14 +38,16 @@ def torchrun(script: list[str], env: dict[str, str]) -> list[str]:
     return [*run, "--master-port", env["MASTER_PORT"], *script]
 
 
-def answers(url: str) -> tuple[str, str]:
-    """A completion's text and a streamed chat answer's, greedy."""
+def answers(url: str) -> tuple:
+    """A sampled completion's text and its logprobs' tokens, and a streamed chat answer's,
+    greedy."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     model = client.models.list().data[0].id
-    text = client.completions.create(model=model, prompt="tom has 3 pens", temperature=0)
+    sampled = dict(temperature=0.8, top_p=0.9, seed=3, logprobs=2)
+    text = client.completions.create(model=model, prompt="tom has 3 pens", **sampled)
     stream = client.chat.completions.create(model=model, messages=CHAT, stream=True, temperature=0)
     chat = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    return text.choices[0].text, chat
+    return text.choices[0].text, text.choices[0].logprobs.tokens, chat
 
 
 def leave_mid_stream(url: str) -> None:
@@ -174,16 +176,12 @@ def test_a_follower_drops_an_engine_that_fails_as_rank_0_does():
         mirror.step(pools, "lost")
 
 
-def test_requests_that_differ_in_top_k_decode_on_engines_of_their_own():
-    from dllm_cli.serve import engines, mirror
+def test_the_mirror_refuses_logprobs_with_a_grammar_and_takes_either_alone():
+    from dllm_cli.serve.mirror import Leader
     from dllm_cli.serve.protocol import Job
-    from dllm_cli.settings import DecodeSettings
 
-    jobs = [
-        Job("completion", settings=DecodeSettings(top_k=k, seed=s))
-        for k, s in ((3, 1), (5, 2), (3, 3))
-    ]
-    split = [engines.group_of(job, grouped=mirror.Leader.grouped) for job in jobs]
-    assert split[0] == split[2] != split[1]  # the seed stays the request's own
-    assert split[0].settings.top_k == 3
-    assert len({engines.group_of(job) for job in jobs}) == 1  # one process: one engine
+    schema = ("json_schema", {"type": "string"})
+    assert Leader.refusal(Job("completion", logprobs=2)) is None
+    assert Leader.refusal(Job("completion", structure=schema)) is None
+    said = Leader.refusal(Job("completion", logprobs=2, structure=schema))
+    assert said == "logprobs with response_format are not supported under --tensor-parallel yet"

@@ -26,7 +26,10 @@ CASES = {  # three prompts through two slots: the third joins a running decode
     "cfg": ["-p", "tiny-gsm", "--cfg-scale", "1.5", "--cache", "prefix"],
     "guide": ["--cache", "dual", "--gen-length", "48"],  # the default profile's guide
     "schema": ["--top-k", "3"],  # (Dream's top-k filtered distribution), --json-schema below
+    # sampled rows: the grammar reads the tempered, filtered distribution, noise drawn alike
+    "sampled schema": ["--temperature", "0.8", "--top-k", "5", "--top-p", "0.9"],
 }
+SCHEMAS = ("schema", "sampled schema")
 STATS = re.compile(r"(\d+) forwards, (\d+) all-reduces, (\d+) all-gathers")
 
 
@@ -35,7 +38,7 @@ STATS = re.compile(r"(\d+) forwards, (\d+) all-reduces, (\d+) all-gathers")
 def test_two_ranks_write_the_one_process_records(case, tmp_path):
     args = ["-", "--device", "cpu", "--gen-length", "24", "--json", "--batch-size", "2"]
     args += CASES[case]
-    if case == "schema":
+    if case in SCHEMAS:
         (tmp_path / "op.json").write_text(json.dumps(OP))
         args += ["--json-schema", str(tmp_path / "op.json")]
     text = "".join(f"{q}\n" for q in QUESTIONS)
@@ -55,6 +58,6 @@ def test_two_ranks_write_the_one_process_records(case, tmp_path):
     if case == "guide":
         assert sum(r["guide_forwards"] for r in records) > 0
         assert gathers == forwards  # the replicated guide adds no collective
-    if case == "schema":
+    if case in SCHEMAS:
         assert all(set(json.loads(r["text"])) == {"op", "ok"} for r in records)
         assert gathers > forwards  # a masked token was chosen from the shards

@@ -86,9 +86,9 @@ TensorParallel = Annotated[
     typer.Option(
         "--tensor-parallel",
         help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
-        "every rank decodes every line, rank 0 writes them (docs/tensor-parallel.md). LLaDA, Dream "
-        "and LLaDA-MoE, greedy decoding; a multiple of N processes runs replicas of N ranks, "
-        "each decoding its share of the lines.",
+        "every rank decodes every prompt, rank 0 writes them (docs/tensor-parallel.md). LLaDA, "
+        "Dream, LLaDA-MoE, SDAR and LLaDA2.x; a multiple of N processes runs replicas of N "
+        "ranks, each decoding its share of the stdin lines.",
         rich_help_panel="Parallelism",
     ),
 ]
@@ -168,9 +168,9 @@ def generate_command(
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)
         if logprobs is not None and not 0 <= logprobs <= 20:
             raise fail(f"--logprobs must be in 0..20 (got {logprobs})", USAGE)
-        if shards is not None and logprobs is not None:
-            raise fail("--tensor-parallel does not support --logprobs yet", USAGE)
         source = grammar_source(json_schema, grammar)
+        if shards is not None and source is not None and logprobs is not None:
+            raise fail("--tensor-parallel does not support --logprobs with a grammar yet", USAGE)
         defaulted = choices.guide is None  # the profile's guide would have been loaded
         if source is not None:
             choices = without_guide(choices)

@@ -15,7 +15,7 @@ replaced, in the same step as the mask fills.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,14 +24,16 @@ from dllm_cli.decoding.ranking import confident_columns
 from dllm_cli.decoding.sampling import top_k_filter, top_p_filter
 from dllm_cli.families import Family
 from dllm_cli.family_settings import check_refused
+from dllm_cli.lifetimes import Sampling
 from dllm_cli.setting_spec import RULES
 from dllm_cli.settings import DecodeSettings, even_split
 
-# The block stepper's drafting: (N, B, V) logits, a request's sampling, its generator ->
-# tokens (N, B), p (N, B). `whole_drafter` drafts from whole logits; a tensor-parallel model's
-# from its vocabulary shard (sharded_sampling.block_drafter).
+# The block stepper's drafting: (N, B, V) logits, each row's request's sampling and generator
+# -> tokens (N, B), p (N, B). `whole_drafter` drafts from whole logits; a tensor-parallel
+# model's from its vocabulary shard (sharded_sampling.block_drafter).
 Drafter = Callable[
-    [torch.Tensor, DecodeSettings, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]
+    [torch.Tensor, Sequence[Sampling], Sequence[torch.Generator | None]],
+    tuple[torch.Tensor, torch.Tensor],
 ]
 
 
@@ -93,10 +95,18 @@ def draft(
 
 
 def whole_drafter(mask_id: int, real_vocab: int) -> Drafter:
-    """`draft` over whole logits, as the stepper of one process calls it."""
+    """`draft` over whole logits: each row samples with its own request's values and
+    generator, so a sampled row's draws do not depend on what shares the step (greedy: one
+    call)."""
 
-    def drafted(logits, s: DecodeSettings, generator):
-        return draft(logits, s, mask_id, real_vocab, generator)
+    def drafted(logits, samplings, generators):
+        if all(s.greedy for s in samplings):
+            return draft(logits, samplings[0], mask_id, real_vocab, None)
+        rows = [
+            draft(logits[i : i + 1], s, mask_id, real_vocab, g)
+            for i, (s, g) in enumerate(zip(samplings, generators, strict=True))
+        ]
+        return torch.cat([x for x, _ in rows]), torch.cat([p for _, p in rows])
 
     return drafted
 

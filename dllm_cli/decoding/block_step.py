@@ -159,16 +159,10 @@ def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
 
 
 def draft_rows(e: BlockStepper, rows, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, B, V) -> tokens, p: each row samples with its own request's values and generator,
-    so a sampled row's draws do not depend on what shares the step (greedy: one call)."""
-    own = [r.request.sampling for r in rows]
-    if all(s.greedy for s in own):
-        return e.drafter(logits, own[0], None)
-    drafted = [
-        e.drafter(logits[i : i + 1], s, r.request.generator)
-        for i, (r, s) in enumerate(zip(rows, own, strict=True))
-    ]
-    return torch.cat([x for x, _ in drafted]), torch.cat([p for _, p in drafted])
+    """(N, B, V) -> tokens, p: each row samples with its own request's values and generator."""
+    return e.drafter(
+        logits, [r.request.sampling for r in rows], [r.request.generator for r in rows]
+    )
 
 
 def block_of(r, b: int) -> torch.Tensor:

@@ -206,7 +206,7 @@ class Forwards:
         """Drafts, confidence and (when kept) distributions of logits (R, L, V)."""
         if self.greedy:
             return (*self.sampler.argmax(logits), None)
-        tokens, confidence, probs = self.sampler.draft(logits, generator)
+        tokens, confidence, probs = self.sampler.draft(logits, generator, keep=self.probs)
         return tokens, confidence, probs if self.probs else None
 
     def _logits(self, c: Canvas, cache, plans, spans, rows) -> torch.Tensor:

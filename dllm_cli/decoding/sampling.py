@@ -141,10 +141,11 @@ class Sampler:
         tokens, confidence, _ = self.draft(logits, generator)
         return tokens, confidence
 
-    def draft(self, logits: torch.Tensor, generator: torch.Generator | RowDraws):
+    def draft(self, logits: torch.Tensor, generator: torch.Generator | RowDraws, keep=True):
         """Drafts (B, L), confidences (B, L) and the distribution they come from (B, L, V).
 
-        With a RowDraws every row samples with its own request's values (row_sampling.py)."""
+        With a RowDraws every row samples with its own request's values (row_sampling.py).
+        `keep` is unread: the distribution is at hand (a tensor-parallel rank's is not)."""
         if isinstance(generator, RowDraws):
             return self.draft_rows(logits, generator)
         raw = self.working_logits(logits)
@@ -185,16 +186,17 @@ class Sampler:
         return tokens, row_confidence(probs, tokens, rows), probs
 
 
-def row_confidence(probs, tokens, rows: RowDraws) -> torch.Tensor:
-    """(B, L) each row's own confidence kind (one call when rows agree; `random` rows draw)."""
+def row_confidence(probs, tokens, rows: RowDraws, kinds=CONFIDENCE_KINDS) -> torch.Tensor:
+    """(B, L) each row's own confidence kind (one call when rows agree; `random` rows draw);
+    `kinds` reads `probs` (a tensor here, a rank's gathered summaries in sharded_sampling)."""
     kind = rows.value("confidence")
     if not isinstance(kind, list):
-        return CONFIDENCE_KINDS[kind](probs, tokens, rows)
+        return kinds[kind](probs, tokens, rows)
     out = None
     for name in dict.fromkeys(kind):  # each kind present, in row order
         mine = [k == name for k in kind]
         draws = replace(rows, on=tuple(o and m for o, m in zip(rows.on, mine, strict=True)))
-        conf = CONFIDENCE_KINDS[name](probs, tokens, draws)
+        conf = kinds[name](probs, tokens, draws)
         where = torch.tensor(mine, device=conf.device)[:, None]
         out = conf if out is None else torch.where(where, conf, out)
     return out

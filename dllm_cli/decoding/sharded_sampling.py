@@ -1,146 +1,200 @@
-"""Sampling from vocabulary shards: every rank's greedy drafts and confidences from one
-all-gather of a few numbers per column, so the logits of tensor parallelism are never gathered.
+"""Sampling from vocabulary shards: every rank's drafts and confidences from one all-gather of
+a few numbers per column, so the logits of tensor parallelism are never gathered.
 
 Each rank reduces its (rows, columns, own vocabulary) shard to a few numbers per column (its
-best logit and id, its sum of exp, its top candidates) and one all-gather of those gives every
-rank the same greedy drafts and confidences, so every rank takes the same decisions and runs the
-same collectives in the same order; what a rule draws at random, every rank draws alike (the
-same seed). Sampled drafts and the settings that need the whole distribution are refused
-(`refuse_unsupported`). The block stepper (SDAR, LLaDA2.x) drafts through `block_drafter`.
+best score and id, its sums of exp and of p log p, its top-K candidates, its best perturbed
+score) and one all-gather of those gives every rank the same drafts and confidences, so every
+rank takes the same decisions and runs the same collectives in the same order. A sampled draft
+is the reference's own draw: every rank draws the noise of the whole vocabulary from the same
+generator state (as one process draws it), keeps its own columns, perturbs its scores and the
+gather's (max, argmax) is the draw (Gumbel-max for LLaDA and Dream, torch.multinomial's
+argmax(p / q), q ~ Exp(1), for the block families). top-k and top-p are thresholds found from
+the gathered candidates (top-p gathers more candidates, rarely, when they do not reach its
+mass). The block stepper (SDAR, LLaDA2.x) drafts through `block_drafter`. A committer that
+reads distributions (a grammar's) gets the shard's part of them (`distributions`) and finds
+its masked token over every rank's part with `VocabPart`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from dllm_cli.decoding.block_rules import Drafter
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
-from dllm_cli.decoding.sampling import Family
+from dllm_cli.decoding.sampling import Family, row_confidence
+from dllm_cli.decoding.shard_summaries import Needs, Summaries, summarize
 from dllm_cli.errors import SettingsError
+from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.sharding import ShardedLM, Shards
 
-UNMASKS = ("fixed", "threshold", "factor", "prefix", "origin")  # no whole distributions
-CONFIDENCES = ("low_confidence", "margin", "random")
-# block_rules.draft's greedy draft: float32, p from softmax(raw logits); the schedule is unread
+# --unmask rules a rank cannot serve from its shard, and why (the rest read drafts, confidences)
+UNREAD = {
+    "eb": "it reads every slot's whole distribution for its entropy",
+    "klass": "it compares every slot's whole distribution with its last step's",
+    "credit": "it fuses per-token credit into every slot's whole distribution",
+    "wino": "its shadow block reads each earlier commit's probability off the whole softmax",
+}
+NUCLEUS = 64  # candidates each rank sends for top-p (times 8 per extra round)
+LOGPROBS = 20  # candidates each rank sends when a request asks for logprobs (its most)
+# block_rules.draft: float32, p from softmax(filtered logits / T); the schedule is unread
 # (block_rules.schedule splits each block)
-BLOCK = Family("block", torch.float32, tempered_confidence=False, schedule="linear")
+BLOCK = Family("block", torch.float32, tempered_confidence=True, schedule="linear")
 
 
 def refuse_unsupported(settings) -> None:
     """One line for what tensor parallelism does not compute yet (rather than computing it
-    wrong): sampled drafts, top-p, rules that read whole distributions."""
+    wrong): rules that read whole distributions."""
     why = None
-    if settings.temperature > 0:
-        why = "sampled drafts (--temperature above 0)"
-    elif settings.top_p is not None and settings.top_p < 1.0:
-        why = "top-p filtering (--top-p)"
-    elif settings.alg_temp > 0:
-        why = "sampled positions (alg_temp)"
-    elif settings.unmask not in UNMASKS:
-        why = f"--unmask {settings.unmask} (supported: {', '.join(UNMASKS)})"
-    elif settings.confidence not in CONFIDENCES:
-        why = f"--confidence {settings.confidence} (supported: {', '.join(CONFIDENCES)})"
+    if settings.unmask in UNREAD:
+        why = f"--unmask {settings.unmask} ({UNREAD[settings.unmask]})"
     if why:
         raise SettingsError(f"--tensor-parallel does not support {why} yet")
 
 
-class ShardedSampler:
-    """Greedy drafts and confidences from every rank's vocabulary shard, one all-gather of a
-    few numbers per column (decoding/sampling.py's Sampler computes them from whole logits).
+def gumbel(generator, shape: tuple[int, int], width: int, device) -> torch.Tensor:
+    """LLaDA's and Dream's noise (sampling.gumbel_argmax): float64 uniforms, -log(-log u)."""
+    u = uniform(generator, (*shape, width), torch.float64, device)
+    return -torch.log(-torch.log(u))
 
-    Each rank sends per column: its best logit and that token's id (its first maximum), its
-    sum of exp(logit - best), its `k` largest logits and how many of its logits reach its
-    top-k-th (ties). From these every rank gets the global first maximum and the softmax
-    denominator of the whole distribution, or of the top-k filtered one (Dream's confidence).
-    """
+
+def exponential(generators, shape: tuple[int, int], width: int, device) -> torch.Tensor:
+    """torch.multinomial(probs, 1)'s noise (aten Distributions.cpp: argmax(probs / q), q ~
+    Exp(1) drawn like probs, float32), a row from its own generator (None: greedy, no draw):
+    -log q, so argmax(log p - log q) is its draw."""
+    rows, columns = shape
+    out = torch.zeros((rows, columns, width), dtype=torch.float64, device=device)
+    for r, g in enumerate(generators):
+        if g is not None:
+            q = torch.empty((columns, width), device=device).exponential_(1, generator=g)
+            out[r] = -torch.log(q.double())
+    return out
+
+
+@dataclass(frozen=True)
+class Drawing:
+    """How a family's reference samples a draft from its filtered scores."""
+
+    noise: Callable[..., torch.Tensor]  # (generator, (B, L), width, device) -> (B, L, W) f64
+    whole_width: bool  # the noise covers every logit (block_rules.draft), else the real vocab
+    top_k_first: bool  # block_rules.draft filters top-k then top-p; Sampler top-p then top-k
+    greedy_filters: bool  # a greedy draft's confidence reads the filtered distribution (Dream)
+
+
+DRAWINGS: dict[str, Drawing] = {
+    "llada": Drawing(gumbel, whole_width=False, top_k_first=False, greedy_filters=True),
+    "dream": Drawing(gumbel, whole_width=False, top_k_first=False, greedy_filters=True),
+    "block": Drawing(exponential, whole_width=True, top_k_first=True, greedy_filters=False),
+}
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Each row's sampling values as (B, 1) tensors, and what the host decides from them."""
+
+    divisor: torch.Tensor  # (B, 1, 1) temperature, 1 for greedy rows
+    greedy: torch.Tensor  # (B, 1) bool
+    top_k: list[int]  # 0: off
+    top_p: torch.Tensor  # (B, 1) above 1: off
+    sampled: bool  # some row draws
+    nucleus: bool  # some row filters by top-p
+    entropy: bool  # some row's confidence is the entropy
+
+    @classmethod
+    def of(cls, samplings, filters_greedy: bool, device) -> Rows:
+        def on(s) -> bool:  # the row's filters apply (block_rules.draft: not at temperature 0)
+            return filters_greedy or not s.greedy
+
+        top_p = [
+            s.top_p if on(s) and s.top_p is not None and s.top_p < 1 else 2.0 for s in samplings
+        ]
+        return cls(
+            torch.tensor([[[s.temperature if s.temperature > 0 else 1.0]] for s in samplings],
+                         dtype=torch.float64, device=device),
+            torch.tensor([[s.greedy] for s in samplings], device=device),
+            [(s.top_k or 0) if on(s) else 0 for s in samplings],
+            torch.tensor(top_p, dtype=torch.float64, device=device)[:, None],
+            not all(s.greedy for s in samplings),
+            any(p <= 1 for p in top_p),
+            any(s.confidence == "entropy" for s in samplings),
+        )  # fmt: skip
+
+
+class ShardedSampler:
+    """Drafts and confidences from every rank's vocabulary shard, one all-gather of a few
+    numbers per column (decoding/sampling.py's Sampler computes them from whole logits)."""
 
     def __init__(
-        self, shards: Shards, start: int, smallest: int, settings, family, vocab, mask,
+        self, shards: Shards, start: int, width: int, settings, family, vocab, mask,
         distributions: bool = False,
     ):  # fmt: skip
         refuse_unsupported(settings)
-        self.shards, self.start, self.family = shards, start, family
+        self.shards, self.start, self.width, self.family = shards, start, width, family
         self.vocab_size, self.mask_id = vocab, mask
-        self.distributions = distributions  # also each column's distribution over the shard
-        self.smallest, self.confidence = smallest, settings.confidence
-        self.top_k = self.filter_of(settings.top_k, settings.confidence)
+        self.distributions = distributions  # kept: each column's distribution over the shard
+        self.run = Sampling.of(settings)
+        self.drawing = DRAWINGS[family.name]
+        pieces = [Shards(r, shards.world).vocabulary(width) for r in range(shards.world)]
+        self.largest = max(hi - lo for lo, hi in pieces)
 
     @classmethod
     def of(
         cls, model: ShardedLM, settings, family, vocab: int, mask: int, distributions=False
     ) -> ShardedSampler:
         """The sampler for a split model's own range of the vocabulary."""
-        start, smallest = model.vocab_start, model.vocab_smallest
-        return cls(model.shards, start, smallest, settings, family, vocab, mask, distributions)
+        start, width = model.vocab_start, model.vocab_width
+        return cls(model.shards, start, width, settings, family, vocab, mask, distributions)
 
-    def __call__(self, logits: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens, confidence, _ = self.draft(logits, generator)
-        return tokens, confidence
-
-    def draft(self, logits: torch.Tensor, generator):
-        """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L) and, when kept
-        (`distributions`), the shard's part of the distribution they come from (B, L, V_r)."""
-        top_k, confidence = self.values(generator)
+    def draft(self, logits: torch.Tensor, generator, samplings=None, keep: bool = False):
+        """(B, L, own vocabulary) logits -> drafts (B, L), confidences (B, L) and, when `keep`,
+        the drafts' distribution: the shard's part of it (B, L, V_r) when the sampler keeps
+        `distributions`, else on the gathered candidates (`kept`, B, L, V); each row samples
+        with its own values when `generator` is a RowDraws (or `samplings`)."""
+        if samplings is None:
+            samplings = generator.samplings if isinstance(generator, RowDraws) else None
+        samplings = samplings or (self.run,) * logits.shape[0]
+        rows = Rows.of(samplings, self.drawing.greedy_filters, logits.device)
         dtype = self.family.dtype or (logits.dtype if logits.dtype.itemsize >= 4 else None)
-        work = self.working(logits, dtype or torch.float32)
-        k = max(top_k, 2 if confidence == "margin" else 1)  # candidates each rank sends
-        s = self.gather(work, k, top_k)
-        if top_k:
-            denominator, second, kth = self.filtered(s, top_k)
+        dtype = dtype or torch.float32
+        raw = self.working(logits, dtype)  # (B, L, V_r)
+        scores = raw if not rows.sampled else raw / rows.divisor.to(dtype)
+        noisy = self.noisy(scores, generator) if rows.sampled else None
+        least = LOGPROBS if keep and not self.distributions else 0  # (a grammar's: the part)
+        view = self.reduce(raw, scores, noisy, rows, least)
+        tokens = view.tokens
+        if isinstance(generator, RowDraws):
+            confidence = row_confidence(view, tokens, generator, KINDS)
         else:
-            denominator, second, kth = s.denominator(), s.second(), None
-        probs = self.part(work, s.best, denominator, kth) if self.distributions else None
-        if confidence == "random":  # LLaDA's random remasking: every rank draws the same
-            return s.tokens, uniform(generator, s.tokens.shape, s.best.dtype, s.best.device), probs
-        if confidence != "margin":
-            return s.tokens, 1.0 / denominator, probs
-        return s.tokens, (1.0 - torch.exp(second - s.best)) / denominator, probs
+            confidence = KINDS[samplings[0].confidence](view, tokens, generator)
+        if self.distributions:
+            return tokens, confidence.to(dtype), part(view, raw, scores).to(dtype)
+        return tokens, confidence.to(dtype), self.kept(view, dtype) if keep else None
 
-    @staticmethod
-    def part(work, best, denominator, kth) -> torch.Tensor:
-        """This shard's ids' probabilities under the whole (or top-k filtered: ids below the
-        global k-th dropped) softmax: Sampler.draft's distribution, sliced (B, L, V_r)."""
-        scaled = torch.exp(work - best[..., None]) / denominator[..., None]
-        return scaled if kth is None else torch.where(work >= kth[..., None], scaled, 0.0)
-
-    def values(self, generator) -> tuple[int, str]:
-        """This step's top-k (0: none, or LLaDA's, which drafts from raw logits) and
-        confidence: the rows' own when they bring them (requests: greedy, agreeing with each
-        other), else the run's."""
-        if not isinstance(generator, RowDraws):
-            return self.top_k, self.confidence
-        rows = generator.samplings
-        values = {(self.filter_of(s.top_k, s.confidence), s.confidence) for s in rows}
-        nucleus = any(s.top_p is not None and s.top_p < 1.0 for s in rows)
-        sampled = not generator.all_greedy or nucleus
-        if sampled or len(values) > 1 or rows[0].confidence not in CONFIDENCES:
-            raise SettingsError(
-                "--tensor-parallel does not support per-request temperature or top_p, rows "
-                "that differ in top_k or confidence, or a confidence other than "
-                f"{', '.join(CONFIDENCES)} yet"
-            )
-        return values.pop()
-
-    def filter_of(self, top_k: int | None, confidence: str) -> int:
-        """The top-k a confidence filters by (Dream's; 0: none), refused where a rank holds
-        fewer ids than it would send."""
-        top_k = (top_k or 0) if self.family.tempered_confidence else 0
-        k = max(top_k, 2 if confidence == "margin" else 1)
-        if k > self.smallest:
-            raise SettingsError(
-                f"--tensor-parallel {self.shards.world}: top_k {k} exceeds a rank's "
-                f"{self.smallest} vocabulary ids"
-            )
-        return top_k
+    def kept(self, view: View, dtype: torch.dtype) -> torch.Tensor:
+        """(B, L, V) the distribution confidences read, on every rank's candidates (its top
+        ones, all that logprobs.record reads) and each draft's own; 0 elsewhere. Built when a
+        request asks for logprobs."""
+        top, total = view.basis()
+        union = view.s.cand.permute(1, 2, 0, 3, 4).flatten(2, 3)  # (B, L, world k, 4)
+        p = torch.exp(union[..., 2 if view.tempered else 3] - top[..., None]) / total[..., None]
+        if view.tempered:  # the filtered distribution
+            p = torch.where(union[..., 2] >= view.cut[..., None], p, 0.0)
+        ids = union[..., 1].long()
+        real = (ids >= 0) & (ids < self.vocab_size)  # (a shard's padding ids, -inf scores)
+        out = torch.zeros((*ids.shape[:2], self.vocab_size), dtype=dtype, device=ids.device)
+        out.scatter_add_(-1, torch.where(real, ids, 0), torch.where(real, p, 0.0).to(dtype))
+        mine = chosen_probability(view, view.tokens, None).to(dtype)  # a draw's own, sampled
+        return out.scatter_(-1, view.tokens[..., None], mine[..., None])
 
     def argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy drafts and their probability under softmax(raw logits), at least float32."""
         dtype = logits.dtype if logits.dtype.itemsize >= 4 else torch.float32
-        s = self.gather(self.working(logits, dtype), 1)
-        return s.tokens, 1.0 / s.denominator()
+        work = self.working(logits, dtype)
+        s = Summaries(self.shards.all_gather(summarize(work, work, None, 1, self.start)), 1)
+        return s.first, (1.0 / s.total()).to(dtype)
 
     def working(self, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """This rank's logits in `dtype`, ids past the real vocabulary and [MASK] at -inf (as
@@ -149,44 +203,127 @@ class ShardedSampler:
         dropped = (ids >= self.vocab_size) | (ids == self.mask_id)  # (V_r,)
         return logits.to(dtype).masked_fill(dropped, -math.inf)
 
-    def gather(self, work: torch.Tensor, k: int, top_k: int = 0) -> Summaries:
-        """Every rank's summary of its (B, L, V_r) shard, in one all-gather: k candidates,
-        ties counted with the top_k-th (the first when 0)."""
-        best, index = work.max(dim=-1)  # (B, L): the first maximum
-        shift = torch.where(torch.isfinite(best), best, 0.0)  # a shard of padding ids only
-        total = (work - shift[..., None]).exp().sum(dim=-1)  # (B, L)
-        top = work.topk(k, dim=-1).values  # (B, L, k)
-        kth = top[..., (top_k or 1) - 1 : top_k or 1]
-        ties = (work >= kth).sum(dim=-1).to(work.dtype)  # (B, L)
-        ids = (index + self.start).to(work.dtype)  # exact: ids < 2^24
-        columns = [best[..., None], ids[..., None], total[..., None], ties[..., None], top]
-        every = self.shards.all_gather(torch.cat(columns, dim=-1))  # (world, B, L, 4 + k)
-        return Summaries(every)
+    def noisy(self, scores: torch.Tensor, generator) -> torch.Tensor:
+        """(B, L, V_r) float64 perturbed scores: the whole vocabulary's noise drawn as one
+        process draws it (same generator, same shape), this rank's columns kept."""
+        width = self.width if self.drawing.whole_width else self.vocab_size
+        draws = generator.sampled() if isinstance(generator, RowDraws) else generator
+        noise = self.drawing.noise(draws, scores.shape[:2], width, scores.device)
+        mine = noise[..., self.start : self.start + scores.shape[-1]]  # (B, L, <= V_r)
+        pad = scores.shape[-1] - mine.shape[-1]  # ids past the noise: -inf scores anyway
+        mine = torch.nn.functional.pad(mine, (0, pad)) if pad else mine
+        return scores.double() + mine
 
-    def filtered(self, s: Summaries, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Dream: the softmax denominator over the global top-k (ties with the k-th kept, as
-        top_k_filter keeps them), the second largest kept logit (-inf: none), the k-th."""
-        mine = s.top[..., :k]  # (world, B, L, k)
-        union = mine.permute(1, 2, 0, 3).flatten(2)  # (B, L, world k)
-        kth = union.topk(k, dim=-1).values[..., -1]  # (B, L)
-        kept = torch.where(union >= kth[..., None], torch.exp(union - s.best[..., None]), 0.0)
-        # A rank whose own k-th equals the global k-th may hold more ties than it sent.
-        more = torch.where(mine[..., -1] == kth, s.ties - k, 0.0).sum(dim=0)  # (B, L)
-        denominator = kept.sum(dim=-1) + more * torch.exp(kth - s.best)
-        second = s.second()
-        return denominator, torch.where(second >= kth, second, -math.inf), kth
+    def reduce(self, raw, scores, noisy, rows: Rows, least: int = 0) -> View:
+        """The gathered summaries (at least `least` candidates a rank) and the rows' filter
+        thresholds; top-p gathers more candidates while theirs do not decide its threshold
+        exactly (one host read a round)."""
+        k = max([*rows.top_k, 2, least])
+        filters = rows.nucleus or any(rows.top_k)
+        separate = raw is not scores and not self.family.tempered_confidence  # LLaDA's raw
+        needs = Needs(separate, rows.entropy, filters)
+        if rows.nucleus:
+            k = max(k, NUCLEUS)
+        while True:
+            k = min(k, self.largest)
+            mine = summarize(raw, scores, noisy, k, self.start, needs)
+            s = Summaries(self.shards.all_gather(mine), k)
+            view = View(
+                s, rows, self.family.tempered_confidence, self.drawing.top_k_first, raw.dtype
+            )
+            if view.exact is None or k == self.largest or bool(view.exact.all()):
+                return view
+            k *= 8
+
+
+class View:
+    """What every rank knows after the gather: thresholds, the draws, each confidence kind."""
+
+    def __init__(self, s: Summaries, rows: Rows, tempered: bool, top_k_first: bool, dtype):
+        self.s, self.rows, self.tempered = s, rows, tempered
+        self.dtype = dtype  # the sampler's (the `random` confidence draws in it)
+        k_cut = s.kth_largest(rows.top_k)  # (B, L) -inf: off
+        self.cut, self.exact = k_cut, None
+        if rows.nucleus:
+            first = k_cut if top_k_first else None
+            p_cut = s.nucleus(rows.top_p.expand_as(k_cut), first)
+            self.cut = torch.maximum(k_cut, p_cut)
+            self.exact = (self.cut >= s.floor) | (rows.top_p > 1)
+        self.tokens = s.first
+        if rows.sampled:
+            drawn = s.drawn(self.cut)  # (B, L, 4): noisy, id, score, raw
+            self.tokens = torch.where(rows.greedy, s.first, drawn[..., 1].long())
+            self.drawn = drawn
+
+    def basis(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(max, denominator) of the distribution confidences read: softmax of the filtered
+        scores (Dream, the block families) or of the raw logits (LLaDA)."""
+        s = self.s
+        return (s.best, s.mass(self.cut)) if self.tempered else (s.raw_best, s.raw_total())
+
+    def chosen(self) -> torch.Tensor:
+        """Each draft's basis value (a greedy draft's is the maximum)."""
+        top, _ = self.basis()
+        if not self.rows.sampled:
+            return top
+        return torch.where(self.rows.greedy, top, self.drawn[..., 2 if self.tempered else 3])
+
+
+def part(view: View, raw: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """This shard's ids' probabilities under the distribution confidences read (the filtered,
+    tempered scores' softmax, or LLaDA's raw one): Sampler.draft's, sliced (B, L, V_r)."""
+    top, total = view.basis()
+    x = scores if view.tempered else raw
+    p = torch.exp(x.double() - top[..., None]) / total[..., None]
+    return torch.where(scores >= view.cut[..., None], p, 0.0) if view.tempered else p
+
+
+def chosen_probability(view: View, tokens, generator) -> torch.Tensor:
+    """LLaDA low_confidence / Dream maskgit_plus: probability of the drafted token."""
+    top, total = view.basis()
+    return torch.exp(view.chosen() - top) / total
+
+
+def top_two_margin(view: View, tokens, generator) -> torch.Tensor:
+    """Dream topk_margin: top-1 minus top-2 probability."""
+    top, total = view.basis()
+    s = view.s
+    second = s.second(view.cut) if view.tempered else s.raw_second()
+    return (1.0 - torch.exp(second - top)) / total
+
+
+def negative_entropy(view: View, tokens, generator) -> torch.Tensor:
+    """Dream entropy: sum p log p (the reference adds 1e-10 inside the log: kept exactly for
+    a filtered distribution, left out of the per-shard sums of an unfiltered one)."""
+    s = view.s
+    if not view.tempered:
+        return s.plogp(raw=True)
+    return torch.where(view.cut > -math.inf, s.filtered_plogp(view.cut), s.plogp(raw=False))
+
+
+def uniform_confidence(view: View, tokens, generator) -> torch.Tensor:
+    """LLaDA random remasking: a uniform random confidence (every rank draws the same)."""
+    return uniform(generator, tokens.shape, view.dtype, tokens.device)
+
+
+KINDS: dict[str, Callable[..., torch.Tensor]] = {
+    "low_confidence": chosen_probability,
+    "margin": top_two_margin,
+    "entropy": negative_entropy,
+    "random": uniform_confidence,
+}
 
 
 def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
     """The block stepper's drafts from this rank's vocabulary shard: block_rules.draft's
-    temperature 0 (argmax, its softmax probability in float32) from one all-gather."""
+    argmax, or its top-k, top-p, multinomial draw, and the draft's p (float32)."""
     sampler = ShardedSampler.of(model, settings, BLOCK, vocab, mask)
 
-    def drafted(logits: torch.Tensor, s, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        if not s.greedy:  # a --json-input line's own temperature (the run's is refused)
-            raise SettingsError("--tensor-parallel does not support sampled drafts yet")
-        summary = sampler.gather(sampler.working(logits, BLOCK.dtype), 1)  # (B, L) each
-        return summary.tokens, 1.0 / summary.denominator()
+    def drafted(logits: torch.Tensor, samplings, generators) -> tuple[torch.Tensor, torch.Tensor]:
+        own = tuple(Sampling(s.temperature, s.top_p, s.top_k) for s in samplings)  # p: chosen
+        draws = tuple(None if s.greedy else g for s, g in zip(own, generators, strict=True))
+        tokens, p, _ = sampler.draft(logits, draws, own)
+        return tokens, p
 
     return drafted
 
@@ -227,23 +364,3 @@ class VocabPart:
 
 
 WHOLE = VocabPart()  # one process: every id
-
-
-class Summaries:
-    """The gathered per-column summaries, (world, B, L, 4 + k): best, id, sum, ties, top k."""
-
-    def __init__(self, every: torch.Tensor):
-        self.bests, ids, self.totals, self.ties = every.unbind(-1)[:4]
-        self.top = every[..., 4:]  # (world, B, L, k)
-        self.best, rank = self.bests.max(dim=0)  # (B, L): the lowest rank among equals
-        self.tokens = ids.gather(0, rank[None])[0].long()  # so the lowest id, as argmax's
-
-    def denominator(self) -> torch.Tensor:
-        """sum of exp(logit - best) over the whole vocabulary (empty shards add 0)."""
-        scale = torch.exp(self.bests - self.best)  # (world, B, L); a -inf shard: 0
-        return (self.totals * scale).sum(dim=0)
-
-    def second(self) -> torch.Tensor:
-        """The second largest logit of the whole vocabulary (B, L)."""
-        union = self.top.permute(1, 2, 0, 3).flatten(2)  # (B, L, world k)
-        return union.topk(2, dim=-1).values[..., 1]

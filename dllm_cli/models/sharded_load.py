@@ -67,8 +67,7 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
             continue
         table = module.weight.shape[0]
         lo, hi = shards.vocabulary(table)
-        last = Shards(shards.world - 1, shards.world).vocabulary(table)
-        model.vocab_start, model.vocab_smallest = lo, last[1] - last[0]
+        model.vocab_start, model.vocab_width = lo, table
         _narrow(module, 0, lo, hi, plan, name)
         if isinstance(module, nn.Embedding):
             module.__class__, module.shards, module.start = VocabEmbedding, shards, lo

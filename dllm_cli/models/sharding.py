@@ -195,7 +195,7 @@ class ShardedLM:
     shards: Shards
     local_kv: int
     vocab_start: int  # the first id of this rank's logits
-    vocab_smallest: int  # the shortest rank's count of logits
+    vocab_width: int  # every rank's logits together (the whole embedding's rows)
     weight_bytes: tuple[int, int]  # (this rank's, the whole model's)
 
     def kv_shape(self) -> tuple[int, int, int]:

@@ -53,19 +53,14 @@ class Counts:
 ENGINE_SAMPLING = {f.name: f.default for f in fields(DecodeSettings) if f.name in SAMPLING_FIELDS}
 
 
-def group_of(
-    job: Job, per_request: bool = True, grouped: tuple[str, ...] = (), gen_length: int | None = None
-) -> Group:
+def group_of(job: Job, per_request: bool = True, gen_length: int | None = None) -> Group:
     """The engine a job decodes on: sampling and length are per request unless the family
-    cannot; `grouped` sampling values are the engine's too (requests apart where they differ).
-    `gen_length`: the engine's own (the server's --gen-length: its canvas is sized for it,
-    longer requests widen it)."""
+    cannot. `gen_length`: the engine's own (the server's --gen-length: its canvas is sized for
+    it, longer requests widen it)."""
     if not per_request:
         return Group(job.settings, job.guide, job.grammar is not None)
-    engine = {k: v for k, v in ENGINE_SAMPLING.items() if k not in grouped}
-    if gen_length is not None and "gen_length" in engine:
-        engine["gen_length"] = gen_length
-    return Group(replace(job.settings, **engine), job.guide, job.grammar is not None)
+    own = ENGINE_SAMPLING if gen_length is None else {**ENGINE_SAMPLING, "gen_length": gen_length}
+    return Group(replace(job.settings, **own), job.guide, job.grammar is not None)
 
 
 def add(pool: Pool, ids: list[int], job: Job, key) -> int:

@@ -11,9 +11,10 @@ broadcasts go over a gloo group of their own, with the collective timeout; a fai
 failed collective of the model, is a `RankLost` that ends the server (worker.py answers every
 request in flight with a 503 error object).
 
-A request's grammar (response_format) comes with its `add`: every rank's matcher follows the
-same committed tokens. What the other ranks cannot mirror yet is refused per request (400):
-scoring, logprobs, and sampling tensor parallelism does not compute (sharded_sampling.py).
+A request's logprobs and grammar (response_format) come with its `add`: every rank gathers
+the candidates logprobs read, every rank's matcher follows the same committed tokens. What the
+other ranks cannot mirror yet is refused per request (400): scoring, and the settings tensor
+parallelism does not compute (sharded_sampling.py).
 """
 
 from __future__ import annotations
@@ -48,10 +49,6 @@ class Channel:
 class Leader:
     """Rank 0's worker's record of its engines' changes, sent before each turn's steps."""
 
-    # The sharded sampler drafts a step with one top-k and confidence: requests that differ
-    # there decode on engines of their own.
-    grouped = ("top_k", "confidence")
-
     def __init__(self, channel: Channel):
         self.channel = channel
         self.changes: list[tuple] = []
@@ -74,8 +71,8 @@ class Leader:
         """Why the other ranks could not decode this request alongside (None: they can)."""
         if job.kind == "score":
             return "scoring (echo with logprobs) is not supported under --tensor-parallel yet"
-        if job.logprobs is not None:
-            return "logprobs are not supported under --tensor-parallel yet"
+        if job.logprobs is not None and job.structure is not None:
+            return "logprobs with response_format are not supported under --tensor-parallel yet"
         try:
             refuse_unsupported(job.settings)
         except SettingsError as e:
@@ -118,10 +115,13 @@ def drop(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
 
 
 def add(
-    pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid, grammar
-) -> None:
+    pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid, logprobs,
+    grammar,
+) -> None:  # fmt: skip
+    """Rank 0's request, with its logprobs (every rank gathers the candidates they read) and
+    grammar."""
     engine = pools[group].engine
-    mine = engine.add(ids, settings=settings)
+    mine = engine.add(ids, settings=settings, logprobs=logprobs)
     if mine != rid:  # the engines are deterministic: this is a bug, not bad input
         raise RuntimeError(f"request {mine} on this rank is request {rid} on rank 0")
     if grammar is not None:  # response_format: its matcher here follows rank 0's

@@ -192,9 +192,8 @@ class Worker:
             if job.logprobs is not None:
                 scores.check_logprobs(self.runtime)
             per_request = FAMILIES[self.runtime.loaded.family].per_request_sampling
-            grouped = () if self.mirror is None else self.mirror.grouped
             gen = self.runtime.settings.gen_length
-            ticket.group = engines.group_of(job, per_request, grouped, gen)
+            ticket.group = engines.group_of(job, per_request, gen)
             ticket.ids = self.encode(job)
             engines.check_length(self.runtime, ticket.ids, job.settings)
         except InputError as e:
@@ -256,9 +255,9 @@ class Worker:
             except DllmError as e:
                 self.fail(ticket, input_error(e, ticket.job.kind))
                 continue
-            job = ticket.job
-            self.record("add", ticket.group, ticket.ids, job.settings, ticket.rid, job.grammar)
-            self.tickets[(ticket.group, ticket.rid)] = ticket
+            job, group, rid = ticket.job, ticket.group, ticket.rid
+            self.record("add", group, ticket.ids, job.settings, rid, job.logprobs, job.grammar)
+            self.tickets[(group, rid)] = ticket
         self.parked = still
 
     def engine_for(self, group: engines.Group) -> engines.Pool | None:

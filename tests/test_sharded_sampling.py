@@ -1,0 +1,210 @@
+"""Sampling from vocabulary shards, in one process: fake ranks (threads) split random logits,
+gather their summaries through a stub, and draft what one process drafts from the whole
+logits: sampled tokens (same seed), top-k / top-p in both families' orders, every confidence
+kind, per-row values (RowDraws), the block families' multinomial draw."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dllm_cli.decoding import block_rules, sharded_sampling
+from dllm_cli.decoding.row_sampling import RowDraws
+from dllm_cli.decoding.sampling import FAMILIES, Sampler
+from dllm_cli.decoding.sharded_sampling import ShardedSampler, block_drafter
+from dllm_cli.lifetimes import Sampling
+from dllm_cli.models.collectives import Shards
+from dllm_cli.settings import DecodeSettings
+
+V, VOCAB, MASK = 101, 99, 7  # 101 logits split unevenly over ranks; ids 99, 100 padding
+
+
+@dataclass
+class Board:
+    """What the fake ranks put down at each all-gather (a barrier between rounds)."""
+
+    world: int
+    pieces: list = field(default_factory=list)
+    gathers: int = 0
+
+    def __post_init__(self):
+        self.pieces = [None] * self.world
+        self.barrier = threading.Barrier(self.world)
+
+
+@dataclass
+class StubShards(Shards):
+    """A rank whose all_gather stacks every fake rank's piece (threads of one process)."""
+
+    board: Board | None = None
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        self.counts.all_gather += 1
+        self.board.pieces[self.rank] = x.clone()
+        self.board.barrier.wait()
+        out = torch.stack(self.board.pieces)
+        self.board.barrier.wait()  # every rank read before the next round writes
+        return out
+
+
+def on_ranks(world: int, job) -> list:
+    """job(shards) on `world` fake ranks at once; their results in rank order."""
+    board, results, errors = Board(world), [None] * world, []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = job(StubShards(rank, world, board=board))
+        except Exception as e:  # (re-raised below)
+            errors.append(e)
+            board.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def logits_for(seed: int, shape=(2, 5, V), scale=3.0) -> torch.Tensor:
+    torch.manual_seed(seed)
+    x = torch.randn(shape) * scale
+    x[0, 0, 10] = x[0, 0, 60] = 20.0  # a tie across ranks
+    x[-1, 1, MASK] = 30.0  # the mask id is never drafted
+    return x
+
+
+def sharded(settings, family, logits, world=2, seed=3, rows=None, keep=False):
+    """Every fake rank's drafts of its slice of `logits` (rows: a RowDraws factory)."""
+
+    def job(shards):
+        lo, hi = shards.vocabulary(V)
+        s = ShardedSampler(shards, lo, V, settings, family, VOCAB, MASK)
+        g = torch.Generator().manual_seed(seed) if rows is None else rows()
+        tokens, conf, probs = s.draft(logits[..., lo:hi], g, keep=keep)
+        return (tokens, conf, shards.counts.all_gather, probs)[: 4 if keep else 3]
+
+    return on_ranks(world, job)
+
+
+CASES = [
+    (family, DecodeSettings(temperature=t, top_k=k, top_p=p, confidence=c))
+    for family in ("llada", "dream")
+    for t, k, p in ((0.0, 0, None), (0.7, 0, None), (0.7, 3, None), (1.3, 0, 0.8), (0.5, 4, 0.6))
+    for c in ("low_confidence", "margin", "entropy", "random")
+]
+
+
+@pytest.mark.parametrize(("family", "settings"), CASES)
+def test_shards_draft_the_one_process_tokens_and_confidences(family, settings):
+    logits = logits_for(0)
+    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    tokens, conf, _ = whole.draft(logits, torch.Generator().manual_seed(3))
+    for world in (2, 3):
+        for mine, mine_conf, gathers in sharded(settings, FAMILIES[family], logits, world):
+            assert torch.equal(mine, tokens)
+            assert mine_conf.dtype == conf.dtype
+            torch.testing.assert_close(mine_conf, conf, rtol=1e-5, atol=2e-6)
+            assert gathers == 1  # one gather per draft
+
+
+def test_top_p_of_a_flat_distribution_gathers_more_candidates_and_stays_exact(monkeypatch):
+    monkeypatch.setattr(sharded_sampling, "NUCLEUS", 16)  # (64 would hold a shard of 51 whole)
+    logits = logits_for(1, scale=0.05)  # near uniform: 0.95 of the mass needs most ids
+    settings = DecodeSettings(temperature=1.0, top_p=0.95, confidence="margin")
+    whole = Sampler(settings, FAMILIES["dream"], VOCAB, MASK)
+    tokens, conf, _ = whole.draft(logits, torch.Generator().manual_seed(3))
+    for mine, mine_conf, gathers in sharded(settings, FAMILIES["dream"], logits):
+        assert torch.equal(mine, tokens)
+        torch.testing.assert_close(mine_conf, conf, rtol=1e-5, atol=1e-6)
+        assert gathers > 1  # its 16 candidates per rank did not reach 0.95
+
+
+def test_rows_sample_with_their_own_values_and_generators():
+    logits = logits_for(2)
+    run = DecodeSettings(temperature=0.5)
+    own = [
+        Sampling(temperature=0.9, top_p=0.7, confidence="margin"),
+        Sampling(temperature=0.0, top_k=2, confidence="random"),
+    ]
+
+    def rows() -> RowDraws:
+        generators = tuple(torch.Generator().manual_seed(s) for s in (11, 12))
+        return RowDraws(generators, tuple(own), (5, 4), (True, True))
+
+    for family in ("llada", "dream"):
+        whole = Sampler(run, FAMILIES[family], VOCAB, MASK)
+        tokens, conf, _ = whole.draft(logits, rows())
+        for mine, mine_conf, _ in sharded(run, FAMILIES[family], logits, rows=rows):
+            assert torch.equal(mine, tokens), family
+            torch.testing.assert_close(mine_conf, conf, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_logprobs_read_the_one_process_values_from_the_gathered_candidates(family):
+    logits = logits_for(5)
+    settings = DecodeSettings(temperature=0.9, top_k=30, top_p=0.95)
+    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    tokens, _, probs = whole.draft(logits, torch.Generator().manual_seed(3))
+    want = torch.log(probs.double())
+    for mine, _, _, kept in sharded(settings, FAMILIES[family], logits, keep=True):
+        lp = torch.log(kept.double())
+        chosen = lp.gather(-1, mine[..., None])
+        torch.testing.assert_close(chosen, want.gather(-1, tokens[..., None]))
+        values, ids = lp.topk(20, dim=-1)  # logprobs' most (here: past the 30 of top-k)
+        torch.testing.assert_close(values, want.topk(20, dim=-1).values)
+        assert torch.equal(ids, want.topk(20, dim=-1).indices)
+
+
+@pytest.mark.parametrize(("t", "k", "p"), [(0.0, None, None), (1.0, None, None), (0.8, 5, 0.7)])
+def test_shards_draw_the_block_families_multinomial_draft(t, k, p):
+    logits = logits_for(4, shape=(2, 6, V))  # (N, B, V): two rows, blocks of 6
+    own = [Sampling(t, p, k), Sampling(0.0)]  # the second row greedy
+    seeded = lambda: [torch.Generator().manual_seed(s) for s in (5, 6)]  # noqa: E731
+    whole = block_rules.whole_drafter(MASK, VOCAB)
+    tokens, probs = whole(logits.clone(), own, seeded())
+
+    def job(shards):
+        lo, hi = shards.vocabulary(V)
+        model = SimpleNamespace(shards=shards, vocab_start=lo, vocab_width=V)
+        drafted = block_drafter(model, DecodeSettings(), VOCAB, MASK)
+        return (*drafted(logits[..., lo:hi], own, seeded()), shards.counts.all_gather)
+
+    for mine, mine_p, gathers in on_ranks(2, job):
+        assert torch.equal(mine, tokens)
+        assert mine_p.dtype == torch.float32
+        torch.testing.assert_close(mine_p, probs, rtol=1e-5, atol=1e-6)
+        assert gathers == 1  # every row drafted from one gather
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize(
+    "settings", [DecodeSettings(top_k=3), DecodeSettings(temperature=0.7, top_k=5, top_p=0.8)]
+)
+def test_a_grammar_reads_each_shards_part_of_the_one_process_distribution(family, settings):
+    logits = logits_for(6)
+    allow = torch.rand(VOCAB) < 0.3  # a grammar's allowed ids
+    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    _, _, probs = whole.draft(logits, torch.Generator().manual_seed(3))
+    want = torch.where(allow, probs.double(), -1.0).flatten(0, 1).max(dim=-1)  # (B L,)
+
+    def job(shards):
+        lo, hi = shards.vocabulary(V)
+        s = ShardedSampler(shards, lo, V, settings, FAMILIES[family], VOCAB, MASK, True)
+        _, _, part = s.draft(logits[..., lo:hi], torch.Generator().manual_seed(3))
+        where = sharded_sampling.VocabPart(lo, VOCAB, shards)
+        mine = torch.where(where.ids(allow, hi - lo, False), part.double(), -1.0)
+        return lo, part, where.best(mine.flatten(0, 1))
+
+    for lo, part, (top, best) in on_ranks(2, job):
+        real = min(lo + part.shape[-1], VOCAB) - lo
+        torch.testing.assert_close(part[..., :real], probs[..., lo : lo + real])
+        assert not part[..., real:].any()  # the embedding's padding ids
+        assert torch.equal(best, want.indices)  # the allowed argmax over every rank's part
+        torch.testing.assert_close(top, want.values)
