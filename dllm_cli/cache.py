@@ -3,11 +3,13 @@
 One type (gpt-fast's `KVCache` is the model): `update` writes a forward's fresh K/V and returns
 the K/V its queries attend; `view(rows, lo)` is the same cache seen by a forward that serves
 only some rows and attends keys from column `lo` on (a row's own columns: ragged rows, see
-decoding/forwards.py); `select_rows` and `pad_left` reshape it as rows leave and the canvas
+decoding/forwards.py); `select_rows` and `pad` reshape it as rows leave and the canvas
 widens. Columns are either one slice shared by every row (rows in lockstep) or a (B, T) long
 tensor of canvas columns per row (rows at different places of their decode). A per-row forward
 pads short rows with queries aimed at the scratch column: one extra column after the canvas
-that every key mask leaves out, so padding writes land where nothing reads.
+that every key mask leaves out, so padding writes land where nothing reads. The block-causal
+models (models/block.py) keep their rows here too: a block-causal row is a row of per-row
+columns whose key mask is block-causal (per query).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ class KVCache:
         row_ids: torch.Tensor | None = None,
         lo: int = 0,
         hosts: tuple[int, ...] | None = None,
+        hi: int | None = None,
     ):
         self.k = k  # per layer (N, H_kv, S (+1 scratch), D)
         self.v = v
         self.scratch = scratch
         self.row_ids = row_ids  # (R,) cache rows a forward serves (None: all, in order)
-        self.lo = lo  # first key column attended
+        self.lo, self.hi = lo, hi  # key columns attended: [lo, hi) (None: to the end)
         # row_ids as host ints where the caller knows them: a packed forward then reads one
         # row's keys as a view instead of gathering them (decoding/packing.py)
         self.hosts = hosts
@@ -78,26 +81,31 @@ class KVCache:
     @property
     def whole(self) -> bool:
         """Every row in order, every column: what a recorded (CUDA-graph) step may replay on."""
-        return self.row_ids is None and self.lo == 0
+        return self.row_ids is None and self.lo == 0 and self.hi is None
 
     def view(
-        self, rows: torch.Tensor | None = None, lo: int = 0, hosts: tuple[int, ...] | None = None
+        self,
+        rows: torch.Tensor | None = None,
+        lo: int = 0,
+        hosts: tuple[int, ...] | None = None,
+        hi: int | None = None,
     ) -> KVCache:
-        """The cache as a forward over `rows` (this view's rows; None: all) attending keys from
-        column `lo` sees it; itself when that is all of it. `hosts`: `rows` as host ints."""
+        """The cache as a forward over `rows` (this view's rows; None: all) attending keys of
+        columns [lo, hi) sees it; itself when that is all of it. `hosts`: `rows` as host ints."""
         if rows is not None and self.row_ids is not None:
             rows, hosts = self.row_ids[rows], None
         elif rows is None:
             rows, hosts = self.row_ids, self.hosts
-        if rows is None and lo == 0:
+        if rows is None and lo == 0 and hi is None:
             return KVCache(self.k, self.v, self.scratch) if not self.whole else self
-        return KVCache(self.k, self.v, self.scratch, rows, lo, hosts)
+        return KVCache(self.k, self.v, self.scratch, rows, lo, hosts, hi)
 
     def update(
         self, layer: int, columns: Columns, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write K/V of the active columns; return the K/V attention reads (its rows, from lo)."""
-        store_k, store_v, rows, lo = self.k[layer], self.v[layer], self.row_ids, self.lo
+        """Write K/V of the active columns; return the K/V attention reads (its rows, [lo, hi))."""
+        store_k, store_v, rows = self.k[layer], self.v[layer], self.row_ids
+        lo, hi = self.lo, self.hi
         if rows is None and isinstance(columns, slice):
             store_k[:, :, columns] = k  # (B, H_kv, T, D)
             store_v[:, :, columns] = v
@@ -110,27 +118,22 @@ class KVCache:
             write_columns(store_k, rows, columns, k)
             write_columns(store_v, rows, columns, v)
         if self.row_ids is None:
-            if lo == 0:  # (a slice from 0 is one more op per tensor and layer)
+            if lo == 0 and hi is None:  # (a slice from 0 is one more op per tensor and layer)
                 return store_k, store_v
-            return store_k[:, :, lo:], store_v[:, :, lo:]  # views, no copy
-        return store_k[rows, :, lo:], store_v[rows, :, lo:]
+            return store_k[:, :, lo:hi], store_v[:, :, lo:hi]  # views, no copy
+        return store_k[rows, :, lo:hi], store_v[rows, :, lo:hi]
 
     def select_rows(self, rows: torch.Tensor) -> KVCache:
         """Keep only some batch rows (rows that finished early leave the batch)."""
         return KVCache([k[rows] for k in self.k], [v[rows] for v in self.v], self.scratch)
 
-    def pad_left(self, extra: int) -> KVCache:
-        """`extra` more columns before every row (the canvas grew its prompt width)."""
+    def pad(self, left: int = 0, right: int = 0) -> KVCache:
+        """More columns before every row (the canvas grew its prompt width) or after it (wider
+        block canvases joined). The old scratch column becomes a canvas column: it holds
+        padding writes, so a key mask must leave it out until a forward writes it."""
         pad = torch.nn.functional.pad
-        k = [pad(t, (0, 0, extra, 0)) for t in self.k]
-        return KVCache(k, [pad(t, (0, 0, extra, 0)) for t in self.v], self.scratch)
-
-    def pad_right(self, extra: int) -> KVCache:
-        """`extra` more columns after every row (a longer answer joined the canvas); what the
-        scratch column held lands in the first new column, written before any row reads it."""
-        pad = torch.nn.functional.pad
-        k = [pad(t, (0, 0, 0, extra)) for t in self.k]
-        return KVCache(k, [pad(t, (0, 0, 0, extra)) for t in self.v], self.scratch)
+        k = [pad(t, (0, 0, left, right)) for t in self.k]
+        return KVCache(k, [pad(t, (0, 0, left, right)) for t in self.v], self.scratch)
 
     def clone(self) -> KVCache:
         return KVCache([k.clone() for k in self.k], [v.clone() for v in self.v], self.scratch)

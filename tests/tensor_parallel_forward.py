@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dllm_cli.models.block import BlockContext, block_causal
+from dllm_cli.cache import KVCache
+from dllm_cli.models.block import block_causal
 from dllm_cli.models.collectives import Shards
 from dllm_cli.models.loading import load_model
 
@@ -37,13 +38,14 @@ def forward(folder: str, shards: Shards) -> dict:
     ids = torch.randint(1, 60, (2, 12), generator=torch.Generator().manual_seed(0))  # (B, T)
     seen = {}
     with torch.no_grad():
-        ctx = BlockContext(self_mask=block_causal(12, 4))
-        mine = split(ids, ctx=ctx)  # (B, T, own vocabulary)
-        expected = whole(ids, ctx=BlockContext(self_mask=block_causal(12, 4)))
+        keys = block_causal(12, 4).expand(2, 12, 12)  # (B, T, T)
+        cache = KVCache.for_model(split, 2, 12)
+        mine = split(ids, None, cache, keys)  # (B, T, own vocabulary)
+        expected = whole(ids, None, KVCache.for_model(whole, 2, 12), keys)
     lo = split.vocab_start
     seen["difference"] = float((mine - expected[..., lo : lo + mine.shape[-1]]).abs().max())
     seen["columns"] = [lo, lo + mine.shape[-1], expected.shape[-1]]
-    seen["keys"] = list(ctx.fresh[0][0].shape)  # (B, own KV heads, T, D)
+    seen["keys"] = list(cache.k[0].shape)  # (B, own KV heads, T, D)
     seen["bytes"] = list(split.weight_bytes)
     return seen
 

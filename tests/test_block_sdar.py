@@ -14,7 +14,7 @@ from block_reference import sdar_forward, sdar_generate
 from dllm_cli.decoding import decode
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import SettingsError
-from dllm_cli.models.block import BlockContext, block_causal
+from dllm_cli.models.block import block_causal
 from dllm_cli.models.loading import load_model
 from dllm_cli.settings import DecodeSettings
 
@@ -62,7 +62,7 @@ def test_forward_matches_the_transcribed_modeling(sdar, loaded):
     mask = block_causal(len(ids), 4)
     want = sdar_forward(sdar.tensors, sdar.config, ids, torch.arange(len(ids)), mask, [], False)
     with torch.inference_mode():
-        got = loaded.model(ids[None], None, BlockContext(self_mask=mask))
+        got = loaded.model(ids[None], None, key_mask=mask[None])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

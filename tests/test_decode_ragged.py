@@ -8,9 +8,7 @@ import torch
 from decode_fixtures import SPECIAL, one_thread, prompts, settings, tiny  # noqa: F401
 
 from dllm_cli.cache import KVCache
-from dllm_cli.decoding import Engine, forwards, packing
-from dllm_cli.decoding.forwards import ragged_groups
-from dllm_cli.decoding.policies import Forward
+from dllm_cli.decoding import Engine, packing
 
 
 def run(model, ps, s, slots: int, ragged: bool, quantum: int = 64, packs: bool | None = None):
@@ -67,15 +65,6 @@ def test_a_static_batch_stays_one_padded_forward():
     )  # padded to the longest prompt
 
 
-def test_refresh_rows_group_by_width_where_one_forward_costs_less_than_two():
-    wide, narrow = Forward(0, 900, True, lead=0), Forward(600, 900, True, lead=600)
-    assert ragged_groups([wide, narrow], [0, 1]) == [[0], [1]]  # 900 and 300 columns apart
-    close = Forward(4, 900, True, lead=4)
-    assert ragged_groups([wide, close, narrow], [0, 1, 2]) == [[0, 1], [2]]
-    tiny_rows = [Forward(k, 40, True, lead=k) for k in (0, 3, 6)]
-    assert ragged_groups(tiny_rows, [0, 1, 2]) == [[0, 1, 2]]  # a forward's own cost wins
-
-
 def test_a_cache_view_writes_its_rows_and_reads_from_its_first_key():
     cache = KVCache.empty(1, 3, 1, 6, 2, torch.float32, "cpu")
     view = cache.view(torch.tensor([2, 0]), lo=2)
@@ -89,32 +78,37 @@ def test_a_cache_view_writes_its_rows_and_reads_from_its_first_key():
     assert cache.view() is cache and cache.whole and not view.whole
     again = view.view(torch.tensor([1]))  # rows of a view are the view's rows
     assert again.row_ids.tolist() == [0]
+    one = fresh[:1, :, :1]  # (1, 1, 1, 2)
+    k, _ = cache.view(torch.tensor([2]), hi=5).update(0, slice(0, 1), one, one)
+    assert k.shape == (1, 1, 5, 2)  # keys [0, 5) only (a block-causal row's end)
+    wider = cache.pad(left=1, right=2)  # a longer prompt, then wider block canvases
+    assert wider.width == 9 and torch.equal(wider.k[0][:, :, 1:7], cache.k[0])
 
 
 @pytest.mark.parametrize(
-    ("cache", "packed"),
-    [(c, p) for p in (False, True) for c in ("none", "prefix", "dual", "freecache")],
+    ("cache", "packed", "extra"),
+    [(c, p, {}) for p in (False, True) for c in ("none", "prefix", "dual", "freecache")]
+    + [("dual", True, {"unmask": "wino", "threshold": 0.5})],
 )
-def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache, packed):
-    """Padded (`packed` False: guidance, WINO) or packed into one forward (packing.py)."""
+def test_steps_with_rows_apart_still_read_the_device_once(monkeypatch, cache, packed, extra):
+    """Padded (`packed` False: two forwards where refreshes sit beside windows) or packed into
+    one forward in attention groups (packing.py; WINO's shadows too)."""
     from test_decode_syncs import count_reads
 
     model = tiny("dream", eos_from=6).model
-    s = settings(cache=cache, early_stop=True, refresh_interval=3 if cache != "none" else 0)
+    refresh = 3 if cache != "none" else 0
+    s = settings(cache=cache, early_stop=True, refresh_interval=refresh, **extra)
     engine = Engine(model, SPECIAL, s, slots=3, admission="continuous", quantum=64)
     engine.stepper.executor.packs = packed
     for p in prompts([2, 190, 5, 230, 3], seed=2):
         engine.add(p)
-    groups, split = [], packing.attention_groups if packed else ragged_groups
+    groups, split = [], packing.attention_groups
 
     def grouped(plans, *rest):
         groups.append(split(plans, *rest))
         return groups[-1]
 
-    if packed:  # the executor's own lookups
-        monkeypatch.setattr(packing, "attention_groups", grouped)
-    else:
-        monkeypatch.setattr(forwards, "ragged_groups", grouped)
+    monkeypatch.setattr(packing, "attention_groups", grouped)  # the executor's own lookup
     reads = count_reads(monkeypatch)
     per_step = []
     while engine.has_work:
@@ -122,5 +116,7 @@ def test_steps_with_ragged_groups_still_read_the_device_once(monkeypatch, cache,
         engine.step()
         per_step.append(reads[before:])
     monkeypatch.undo()
-    assert groups and max(len(g) for g in groups) >= 2  # several forwards or attention groups
+    assert not packed or max(len(g) for g in groups) >= 2  # attention groups of several rows
+    # padded: refreshes in forwards of their own beside windows (none: every row refreshes)
+    assert packed or cache == "none" or engine.forwards > engine.steps
     assert all(len(r) <= 1 for r in per_step), [r for r in per_step if len(r) > 1][:3]

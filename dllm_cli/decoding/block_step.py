@@ -1,9 +1,9 @@
 """One step of the block-causal stepper (block_stepper.py): plan -> forward -> commit.
 
 `plan`: LLaDA2.1's settled blocks end, and a row whose block became final last step puts that
-block in front of its next one, so the same forward also computes the finished block's K/V
-(written to the cache afterwards): no forward of its own for a store. `forward`: one forward
-serves every live row's active block. `commit`: each row drafts its active block and the rule
+block in front of its next one, so the same forward also writes the finished block's K/V into
+the cache: no forward of its own for a store. `forward`: one forward serves every live row's
+active block (its K/V written at its columns too: they are final once the block settles). `commit`: each row drafts its active block and the rule
 commits masks (and, for LLaDA2.1, edits tokens); rows whose answer is final go to the
 engine. Host reads per row and step are a few `.any()` checks (CPU decoding; a GPU would
 want them batched).
@@ -17,12 +17,13 @@ from typing import Any, Protocol
 import torch
 from torch.nn.functional import pad
 
+from dllm_cli.cache import KVCache
 from dllm_cli.decoding.answer import first_stop
 from dllm_cli.decoding.block_rules import BlockRule, Drafter, edits, fills
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
 from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.stepper import Commit
-from dllm_cli.models.block import BlockContext, block_causal
+from dllm_cli.models.block import block_keys
 
 
 @dataclass
@@ -53,14 +54,12 @@ class BlockStepper(Protocol):
     rule: BlockRule
     drafter: Drafter  # whole logits, or a tensor-parallel rank's vocabulary shard
     rows: list[BlockRow]
-    kv: list[list[torch.Tensor]] | None
+    cache: KVCache | None
     cached: bool
     stop_ids: torch.Tensor
     forwards: int
 
     def answer(self, row: BlockRow) -> torch.Tensor: ...
-
-    def write(self, ctx: BlockContext, i: int, row: BlockRow, start: int, end: int, at=0): ...
 
 
 @dataclass
@@ -72,12 +71,6 @@ class BlockPlan:
     previous: dict[int, torch.Tensor]  # row index -> its finished block's tokens (a store)
     stored: list[int]  # answer positions of the blocks stored this step
     final: list[BlockRow] = field(default_factory=list)
-
-
-@dataclass
-class BlockPrediction:
-    ctx: BlockContext
-    logits: torch.Tensor  # (N, B, V)
 
 
 def plan(e: BlockStepper, at: int) -> BlockPlan:
@@ -101,27 +94,21 @@ def plan(e: BlockStepper, at: int) -> BlockPlan:
     return BlockPlan(at, rows, previous, stored, final)
 
 
-def forward(e: BlockStepper, p: BlockPlan) -> BlockPrediction | None:
-    """One forward of every forwarded row's active block (None: no row is left to forward)."""
+def forward(e: BlockStepper, p: BlockPlan) -> torch.Tensor | None:
+    """Logits (N, B, V) of every forwarded row's active block (None: no row is left)."""
     if not p.rows:
         return None
-    b = e.rule.block
-    ctx, ids, positions, index = inputs(e, p.rows, p.previous)
-    logits = e.model(ids, positions, ctx, logits_slice=index)  # (N, B, V)
-    for i in p.previous:
-        r = p.rows[i]
-        e.write(ctx, i, r, (r.block - 1) * b, r.block * b)
-    return BlockPrediction(ctx, logits)
+    return e.model(*inputs(e, p.rows, p.previous))
 
 
-def commit(e: BlockStepper, p: BlockPlan, pred: BlockPrediction | None) -> Commit:
+def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit:
     """Draft, fill and edit every forwarded row; the rows whose answer is final."""
-    if pred is None:
+    if logits is None:
         return final_rows(e, p.final, Commit(stepped=False))
     rule, b, rows, final = e.rule, e.rule.block, p.rows, p.final
     phases = tuple(place(e, r) for r in rows)  # where each row was, before it moves on
     at = [r.block * b - r.prompt for r in rows]
-    x0, probs = draft_rows(e, rows, pred.logits)
+    x0, probs = draft_rows(e, rows, logits)
     block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
     active = block == e.special.mask
     k = torch.tensor([r.rule.k(r.step) for r in rows], device=e.device)
@@ -129,7 +116,7 @@ def commit(e: BlockStepper, p: BlockPlan, pred: BlockPrediction | None) -> Commi
     fixed = cols < torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
     fill, edit = fills(rule, active, probs, k), edits(rule, block, active, x0, probs, fixed)
     for i, r in enumerate(rows):
-        decide(e, r, i, pred.ctx, fill[i], edit[i], x0[i], active[i], final, p.at)
+        decide(e, r, fill[i], edit[i], x0[i], active[i], final, p.at)
     ends = [r.request.sampling.gen_length for r in rows]  # each row's own answer length
     drawn = (torch.tensor(at, device=e.device), x0, probs, [r.request.id for r in rows], ends)
     index = {id(r): i for i, r in enumerate(e.rows)}
@@ -173,65 +160,63 @@ def columns(r, b: int) -> torch.Tensor:
     return torch.arange(r.block * b, (r.block + 1) * b, device=r.x.device)
 
 
-def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]):
-    """Context, ids (N, T), positions (N, T) and the logits' columns for this forward.
+def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
+    """The model's arguments for this forward: ids and positions (N, T), the cache rows, the
+    block-causal key mask, the canvas columns written and the logits' columns.
 
-    Cached: each row's active block against its cached K/V; rows in `previous` (index -> the
-    finished block's tokens) put that block before it, so the forward also computes its
-    final K/V (block-causal: the finished block never sees the new one). Recompute: each
-    row's whole window [0, end of its block) under the block-causal mask.
+    Cached: each row's active block, its K/V written into its cache row and attended with
+    every earlier block's; rows in `previous` (index -> the finished block's tokens) put that
+    block before it, so the forward also writes its final K/V (block-causal: the finished
+    block never sees the new one); the others' first B queries are padding aimed at the
+    scratch column. Recompute: each row's whole window [0, end of its block), no cache.
     """
     b, n = e.rule.block, len(rows)
     cols = torch.stack([columns(r, b) for r in rows])  # (N, B)
+    host = [(r.block + 1) * b for r in rows]  # each row's end
+    hi = max(host)
     if e.cached:
-        ids = torch.stack([block_of(r, b) for r in rows])
-        lengths = torch.tensor(
-            [r.cached - b * (i in previous) for i, r in enumerate(rows)], device=e.device
-        )
-        ctx = BlockContext()
+        ids, positions, index = torch.stack([block_of(r, b) for r in rows]), cols, None
         if previous:
             ahead = torch.full_like(ids, e.special.pad)
+            storing = torch.zeros(n, 1, dtype=torch.bool, device=e.device)
             for i, tokens in previous.items():
-                ahead[i] = tokens
+                ahead[i], storing[i] = tokens, True
             ids = torch.cat([ahead, ids], dim=1)  # (N, 2B)
-            cols = torch.cat([(cols - b).clamp(min=0), cols], dim=1)
-            known = torch.zeros(n, 2 * b, dtype=torch.bool, device=e.device)
-            known[:, b:] = True
-            known[list(previous), :b] = True
-            ctx.self_mask = block_causal(2 * b, b, e.device)[None] & known[:, None, :]
-            ctx.offset = b
-        width = int(lengths.max())
-        if width > 0:
-            held = [r.slot for r in rows]
-            if held == list(range(len(held))):  # slots 0..N-1: views, no copy
-                ctx.past = [(k[: len(held), :, :width], v[: len(held), :, :width]) for k, v in e.kv]
-            else:
-                slots = torch.tensor(held, device=e.device)
-                ctx.past = [(k[slots, :, :width], v[slots, :, :width]) for k, v in e.kv]
-            if bool((lengths < width).any()):
-                ctx.past_valid = torch.arange(width, device=e.device)[None] < lengths[:, None]
-        return ctx, ids, cols, slice(b, 2 * b) if previous else None
-    ends = [(r.block + 1) * b for r in rows]
+            positions = torch.cat([(cols - b).clamp(min=0), cols], dim=1)
+            cols = torch.cat([torch.where(storing, cols - b, e.cache.width), cols], dim=1)
+            index = slice(b, 2 * b)
+        keys = block_keys(cols, torch.tensor(host, device=e.device), b, hi)  # (N, T, hi)
+        if len({r.block for r in rows}) == 1 and len(previous) in (0, n):  # rows in lockstep
+            cols = slice(hi - cols.shape[1], hi)  # one slice: written in place, no index
+        return ids, positions, rows_view(e, rows, hi), keys, cols, index
+    ids, keys = windows(e, rows, host)
+    return ids, None, None, keys, slice(0, hi), cols
+
+
+def windows(e: BlockStepper, rows, ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids (N, W) of each row's columns [0, end) padded to the longest, and their
+    block-causal key mask (N, W, W): a prefill's or a recompute's whole windows."""
     width = max(ends)
-    ids = torch.full((n, width), e.special.pad, dtype=torch.long, device=e.device)
+    ids = torch.full((len(rows), width), e.special.pad, dtype=torch.long, device=e.device)
     for i, (r, end) in enumerate(zip(rows, ends, strict=True)):
         ids[i, :end] = r.x[:end]
-    valid = (
-        torch.arange(width, device=e.device)[None] < torch.tensor(ends, device=e.device)[:, None]
-    )
-    own = block_causal(width, b, e.device)[None] & valid[:, None, :]
-    positions = torch.arange(width, device=e.device).expand(n, width)
-    return BlockContext(self_mask=own), ids, positions, cols
+    every = torch.arange(width, device=e.device).expand(len(rows), width)
+    return ids, block_keys(every, torch.tensor(ends, device=e.device), e.rule.block, width)
 
 
-def decide(e: BlockStepper, r, i, ctx, fill, edit, x0, active, final, at: int) -> None:
+def rows_view(e: BlockStepper, rows, hi: int) -> KVCache:
+    """The cache as a forward over `rows` (their slots) attending columns [0, hi) sees it."""
+    held = [r.slot for r in rows]
+    slots = None if held == list(range(e.cache.k[0].shape[0])) else torch.tensor(held)
+    return e.cache.view(None if slots is None else slots.to(e.device), hi=hi)
+
+
+def decide(e: BlockStepper, r, fill, edit, x0, active, final, at: int) -> None:
     """Commit one row's fills and edits; settle or finish its block when it is final."""
     b = e.rule.block
     editing = e.rule.edit_threshold is not None
     if editing and not bool(active.any()) and not bool(edit.any()):
-        # Settled: this forward saw the final tokens, so its K/V are the block's final K/V.
-        if e.cached and not last(r):
-            e.write(ctx, i, r, r.block * b, (r.block + 1) * b, ctx.offset)
+        # Settled: this forward saw the final tokens, so the K/V it wrote are the block's.
         settle(e, r, final, stored=True)
         return
     change = fill | edit

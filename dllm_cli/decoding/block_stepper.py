@@ -23,6 +23,7 @@ from types import MappingProxyType
 
 import torch
 
+from dllm_cli.cache import KVCache
 from dllm_cli.decoding import block_rules, block_step
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.decoding.block_step import BlockRow
@@ -32,7 +33,6 @@ from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
 from dllm_cli.families import family_of_model
-from dllm_cli.models.block import BlockContext, block_causal
 from dllm_cli.settings import DecodeSettings
 
 
@@ -77,7 +77,7 @@ class BlockStepper:
         else:  # a tensor-parallel rank drafts from its vocabulary shard (models/sharding.py)
             self.drafter = block_drafter(model, settings, self.real_vocab, special.mask)
         self.rows: list[BlockRow] = []  # the live rows, in the engine's order
-        self.kv: list[list[torch.Tensor]] | None = None  # per layer [k, v] (slots, H, S, D)
+        self.cache: KVCache | None = None  # `slots` rows, a scratch column for padding
         self.forwards = 0  # forwards so far, prefills included (for the events)
 
     # --- the Stepper protocol ----------------------------------------------------------------
@@ -142,47 +142,21 @@ class BlockStepper:
 
     def _reserve(self, width: int) -> None:
         """Cache room for `width` columns in every slot (grown, never shrunk)."""
-        have = 0 if self.kv is None else self.kv[0][0].shape[2]
-        if have >= width:
-            return
-        n_layers, n_kv, head_dim = self.model.kv_shape()
-        p = next(self.model.parameters())
-        shape = (self.slots, n_kv, width, head_dim)
-        fresh = [
-            [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(2)]
-            for _ in range(n_layers)
-        ]
-        if self.kv is not None:
-            for new, old in zip(fresh, self.kv, strict=True):
-                for a, b in zip(new, old, strict=True):
-                    a[:, :, :have] = b
-        self.kv = fresh
+        if self.cache is None:
+            self.cache = KVCache.for_model(self.model, self.slots, width, scratch=True)
+        elif self.cache.width < width:
+            self.cache = self.cache.pad(right=width - self.cache.width)
 
     def _prefill(self, rows: list[BlockRow]) -> int:
-        """One block-causal forward over the new rows' whole prompt blocks; their K/V cached."""
+        """One block-causal forward over the new rows' whole prompt blocks, which writes their
+        K/V into the cache (a shorter row's padding columns are rewritten before any read)."""
         if not rows:
             return 0
-        b = self.rule.block
-        lengths = [r.block * b for r in rows]
-        width = max(lengths)
-        ids = torch.full((len(rows), width), self.special.pad, dtype=torch.long, device=self.device)
-        for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
-            ids[i, :n] = r.x[:n]
-        valid = (
-            torch.arange(width, device=self.device)[None]
-            < torch.tensor(lengths, device=self.device)[:, None]
-        )
-        own = block_causal(width, b, self.device)[None] & valid[:, None, :]
-        ctx = BlockContext(self_mask=own)
-        self.model(ids, None, ctx, logits_slice=slice(0, 0))
-        for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
-            self.write(ctx, i, r, 0, n)
+        lengths = [r.block * self.rule.block for r in rows]
+        ids, keys = block_step.windows(self, rows, lengths)  # (R, W), (R, W, W)
+        cache = block_step.rows_view(self, rows, max(lengths))
+        self.model(ids, None, cache, keys, slice(0, max(lengths)), logits_slice=slice(0, 0))
+        for r, n in zip(rows, lengths, strict=True):
             r.cached = n
             r.request.forwards += 1  # (the engine counts the forward itself)
         return 1
-
-    def write(self, ctx: BlockContext, i: int, row: BlockRow, start: int, end: int, at=0) -> None:
-        """Batch row i's fresh K/V (its own columns from `at`) into cache columns [start, end)."""
-        for layer, (k, v) in zip(self.kv, ctx.fresh, strict=True):
-            layer[0][row.slot, :, start:end] = k[i, :, at : at + end - start]
-            layer[1][row.slot, :, start:end] = v[i, :, at : at + end - start]

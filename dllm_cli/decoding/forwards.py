@@ -11,18 +11,19 @@ Rows apart (continuous batching: `ragged`) run as one packed forward (packing.py
 SGLang's varlen batching): every row's own columns end to end in one sequence, a new row's
 prefill beside the cached rows' windows, so no row is padded to another's width and a step
 pays one forward's fixed cost; attention runs per group of rows (with no cache policy, over
-one layer's K/V buffers that every layer reuses). Models whose layers attend
-otherwise, classifier-free guidance (two branches) and WINO's shadow queries keep the padded
-layout below:
+one layer's K/V buffers that every layer reuses). Classifier-free guidance packs its second
+branch as more rows (each with its own cache rows), WINO its shadow block as one more
+attention group: measured no slower than the padded forwards below in every case at d256
+(benchmarks/packed_layouts.py), so rows apart always pack. Rows in lockstep whose plans
+differ (a static batch) keep the padded layout:
 
-- rows whose plan is a full refresh are ragged: each computes only its own columns, from its
-  first prompt token, in groups of similar width, one forward each (`ragged_groups`);
+- rows whose plan is a full refresh share one forward from their first real column;
 - every other row shares one windowed forward, each row feeding its own columns padded to the
   longest window with queries aimed at the KV cache's scratch column. Beside refreshes it runs
   over every row (the full rows with their span as a stand-in window, rewritten by their full
-  forwards right after), so it uses the cache in place;
+  forward right after), so it uses the cache in place;
 - where one forward over every row's own columns computes no more row-columns than the two
-  together (`folds`), a new row's prefill rides along in the cached rows' forward.
+  together (`folds`), the refreshes ride along in the cached rows' forward.
 
 Every forward attends keys only from its rows' first real column. (Measured on CPU, a
 forward's cost grows with its row-columns and attended keys: 8 rows x 600 columns took 13.6x
@@ -39,7 +40,7 @@ import torch
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.canvas import Canvas
-from dllm_cli.decoding.packing import cheapest_split, pack
+from dllm_cli.decoding.packing import pack
 from dllm_cli.decoding.policies import Forward
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import Sampler
@@ -58,27 +59,17 @@ class Prediction:
     verify: torch.Tensor | None = None  # (B, L) WINO's shadow check of earlier commits
 
 
-# Ragged rows (continuous batching): what a forward costs on CPU, in row-columns (measured on
-# the shipped Dream model, one thread: ~12 ms per forward whatever its size, ~0.14 ms per
-# row-column, ~0.2 us per attended key of a column). A group of refresh rows costs
-# FORWARD_COST + rows * width * (1 + width / KEYS_PER_COLUMN).
-FORWARD_COST = 96
-KEYS_PER_COLUMN = 700
-
-
 class Forwards:
     """Runs a step's forwards and turns their logits into drafts per row.
 
     `ragged` (rows at their own places: continuous batching): rows that do not share one slice
-    run as one packed forward (`packs`: packing.py), or else rows due a refresh are served by
-    forwards over their own columns only, grouped by width where one forward costs less than
-    two (`ragged_groups`); not ragged, one forward serves them all, padded to the widest (a
-    static batch, as LLaDA and Fast-dLLM decode one). `row_columns` and `key_columns` count
+    run as one packed forward (`packs`: packing.py; False only in tests, which compare it with
+    the padded forwards); not ragged, one forward serves them all, padded to the widest (a
+    static batch, as LLaDA and Fast-dLLM decode one), or two where refreshes sit beside
+    windows and do not fold. `row_columns` and `key_columns` count
     the arithmetic done: columns forwarded (rows x columns, both CFG branches) and
     query-key pairs attended per layer.
     """
-
-    packable: bool = True  # a subclass whose forwards add queries of their own says False
 
     def __init__(
         self,
@@ -94,9 +85,10 @@ class Forwards:
         self.greedy = greedy_drafts  # guided: drafts are argmax whatever the temperature
         self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
         self.ragged = ragged
-        # Ragged rows share one packed forward (packing.py) where the model's layers attend
-        # through layers.attend; guidance's two branches and WINO's shadow stay padded.
-        self.packs = self.branches == 1 and model.packs and self.packable
+        # Ragged rows share one packed forward (packing.py; every model's layers attend through
+        # layers.attend), guidance's second branch as more rows, WINO's shadows as one more
+        # attention group (wino.ShadowForwards). False: the padded forwards (tests).
+        self.packs = True
         self.row_columns = self.key_columns = 0
         self._span_memo: dict = {}  # spans -> (columns, valid), see _slots
         self._buffers: tuple | None = None  # (canvas shape, KVCache): see _layer_buffers
@@ -119,47 +111,32 @@ class Forwards:
         if self.ragged and self.packs and apart(plans, full):
             cache = cache if cache is not None else self._layer_buffers(canvas)
             return self._packed(canvas, cache, plans, spans, generator, columns, valid)
-        groups = ragged_groups(plans, full) if self.ragged and full else [full]
-        if (
-            not full
-            or (every and len(groups) == 1)
-            or (not every and folds(plans, spans, full, self.model))
-        ):
+        if not full or every or folds(plans, spans, full, self.model):
             # one forward serves every row (full rows' prefills folded in with the windows)
             drafts, confidence, probs = self._group(canvas, cache, plans, spans, None, generator)
             return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
-        forwards = len(groups)
-        if every:  # only refreshes, in groups of their own widths
-            drafts = torch.full(valid.shape, canvas.mask_id, dtype=torch.long, device=device)
-            confidence = torch.full(valid.shape, float("-inf"), device=device)
-            probs = None
-        else:
-            # The windowed forward serves every row, so it reads and writes the cache in place
-            # (a forward for some rows gathers their K/V). Rows due a full forward take their
-            # span as a stand-in window there; the full forwards that follow rewrite all their
-            # columns and give their drafts.
-            shift = self.model.logit_shift
-            stand = [
-                replace(p, start=a - shift, end=e, refresh=False) if p.refresh else p
-                for p, (a, e) in zip(plans, spans, strict=True)
-            ]
-            draws = generator.without(full) if isinstance(generator, RowDraws) else generator
-            drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, draws)
-            forwards += 1
-        for group in groups:
-            rows = torch.tensor(group, device=device)
-            sub = ([plans[r] for r in group], [spans[r] for r in group])
-            draws = generator.subset(group) if isinstance(generator, RowDraws) else generator
-            d, conf, p = self._group(canvas, cache, *sub, rows, draws)
-            drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
-            drafts[rows, : d.shape[1]] = d
-            confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)
-            if p is not None:
-                if probs is None:
-                    probs = p.new_zeros((*valid.shape, p.shape[-1]))
-                probs[rows] = 0.0
-                probs[rows, : p.shape[1]] = p.to(probs.dtype)
-        return Prediction(drafts, confidence, columns, valid, forwards=forwards, probs=probs)
+        # The windowed forward serves every row, so it reads and writes the cache in place (a
+        # forward for some rows gathers their K/V). Rows due a full forward take their span as
+        # a stand-in window there; the full forward that follows rewrites all their columns
+        # and gives their drafts.
+        shift = self.model.logit_shift
+        stand = [
+            replace(p, start=a - shift, end=e, refresh=False) if p.refresh else p
+            for p, (a, e) in zip(plans, spans, strict=True)
+        ]
+        draws = generator.without(full) if isinstance(generator, RowDraws) else generator
+        drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, draws)
+        rows = torch.tensor(full, device=device)
+        sub = ([plans[r] for r in full], [spans[r] for r in full])
+        draws = generator.subset(full) if isinstance(generator, RowDraws) else generator
+        d, conf, p = self._group(canvas, cache, *sub, rows, draws)
+        drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
+        drafts[rows, : d.shape[1]] = d
+        confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)
+        if p is not None:  # (kept for every row or none)
+            probs[rows] = 0.0
+            probs[rows, : p.shape[1]] = p.to(probs.dtype)
+        return Prediction(drafts, confidence, columns, valid, forwards=2, probs=probs)
 
     def _slots(self, spans: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, L) canvas columns of each row's span and which slots are real, built once per
@@ -177,12 +154,19 @@ class Forwards:
         return memo[key]
 
     def _packed(self, c: Canvas, cache: KVCache, plans, spans, generator, columns, valid):
-        """One forward over every row's own columns, packed (packing.py)."""
+        """One forward over every row's own columns, packed (packing.py); under guidance the
+        prompt-masked branch's rows follow (cache rows B.. of the view, as padded)."""
+        if self.branches == 2:
+            c = both_branches(c)
+            plans, spans = plans * 2, spans * 2
         p = pack(c, cache.row_ids, cache.hosts, plans, spans, self.model.logit_shift)
         self.row_columns += p.row_columns
         self.key_columns += p.key_columns
         logits = self.model(p.ids, p.positions, cache, p.layout, logits_slice=p.picks)
-        logits = logits.view(len(plans), p.span, -1)  # (B, L, V)
+        logits = logits.view(len(plans), p.span, -1)  # (branches B, L, V)
+        if self.branches == 2:
+            cond, un = logits.chunk(2)
+            logits = un + (self.cfg + 1) * (cond - un)
         drafts, confidence, probs = self._draft(logits, generator)
         return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
 
@@ -191,11 +175,11 @@ class Forwards:
         forward (each layer writes its rows' keys there and attends them before the next
         layer overwrites them; every row refreshes, so every key it attends is written), kept
         while the canvas keeps its shape."""
-        shape = (c.batch, c.width)
+        shape = (c.batch * self.branches, c.width)
         if self._buffers is None or self._buffers[0] != shape:
             n_layers, n_kv, head_dim = self.model.kv_shape()
             p = next(self.model.parameters())
-            one = KVCache.empty(1, c.batch, n_kv, c.width, head_dim, p.dtype, p.device)
+            one = KVCache.empty(1, shape[0], n_kv, c.width, head_dim, p.dtype, p.device)
             self._buffers = (shape, KVCache(one.k * n_layers, one.v * n_layers))
         return self._buffers[1]
 
@@ -246,7 +230,7 @@ class Forwards:
             # Classifier-free guidance (LLaDA): a second branch with the prompt masked out.
             prompt = pick(c.prompt_mask())
             prompt = prompt[:, cols] if isinstance(cols, slice) else take(prompt, cols, False)
-            uncond = ids.masked_fill(prompt, c.mask_id)
+            uncond = ids.masked_fill(prompt, c.mask_id)  # (as both_branches masks it)
             ids, pos = torch.cat([ids, uncond]), torch.cat([pos, pos])
             keys = None if keys is None else torch.cat([keys, keys])
             if isinstance(cols, torch.Tensor):
@@ -298,17 +282,11 @@ class Forwards:
         return None if keys is None else keys[:, lo:]
 
 
-def ragged_groups(plans: list[Forward], full: list[int]) -> list[list[int]]:
-    """Rows `full` (due a refresh) in groups, one forward each, cheapest first-to-last split:
-    rows in order of their first real column, each group padded to its widest row."""
-    order = sorted(full, key=lambda r: plans[r].lead)
-    ends, leads = [p.end for p in plans], [p.lead for p in plans]
-
-    def cost(count: int, _wide: int, hi: int, lo: int) -> float:
-        wide = hi - lo  # a group's forward runs from its first real column to its last
-        return FORWARD_COST + count * wide * (1 + wide / KEYS_PER_COLUMN)
-
-    return cheapest_split(order, ends, ends, leads, cost)
+def both_branches(c: Canvas) -> Canvas:
+    """Guidance's canvas of 2B rows: the rows, then each with its prompt masked out."""
+    uncond = c.ids.masked_fill(c.prompt_mask(), c.mask_id)
+    twice = (torch.cat([c.ids, uncond]), c.pad.repeat(2), c.rows.repeat(2), c.steps.repeat(2, 1))
+    return Canvas(*twice, c.prompt_width, c.mask_id, c.any_pad)
 
 
 def folds(plans: list[Forward], spans, full: list[int], model) -> bool:

@@ -234,14 +234,14 @@ class MaskedStepper:
             r.row.blocks = self._blocks(r.sampling.gen_length)
         self._note_padding(live)
         if self.cache is not None:
-            self.cache = self.cache.pad_left(extra)
+            self.cache = self.cache.pad(left=extra)
 
     def _lengthen(self, answer: int) -> None:
         """A longer answer arrived: answer columns added after every row (canvas, cache)."""
         extra = answer - self.answer_width
         self.canvas = pad_canvas(self.canvas, self.special.pad, right=extra)
         if self.cache is not None:
-            self.cache = self.cache.pad_right(extra)
+            self.cache = self.cache.pad(right=extra)  # old scratch: past every live row's end
 
     def cache_view(self, live: list[Request]) -> KVCache | None:
         """The cache as this step's canvas rows see it: canvas row r (branch b) is cache row

@@ -50,6 +50,7 @@ class PackedForward:
     span: int  # L: predictions per row (short spans padded by repeating their last)
     row_columns: int
     key_columns: int
+    outputs: int  # the groups' outputs laid end to end (their R x T summed)
 
 
 def pack(
@@ -115,6 +116,7 @@ def pack(
         span,
         n,
         key_columns,
+        bases[-1],
     )
 
 

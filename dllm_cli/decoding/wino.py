@@ -13,15 +13,21 @@ The shadow block is one forward's extra L queries (models/layers.ShadowMask): ca
 never attend them and their K/V never reach the cache, so every cache policy serves WINO with
 one forward per step (each a block's worth of queries wider). A shifted model (Dream) adds L
 readers, copies of column j - 1 that see shadow j in column j's place (see shadow_mask).
+Rows apart (continuous batching) pack as every other rule's do: the shadows follow the rows'
+own columns in the packed sequence, and attend in one more group whose extra keys are theirs
+(models/layers.AttentionGroup.extra).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from dllm_cli.decoding.forwards import Forwards, row_columns, span_picks, take
+from dllm_cli.decoding.forwards import Forwards, Prediction, row_columns, span_picks, take
+from dllm_cli.decoding.packing import pack
 from dllm_cli.decoding.ranking import top_columns
-from dllm_cli.models.layers import ShadowMask
+from dllm_cli.models.layers import AttentionGroup, ShadowMask
 
 ACCEPT_SHARE, ACCEPT_MIN, ACCEPT_MAX = 0.7, 5, 20  # the reference's max_accept clamp
 
@@ -82,8 +88,6 @@ class ShadowForwards(Forwards):
     """Forwards whose every forward ends in WINO's shadow block; the Prediction's `verify`
     (B, L) holds each earlier-committed slot's shadow probability (+inf elsewhere)."""
 
-    packable = False  # the shadow queries ride in each padded forward
-
     def __call__(self, canvas, cache, plans, spans, generator):
         self._verified = []
         pred = super().__call__(canvas, cache, plans, spans, generator)
@@ -102,11 +106,47 @@ class ShadowForwards(Forwards):
     def _logits(self, c, cache, plans, spans, rows):
         """The span's logits; each slot's shadow probability of its token is kept aside."""
         drafts, shadows, span, valid = self.shadowed(c, cache, plans, spans, rows)
+        self._verify(c, rows, shadows, span, valid)
+        return drafts
+
+    def _verify(self, c, rows, shadows, span, valid) -> None:
+        """Keep each earlier commit's shadow probability (+inf on every other slot)."""
         tokens = (c.ids if rows is None else c.ids[rows]).gather(1, span)  # (R, L) held now
         p = torch.softmax(shadows.double(), dim=-1).gather(2, tokens[..., None])[..., 0]
         earlier = valid & (tokens != c.mask_id)
         self._verified.append((rows, torch.where(earlier, p, float("inf"))))
-        return drafts
+
+    def _packed(self, c, cache, plans, spans, generator, columns, valid):
+        """The rows packed (packing.py), each row's shadows after every row's own columns:
+        one more attention group, over each row's cached keys from column 0 then its
+        shadows' (shadow_mask), whose K/V are written nowhere."""
+        device, shift = c.ids.device, self.model.logit_shift
+        p = pack(c, cache.row_ids, cache.hosts, plans, spans, shift)
+        span, real = span_slots(spans, device)  # (B, L)
+        ids, pos = shadow_tokens(c.ids, c.positions(), span, c.mask_id, shift)  # (B, n)
+        b, n = ids.shape
+        keys = self._keys(c, cache, None, None, [q.keys for q in plans], 0)  # (B, K)
+        mask = shadow_mask(keys, (b, 0), span, real, shift, cache, device)  # (B, n, K + n)
+        base = p.ids.shape[1]  # the shadows' packed columns follow the rows' own
+        extra = base + torch.arange(b * n, device=device).view(b, n)
+        rows = torch.arange(b, device=device) if cache.row_ids is None else cache.row_ids
+        shadows = AttentionGroup(extra, rows, 0, mask.shape[2] - n, mask, extra)
+        back = torch.cat([p.layout.back, p.outputs + torch.arange(b * n, device=device)])
+        layout = replace(p.layout, groups=(*p.layout.groups, shadows), back=back)
+        read = extra[:, n - span.shape[1] :]  # the last L shadows (readers, when shifted)
+        logits = self.model(
+            torch.cat([p.ids, ids.view(1, -1)], dim=1),
+            torch.cat([p.positions, pos.view(1, -1)], dim=1),
+            cache,
+            layout,
+            logits_slice=torch.cat([p.picks, read.reshape(1, -1)], dim=1),
+        )[0]
+        self.row_columns += p.row_columns + b * n
+        self.key_columns += p.key_columns + b * n * mask.shape[2]
+        main, verify = logits[: b * p.span], logits[b * p.span :]
+        self._verify(c, None, verify.view(b, span.shape[1], -1), span, real)
+        drafts, confidence, probs = self._draft(main.view(b, p.span, -1), generator)
+        return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
 
     def shadowed(self, c, cache, plans, spans, rows):
         """One forward for `rows` with a shadow of each row's span: the span's logits, the
@@ -127,14 +167,7 @@ class ShadowForwards(Forwards):
             ids, pos = take(ids_all, cols, c.mask_id), take(pos_all, cols, 0)
         keys = self._keys(c, cache, rows, cols, [p.keys for p in plans], 0)  # every key
         span, valid = span_slots(spans, device)  # (R, L) canvas columns, real slots
-        # The reference's shadow: a mask at each slot's position. A shifted model reads slot j
-        # from a second query, a copy of column j - shift (its token and position).
-        shadow_ids = torch.full_like(span, c.mask_id)
-        shadow_pos = pos_all.gather(1, span)
-        if shift:
-            carried = (span - shift).clamp(min=0)
-            shadow_ids = torch.cat([shadow_ids, ids_all.gather(1, carried)], dim=1)
-            shadow_pos = torch.cat([shadow_pos, pos_all.gather(1, carried)], dim=1)
+        shadow_ids, shadow_pos = shadow_tokens(ids_all, pos_all, span, c.mask_id, shift)
         mask = shadow_mask(keys, ids.shape, span, valid, shift, cache, device)
         picks = span_picks(starts, spans, shift, device)
         main = picks if isinstance(picks, torch.Tensor) else expand(picks, span.shape[0], device)
@@ -158,6 +191,17 @@ def span_slots(spans, device) -> tuple[torch.Tensor, torch.Tensor]:
     slots = torch.arange(int(max(e - a for a, e in spans)), device=device)
     valid = slots[None] < lengths[:, None]
     return torch.where(valid, starts[:, None] + slots, starts[:, None]), valid
+
+
+def shadow_tokens(ids, positions, span, mask_id: int, shift: int):
+    """(R, n) ids and positions of the shadows: the reference's mask at each slot's position;
+    a shifted model reads slot j from a second query, a copy of column j - shift."""
+    shadow_ids, shadow_pos = torch.full_like(span, mask_id), positions.gather(1, span)
+    if not shift:
+        return shadow_ids, shadow_pos
+    carried = (span - shift).clamp(min=0)
+    shadow_ids = torch.cat([shadow_ids, ids.gather(1, carried)], dim=1)
+    return shadow_ids, torch.cat([shadow_pos, positions.gather(1, carried)], dim=1)
 
 
 def expand(picks: slice, rows: int, device) -> torch.Tensor:

@@ -36,8 +36,6 @@ class DiffusionLM(nn.Module):
 
     logit_shift: int = 0
     family: ClassVar[str]  # its families.py key (sampler, reference settings)
-    # Its layers attend through layers.attend, so a forward may pack rows (layers.PackedRows).
-    packs: ClassVar[bool] = True
     # Tensor parallelism: this rank's place (models/sharding.py); None: the whole model here.
     shards: Shards | None = None
 
@@ -98,6 +96,11 @@ class DiffusionLM(nn.Module):
         raise NotImplementedError
 
     @property
+    def rope_dim(self) -> int:
+        """Dimensions of a head RoPE rotates (LLaDA2: the first part of it)."""
+        return self.kv_shape()[2]
+
+    @property
     def context_length(self) -> int:
         raise NotImplementedError
 
@@ -116,9 +119,9 @@ class DiffusionLM(nn.Module):
         """
         table = getattr(self, "_rope_table", None)
         if table is None or table.device != positions.device or table.dtype != dtype:
-            _, _, head_dim = self.kv_shape()
             every = torch.arange(self.context_length, device=positions.device)[None]
-            cos, sin = (t[0, 0].to(dtype) for t in rope_tables(every, head_dim, self.rope_theta))
+            tables = rope_tables(every, self.rope_dim, self.rope_theta)
+            cos, sin = (t[0, 0].to(dtype) for t in tables)
             table = torch.stack([cos, sin, signed_sin(sin)])  # (3, N, D)
             self._rope_table = table
         b, t = positions.shape

@@ -1,81 +1,47 @@
-"""What block-causal diffusion models (SDAR, LLaDA2.x) share: the block-causal mask, one
-attention over cached K/V plus the forward's own tokens, partial RoPE, and the model base.
+"""What block-causal diffusion models (SDAR, LLaDA2.x) share: the block-causal key mask,
+partial RoPE, and the model base.
 
 Attention is bidirectional inside a block and causal across blocks (SDAR, arXiv 2510.06303;
 LLaDA2.0, arXiv 2512.15745), so the K/V of a finished block never change: a cache of them is
-exact. A forward gets the earlier blocks' K/V (`BlockContext.past`, per row a valid length)
-and attends to them and to its own tokens under `self_mask`; it hands back the K/V it
-computed (`fresh`), which the engine writes into its cache once a block has settled.
+exact. These models run DiffusionLM's one forward over the same KVCache as LLaDA and Dream
+(rows of per-row columns, cache.py); what makes a row block-causal is only its key mask
+(`block_keys`), one (T, S) mask per row and query, so each query sees the keys of its own
+block and of every earlier one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from dllm_cli.models.base import DiffusionLM
-from dllm_cli.models.layers import sdpa
+from dllm_cli.models.layers import apply_rope
 
 
 def block_causal(length: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """(T, T) bool: query column i may see key column j when j's block is not after i's."""
-    blocks = torch.arange(length, device=device) // block
-    return blocks[:, None] >= blocks[None, :]
+    columns = torch.arange(length, device=device)
+    return block_keys(columns[None], torch.tensor([length], device=device), block, length)[0]
 
 
-@dataclass
-class BlockContext:
-    """One forward's view of the cache: earlier blocks' K/V and which of them each row has."""
-
-    past: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer (B, H_kv, S, D)
-    past_valid: torch.Tensor | None = None  # (B, S) bool: cached columns a row may attend
-    self_mask: torch.Tensor | None = None  # (B, T, T) or (T, T) bool; None: all see all
-    fresh: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    offset: int = 0  # where the active block starts among the forward's own columns
-    _mask: torch.Tensor | None = None
-
-    def mask(self, b: int, t: int) -> torch.Tensor | None:
-        """(B, 1, T, S + T) bool over [cached keys, own keys], built once per forward."""
-        if self._mask is None and (self.self_mask is not None or self.past_valid is not None):
-            own = self.self_mask
-            device = (own if own is not None else self.past_valid).device
-            if own is None:
-                own = torch.ones(t, t, dtype=torch.bool, device=device)
-            own = own.expand(b, t, t)
-            valid = self.past_valid
-            if valid is None and self.past is not None:  # every row has every cached column
-                valid = torch.ones(b, self.past[0][0].shape[2], dtype=torch.bool, device=device)
-            if valid is not None:
-                own = torch.cat([valid[:, None, :].expand(b, t, valid.shape[1]), own], dim=2)
-            self._mask = own[:, None]
-        return self._mask
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope):
-        """q (B, H, T, D), k/v (B, H_kv, T, D) -> (B, T, H*D), q and k rotated by `rope`
-        (cos, sin) first; keeps the rotated k and v as fresh."""
-        q, k = rope_partial(q, *rope), rope_partial(k, *rope)
-        self.fresh.append((k, v))
-        if self.past is not None:
-            pk, pv = self.past[layer]
-            k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-        return sdpa(q, k, v, self.mask(q.shape[0], q.shape[2]))
+def block_keys(columns: torch.Tensor, ends: torch.Tensor, block: int, keys: int) -> torch.Tensor:
+    """(N, T, keys) bool key mask of queries at canvas `columns` (N, T): key column j is seen
+    when its block is not after the query's and j is before the row's end (N,). A query at
+    the cache's scratch column (past every block) sees all of its row's keys."""
+    j = torch.arange(keys, device=columns.device)
+    same_or_earlier = (j // block)[None, None] <= (columns // block)[..., None]  # (N, T, K)
+    return same_or_earlier & (j[None] < ends[:, None])[:, None]
 
 
-def rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on the first cos.shape[-1] dims of (B, H, T, D); the rest pass."""
-    n = cos.shape[-1]
-    rot, rest = x[..., :n], x[..., n:]
-    half = n // 2
-    turned = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-    out = rot * cos + turned * sin
-    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+def rope_partial(x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Rotate-half RoPE (layers.apply_rope, model dtype) on the first cos.shape[-1] dims of
+    (B, H, T, D); the rest pass (LLaDA2's partial_rotary_factor)."""
+    n = rope[0].shape[-1]
+    turned = apply_rope(x[..., :n], *rope[:2], False, *rope[2:])
+    return turned if n == x.shape[-1] else torch.cat([turned, x[..., n:]], dim=-1)
 
 
 class BlockDiffusionLM(DiffusionLM):
-    """Base of the block-causal models: `forward(ids, positions, ctx)` -> logits (B, T, V)."""
-
-    packs = False  # their layers attend through a BlockContext
+    """Base of the block-causal models: DiffusionLM's forward under a `block_keys` mask."""
 
     def fuse_projections(self) -> None:
         """Nothing to fuse: these classes keep the checkpoints' own projections."""
@@ -83,37 +49,3 @@ class BlockDiffusionLM(DiffusionLM):
     @property
     def block_size(self) -> int:
         return self.config.block_size
-
-    @property
-    def rope_dim(self) -> int:
-        _, _, head_dim = self.kv_shape()
-        return head_dim
-
-    def rope_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos/sin (B, 1, T, rope_dim) in float32 then cast, as transformers' RoPE does."""
-        n = self.rope_dim
-        inv = 1.0 / (
-            self.rope_theta
-            ** (torch.arange(0, n, 2, device=positions.device, dtype=torch.float32) / n)
-        )
-        freqs = positions.to(torch.float32)[..., None] * inv  # (B, T, n/2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        ctx: BlockContext | None = None,
-        logits_slice: slice | torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Logits (B, T', V) of the given columns; ctx.fresh gets every layer's K/V."""
-        ctx = ctx if ctx is not None else BlockContext()
-        if positions is None:
-            t = input_ids.shape[1]
-            positions = torch.arange(t, device=input_ids.device).expand(input_ids.shape[0], t)
-        h = self.embed(input_ids)  # (B, T, d)
-        rope = self.rope_at(positions, h.dtype)
-        for i, layer in enumerate(self.blocks()):
-            h = layer(h, rope, ctx, i)
-        return self.logits_of(h, logits_slice)

@@ -25,18 +25,19 @@ from dllm_cli.models.qwen_layers import PreNormLayer
 
 
 @dataclass(frozen=True)
-class Family:
-    """What differs between the Llama-layout families (transformers' defaults where absent)."""
+class Variant:
+    """What differs between the Llama-layout model types (transformers' defaults where absent);
+    not a dllm family (families.py): every one of them is the guide."""
 
     qkv_bias: bool | None  # None: config.attention_bias decides (q, k, v and o)
     qk_norm: bool  # Qwen3: RMSNorm over each head of q and k before RoPE
     head_dim: int | None  # None: hidden_size // num_attention_heads
 
 
-FAMILIES: dict[str, Family] = {
-    "llama": Family(qkv_bias=None, qk_norm=False, head_dim=None),
-    "qwen2": Family(qkv_bias=True, qk_norm=False, head_dim=None),
-    "qwen3": Family(qkv_bias=None, qk_norm=True, head_dim=128),
+VARIANTS: dict[str, Variant] = {  # config.json's model_type -> its variant
+    "llama": Variant(qkv_bias=None, qk_norm=False, head_dim=None),
+    "qwen2": Variant(qkv_bias=True, qk_norm=False, head_dim=None),
+    "qwen3": Variant(qkv_bias=None, qk_norm=True, head_dim=128),
 }
 
 
@@ -44,7 +45,7 @@ FAMILIES: dict[str, Family] = {
 class GuideConfig:
     """The fields of a config.json the forward needs."""
 
-    family: Family
+    variant: Variant
     vocab: int
     hidden: int
     inner: int
@@ -98,10 +99,10 @@ ROPE_TYPES = {"default": default_freq, "linear": linear_freq, "llama3": llama3_f
 
 def guide_config(raw: dict[str, Any]) -> GuideConfig | None:
     """A config.json this module can run, or None (the caller loads it with transformers)."""
-    family = FAMILIES.get(raw.get("model_type", ""))
+    variant = VARIANTS.get(raw.get("model_type", ""))
     rope = rope_parameters(raw)
     if (
-        family is None
+        variant is None
         or rope["rope_type"] not in ROPE_TYPES
         or rope.get("partial_rotary_factor", 1.0) != 1.0
         or raw.get("use_sliding_window", False)
@@ -109,9 +110,9 @@ def guide_config(raw: dict[str, Any]) -> GuideConfig | None:
     ):
         return None
     heads = raw["num_attention_heads"]
-    head_dim = raw.get("head_dim") or family.head_dim or raw["hidden_size"] // heads
+    head_dim = raw.get("head_dim") or variant.head_dim or raw["hidden_size"] // heads
     return GuideConfig(
-        family=family,
+        variant=variant,
         vocab=raw["vocab_size"],
         hidden=raw["hidden_size"],
         inner=raw["intermediate_size"],
@@ -174,19 +175,19 @@ class GuideOutput:
 class Attention(nn.Module):
     def __init__(self, c: GuideConfig):
         super().__init__()
-        bias = c.attention_bias if c.family.qkv_bias is None else c.family.qkv_bias
-        out_bias = c.attention_bias if c.family.qkv_bias is None else False
+        bias = c.attention_bias if c.variant.qkv_bias is None else c.variant.qkv_bias
+        out_bias = c.attention_bias if c.variant.qkv_bias is None else False
         self.heads, self.kv_heads, self.head_dim = c.heads, c.kv_heads, c.head_dim
         self.q_proj = nn.Linear(c.hidden, c.heads * c.head_dim, bias=bias)
         self.k_proj = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=bias)
         self.v_proj = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=bias)
         self.o_proj = nn.Linear(c.heads * c.head_dim, c.hidden, bias=out_bias)
-        if c.family.qk_norm:
+        if c.variant.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.eps)
             self.k_norm = RMSNorm(c.head_dim, c.eps)
 
     def heads_of(self, proj: nn.Linear, x: torch.Tensor, norm: str | None) -> torch.Tensor:
-        """(B, T, C) -> (B, H, T, D), normed per head first where the family does (Qwen3)."""
+        """(B, T, C) -> (B, H, T, D), normed per head first where the variant does (Qwen3)."""
         b, t, _ = x.shape
         h = proj(x).view(b, t, -1, self.head_dim)
         if norm is not None and hasattr(self, norm):

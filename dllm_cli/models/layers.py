@@ -186,8 +186,9 @@ def attend(
     q: (B, H, T, D); k, v: (B, H_kv, T, D) for the active columns. With a cache the fresh K/V
     are written at `columns` (a slice, or (B, T) per row) and the queries attend over all
     cached columns. key_mask: (B, S) bool, True where a key may be attended (padding and the
-    cache's scratch column are False); a narrower mask (B, K), K < S, also cuts the keys at K
-    (suffix pruning: the canvas past K is neither attended nor read). Returns (B, T, H*D).
+    cache's scratch column are False), or (B, T, S) per query (block-causal rows: models/block.py);
+    a narrower mask (B, K), K < S, also cuts the keys at K (suffix pruning: the canvas past K is
+    neither attended nor read). Returns (B, T, H*D).
     """
     if rope is not None:  # None: the caller has rotated q and k already
         cos, sin, *signed = rope
@@ -199,9 +200,11 @@ def attend(
         return attend_packed(q, k, v, cache, layer, key_mask)
     if cache is not None:
         k, v = cache.update(layer, columns, k, v)  # (B, H_kv, S, D)
-        if key_mask is not None and key_mask.shape[1] < k.shape[2]:
-            k, v = k[:, :, : key_mask.shape[1]], v[:, :, : key_mask.shape[1]]  # (B, H_kv, K, D)
-    return sdpa(q, k, v, None if key_mask is None else key_mask[:, None, None, :])  # (B,1,1,S)
+        if key_mask is not None and key_mask.shape[-1] < k.shape[2]:
+            k, v = k[:, :, : key_mask.shape[-1]], v[:, :, : key_mask.shape[-1]]  # (B, H_kv, K, D)
+    if key_mask is not None:  # (B, 1, 1, S) for every query alike, or (B, 1, T, S) per query
+        key_mask = key_mask[:, None, None, :] if key_mask.dim() == 2 else key_mask[:, None]
+    return sdpa(q, k, v, key_mask)
 
 
 def sdpa(q, k, v, mask=None, causal: bool = False) -> torch.Tensor:
@@ -246,7 +249,10 @@ class AttentionGroup:
     rows: torch.Tensor | slice  # (R,) cache rows, or a slice of them (read in place)
     lo: int  # keys attended: cache columns [lo, hi)
     hi: int
-    mask: torch.Tensor | None  # (R, hi - lo) bool, True where a key may be attended
+    mask: torch.Tensor | None  # (R, hi - lo) bool, True where a key may be attended; with
+    # `extra`, (R, T, hi - lo + n) per query
+    extra: torch.Tensor | None = None  # (R, n) packed columns whose fresh K/V (in no cache
+    # row: WINO's shadow block) each row attends after its cached keys
 
 
 @dataclass(frozen=True)
@@ -262,12 +268,13 @@ class PackedRows:
 
 def attend_packed(q, k, v, cache: KVCache, layer: int, packed: PackedRows) -> torch.Tensor:
     """attend() for a packed forward: q (1, H, N, D); k, v (1, H_kv, N, D). Every column's K/V
-    go to its own cache row and column first; then each group's queries attend their rows'
-    cached keys. Returns (1, N, H*D)."""
+    go to its own cache row and column first (columns past `packed.rows`, WINO's shadows, go
+    nowhere); then each group's queries attend their rows' cached keys and their `extra`
+    ones. Returns (1, N, H*D)."""
     store_k, store_v = cache.k[layer], cache.v[layer]  # (rows, H_kv, S, D)
-    at = (packed.rows, packed.columns)
-    store_k.transpose(1, 2)[at] = k[0].transpose(0, 1)  # (N, H_kv, D) into (rows, S, H_kv, D)
-    store_v.transpose(1, 2)[at] = v[0].transpose(0, 1)
+    at, n = (packed.rows, packed.columns), packed.rows.shape[0]
+    store_k.transpose(1, 2)[at] = k[0, :, :n].transpose(0, 1)  # (N, H_kv, D) into (rows, S, ...)
+    store_v.transpose(1, 2)[at] = v[0, :, :n].transpose(0, 1)
     tokens = q[0].transpose(0, 1)  # (N, H, D)
     h, d = tokens.shape[1], tokens.shape[2]
     outs = []
@@ -277,7 +284,12 @@ def attend_packed(q, k, v, cache: KVCache, layer: int, packed: PackedRows) -> to
         else:
             queries = tokens[g.queries].transpose(1, 2)  # (R, H, T, D)
         keys, values = store_k[g.rows, :, g.lo : g.hi], store_v[g.rows, :, g.lo : g.hi]
-        mask = None if g.mask is None else g.mask[:, None, None, :]  # (R, 1, 1, K)
+        if g.extra is None:
+            mask = None if g.mask is None else g.mask[:, None, None, :]  # (R, 1, 1, K)
+        else:  # keys (R, H_kv, K + n, D), the mask (R, 1, T, K + n) per query
+            keys = torch.cat([keys, k[0][:, g.extra].transpose(0, 1)], dim=2)
+            values = torch.cat([values, v[0][:, g.extra].transpose(0, 1)], dim=2)
+            mask = g.mask[:, None]
         gqa = queries.shape[1] != keys.shape[1]
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, enable_gqa=gqa)
         outs.append(out.transpose(1, 2).reshape(-1, h * d))  # (R T, H*D)

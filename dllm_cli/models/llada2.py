@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from dllm_cli.models.base import QwenLayout
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM
+from dllm_cli.models.block import BlockDiffusionLM, rope_partial
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
-from dllm_cli.models.layers import RMSNorm, SwiGLU
+from dllm_cli.models.layers import RMSNorm, SwiGLU, attend
 from dllm_cli.models.moe import each_expert
 from dllm_cli.models.qwen_layers import PreNormLayer
 
@@ -144,13 +144,14 @@ class LLaDA2Attention(nn.Module):
         self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.use_qk_norm else None
         self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.use_qk_norm else None
 
-    def forward(self, x, rope, ctx: BlockContext, layer: int) -> torch.Tensor:
+    def forward(self, x, rope, **where) -> torch.Tensor:
         b, t, _ = x.shape
         heads = self.query_key_value(x).view(b, t, self.n_heads + 2 * self.n_kv, -1)
         q, k, v = (h.transpose(1, 2) for h in heads.split([self.n_heads, self.n_kv, self.n_kv], 2))
         if self.query_layernorm is not None:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
-        return self.dense(ctx.attend(layer, q, k, v, rope))
+        q, k = rope_partial(q, rope), rope_partial(k, rope)
+        return self.dense(attend(q, k, v, None, full_precision_rope=False, **where))
 
 
 def llada2_layer(cfg: LLaDA2MoeConfig, index: int) -> PreNormLayer:

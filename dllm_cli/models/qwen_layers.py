@@ -110,7 +110,7 @@ class PreNormLayer(nn.Module):
     def fuse(self) -> None:
         """Nothing to join (`quantize_model` calls it): every projection is its own int8 layer."""
 
-    def forward(self, x: torch.Tensor, rope, *where) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope, *where, **kw) -> torch.Tensor:
         attention = getattr(self, self.attention_name)
-        x = x + attention(self.input_layernorm(x), rope, *where)
+        x = x + attention(self.input_layernorm(x), rope, *where, **kw)
         return x + self.mlp(self.post_attention_layernorm(x))

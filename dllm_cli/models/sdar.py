@@ -9,14 +9,11 @@ and `mask_token_id`. Parameter names are Qwen3's, so real folders load as they a
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from dllm_cli.models.base import QwenLayout
-from dllm_cli.models.block import BlockContext, BlockDiffusionLM
+from dllm_cli.models.block import BlockDiffusionLM
 from dllm_cli.models.config import QwenConfig, model_config, unsupported_basics
-from dllm_cli.models.layers import RMSNorm, SwiGLU
-from dllm_cli.models.qwen_layers import PreNormLayer
+from dllm_cli.models.layers import SwiGLU
+from dllm_cli.models.qwen_layers import PreNormLayer, QwenAttention
 
 
 @model_config
@@ -53,29 +50,13 @@ class SDARConfig(QwenConfig):
         return None
 
 
-class SDARAttention(nn.Module):
-    def __init__(self, cfg: SDARConfig):
-        super().__init__()
-        d, hd = cfg.hidden_size, cfg.head_dim
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
-        self.v_proj = nn.Linear(d, self.n_kv * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=bias)
-        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-
-    def forward(self, x, rope, ctx: BlockContext, layer: int) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, -1)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, -1)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, -1).transpose(1, 2)  # (B, H_kv, T, D)
-        return self.o_proj(ctx.attend(layer, q, k, v, rope))
-
-
 def sdar_layer(cfg: SDARConfig) -> PreNormLayer:
-    attention = SDARAttention(cfg)  # built first: the random init's order stays
+    """Qwen3's layer: q/k RMS-normed per head before RoPE (QwenAttention, never fused here)."""
+    heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    bias, eps = cfg.attention_bias, cfg.rms_norm_eps
+    attention = QwenAttention(
+        cfg.hidden_size, *heads, qkv_bias=bias, out_bias=bias, qk_norm_eps=eps
+    )
     mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
     return PreNormLayer(cfg.hidden_size, cfg.rms_norm_eps, attention, mlp, "self_attn")
 
