@@ -14,9 +14,9 @@ Settings are the CLI's (`dllm generate --help`), by their bare names (`gen_lengt
 same `dllm_cli.errors` exception the CLI turns into its one-line message and exit code.
 Settings given to `LLM(...)` hold for every call; those given to a call, for that call only
 (the model and guide stay loaded, so they cannot change per call). Per-request settings
-(lifetimes.py: temperature, top_p, top_k, seed, stop token ids) go to each request itself, so a
-call that changes only those decodes on the loaded engine settings and each answer is what the
-same request gets alone.
+(lifetimes.py: gen_length, temperature, top_p, top_k, seed, stop token ids) go to each request
+itself, so a call that changes only those decodes on the loaded engine settings and each
+answer is what the same request gets alone.
 """
 
 from __future__ import annotations
@@ -79,10 +79,10 @@ class LLM:
         """Answers in prompt order; prompts decode `batch_size` at a time (continuous
         batching unless the settings or the model ask for static batches). `json_schema`:
         every answer is JSON valid under it (docs/structured-output.md; without the guide)."""
-        own, rest = split(settings)
+        own, rest = self._split(settings)
         rt = self._runtime(rest)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
-        ids = [rt.prepare(p) for p in texts]
+        ids = [rt.prepare(p, own_length="gen_length" in own) for p in texts]
         engine = self._engine(rt, batch_size, rt.admission(), json_schema)
         for i, x in enumerate(ids):
             engine.add(x, key=i, sampling=own or None)
@@ -100,11 +100,11 @@ class LLM:
 
     def stream(self, prompt: str, **settings: object) -> Iterator[str]:
         """The answer's text in pieces, each as soon as every position up to it is committed."""
-        own, rest = split(settings)
+        own, rest = self._split(settings)
         rt = self._runtime(rest)
         engine = self._engine(rt, 1, "static")
-        rid = engine.add(rt.prepare(prompt), sampling=own or None)
-        view = TextStream(rt.settings.gen_length, rt.text, row=rid)
+        rid = engine.add(rt.prepare(prompt, "gen_length" in own), sampling=own or None)
+        view = TextStream(engine.requests[rid].sampling.gen_length, rt.text, row=rid)
         while engine.has_work:
             out = engine.step()
             if out.event is not None:
@@ -153,6 +153,14 @@ class LLM:
             compiled = grammar.compile_grammar("json_schema", schema, grammar.vocab_of(rt))
             committer = runtime_committer(rt, compiled, guided=False)
         return open_engine(model, special, rt.settings, committer, slots=slots, admission=admission)
+
+    def _split(self, settings: dict[str, object]) -> tuple[dict, dict]:
+        """(the call's per-request values, the rest); a family that takes no length per request
+        (the family table's `lengths`: DiffusionGemma) decodes the call's gen_length as its own."""
+        own, rest = split(settings)
+        if "lengths" in FAMILIES[self.runtime.loaded.family].cannot and "gen_length" in own:
+            rest["gen_length"] = own.pop("gen_length")
+        return own, rest
 
     def _runtime(self, settings: dict[str, object]) -> Runtime:
         """The loaded runtime with this call's settings, validated as the CLI validates."""

@@ -203,7 +203,8 @@ class Pipeline:
         try:
             if self.json_input:
                 slot.prompt, slot.sampling = json_line(slot.prompt)
-            slot.ids = self.runtime.prepare(slot.prompt)
+            own = slot.sampling is not None and "gen_length" in slot.sampling
+            slot.ids = self.runtime.prepare(slot.prompt, own_length=own)
         except DllmError as e:
             self.fail(slot, str(e))
         return slot
@@ -261,8 +262,8 @@ class Order:
 
 
 def json_line(text: str) -> tuple[str, dict | None]:
-    """A JSON-lines input's "prompt" and its per-request settings (lifetimes.py: temperature,
-    top_p, top_k, seed, stop ids; None when it has none). Other keys are the line's own, except
+    """A JSON-lines input's "prompt" and its per-request settings (lifetimes.py: gen_length,
+    temperature, top_p, top_k, seed, stop ids; None when it has none). Other keys are the line's own, except
     settings that cannot change per request, refused by name."""
     try:
         data = json.loads(text)

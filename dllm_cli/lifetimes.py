@@ -7,17 +7,18 @@ function (`request_sampling`) reads, not checks spread over the engine, the API 
 | lifetime  | fixed for                          | e.g.                                        |
 |-----------|------------------------------------|---------------------------------------------|
 | engine    | a loaded model and its engine      | cache, batching, slots, device, quantize    |
-| request   | one request (rows sample apart)    | temperature, top_p, top_k, seed, stop ids   |
-| schedule  | an engine (rows walk one schedule) | gen_length, steps, unmask, the rules' knobs |
+| request   | one request (rows sample apart)    | gen_length, temperature, top_p, seed, stops |
+| schedule  | an engine (rows walk one schedule) | steps, block_length, unmask, rules' knobs   |
 | gemma     | DiffusionGemma's static batch      | t_min, t_max, entropy_bound, ...            |
 
 A request's sampling values are a `Sampling`: validated by building the DecodeSettings they
 make with the engine's (DecodeSettings validates in one place: a confidence that is not a
 probability is refused beside a threshold rule as on the command line), with the family's unset
 defaults applied by `families.with_family_defaults` (Dream's top_k 50), as the engine's own.
-`gen_length` is a schedule setting on purpose: a row's canvas is prompt + gen_length columns,
-and a shorter or longer canvas is a different model input, so a request decoding beside
-others at another length would not get the text it gets alone.
+`gen_length` is per request: a row's canvas is its prompt + its own gen_length columns, cut
+there as suffix pruning cuts it (policies.py: nothing past the row's end is computed or
+attended), its blocks and step schedule planned from its own length, so a row beside longer
+or shorter ones gets the text it gets alone.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ SAMPLING_FIELDS = tuple(k for k in PER_REQUEST if k != "stop")
 
 @dataclass(frozen=True)
 class Sampling:
-    """One request's sampling: its temperature, filters, seed and extra stop token ids."""
+    """One request's own values: its answer length, temperature, filters, seed, stop ids."""
 
     temperature: float = 0.0
     top_p: float | None = None
@@ -66,6 +67,7 @@ class Sampling:
     seed: int = 0
     confidence: str = "low_confidence"  # which confidence ranks its drafts (sampling.py)
     stop: tuple[int, ...] = ()  # token ids that end this answer besides the model's own
+    gen_length: int = 256  # answer positions (its canvas, blocks and schedule are its own)
 
     @classmethod
     def of(cls, settings: DecodeSettings, stop: tuple[int, ...] = ()) -> Sampling:

@@ -76,10 +76,12 @@ class Runtime:
         """Each prompt token's text, special tokens by name (what --verbose-prompt shows)."""
         return pieces(self.loaded.tokenizer, ids)
 
-    def prepare(self, prompt: str) -> list[int]:
-        """Encoded prompt, refused here (not mid-batch) when it is empty or too long."""
+    def prepare(self, prompt: str, own_length: bool = False) -> list[int]:
+        """Encoded prompt, refused here (not mid-batch) when it is empty or too long (with
+        `own_length`, a request's own gen_length: the engine checks its room as it queues)."""
         ids = self.encode(prompt)
-        self.check_room(ids, self.settings.gen_length, "gen_length", "--gen-length")
+        gen = 0 if own_length else self.settings.gen_length
+        self.check_room(ids, gen, "gen_length", "--gen-length")
         return ids
 
     def check_room(self, ids: list[int], gen: int, name: str, flag: str) -> None:

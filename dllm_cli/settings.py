@@ -38,10 +38,6 @@ CONFIDENCES = ("low_confidence", "random", "margin", "entropy")
 SCHEDULES = ("family", "linear", "dream")
 BATCHINGS = ("continuous", "static")  # batch mode: refill finished slots, or whole batches
 ON_REJECT = ("guide", "draft")  # guided decoding: whose token a rejection commits
-CANVAS = (
-    "a row's canvas is prompt + gen_length columns, and another length is another model "
-    "input, so the answer would depend on what shares the batch"
-)
 
 OFF_AT_0 = Range(0, note="0 turns it off")
 # Beyond these, float32 logits over- or underflow to inf/NaN (a temperature of 1e300 drafted
@@ -66,7 +62,9 @@ def gemma_knob(help: str, range: Range) -> Any:
 class DecodeSettings:
     """How to turn a canvas of masks into text; every field declares its range (setting_spec)."""
 
-    gen_length: int = setting(256, help="Tokens to generate.", range=Range(1), why=CANVAS)
+    gen_length: int = setting(  # per request: each row's canvas ends at its own length
+        256, help="Tokens to generate.", range=Range(1), lifetime=Lifetime.REQUEST
+    )
     block_length: int = setting(32, help="Semi-autoregressive block size.", range=Range(1))
     steps: int | None = setting(  # None: one token per step (steps = gen_length)
         None,

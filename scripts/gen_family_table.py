@@ -40,6 +40,7 @@ CANNOT = {
     "logprobs": "answer logprobs (`--logprobs`, serve)",
     "grammar": "structured output (`--json-schema`, `--grammar`, `response_format`)",
     "scoring": "likelihood scoring (`LLM.score`, serve's echo scoring)",
+    "lengths": "per-request gen_length in one engine (`--json-input` lines, serve's `max_tokens`)",
 }
 
 

@@ -92,9 +92,10 @@ def test_json_input_reads_the_prompt_field(profile_file):
 
 
 def test_json_input_lines_bring_their_own_sampling(profile_file):
-    """A line's temperature / seed are its own: its answer is the single run's with those
-    flags, beside lines that sample otherwise; settings that cannot change per line are refused."""
-    own = [{"temperature": 1.0, "seed": 3}, {}, {"temperature": 1.0, "seed": 4}]
+    """A line's gen_length / temperature / seed are its own: its answer is the single run's
+    with those flags, beside lines that decode otherwise; settings that cannot change per line
+    are refused."""
+    own = [{"temperature": 1.0, "seed": 3}, {}, {"temperature": 1.0, "seed": 4}, {"gen_length": 5}]
     lines = [json.dumps({"prompt": PROMPTS[i % 2], **o}) for i, o in enumerate(own)]
     lines.append(json.dumps({"prompt": PROMPTS[0], "cache": "dual"}))
     result = invoke(
@@ -103,11 +104,12 @@ def test_json_input_lines_bring_their_own_sampling(profile_file):
     )  # fmt: skip
     records = [json.loads(line) for line in result.stdout.splitlines()]
     for i, o in enumerate(own):
-        flags = [x for k, v in o.items() for x in (f"--{k}", str(v))]
+        flags = [x for k, v in o.items() for x in ("--" + k.replace("_", "-"), str(v))]
         single = invoke("generate", PROMPTS[i % 2], "-p", str(profile_file), "--json", *flags)
         assert records[i]["token_ids"] == json.loads(single.stdout)["token_ids"]
     assert records[0]["token_ids"] != records[2]["token_ids"]
-    assert records[3]["error"].startswith("cache cannot change per request (engine setting")
+    assert len(records[3]["token_ids"]) <= 5 < len(records[1]["token_ids"])
+    assert records[4]["error"].startswith("cache cannot change per request (engine setting")
     assert result.exit_code == InputError.exit_code
 
 

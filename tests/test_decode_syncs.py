@@ -68,13 +68,14 @@ def test_an_unguided_step_reads_the_device_at_most_once(monkeypatch, kind, cache
     assert_one_read_per_step(engine, monkeypatch, requests=5)
 
 
-# Per-request sampling beside greedy rows: per-row values, own generators, own stop ids.
+# Per-request sampling beside greedy rows: per-row values, own generators, own stop ids, own
+# lengths (shorter and longer than the engine's 16: the canvas grows on the right).
 OWN = (
-    {"temperature": 1.0, "seed": 1, "stop": [9]},
+    {"temperature": 1.0, "seed": 1, "stop": [9], "gen_length": 10},
     {},
     {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": 2, "confidence": "random"},
-    {"confidence": "margin"},
-    {"temperature": 1.2, "seed": 3},
+    {"confidence": "margin", "gen_length": 24},
+    {"temperature": 1.2, "seed": 3, "gen_length": 13},
 )
 
 

@@ -3,6 +3,8 @@ refuses what a stepper shares over its batch (naming the field), and drops a fai
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from block_checkpoints import write_sdar
@@ -42,10 +44,40 @@ def test_every_family_gets_the_one_engine_with_its_stepper(sdar, gemma):
 def test_what_a_stepper_shares_over_its_batch_is_refused_by_name(gemma):
     engine = open_engine(gemma.model, gemma.special, gemma_settings(gen_length=16), slots=2)
     ids = encode(gemma, "hi")
-    for given, name in (({"seed": 3}, "seed"), ({"stop": [5]}, "stop ids")):
+    for given, name in (
+        ({"seed": 3}, "seed"),
+        ({"stop": [5]}, "stop ids"),
+        ({"gen_length": 8}, "gen_length"),
+    ):
         with pytest.raises(SettingsError, match=f"^{name} per request: not supported by Diff"):
             engine.add(ids, sampling=given)
     assert engine.add(ids, sampling={"seed": 0}) == 0  # the engine's own value is no change
+
+
+@pytest.mark.parametrize(
+    "extra", [{"cache": "prefix"}, {"cache": "none", "steps": 6, "unmask": "fixed"}]
+)
+def test_block_rows_of_different_lengths_share_an_engine_each_as_alone(sdar, extra):
+    """SDAR rows with their own gen_length (their own blocks and steps per block), static and
+    continuous, each equal to its request decoded alone."""
+    s = replace(BLOCK, **extra)
+    ps, lengths = [[5, 6, 7], [3, 4, 5, 6, 7, 8], [12, 20]], [5, 16, 9]
+    want = [
+        decode(sdar.model, sdar.special, [p], replace(s, gen_length=g))
+        for p, g in zip(ps, lengths, strict=True)
+    ]  # tokens and the step (from its first) that committed each: its own schedule
+    for admission in ("static", "continuous"):
+        engine = open_engine(sdar.model, sdar.special, s, slots=2, admission=admission)
+        for i, (p, g) in enumerate(zip(ps, lengths, strict=True)):
+            engine.add(p, key=i, sampling={"gen_length": g})
+        got = {}
+        while engine.has_work:
+            got.update({f.key: (f.tokens, f.commit_steps) for f in engine.step().finished})
+        assert [got[i] for i in range(3)] == [(w.tokens[0], w.commit_steps[0]) for w in want]
+    if s.steps is None:
+        return
+    with pytest.raises(SettingsError, match="fewer than the number of blocks"):  # 10 blocks
+        open_engine(sdar.model, sdar.special, s, slots=2).add(ps[0], sampling={"gen_length": 40})
 
 
 def test_a_failing_step_drops_its_rows_and_the_queue_goes_on(monkeypatch):

@@ -89,6 +89,28 @@ def test_stdin_batch_static_and_continuous_equal_each_prompt_alone(row, folder):
         assert [answer(r) for r in generate_json(batch, "-", stdin=stdin)] == alone, batching
 
 
+def test_lines_of_their_own_lengths_equal_each_alone_or_are_refused_by_the_family_table(
+    row, folder
+):
+    """--json-input lines of different gen_lengths in one run: each the single run's answer at
+    its own --gen-length, or (the family table's `lengths`) an error record with its reason."""
+    lengths = (GEN // 2, GEN, GEN // 2 + 3)
+    lines = [
+        json.dumps({"prompt": p, "gen_length": g}) for p, g in zip(PROMPTS, lengths, strict=True)
+    ]
+    stdin = "\n".join(lines) + "\n"
+    args = [*model_args(row, folder), "--json", "--json-input", "--batch-size", "3"]
+    result = invoke("generate", "-", *args, input=stdin)
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    why = FAMILIES[row.family].cannot.get("lengths")
+    for p, g, record in zip(PROMPTS, lengths, records, strict=True):
+        if why is not None and g != GEN:
+            assert why in record["error"], record
+            continue
+        own = ["--model", str(folder), "--gen-length", str(g), *row.flags()]
+        assert answer(record) == answer(generate_json(own, p)[0]), (g, record)
+
+
 def test_visualize_saves_the_player_and_the_final_frame(row, folder, tmp_path):
     for name in ("steps.html", "final.svg"):
         out = tmp_path / name

@@ -130,6 +130,12 @@ def test_python_api_generates_the_cli_answers_and_streams_them(row, folder, llm)
     assert [c.token_ids for c in completions] == cli
     for prompt, completion in zip(PROMPTS, completions, strict=True):
         assert "".join(llm.stream(prompt)) == completion.text
+    half = GEN // 2  # a call's own length (per request, or DiffusionGemma's runtime's)
+    short = ["--model", str(folder), "--gen-length", str(half), *row.flags()]
+    result = invoke("generate", PROMPTS[0], *short, "--json")
+    (shorter,) = llm.generate([PROMPTS[0]], gen_length=half)
+    assert shorter.token_ids == json.loads(result.stdout)["token_ids"], result.output
+    assert "".join(llm.stream(PROMPTS[0], gen_length=half)) == shorter.text
 
 
 def test_python_api_scores_or_refuses_scoring_by_the_family_table(row, llm):

@@ -13,12 +13,13 @@ from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import Sampling, request_sampling
 from dllm_cli.settings import DecodeSettings
 
-# One request per row, each with its own sampling (greedy ones beside sampled ones).
+# One request per row, each with its own sampling (greedy ones beside sampled ones) and
+# length (shorter and longer than the engine's).
 MIX = (
     {"temperature": 1.0, "seed": 3},
     {},
-    {"temperature": 0.7, "top_k": 5, "seed": 11, "confidence": "random"},
-    {"temperature": 1.3, "top_p": 0.8, "seed": 5, "confidence": "margin"},
+    {"temperature": 0.7, "top_k": 5, "seed": 11, "confidence": "random", "gen_length": 9},
+    {"temperature": 1.3, "top_p": 0.8, "seed": 5, "confidence": "margin", "gen_length": 24},
     {"temperature": 1.0, "seed": 3},  # same values as the first: same generator stream
 )
 CASES = (
@@ -89,10 +90,8 @@ def test_own_stop_ids_end_that_request_only():
     [
         ({"block_length": 8}, "block_length cannot change per request (schedule setting"),
         ({"cache": "dual"}, "cache cannot change per request (engine setting"),
-        (
-            {"gen_length": 32},
-            "gen_length cannot change per request (schedule setting: a row's canvas",
-        ),
+        ({"steps": 8}, "steps cannot change per request (schedule setting"),
+        ({"gen_length": 0}, "gen_length must be >= 1"),
         ({"t_min": 0.1}, "t_min cannot change per request (gemma setting"),
         ({"colour": 1}, "unknown sampling setting 'colour'"),
         ({"temperature": -1.0}, "temperature must be 0 (greedy)"),
@@ -114,7 +113,8 @@ def test_other_settings_per_request_are_refused_in_one_line(given, named):
 def test_whole_settings_differing_only_in_sampling_are_taken_and_family_defaults_fill():
     s = settings()
     own = request_sampling(s, "dream", dataclasses.replace(s, temperature=0.5, seed=9))
-    assert own == Sampling(0.5, None, 50, 9)  # Dream's top_k 50 filled as for the engine
+    g = s.gen_length  # the engine's, unless the request brings its own
+    assert own == Sampling(0.5, None, 50, 9, gen_length=g)  # Dream's top_k 50 filled as for it
     mixed = request_sampling(s, "llada", sampling={"confidence": "margin", "stop": [3]})
-    assert mixed == Sampling(confidence="margin", stop=(3,))
+    assert mixed == Sampling(confidence="margin", stop=(3,), gen_length=g)
     assert request_sampling(s, "llada", sampling={"top_k": 0}).top_k == 0

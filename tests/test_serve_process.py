@@ -105,3 +105,36 @@ def test_sigint_with_abort_on_exit_aborts_in_flight():
         assert all(r.json()["error"]["code"] == "shutting_down" for r in replies)
     finally:
         proc.kill()
+
+
+def test_requests_differing_only_in_max_tokens_share_one_engine():
+    """Two concurrent requests with different max_tokens (the openai client, a real server):
+    both answered, each as it is alone, decoded side by side in the one engine built."""
+    proc, url = start("--batch-size", "2")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        extra = {k: v for k, v in SLOW.items() if k != "max_tokens"}
+
+        def ask(tokens: int) -> str:
+            reply = client.chat.completions.create(
+                model="tiny-gsm-dream", messages=MESSAGES, max_tokens=tokens, extra_body=extra
+            )
+            return reply.choices[0].message.content
+
+        lengths, together = (8, 48), {}
+        threads = [
+            threading.Thread(target=lambda n=n: together.update({n: ask(n)})) for n in lengths
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while gauge(url, "dllm_slots_busy") < 2:  # both decoding at once, side by side
+            assert time.monotonic() < deadline and len(together) < 2, "never side by side"
+            time.sleep(0.02)
+        for t in threads:
+            t.join(120)
+        assert gauge(url, "dllm_slots") == 2  # one engine of 2 slots (not one per max_tokens)
+        assert [together[n] for n in lengths] == [ask(n) for n in lengths]  # each alone
+        assert len(together[8]) < len(together[48])  # cut at its own max_tokens
+    finally:
+        proc.kill()

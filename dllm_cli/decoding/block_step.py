@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from torch.nn.functional import pad
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.answer import first_stop
@@ -40,6 +41,7 @@ class BlockRow:
     step: int = 0  # steps taken in the active block
     post: int = 0  # LLaDA2.1: steps of the active block after its masks were filled
     store: bool = False  # the next forward writes the active block's final K/V
+    rule: BlockRule | None = None  # its own gen_length's (its steps per block)
 
 
 class BlockStepper(Protocol):
@@ -109,13 +111,14 @@ def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit
     x0, probs = draft_rows(e, rows, logits)
     block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
     active = block == e.special.mask
-    k = torch.tensor([rule.k(r.step) for r in rows], device=e.device)
+    k = torch.tensor([r.rule.k(r.step) for r in rows], device=e.device)
     cols = torch.stack([columns(r, b) for r in rows])
     fixed = cols < torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
     fill, edit = fills(rule, active, probs, k), edits(rule, block, active, x0, probs, fixed)
     for i, r in enumerate(rows):
         decide(e, r, fill[i], edit[i], x0[i], active[i], final, p.at)
-    drawn = (torch.tensor(at, device=e.device), x0, probs, [r.request.id for r in rows])
+    ends = [r.request.sampling.gen_length for r in rows]  # each row's own answer length
+    drawn = (torch.tensor(at, device=e.device), x0, probs, [r.request.id for r in rows], ends)
     index = {id(r): i for i, r in enumerate(e.rows)}
     out = Commit(served=[index[id(r)] for r in rows], forwards=1)
     e.forwards += 1
@@ -129,10 +132,12 @@ def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
     if not final:
         return out
     index = {id(r): i for i, r in enumerate(e.rows)}
-    g = e.settings.gen_length
+    g = max(r.request.sampling.gen_length for r in final)  # rows' own, padded to the longest
     out.final = [index[id(r)] for r in final]
-    out.answers = torch.stack([e.answer(r) for r in final])  # (R, G)
-    out.marks = torch.stack([r.marks[r.prompt : r.prompt + g] for r in final])
+    answers = [e.answer(r) for r in final]
+    out.answers = torch.stack([pad(a, (0, g - len(a)), value=e.special.pad) for a in answers])
+    marks = [r.marks[r.prompt : r.prompt + len(a)] for r, a in zip(final, answers, strict=True)]
+    out.marks = torch.stack([pad(m, (0, g - len(m)), value=-1) for m in marks])  # (R, G)
     if e.settings.early_stop:
         out.cut = first_stop(out.answers, e.stop_ids, e.special.mask)
     for r in final:
@@ -266,7 +271,8 @@ def place(e: BlockStepper, r) -> RowPhase:
 
 def event(e: BlockStepper, step, forwards, phases, chosen, drawn, stored, done) -> StepEvent:
     """The step's StepEvent: commits (fills), drafts (LLaDA2.1's edits) and places per row."""
-    g, (at, x0, probs, ids) = e.settings.gen_length, drawn
+    at, x0, probs, ids, ends = drawn
+    g = torch.tensor(ends, device=at.device)[:, None]  # (N, 1) each row's answer length
 
     def records(picked: torch.Tensor) -> tuple[RowCommit, ...]:
         """(N, B) picked columns -> RowCommits (not the last block's columns past the answer)."""

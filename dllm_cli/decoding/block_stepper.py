@@ -18,6 +18,7 @@ a step admits (and prefills) new rows, then one forward serves every live row's 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 import torch
@@ -64,6 +65,7 @@ class BlockStepper:
         if committer is not None:
             raise SettingsError(f"a guide model does not apply to {family.title}")
         self.rule = block_rules.check_block_settings(settings, family)
+        self.family, self.rules = family, {settings.gen_length: self.rule}  # by gen_length
         self.settings, self.model, self.special, self.slots = settings, model, special, slots
         self.answer_room = settings.gen_length
         self.vocabulary = model.get_input_embeddings().num_embeddings
@@ -120,16 +122,24 @@ class BlockStepper:
         return answer_tokens(tokens[:first], self.special.stop)
 
     def answer(self, row: BlockRow) -> torch.Tensor:
-        return row.x[row.prompt : row.prompt + self.settings.gen_length]
+        return row.x[row.prompt : row.prompt + row.request.sampling.gen_length]
+
+    def rule_for(self, gen_length: int) -> block_rules.BlockRule:
+        """The rule of rows of this gen_length: their own steps per block (the request's
+        settings, validated as it was added, refuse too few steps)."""
+        if gen_length not in self.rules:
+            own = replace(self.settings, gen_length=gen_length)
+            self.rules[gen_length] = block_rules.check_block_settings(own, self.family)
+        return self.rules[gen_length]
 
     # --- rows and the cache ------------------------------------------------------------------
     def _row(self, request: Request) -> BlockRow:
-        b, n = self.rule.block, len(request.prompt)
-        blocks = -(-(n + self.settings.gen_length) // b)
+        b, n, g = self.rule.block, len(request.prompt), request.sampling.gen_length
+        blocks = -(-(n + g) // b)
         x = torch.full((blocks * b,), self.special.mask, dtype=torch.long, device=self.device)
         x[:n] = torch.tensor(request.prompt, device=self.device)
         marks = torch.full_like(x, -1)
-        return BlockRow(request, request.slot, x, marks, n, blocks, block=n // b)
+        return BlockRow(request, request.slot, x, marks, n, blocks, n // b, rule=self.rule_for(g))
 
     def _reserve(self, width: int) -> None:
         """Cache room for `width` columns in every slot (grown, never shrunk)."""

@@ -1,4 +1,4 @@
-"""The canvas: left-padded prompts followed by gen_length masks, cut into blocks."""
+"""The canvas: left-padded prompts followed by each row's gen_length masks, cut into blocks."""
 
 from __future__ import annotations
 
@@ -78,13 +78,22 @@ class Canvas:
 
     @classmethod
     def build(
-        cls, prompts: list[list[int]], gen_length: int, mask_id: int, pad_id: int, device
+        cls,
+        prompts: list[list[int]],
+        gen_length: int,
+        mask_id: int,
+        pad_id: int,
+        device,
+        lengths: list[int] | None = None,
     ) -> Canvas:
+        """Rows of `gen_length` answer columns; a row whose own length (`lengths`) is shorter
+        holds padding after its answer (never computed or attended: its canvas ends there)."""
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width + gen_length), mask_id, dtype=torch.long)
         for r, p in enumerate(prompts):
             ids[r, : width - len(p)] = pad_id
             ids[r, width - len(p) : width] = torch.tensor(p, dtype=torch.long)
+            ids[r, width + (gen_length if lengths is None else lengths[r]) :] = pad_id
         pad = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
         rows = torch.arange(len(prompts))
         steps = torch.full((len(prompts), gen_length), -1, dtype=torch.long)

@@ -112,24 +112,27 @@ class Engine(RequestQueue):
     ) -> int:
         """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError).
 
-        `sampling` (or whole `settings`) gives the request its own temperature, top_p, top_k,
-        seed and stop ids (lifetimes.py) where the stepper takes them; any other setting
-        differing from the engine's is refused (SettingsError naming it). `logprobs` (k >= 0)
-        records each answer token's log-probability and k alternatives (logprobs.py)."""
+        `sampling` (or whole `settings`) gives the request its own gen_length, temperature,
+        top_p, top_k, seed and stop ids (lifetimes.py) where the stepper takes them; any other
+        setting differing from the engine's is refused (SettingsError naming it). `logprobs`
+        (k >= 0) records each answer token's log-probability and k alternatives (logprobs.py)."""
         own = self.sampling
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
             self._check_sampling(own)
         if logprobs is not None:
             refuse_feature(self.family, "logprobs", "logprobs", InputError)
-        ids = one_prompt(prompt, self.check_prompts)
+        ids = one_prompt(prompt, lambda p: self.check_prompts(p, own.gen_length))
         rid = self.enqueue(ids, key, own)
         self.requests[rid].logprobs = logprobs
         return rid
 
-    def check_prompts(self, prompts: list[list[int]]) -> None:
-        """Prompts that cannot decode here are refused (InputError naming the first)."""
-        check_prompts(prompts, self.stepper.answer_room, self.model.context_length)
+    def check_prompts(self, prompts: list[list[int]], gen_length: int | None = None) -> None:
+        """Prompts that cannot decode here (answers of `gen_length`, a request's own; None: the
+        engine's) are refused (InputError naming the first)."""
+        own = gen_length not in (None, self.settings.gen_length)
+        room = gen_length if own else self.stepper.answer_room  # (DiffusionGemma: whole canvases)
+        check_prompts(prompts, room, self.model.context_length)
         check_token_ids(prompts, self.stepper.vocabulary)
 
     def _check_sampling(self, own: Sampling) -> None:
@@ -250,7 +253,8 @@ class Engine(RequestQueue):
         marks = torch.where((out.marks >= 0) & ~past, out.marks - first[:, None], -1)
         finished = []
         for j, r in enumerate(rows):
-            finished.append(r.finish(tokens[j], marks[j], self.steps))
+            g = r.sampling.gen_length  # its own answer (a canvas may hold longer ones)
+            finished.append(r.finish(tokens[j, :g], marks[j, :g], self.steps))
             self.requests.pop(r.id, None)
         return finished
 

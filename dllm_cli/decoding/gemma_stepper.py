@@ -25,6 +25,7 @@ from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
+from dllm_cli.family_settings import GEMMA_CANNOT
 from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.settings import DecodeSettings
 
@@ -42,6 +43,7 @@ class GemmaStepper:
     whole_batches = True
     batch_wide: Mapping[str, str] = MappingProxyType(
         dict.fromkeys((*SAMPLING_FIELDS, "stop"), _ONE_CONFIG)
+        | {"gen_length": GEMMA_CANNOT["lengths"]}
     )
     who = "DiffusionGemma"
     canvas = None

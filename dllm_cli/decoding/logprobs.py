@@ -48,7 +48,7 @@ class Buffers:
         )
 
 
-def record(canvas, g: int, live, probs: torch.Tensor | None, commit, tokens, columns) -> None:
+def record(canvas, live, probs: torch.Tensor | None, commit, tokens, columns) -> None:
     """Write each asking live row's commits of this step into its request's buffers."""
     if probs is None:  # a decode without distributions (guided drafts): nothing to record
         return
@@ -56,6 +56,7 @@ def record(canvas, g: int, live, probs: torch.Tensor | None, commit, tokens, col
     for i, r in enumerate(live):
         if r.logprobs is None:
             continue
+        g = r.sampling.gen_length  # its own answer's columns
         if r.logprob_buffers is None:
             r.logprob_buffers = Buffers.empty(g, r.logprobs, probs.device)
         buf = r.logprob_buffers

@@ -1,17 +1,20 @@
 """The masked-diffusion stepper (LLaDA, Dream, LLaDA-MoE): one canvas, one KV cache, rules.
 
-Every live row is a row of one `Canvas` (prompts left-padded to a shared width) and, under a
-cache policy, of one `KVCache` with `slots` rows per guidance branch. A step (step.py): each
-row's cache policy plans its columns from the row's own place (rows.py), forwards.py serves
-all rows (one windowed forward; refreshes over their own columns), a committer picks which
-drafts become tokens, and the rows move on. Rows walk their blocks in lockstep under static
-admission (as LLaDA and Fast-dLLM decode a batch) and each on its own otherwise; a committer
-with `frontier = True` (guided decoding) makes every row walk its own first mask.
+Every live row is a row of one `Canvas` (prompts left-padded to a shared width, answers of
+each row's own gen_length: a shorter one's canvas ends at its own end, its blocks planned from
+its own length) and, under a cache policy, of one `KVCache` with `slots` rows per guidance
+branch. A step (step.py): each row's cache policy plans its columns from the row's own place
+(rows.py), forwards.py serves all rows (one windowed forward; refreshes over their own
+columns), a committer picks which drafts become tokens, and the rows move on. Rows walk their
+blocks in lockstep under static admission (as LLaDA and Fast-dLLM decode a batch) and each on
+its own otherwise; a committer with `frontier = True` (guided decoding) makes every row walk
+its own first mask.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 import torch
@@ -27,7 +30,7 @@ from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
-from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_left
+from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_canvas
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
 from dllm_cli.decoding.wino import ShadowForwards
@@ -58,7 +61,7 @@ class MaskedStepper:
     ):
         self.settings, self.model, self.special = settings, model, special
         self.admission, self.slots, self.quantum = admission, slots, quantum or admission.quantum
-        self.answer_room = settings.gen_length
+        self.answer_room = settings.gen_length  # the engine's; a request brings its own
         self.vocabulary = model.get_input_embeddings().num_embeddings
         family = family_of(model)
         self.committer = committer or RuleCommitter(settings, family.schedule)
@@ -92,7 +95,7 @@ class MaskedStepper:
         self.canvas: Canvas | None = None
         self.cache: KVCache | None = None  # `slots` rows per branch
         self.slot_rows = torch.zeros(0, dtype=torch.long, device=self.device)  # live row -> slot
-        self.blocks: list = []
+        self.plans: dict[int, tuple] = {}  # gen_length -> its blocks at this prompt width
         self.step_tensors: dict = {}  # small host tuples -> device tensors (step.on_device)
         self.counts: list[int] = []  # masks left in each row's block after the last commit
         self.forwards = self.guide_forwards = 0  # totals so far, for the events
@@ -101,23 +104,30 @@ class MaskedStepper:
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
         """New rows into the canvas (allocated, or widened for a longer prompt) and the cache."""
         longest = max(len(r.prompt) for r in new)
+        lengths = [r.sampling.gen_length for r in new]
         if self.admission.whole_batches:
-            self._allocate(longest, len(new))
+            self._allocate(longest, max(lengths), len(new), mixed=len(set(lengths)) > 1)
             self.committer.start(len(new))  # the committer learns that a decode begins
         elif self.canvas is None:
-            self._allocate(self._width_for(longest), self.slots)
+            answer = self._answer_for(max(lengths))
+            self._allocate(self._width_for(longest, answer), answer, self.slots)
             self.committer.start(0)  # rows join through `admit`
-        elif longest > self.canvas.prompt_width:
-            self._widen(live, self._width_for(longest))
-        c, special, s = self.canvas, self.special, self.settings
+        else:
+            if max(lengths) > self.answer_width:
+                self._lengthen(self._answer_for(max(lengths)))
+            if longest > self.canvas.prompt_width:
+                self._widen(live, self._width_for(longest, self.answer_width))
+        c, special = self.canvas, self.special
+        prompts = [r.prompt for r in new]
         fresh = Canvas.build(
-            [r.prompt for r in new], s.gen_length, special.mask, special.pad, c.ids.device
+            prompts, self.answer_width, special.mask, special.pad, c.ids.device, lengths
         )
-        fresh = pad_left(fresh, c.prompt_width - fresh.prompt_width, special.pad)
+        fresh = pad_canvas(fresh, special.pad, left=c.prompt_width - fresh.prompt_width)
         fresh.rows = torch.tensor([r.id for r in new], device=self.device)
         for r in new:
             r.row.first = c.prompt_width  # its first mask: the answer's first column
             r.row.lead = c.prompt_width - len(r.prompt)  # its first prompt token
+            r.row.blocks = self._blocks(r.sampling.gen_length)
         ranks = torch.tensor(order, dtype=torch.long, device=self.device)
         self.canvas = cat_canvases(c, fresh).select(ranks)
         if not self.admission.whole_batches:
@@ -163,7 +173,7 @@ class MaskedStepper:
         if not self.counts:
             return
         counts, self.counts = self.counts, []
-        self.walk.advance([r.row for r in live], counts, self.blocks)
+        self.walk.advance([r.row for r in live], counts)
         if not self.frontier:  # a row left waiting in an empty block (lockstep) draws nothing
             for r, n in zip(live, counts, strict=True):
                 r.idle = n == 0 and r.row.step > 0
@@ -171,42 +181,67 @@ class MaskedStepper:
     def progress(self, live: list[Request], i: int) -> list[int]:
         """Row i's committed answer so far, up to its first mask or stop token."""
         request = live[i]
-        row = self.canvas.answer()[i].tolist()
+        row = self.canvas.answer()[i, : request.sampling.gen_length].tolist()
         first = row.index(self.special.mask) if self.special.mask in row else len(row)
         if self.revokes:  # WINO may mask a commit of the current block again: final before it
-            first = min(first, self.blocks[request.row.block].start - self.canvas.prompt_width)
+            first = min(first, request.row.current.start - self.canvas.prompt_width)
         return answer_tokens(row[:first], (*self.special.stop, *request.sampling.stop))
 
     # --- the canvas and cache ------------------------------------------------------------------
-    def _width_for(self, longest: int) -> int:
+    @property
+    def answer_width(self) -> int:
+        """Answer columns of the canvas: the longest gen_length it holds room for."""
+        return self.canvas.width - self.canvas.prompt_width
+
+    def _width_for(self, longest: int, answer: int) -> int:
         """The prompt width for a prompt of `longest` tokens: rounded up, within the context."""
-        room = self.model.context_length - self.settings.gen_length
+        room = self.model.context_length - answer
         return max(longest, min(-(-longest // self.quantum) * self.quantum, room))
 
-    def _allocate(self, width: int, slots: int) -> None:
+    def _answer_for(self, longest: int) -> int:
+        """Answer columns for a gen_length of `longest`: rounded up as the prompt width is (so
+        the canvas grows at most once per quantum), not past the engine's own gen_length."""
+        return max(longest, min(-(-longest // self.quantum) * self.quantum, self.answer_room))
+
+    def _blocks(self, gen_length: int) -> tuple:
+        """A row's blocks for its own gen_length (steps split as its settings alone split
+        them), in this canvas's columns."""
+        if gen_length not in self.plans:
+            own = replace(self.settings, gen_length=gen_length)
+            width, size, steps = self.canvas.prompt_width, own.block_length, own.total_steps
+            self.plans[gen_length] = tuple(plan_blocks(width, gen_length, size, steps))
+        return self.plans[gen_length]
+
+    def _allocate(self, width: int, answer: int, slots: int, mixed: bool = False) -> None:
         """An empty canvas and (cache policies) the KV cache for `slots` rows."""
-        s = self.settings
-        self.canvas = empty_canvas(width, s.gen_length, self.special.mask, self.device)
-        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
-        self.cache = None
+        self.canvas = empty_canvas(width, answer, self.special.mask, self.device)
+        self.plans, self.cache = {}, None
         if self.policy.uses_cache:
-            # Rows apart need per-row columns, whose padding writes go to a scratch column.
-            apart = self.frontier or not self.lockstep
+            # Rows apart, or ending apart (`mixed` gen_lengths), need per-row columns, whose
+            # padding writes go to a scratch column.
+            apart = self.frontier or not self.lockstep or mixed
             scratch = not self.admission.whole_batches or (slots > 1 and apart)
             rows = slots * self.branches
-            self.cache = KVCache.for_model(self.model, rows, width + s.gen_length, scratch)
+            self.cache = KVCache.for_model(self.model, rows, width + answer, scratch)
 
     def _widen(self, live: list[Request], width: int) -> None:
         """A longer prompt arrived: shift every live row right (canvas, cache, frozen marks)."""
-        s, c = self.settings, self.canvas
-        extra = width - c.prompt_width
-        self.canvas = pad_left(c, extra, self.special.pad)
-        self.blocks = plan_blocks(width, s.gen_length, s.block_length, s.total_steps)
+        extra = width - self.canvas.prompt_width
+        self.canvas = pad_canvas(self.canvas, self.special.pad, left=extra)
+        self.plans = {}
         for r in live:
             r.row.shift(extra)
+            r.row.blocks = self._blocks(r.sampling.gen_length)
         self._note_padding(live)
         if self.cache is not None:
             self.cache = self.cache.pad(left=extra)
+
+    def _lengthen(self, answer: int) -> None:
+        """A longer answer arrived: answer columns added after every row (canvas, cache)."""
+        extra = answer - self.answer_width
+        self.canvas = pad_canvas(self.canvas, self.special.pad, right=extra)
+        if self.cache is not None:
+            self.cache = self.cache.pad(right=extra)  # old scratch: past every live row's end
 
     def cache_view(self, live: list[Request]) -> KVCache | None:
         """The cache as this step's canvas rows see it: canvas row r (branch b) is cache row

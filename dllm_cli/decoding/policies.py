@@ -32,7 +32,9 @@ stops there, so the masked columns beyond are neither computed nor attended unti
 comes closer (they keep their true RoPE positions: the canvas is cut, not renumbered). The
 limit moves on with the block; columns that come into reach for the first time (past `seen`)
 are computed by that step's forward, whatever `reach` says. With W = 0, or W at least the
-answer's length, the limit is the canvas end and nothing changes.
+answer's length, the limit is the canvas end and nothing changes. A row whose own gen_length
+is shorter than the canvas's answer columns (per-request lengths) is cut the same way, for
+good: its limit never passes its own answer's end.
 """
 
 from __future__ import annotations

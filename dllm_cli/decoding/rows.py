@@ -36,27 +36,32 @@ class RowState:
     seen: int = 0  # canvas column before which its K/V were computed at least once
     first: int = 0  # frontier walk: canvas column of its first mask (host copy)
     lead: int = 0  # canvas column of its first prompt token (left padding before it)
+    blocks: tuple[Block, ...] = ()  # its own answer's blocks (its gen_length, canvas columns)
 
     def place(
-        self,
-        blocks: list[Block],
-        width: int,
-        shift: int,
-        interval: int,
-        reach: int | None = None,
-        suffix: int = 0,
+        self, width: int, shift: int, interval: int, reach: int | None = None, suffix: int = 0
     ) -> StepPlace:
-        """Where the row is; `suffix` W > 0 prunes its canvas W columns past its block."""
-        block = blocks[self.block]
-        limit = block.end + suffix if suffix > 0 else None
+        """Where the row is; its canvas ends at its own answer's end, and `suffix` W > 0
+        prunes it W columns past its block (a shorter answer: a canvas cut for good)."""
+        block = self.current
+        limit = min(block.end + suffix, self.end) if suffix > 0 else self.end
         return StepPlace(
             block, self.step, width, shift, interval, self.fresh, self.frozen_until, reach,
             limit, self.seen, self.lead,
         )  # fmt: skip
 
-    def where(self) -> tuple[int, int, int, bool, int]:
+    def where(self) -> tuple[Block, int, int, bool, int, int]:
         """Every field that places the row's next forward (not its mask count or first mask)."""
-        return self.block, self.step, self.frozen_until, self.fresh, self.seen
+        return self.current, self.step, self.frozen_until, self.fresh, self.seen, self.end
+
+    @property
+    def current(self) -> Block:
+        return self.blocks[self.block]
+
+    @property
+    def end(self) -> int:
+        """Canvas column where its answer (and so its canvas) ends."""
+        return self.blocks[-1].end
 
     def served(self, plan: Forward) -> None:
         """After a forward: the row is no longer fresh; frozen columns stay frozen."""
@@ -85,7 +90,7 @@ def first_masks(canvas: Canvas) -> torch.Tensor:
     return torch.where(masked, columns, canvas.width).min(dim=1).values
 
 
-def block_of(column: int, blocks: list[Block]) -> int:
+def block_of(column: int, blocks: tuple[Block, ...]) -> int:
     """Index of the block holding canvas `column` (the last block past the end)."""
     for b in blocks:
         if column < b.end:
@@ -101,18 +106,18 @@ class BlockWalk:
     def __init__(self, lockstep: bool):
         self.lockstep = lockstep
 
-    def begin(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
+    def begin(self, rows: list[RowState], canvas: Canvas) -> None:
         """A row starting a block counts the block's masks (LLaDA's schedule needs them): all
         of its columns, as a block walk commits only inside the row's current block."""
         for row in rows:
             if row.step == 0:
-                row.masks_at_start = blocks[row.block].length
+                row.masks_at_start = row.current.length
 
-    def pending(self, canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> torch.Tensor:
+    def pending(self, canvas: Canvas, rows: list[RowState]) -> torch.Tensor:
         """(B,) on the device: masks left in each row's block (what `advance` reads)."""
-        return block_masks(canvas, rows, blocks)
+        return block_masks(canvas, rows)
 
-    def advance(self, rows: list[RowState], counts: list[int], blocks: list[Block]) -> None:
+    def advance(self, rows: list[RowState], counts: list[int]) -> None:
         """Move rows on from `counts`, the host copy of `pending` after the step's commits."""
         if not rows:
             return
@@ -121,7 +126,7 @@ class BlockWalk:
             move = not any(left)
             left = [not move] * len(rows)
         for row, open_ in zip(rows, left, strict=True):
-            if open_ or row.block + 1 == len(blocks):
+            if open_ or row.block + 1 == len(row.blocks):
                 row.step += 1
             else:
                 row.enter(row.block + 1)
@@ -132,32 +137,33 @@ class FrontierWalk:
 
     frontier = True
 
-    def begin(self, rows: list[RowState], canvas: Canvas, blocks: list[Block]) -> None:
+    def begin(self, rows: list[RowState], canvas: Canvas) -> None:
         pass
 
-    def pending(self, canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> torch.Tensor:
+    def pending(self, canvas: Canvas, rows: list[RowState]) -> torch.Tensor:
         """(B,) on the device: each row's first masked column (what `advance` reads)."""
         return first_masks(canvas)
 
-    def advance(self, rows: list[RowState], firsts: list[int], blocks: list[Block]) -> None:
+    def advance(self, rows: list[RowState], firsts: list[int]) -> None:
         if not rows:
             return
         for row, first in zip(rows, firsts, strict=True):
             row.first = first
-            block = block_of(first, blocks)
+            block = block_of(first, row.blocks)
             if block == row.block:
                 row.step += 1
             else:
                 row.enter(block)
 
 
-def block_masks(canvas: Canvas, rows: list[RowState], blocks: list[Block]) -> torch.Tensor:
+def block_masks(canvas: Canvas, rows: list[RowState]) -> torch.Tensor:
     """(B,) masks left in each row's current block, on the device."""
-    if all(row.block == rows[0].block for row in rows):  # one shared block: a slice
-        return canvas.masked(blocks[rows[0].block]).sum(dim=1)
+    head = rows[0].current
+    if all(row.current == head for row in rows):  # one shared block: a slice
+        return canvas.masked(head).sum(dim=1)
     device = canvas.ids.device
-    starts = torch.tensor([blocks[row.block].start for row in rows], device=device)
-    ends = torch.tensor([blocks[row.block].end for row in rows], device=device)
+    starts = torch.tensor([row.current.start for row in rows], device=device)
+    ends = torch.tensor([row.current.end for row in rows], device=device)
     cols = canvas.columns()[None]
     inside = (cols >= starts[:, None]) & (cols < ends[:, None])  # (B, S)
     return ((canvas.ids == canvas.mask_id) & inside).sum(dim=1)

@@ -13,7 +13,8 @@ as wide as its longest prompt, finished rows' cache rows are dropped, and each b
 a freshly seeded generator (a static batch is a decode of its own). Continuous batching keeps
 one canvas and one KV cache of B slots: its prompt width P is the longest prompt seen, rounded
 up to `quantum` columns (a longer prompt widens it, shifting every row right: at most once per
-quantum); a finished row leaves the canvas and the next prompt is written over its cache row
+quantum), its answer width likewise the longest gen_length (a longer one adds columns on the
+right; a shorter row's canvas ends at its own length, policies.py); a finished row leaves the canvas and the next prompt is written over its cache row
 (the engine maps live canvas rows to their slots' cache rows). Rows are left-padded to P and
 RoPE positions count from each row's first token, so a row decodes as it would alone; its
 padding is never computed or attended where it can be left out (ragged rows: a refresh
@@ -56,13 +57,14 @@ def empty_canvas(width: int, gen_length: int, mask_id: int, device) -> Canvas:
     return Canvas(ids, none, none.clone(), steps, width, mask_id)
 
 
-def pad_left(c: Canvas, extra: int, pad_id: int) -> Canvas:
-    """The canvas with `extra` more padding columns before every row (prompt width + extra)."""
-    if extra == 0:
+def pad_canvas(c: Canvas, pad_id: int, left: int = 0, right: int = 0) -> Canvas:
+    """The canvas with `left` more padding columns before every row (prompt width + left) and
+    `right` more after (room for a longer answer; each row's own still ends where it did)."""
+    if left == right == 0:
         return c
-    padding = torch.full((c.batch, extra), pad_id, dtype=c.ids.dtype, device=c.ids.device)
-    ids = torch.cat([padding, c.ids], dim=1)
-    return Canvas(ids, c.pad + extra, c.rows, c.steps, c.prompt_width + extra, c.mask_id)
+    ids = torch.nn.functional.pad(c.ids, (left, right), value=pad_id)
+    steps = torch.nn.functional.pad(c.steps, (0, right), value=-1)
+    return Canvas(ids, c.pad + left, c.rows, steps, c.prompt_width + left, c.mask_id)
 
 
 def cat_canvases(a: Canvas, b: Canvas) -> Canvas:

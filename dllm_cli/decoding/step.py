@@ -19,7 +19,7 @@ import torch
 
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding import logprobs
-from dllm_cli.decoding.canvas import Block, Canvas
+from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
 from dllm_cli.decoding.forwards import Prediction
 from dllm_cli.decoding.policies import Forward, StepPlace
@@ -38,7 +38,6 @@ class MaskedStepper(Protocol):
     model: Any  # DiffusionLM
     device: torch.device
     canvas: Canvas
-    blocks: list[Block]
     walk: Any  # rows.BlockWalk | rows.FrontierWalk
     policy: Any  # a policies.POLICIES entry
     executor: Any  # forwards.Forwards | wino.ShadowForwards
@@ -77,11 +76,11 @@ def plan(m: MaskedStepper, live: list[Request], at: int) -> Plan:
     """Every row's cache policy plans the columns it recomputes from the row's own place."""
     c, s, model = m.canvas, m.settings, m.model
     rows = [r.row for r in live]
-    m.walk.begin(rows, c, m.blocks)
+    m.walk.begin(rows, c)
     shift, every, suffix = model.logit_shift, s.refresh_interval, s.suffix_window
     firsts = [r.first for r in rows] if m.frontier else [None] * c.batch
     places = [
-        r.place(m.blocks, c.width, shift, every, reach(m, f), suffix)
+        r.place(c.width, shift, every, reach(m, f), suffix)
         for r, f in zip(rows, firsts, strict=True)
     ]
     plans = [m.policy.plan(p) for p in places]
@@ -116,7 +115,7 @@ def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
     commit = guard(m, decision, ctx, places)
     tokens = pred.drafts if decision.tokens is None else decision.tokens
     if p.asked:
-        logprobs.record(c, s.gen_length, live, pred.probs, commit, tokens, pred.columns)
+        logprobs.record(c, live, pred.probs, commit, tokens, pred.columns)
     if shared is None:
         write(c, commit, tokens, pred.columns, p.at)
     else:
@@ -132,15 +131,14 @@ def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
         # (commit is a subset of them), without reading the canvas's block again.
         walk = (candidates ^ commit).sum(dim=1)  # (B,)
     else:
-        walk = m.walk.pending(c, rows, m.blocks)
+        walk = m.walk.pending(c, rows)
     if m.frontier or s.early_stop or any(r.sampling.stop for r in live):
         # a stop token may end (or, a request's own, cut) a row: the device says which
         done, cut = m.done(live)
         flags, counts = torch.stack([done.long(), walk]).tolist()  # the step's one read
     else:  # a block walk's answer is final once its last block has no masks left
         counts, cut = walk.tolist(), None  # the step's one read from the device
-        last = len(m.blocks) - 1
-        flags = [n == 0 and r.block == last for n, r in zip(counts, rows, strict=True)]
+        flags = [n == 0 and r.block == len(r.blocks) - 1 for n, r in zip(counts, rows, strict=True)]
     m.counts = counts  # the walk moves the kept rows on after finishing (move_on)
     final = [i for i, f in enumerate(flags) if f]
     numbers = c.rows  # request ids of this step's rows (the canvas is replaced on retire)
@@ -229,10 +227,10 @@ def on_device(m: MaskedStepper, kind: str, values: tuple) -> torch.Tensor:
 def context(m: MaskedStepper, rows, pred: Prediction, confidence, candidates, draws) -> StepContext:
     masks = on_device(m, "masks", tuple(r.masks_at_start for r in rows))
     if same_place(rows):  # one shared block and step (rows in lockstep)
-        block, step, planned, host = m.blocks[rows[0].block], rows[0].step, None, None
+        block, step, planned, host = rows[0].current, rows[0].step, None, None
     else:
         block = None
-        host = [(r.step, m.blocks[r.block].steps) for r in rows]
+        host = [(r.step, r.current.steps) for r in rows]
         step = on_device(m, "steps", tuple(k for k, _ in host))
         planned = on_device(m, "planned", tuple(n for _, n in host))
     return StepContext(

@@ -40,8 +40,9 @@ class Commit:
     """What a step's commit hands the engine: the rows served, the rows final, and the event.
 
     `answers`, `marks` and `cut` describe the final rows only (in `final` order): their
-    gen_length answers, the engine step that wrote each column (-1: never), and where each
-    answer ends (EOS is filled after it; None: nothing cuts them)."""
+    answers (G: the longest row's gen_length; the engine keeps each row's own), the engine
+    step that wrote each column (-1: never), and where each answer ends (EOS is filled after
+    it; None: nothing cuts them)."""
 
     stepped: bool = True  # a forward ran (the engine's step counter moves on)
     served: list[int] | None = None  # live rows the step's forwards served (None: all)

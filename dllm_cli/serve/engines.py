@@ -1,12 +1,12 @@
 """Settings groups -> engines: which requests may share a canvas, and building the engine.
 
 A group is everything an engine is built with: the DecodeSettings less the per-request ones
-(lifetimes.py: temperature, top_p, top_k, seed go with each request to `Engine.add`, each row
-sampling with its own values and generator) and whether the guide verifies drafts. Two
-requests share an engine, and so a batch, when every engine and schedule setting is equal
-(max_tokens, the generation length, is one: a different canvas is a different model input);
-each answer is still what `dllm generate` gives that request alone. DiffusionGemma decodes a
-static batch with one generation config, so there its sampling stays part of the group.
+(lifetimes.py: max_tokens as gen_length, temperature, top_p, top_k, seed go with each request
+to `Engine.add`, each row decoding its own length and sampling with its own values and
+generator) and whether the guide verifies drafts. Two requests share an engine, and so a
+batch, when every engine and schedule setting is equal; each answer is still what `dllm
+generate` gives that request alone. DiffusionGemma decodes a static batch with one generation
+config, so there its sampling and length stay part of the group.
 Every group refills a finished request's slot on the next step (continuous admission, guided
 decoding included), except where the model cannot (DiffusionGemma: whole batches).
 """
@@ -53,10 +53,14 @@ class Counts:
 ENGINE_SAMPLING = {f.name: f.default for f in fields(DecodeSettings) if f.name in SAMPLING_FIELDS}
 
 
-def group_of(job: Job, per_request: bool = True) -> Group:
-    """The engine a job decodes on: sampling is per request unless the family cannot."""
-    settings = replace(job.settings, **ENGINE_SAMPLING) if per_request else job.settings
-    return Group(settings, job.guide, job.grammar is not None)
+def group_of(job: Job, per_request: bool = True, gen_length: int | None = None) -> Group:
+    """The engine a job decodes on: sampling and length are per request unless the family
+    cannot. `gen_length`: the engine's own (the server's --gen-length: its canvas is sized for
+    it, longer requests widen it)."""
+    if not per_request:
+        return Group(job.settings, job.guide, job.grammar is not None)
+    own = ENGINE_SAMPLING if gen_length is None else {**ENGINE_SAMPLING, "gen_length": gen_length}
+    return Group(replace(job.settings, **own), job.guide, job.grammar is not None)
 
 
 def add(pool: Pool, ids: list[int], job: Job, key) -> int:

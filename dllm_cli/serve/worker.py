@@ -5,12 +5,11 @@ thread drains before every step, so an engine is only ever used from one thread.
 also encodes prompts and decodes answers: a Hugging Face fast tokenizer flips shared state to
 split special tokens, which is not safe under concurrent calls.
 
-An engine decodes one canvas shape with one set of engine and schedule settings; sampling
-(temperature, top_p, top_k, seed) is each request's own (lifetimes.py). Requests whose other
-settings differ (max_tokens, block length, steps, cache, threshold, guide, ...) need engines of
-their own: one per distinct settings group, created on first use, at most `max_engines` at a
-time; a group without an engine waits until an engine falls idle and is dropped (least
-recently used first). Engines with work are stepped in turn, one step each.
+An engine decodes with one set of engine and schedule settings; length (max_tokens) and
+sampling (temperature, top_p, top_k, seed) are each request's own (lifetimes.py). Requests
+whose other settings differ (steps, cache, guide, ...) need engines of their own, one per
+settings group, made on first use, at most `max_engines`; a group without one waits until an
+engine falls idle and is dropped (least recently used first). Engines take turns, a step each.
 
 Scoring requests (echo + logprobs, scoring.py) run on the same thread, one estimate (one
 context/continuation split of one prompt) per turn between the engines' steps, so a long
@@ -193,7 +192,8 @@ class Worker:
             if job.logprobs is not None:
                 scores.check_logprobs(self.runtime)
             per_request = FAMILIES[self.runtime.loaded.family].per_request_sampling
-            ticket.group = engines.group_of(job, per_request)
+            gen = self.runtime.settings.gen_length
+            ticket.group = engines.group_of(job, per_request, gen)
             ticket.ids = self.encode(job)
             engines.check_length(self.runtime, ticket.ids, job.settings)
         except InputError as e:
