@@ -17,6 +17,11 @@ cross-entropy by 1 / (share masked). Each family follows its own reference:
   are kept; logits are shifted one column right (Dream predicts the next column).
 - Block-diffusion families and DiffusionGemma are refused with the family table's reason.
 
+Under --tensor-parallel the model's logits are this rank's slice of the vocabulary: the
+cross-entropies and log-probabilities here come from one all-gather per forward of each row's
+log-sum-exp, the logit of its own token and its top candidates (`VocabLogProbs`), never the
+logits themselves.
+
 Random draws come from a CPU generator seeded with `seed`, in the references' order (they draw
 from torch's global generator after `torch.manual_seed(seed)`), so an estimate is the same
 number for the same seed on every device. Besides the total, each continuation position gets
@@ -35,8 +40,10 @@ import torch.nn.functional as F
 from dllm_cli.errors import InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.family_settings import refuse_feature
+from dllm_cli.models.collectives import Shards
 
 ROWS_PER_FORWARD = 64  # masked rows forwarded together (draws never depend on this)
+CANDIDATES = 20  # alternatives a split model's ranks send per row (the server's most)
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,79 @@ class Estimator:
     append_eos: bool  # the reference scores context + continuation + EOS
     cfg: bool  # the reference has an unconditional branch (cfg_scale)
     source: str
+
+
+@dataclass(frozen=True)
+class VocabLogProbs:
+    """Log-probabilities of rows of logits, whole or split over the vocabulary (`model.shards`).
+
+    A split model's rows are this rank's ids [start, start + V_r); one all-gather of
+    (log-sum-exp, the own token's logit, the top CANDIDATES logits and their ids) per row makes
+    every rank's answer the whole vocabulary's: the own token's log-probability exactly, and a
+    (N, V) table whose ids outside every rank's candidates read -inf (alternatives and argmax
+    only ever read the candidates)."""
+
+    model: torch.nn.Module
+
+    @property
+    def split(self) -> bool:
+        return self.model.shards is not None
+
+    def hide(self, logits: torch.Tensor, token: int) -> torch.Tensor:
+        """(N, V_r) logits with `token` (a global id) at -inf wherever this rank holds it."""
+        at = token - (self.model.vocab_start if self.split else 0)
+        if 0 <= at < logits.shape[-1]:
+            logits[..., at] = -torch.inf
+        return logits
+
+    def losses(self, logits: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+        """(N, V_r) logits, (N,) token ids -> (N,) cross-entropies."""
+        if not self.split:
+            return F.cross_entropy(logits, truth, reduction="none")
+        lse, own, _, _ = self.gathered(logits, truth, 0)
+        return (lse - own).to(logits.dtype)
+
+    def table(self, logits: torch.Tensor, own: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, V_r) logits -> (N, V) float32 log-probabilities on the host; split: exact at the
+        rows' `own` ids (N,) and at every rank's top candidates, -inf elsewhere."""
+        logits = logits.float()
+        if not self.split:
+            return logits.log_softmax(dim=-1).cpu()
+        lse, mine, values, ids = self.gathered(logits, own, CANDIDATES)
+        out = torch.full((logits.shape[0], self.model.vocab_width), -torch.inf, dtype=torch.float64)
+        out.scatter_(1, ids.cpu(), (values - lse[:, None]).cpu())
+        if own is not None:
+            out.scatter_(1, own.cpu()[:, None], (mine - lse).cpu()[:, None])
+        return out.float()
+
+    def gathered(self, logits: torch.Tensor, own: torch.Tensor | None, k: int):
+        """Every rank's (N,) log-sum-exp and `own` logit and (N, k) top logits and ids
+        combined: (N,) lse, (N,) own logit (-inf without `own`), (N, world k) candidate logits
+        and their global ids."""
+        shards, start = self.model.shards, self.model.vocab_start
+        x = logits.double()  # (N, V_r)
+        width = x.shape[-1]
+        local = torch.full(x.shape[:1], -1, device=x.device) if own is None else own - start
+        holds = (local >= 0) & (local < width)
+        mine = x.gather(1, local.clamp(0, width - 1)[:, None])[:, 0].masked_fill(~holds, -torch.inf)
+        k = min(k, smallest_piece(shards, self.model.vocab_width))  # one shape on every rank
+        values, ids = x.topk(k, dim=-1)  # (N, k)
+        packed = torch.cat(
+            [x.logsumexp(dim=-1)[:, None], mine[:, None], values, (ids + start).double()], dim=1
+        )
+        every = shards.all_gather(packed)  # (world, N, 2 + 2k)
+        lse = every[..., 0].logsumexp(dim=0)  # (N,)
+        own_logit = every[..., 1].max(dim=0).values  # the holder's; -inf from the others
+        rows = every.shape[1]
+        values = every[..., 2 : 2 + k].permute(1, 0, 2).reshape(rows, -1)
+        ids = every[..., 2 + k :].permute(1, 0, 2).reshape(rows, -1).long()
+        return lse, own_logit, values, ids
+
+
+def smallest_piece(shards: Shards, size: int) -> int:
+    """The fewest ids any rank's slice of a `size` vocabulary holds."""
+    pieces = (Shards(r, shards.world).vocabulary(size) for r in range(shards.world))
+    return min(hi - lo for lo, hi in pieces)
 
 
 def llada_masks(
@@ -170,7 +250,7 @@ def estimate(
             rows = torch.where(part, mask, seq.to(device)[None])  # (R, S)
             logits = guided_logits(model, rows, len(context), cfg, mask, rule.shift)
             truth = seq.to(device)[None].expand_as(rows)[part]
-            loss = F.cross_entropy(logits[part], truth, reduction="none")
+            loss = VocabLogProbs(model).losses(logits[part], truth)
             own = ratio[lo : lo + ROWS_PER_FORWARD].to(device)[:, None].expand_as(rows)[part]
             weighted[lo : lo + ROWS_PER_FORWARD][part.cpu()] = (loss / own).double().cpu()
     per_batch = weighted.view(len(draws), batch, -1).sum(dim=1) / batch  # (N, S)
@@ -194,9 +274,9 @@ def greedy_flags(
     device = next(model.parameters()).device
     with torch.inference_mode():
         logits = column_logits(model, rows.to(device), rule.shift)  # (R, n, V)
-        picked = logits[torch.arange(len(at)), at.to(device)].float()  # (R, V)
-        picked[:, mask] = -torch.inf
-        logp = picked.log_softmax(dim=-1).cpu()
+        vocab = VocabLogProbs(model)
+        picked = vocab.hide(logits[torch.arange(len(at)), at.to(device)].float(), mask)  # (R, V)
+        logp = vocab.table(picked, seq[start:].to(device))
     return (logp.argmax(dim=-1) == seq[start:]).tolist(), logp
 
 
@@ -207,7 +287,6 @@ def next_token(model, mask: int, family: str, ids: list[int]) -> tuple[int, torc
     rows = torch.tensor([*ids, mask])[None]  # (1, n + 1)
     with torch.inference_mode():
         logits = column_logits(model, rows.to(next(model.parameters()).device), rule.shift)
-        last = logits[0, -1].float()
-        last[mask] = -torch.inf
-        logp = last.log_softmax(dim=-1).cpu()
+        vocab = VocabLogProbs(model)
+        logp = vocab.table(vocab.hide(logits[0, -1:].float(), mask))[0]  # (V,)
     return int(logp.argmax()), logp

@@ -1,5 +1,6 @@
 """`dllm serve --tensor-parallel 2` under torchrun (CPU, gloo, 127.0.0.1): the official `openai`
-client gets the text a one-process server sends (sampled, with logprobs, and greedy); a client leaving mid-stream does not break the
+client gets the text a one-process server sends (sampled, with logprobs, and greedy) and its echo
+scores; a client leaving mid-stream does not break the
 next request; a rank killed mid-request answers it with a 503 error object and ends the server
 with one line naming the rank."""
 
@@ -50,6 +51,30 @@ def answers(url: str) -> tuple:
     return text.choices[0].text, text.choices[0].logprobs.tokens, chat
 
 
+def echo_scores(url: str) -> tuple:
+    """An echo scoring's tokens, per-token scores and alternatives, with the token a one-token
+    decode adds (max_tokens 1)."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    got = client.completions.create(
+        model=model, prompt="tom has 3 pens and", echo=True, logprobs=3, max_tokens=1,
+        temperature=0, extra_body={"score_samples": 8},
+    )  # fmt: skip
+    lp = got.choices[0].logprobs
+    return lp.tokens, lp.token_logprobs, lp.top_logprobs
+
+
+def assert_scores_match(got: tuple, want: tuple) -> None:
+    """The same tokens and alternatives; scores equal to float rounding (the ranks sum
+    partial products in another order)."""
+    assert got[0] == want[0]
+    assert got[1][0] is None is want[1][0]  # the first token has no score
+    assert got[1][1:] == pytest.approx(want[1][1:], rel=1e-4, abs=1e-4)
+    assert [t and list(t) for t in got[2]] == [t and list(t) for t in want[2]]
+    for mine, theirs in zip(got[2], want[2], strict=True):
+        assert (mine or {}) == pytest.approx(theirs or {}, rel=1e-4, abs=1e-4)
+
+
 def leave_mid_stream(url: str) -> None:
     """A streamed chat whose client closes the connection after its first chunk."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
@@ -81,7 +106,7 @@ def test_two_ranks_serve_the_one_process_answers_and_survive_a_client_leaving(ll
     args = [*SERVE, "--model", str(llada)]
     alone, url, _ = start([sys.executable, "-m", "dllm_cli", *args], env)
     try:
-        expected = answers(url)
+        expected, scored = answers(url), echo_scores(url)
     finally:
         stop(alone)
     split, url, said = start(
@@ -89,6 +114,7 @@ def test_two_ranks_serve_the_one_process_answers_and_survive_a_client_leaving(ll
     )
     try:
         assert answers(url) == expected
+        assert_scores_match(echo_scores(url), scored)
         leave_mid_stream(url)
         assert answers(url) == expected  # the next requests: as before
     finally:

@@ -12,9 +12,11 @@ failed collective of the model, is a `RankLost` that ends the server (worker.py 
 request in flight with a 503 error object).
 
 A request's logprobs and grammar (response_format) come with its `add`: every rank gathers
-the candidates logprobs read, every rank's matcher follows the same committed tokens. What the
-other ranks cannot mirror yet is refused per request (400): scoring, and the settings tensor
-parallelism does not compute (sharded_sampling.py).
+the candidates logprobs read, every rank's matcher follows the same committed tokens. A turn's
+scoring estimate (echo + logprobs) comes with it: every rank runs its forwards after the steps,
+as rank 0 does (scoring.py gathers each row's log-sum-exp and candidates). What the other ranks
+cannot mirror yet is refused per request (400): logprobs with a grammar, and the settings
+tensor parallelism does not compute (sharded_sampling.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dllm_cli.decoding.sharded_sampling import refuse_unsupported
 from dllm_cli.errors import SettingsError
 from dllm_cli.models.collectives import RankLost, Shards
 from dllm_cli.runtime import Runtime
-from dllm_cli.serve import engines
+from dllm_cli.serve import engines, scores
 from dllm_cli.serve.protocol import Job
 
 
@@ -57,10 +59,11 @@ class Leader:
         """An engine change (`build`, `drop`, `add`, `abort`, `stop`), sent with the next turn."""
         self.changes.append(change)
 
-    def turn(self, stepped: list[engines.Group]) -> None:
-        """The changes so far and the engines stepped now, to every other rank."""
+    def turn(self, stepped: list[engines.Group], split: scores.Split | None = None) -> None:
+        """The changes so far, the engines stepped now and the scoring estimate made after
+        them, to every other rank."""
         changes, self.changes = self.changes, []
-        self.channel.broadcast((changes, stepped))
+        self.channel.broadcast((changes, stepped, split))
 
     def close(self) -> None:
         """The server stops: the other ranks leave their loops."""
@@ -69,8 +72,6 @@ class Leader:
     @staticmethod
     def refusal(job: Job) -> str | None:
         """Why the other ranks could not decode this request alongside (None: they can)."""
-        if job.kind == "score":
-            return "scoring (echo with logprobs) is not supported under --tensor-parallel yet"
         if job.logprobs is not None and job.structure is not None:
             return "logprobs with response_format are not supported under --tensor-parallel yet"
         try:
@@ -88,11 +89,13 @@ def follow(runtime: Runtime, slots: int, channel: Channel) -> None:
         signal.signal(sig, signal.SIG_IGN)
     pools: dict[engines.Group, engines.Pool] = {}
     while (message := channel.broadcast()) is not None:
-        changes, stepped = message
+        changes, stepped, split = message
         for kind, group, *args in changes:
             CHANGES[kind](pools, runtime, slots, group, *args)
         for group in stepped:
             step(pools, group)
+        if split is not None:
+            score(runtime, split)
 
 
 def step(pools: dict, group: engines.Group) -> None:
@@ -104,6 +107,18 @@ def step(pools: dict, group: engines.Group) -> None:
         raise
     except Exception:  # every rank raised it at the same point: rank 0 answers the requests
         del pools[group]
+
+
+def score(runtime: Runtime, split: scores.Split) -> None:
+    """Rank 0's scoring estimate, its forwards and gathers with it (rank 0 answers)."""
+    try:
+        split.estimate(runtime)
+        if split.last:
+            scores.final_forwards(runtime, split.ids, split.score)
+    except RankLost:
+        raise
+    except Exception:  # every rank raised it at the same point: rank 0 answers it 500
+        pass
 
 
 def build(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:

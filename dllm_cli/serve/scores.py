@@ -112,24 +112,51 @@ def split_estimate(runtime: Runtime, ids: list[int], c: int, score, settings) ->
     ).total  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Split:
+    """One estimate of a scoring job: L(c) of its prompt `ids`; the last one also runs the
+    alternatives' forwards (what every rank of --tensor-parallel runs with rank 0)."""
+
+    ids: list[int]
+    c: int
+    score: object  # protocol.Score
+    settings: object  # DecodeSettings
+
+    @property
+    def last(self) -> bool:
+        return self.c == len(self.ids) - 1
+
+    def estimate(self, runtime: Runtime) -> float:
+        return split_estimate(runtime, self.ids, self.c, self.score, self.settings)
+
+
+def final_forwards(runtime: Runtime, ids: list[int], score):
+    """The alternatives' log-probabilities (n - first, V) and, max tokens 1, the token a
+    one-token decode commits after the prompt with its row (V,)."""
+    loaded = runtime.loaded
+    model, mask, family = loaded.model, loaded.special.mask, loaded.model.family
+    first = first_split(len(ids), score.splits)
+    _, logp = scoring.greedy_flags(model, mask, family, ids, start=first)
+    after = scoring.next_token(model, mask, family, ids) if score.generate else None
+    return logp, after
+
+
 def scored(runtime: Runtime, ids: list[int], totals: list[float], score, seconds: float):
     """Per-token scores from the splits' estimates, alternatives re-based on them, and (max
     tokens 1) the token a one-token decode commits after the prompt."""
-    loaded = runtime.loaded
-    model, mask, family = loaded.model, loaded.special.mask, loaded.model.family
     first = first_split(len(ids), score.splits)
     ends = [*totals, 0.0]
     values: list[float | None] = [None] * first
     values += [ends[i] - ends[i + 1] for i in range(len(totals))]
-    _, logp = scoring.greedy_flags(model, mask, family, ids, start=first)  # (n - first, V)
+    logp, after = final_forwards(runtime, ids, score)  # (n - first, V)
     top: list[dict[str, float] | None] = [None] * first
     for j in range(first, len(ids)):
         base = values[j] - float(logp[j - first, ids[j]])  # the token carries its score
         top.append(alternatives(runtime, logp[j - first], score.top, base, ids[j]))
     tokens = [piece(runtime, t) for t in ids]
     forwards = len(totals) * estimate_forwards(runtime, score) + 1
-    if score.generate:
-        token, row = scoring.next_token(model, mask, family, ids)
+    if after is not None:
+        token, row = after
         tokens.append(piece(runtime, token))
         values.append(float(row[token]))
         top.append(alternatives(runtime, row, score.top, 0.0, token))

@@ -109,12 +109,13 @@ class Worker:
         try:
             while self.drain(block=not self.has_work()):
                 busy = [(g, p) for g, p in self.engines.items() if p.engine.has_work]
-                if self.mirror is not None:  # the other ranks step the same engines
-                    self.mirror.turn([g for g, _ in busy])
+                split = self.split_now() if self.scoring else None
+                if self.mirror is not None:  # the other ranks step and score the same
+                    self.mirror.turn([g for g, _ in busy], split)
                 for group, pool in busy:
                     self.step_or_drop(group, pool)
-                if self.scoring:
-                    self.score_or_fail(self.scoring[0])
+                if split is not None:
+                    self.score_or_fail(self.scoring[0], split)
                 self.metrics.set_load(
                     self.waiting(), self.running(), self.slots * len(self.engines)
                 )
@@ -379,21 +380,27 @@ class Worker:
         self.scoring.append(ticket)
         ticket.post("accepted", None)
 
-    def score_or_fail(self, ticket: Ticket) -> None:
+    def split_now(self) -> scores.Split:
+        """The first scoring job's next estimate."""
+        ticket = self.scoring[0]
+        job, ids = ticket.job, ticket.ids
+        c = scores.first_split(len(ids), job.score.splits) + len(ticket.totals)
+        return scores.Split(ids, c, job.score, job.settings)
+
+    def score_or_fail(self, ticket: Ticket, split: scores.Split) -> None:
         """One estimate (one split) of the first scoring job; its answer after the last."""
         job, ids = ticket.job, ticket.ids
         try:
-            c = scores.first_split(len(ids), job.score.splits) + len(ticket.totals)
-            ticket.totals.append(
-                scores.split_estimate(self.runtime, ids, c, job.score, job.settings)
-            )
-            if c == len(ids) - 1:
+            ticket.totals.append(split.estimate(self.runtime))
+            if split.last:
                 self.scoring.remove(ticket)
                 seconds = time.perf_counter() - ticket.added
                 ticket.post(
                     "done", scores.scored(self.runtime, ids, ticket.totals, job.score, seconds)
                 )
                 self.finish(ticket)
+        except RankLost:
+            raise
         except Exception as e:  # a bug: this request's 500, the server goes on
             self.scoring.remove(ticket)
             self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"[:300]))
