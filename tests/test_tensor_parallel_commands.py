@@ -79,9 +79,37 @@ def test_bench_under_two_ranks_counts_what_one_process_counts(llada, tmp_path):
     assert result.stdout.count("dual+parallel") == 1  # rank 0's table alone
 
 
-def test_bench_modes_other_than_the_table_are_refused_under_tensor_parallel(llada):
-    result = invoke("bench", "--model", str(llada), "--serve", "--tensor-parallel", "2")
+@pytest.mark.slow
+def test_bench_frontier_and_batching_compare_under_two_ranks_count_what_one_process_counts(
+    llada, tmp_path
+):
+    runs = {
+        "frontier": ["--frontier", "threshold=0.5", "--batch-size", "2"],
+        "batching": ["--batching-compare", "dual+parallel", "--batch-size", "2"],
+    }
+    skip = (*TIMED, "speedup", "prompts_per_second", "steps_per_second")
+    for name, mode in runs.items():
+        args = ["bench", "--model", str(llada), *MODEL, "-n", "3", "--shots", "1", *mode]
+        expected = invoke(*args, "--json", str(tmp_path / f"{name}-one.json"))
+        assert expected.exit_code == 0, expected.output
+        two = tmp_path / f"{name}-two.json"
+        result = launch(["-m", "dllm_cli", *args, "--json", str(two), "--tensor-parallel", "2"])
+        assert result.returncode == 0, result.stderr[-3000:]
+        one, two = (json.loads(p.read_text()) for p in (tmp_path / f"{name}-one.json", two))
+        assert [{k: v for k, v in r.items() if k not in skip} for r in two] == [
+            {k: v for k, v in r.items() if k not in skip} for r in one
+        ]
+        assert result.stdout.count("|") == expected.stdout.count("|")  # rank 0's table alone
+
+
+@pytest.mark.parametrize("mode", ["--serve", "--peer"])
+def test_bench_modes_that_measure_a_server_or_a_peer_are_refused_under_tensor_parallel(
+    llada, mode
+):
+    value = ["llama-cpp"] if mode == "--peer" else []
+    result = invoke("bench", "--model", str(llada), mode, *value, "--tensor-parallel", "2")
     assert result.exit_code == 2
     assert error_lines(result) == [
-        "dllm: error: --tensor-parallel runs the strategy table only, not --serve"
+        "dllm: error: --tensor-parallel runs the strategy table, --frontier and "
+        f"--batching-compare, not {mode}"
     ]

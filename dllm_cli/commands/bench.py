@@ -87,13 +87,15 @@ def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> li
     return names
 
 
-def refuse_split_modes(peer, serve: bool, frontier, batching_compare) -> None:
-    """--tensor-parallel runs the strategy table alone, one line for the other modes."""
-    asked = {"--peer": peer, "--serve": serve, "--frontier": frontier}
-    asked["--batching-compare"] = batching_compare
-    for flag, value in asked.items():
+def refuse_split_modes(peer, serve: bool) -> None:
+    """--tensor-parallel runs the strategy table, --frontier and --batching-compare; one line
+    for the modes that measure something else (a peer's binary, an HTTP server)."""
+    for flag, value in {"--peer": peer, "--serve": serve}.items():
         if value:
-            raise UsageError(f"--tensor-parallel runs the strategy table only, not {flag}")
+            raise UsageError(
+                f"--tensor-parallel runs the strategy table, --frontier and --batching-compare, "
+                f"not {flag}"
+            )
 
 
 def split_strategies(rt, names: list[str], explicit: bool, length: int, block, window) -> list[str]:
@@ -296,12 +298,12 @@ def bench_command(
             raise UsageError("--plot draws accuracy, which --prompt-length runs do not measure")
         from dllm_cli.throughput import bench_inputs
 
+        if tensor_parallel > 1:
+            refuse_split_modes(peer, serve)
         if peer is not None:
             run_peer(choices, peer, peer_binary, peer_model, peer_prompt, lengths, rounds,
                      json_path, peer_quant)  # fmt: skip
             return
-        if tensor_parallel > 1:
-            refuse_split_modes(peer, serve, frontier, batching_compare)
         rt = stack.enter_context(split_runtime(choices, tensor_parallel, expert_parallel))
         if serve:
             bench_serve(rt, n, concurrency, cancel, batch_size, lengths[0], json_path)

@@ -1,6 +1,8 @@
 """`dllm bench`'s other modes: --frontier, --batching-compare and --serve, each run and reported.
 
 Split from bench.py (the strategy table, the default mode) so the command stays a thin layer.
+Under --tensor-parallel every rank runs --frontier's and --batching-compare's decodes (the
+same collectives in the same order) and rank 0 alone reports them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import typer
 from dllm_cli import frontier
 from dllm_cli.bench import STRATEGIES, settings_for
 from dllm_cli.commands.common import fail, stderr
+from dllm_cli.commands.split import leads
 from dllm_cli.errors import UsageError, write_text
 from dllm_cli.frontier import parse_frontier, run_frontier
 
@@ -33,9 +36,14 @@ def run_frontier_mode(
     tasks = held_out(rt.encode, n, shots, start)
 
     def report(r: dict) -> None:
-        stderr.print(frontier.progress_line(r), highlight=False)
+        if leads():
+            stderr.print(frontier.progress_line(r), highlight=False)
 
+    for point in points:
+        refuse_split(rt, frontier.settings_at(base, point), f"--frontier {point.rule}")
     records = run_frontier(rt, tasks, points, base, batch_size, on_record=report)
+    if not leads():  # another rank of --tensor-parallel: rank 0 reports
+        return
     s = base
     title = (
         f"{rt.profile.name}: {n} held-out TinyGSM problems, {shots}-shot, gen {s.gen_length}, "
@@ -67,15 +75,32 @@ def run_batching_mode(
     if strategy is None or name not in usable:
         raise UsageError(f"--batching-compare takes one of: {', '.join(usable)}")
     settings = settings_for(rt.settings, name, lengths[0], block_length, window)
+    refuse_split(rt, settings, f"--batching-compare {name}")
     prompts = mixed_shots(rt.encode, n, shots, start)
     records = compare_batching(
-        rt, prompts, settings, batch_size, rounds, report_pass, strategy.guided
-    )
+        rt, prompts, settings, batch_size, rounds, report_pass if leads() else None,
+        strategy.guided,
+    )  # fmt: skip
+    if not leads():
+        return
     for r in records:
         del r["tokens"]
     print(table(records), end="")
     if json_path is not None:
         write_text(json_path, json.dumps(records, indent=2) + "\n")
+
+
+def refuse_split(rt, settings, what: str) -> None:
+    """On a split model, one line for settings tensor parallelism does not compute."""
+    if rt.loaded.model.shards is None:
+        return
+    from dllm_cli.decoding.sharded_sampling import refuse_unsupported
+    from dllm_cli.errors import SettingsError
+
+    try:
+        refuse_unsupported(settings)
+    except SettingsError as e:
+        raise SettingsError(f"{what}: {e}") from None
 
 
 def report_pass(r: dict) -> None:
