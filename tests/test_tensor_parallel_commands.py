@@ -103,9 +103,7 @@ def test_bench_frontier_and_batching_compare_under_two_ranks_count_what_one_proc
 
 
 @pytest.mark.parametrize("mode", ["--serve", "--peer"])
-def test_bench_modes_that_measure_a_server_or_a_peer_are_refused_under_tensor_parallel(
-    llada, mode
-):
+def test_bench_modes_that_measure_a_server_or_a_peer_are_refused_under_tensor_parallel(llada, mode):
     value = ["llama-cpp"] if mode == "--peer" else []
     result = invoke("bench", "--model", str(llada), mode, *value, "--tensor-parallel", "2")
     assert result.exit_code == 2
