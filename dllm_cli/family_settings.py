@@ -98,7 +98,6 @@ GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
 )
 BLOCK_CANNOT: Mapping[str, str] = MappingProxyType(
     {
-        "logprobs": "the block-causal engine does not keep the committing step's distribution",
         "grammar": "the block-causal engine has no frontier walk",
         "scoring": "it decodes block-causally and its reference scores no likelihood",
     }

@@ -105,8 +105,11 @@ def num_transfer_tokens(block_length, steps):
 
 @torch.no_grad()
 def sdar_generate(t, cfg, prompt, mask_id, vocab, gen_length, block_length, steps,
-                  threshold, strategy="low_confidence_dynamic", stop=None):  # fmt: skip
-    """SDAR's block_diffusion_generate for one prompt: the whole x (prompt, answer, tail)."""
+                  threshold, strategy="low_confidence_dynamic", stop=None,
+                  logp=None):  # fmt: skip
+    """SDAR's block_diffusion_generate for one prompt: the whole x (prompt, answer, tail).
+    `logp` (a dict, not the reference's): each committed column's log-probability under the
+    step that committed it."""
     p_len = len(prompt)
     num_blocks = (p_len + gen_length + block_length - 1) // block_length
     total = num_blocks * block_length
@@ -140,6 +143,8 @@ def sdar_generate(t, cfg, prompt, mask_id, vocab, gen_length, block_length, step
             else:
                 transfer[torch.topk(conf, k).indices] = True
             cur[transfer] = x0[transfer]
+            if logp is not None:
+                logp.update({lo + int(j): float(p[j].log()) for j in transfer.nonzero()[:, 0]})
         x[lo:hi] = cur
         if stop is not None and any(s in x[p_len:] for s in stop):
             break

@@ -107,6 +107,33 @@ def test_cache_equals_recomputing_every_earlier_block(loaded, kw):
     assert cached.forwards == full.forwards + 1
 
 
+@pytest.mark.parametrize("kw", [{}, {"cache": "none", "unmask": "fixed", "steps": 6}])
+def test_each_token_has_its_committing_steps_log_probability(sdar, loaded, kw):
+    s = settings(**kw)
+    engine = open_engine(loaded.model, loaded.special, s, slots=2, admission="continuous")
+    asked = {engine.add(p, logprobs=3): p for p in PROMPTS[:2]}
+    plain = engine.add(PROMPTS[2])  # a neighbour that asked for nothing
+    done = {}
+    while engine.has_work:
+        done |= {f.id: f for f in engine.step().finished}
+    for rid, prompt in asked.items():
+        logp: dict[int, float] = {}
+        planned = s.gen_length if s.steps is None else s.steps
+        steps = max(1, s.block_length * planned // s.gen_length)
+        strategy = "low_confidence_dynamic" if s.unmask == "threshold" else "low_confidence_static"
+        sdar_generate(
+            sdar.tensors, sdar.config, prompt, loaded.special.mask, sdar.ids["vocab_size"],
+            s.gen_length, s.block_length, steps, s.threshold, strategy, logp=logp,
+        )  # fmt: skip
+        chosen, top_ids, top_values = done[rid].token_logprobs(3)
+        want = [logp[len(prompt) + j] for j in range(s.gen_length)]
+        assert chosen == pytest.approx(want, abs=1e-5)
+        assert [ids[0] for ids in top_ids] == done[rid].tokens  # greedy: the top-1
+        assert [v[0] for v in top_values] == pytest.approx(chosen)
+        assert done[rid].tokens == reference(sdar, loaded, prompt, s)
+    assert done[plain].token_logprobs(3) == ([], [], [])
+
+
 def ranks(marks: list[int]) -> list[int]:
     order = sorted(set(marks))
     return [order.index(m) for m in marks]

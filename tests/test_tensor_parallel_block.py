@@ -83,11 +83,12 @@ def test_two_ranks_decode_the_one_process_int8_block_tokens(sdar, llada2, tmp_pa
 
 
 @pytest.mark.slow
-def test_generate_under_torchrun_writes_the_one_process_sdar_answers(sdar):
+def test_generate_under_torchrun_writes_the_one_process_sdar_answers_and_logprobs(sdar):
     # SDAR's reference default samples (temperature 1.0): the same seed, the same tokens
     args = [
         "--model", str(sdar), "--device", "cpu", "--dtype", "float32", "--seed", "3",
         "--gen-length", "8", "--block-length", "4", "--json", "--batch-size", "2",
+        "--logprobs", "2",
     ]  # fmt: skip
     text = "one two\nthree four five\n"
     expected = invoke("generate", "-", *args, input=text)
@@ -99,4 +100,13 @@ def test_generate_under_torchrun_writes_the_one_process_sdar_answers(sdar):
     assert records == [
         {k: json.loads(line)[k] for k in fields} for line in expected.stdout.splitlines()
     ]
+    # each token's log-probability and alternatives, from the gathered candidates
+    for mine, alone in zip(result.stdout.splitlines(), expected.stdout.splitlines(), strict=True):
+        got, want = json.loads(mine)["logprobs"], json.loads(alone)["logprobs"]
+        assert [t["token"] for t in got] == [t["token"] for t in want] and got
+        assert [t["logprob"] for t in got] == pytest.approx([t["logprob"] for t in want], abs=1e-4)
+        for g, w in zip(got, want, strict=True):
+            assert [a["token"] for a in g["top_logprobs"]] == [
+                a["token"] for a in w["top_logprobs"]
+            ]
     assert "tensor parallel rank 1 of 2:" in result.stderr

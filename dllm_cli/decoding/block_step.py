@@ -18,6 +18,7 @@ import torch
 from torch.nn.functional import pad
 
 from dllm_cli.cache import KVCache
+from dllm_cli.decoding import logprobs
 from dllm_cli.decoding.answer import first_stop
 from dllm_cli.decoding.block_rules import BlockRule, Drafter, edits, fills
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
@@ -108,13 +109,17 @@ def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit
     rule, b, rows, final = e.rule, e.rule.block, p.rows, p.final
     phases = tuple(place(e, r) for r in rows)  # where each row was, before it moves on
     at = [r.block * b - r.prompt for r in rows]
-    x0, probs = draft_rows(e, rows, logits)
+    asked = any(r.request.logprobs is not None for r in rows)  # (logprobs.py: opt-in)
+    x0, probs, dist = draft_rows(e, rows, logits, asked)
     block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
     active = block == e.special.mask
     k = torch.tensor([r.rule.k(r.step) for r in rows], device=e.device)
     cols = torch.stack([columns(r, b) for r in rows])
     fixed = cols < torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
     fill, edit = fills(rule, active, probs, k), edits(rule, block, active, x0, probs, fixed)
+    if asked:  # each token's log-probability under the step that wrote it (fill or edit)
+        answer = cols - torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
+        logprobs.write([r.request for r in rows], dist, fill | edit, x0, answer)
     for i, r in enumerate(rows):
         decide(e, r, fill[i], edit[i], x0[i], active[i], final, p.at)
     ends = [r.request.sampling.gen_length for r in rows]  # each row's own answer length
@@ -145,11 +150,11 @@ def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
     return out
 
 
-def draft_rows(e: BlockStepper, rows, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, B, V) -> tokens, p: each row samples with its own request's values and generator."""
-    return e.drafter(
-        logits, [r.request.sampling for r in rows], [r.request.generator for r in rows]
-    )
+def draft_rows(e: BlockStepper, rows, logits: torch.Tensor, keep: bool = False) -> tuple:
+    """(N, B, V) -> tokens, p and (`keep`) their distribution: each row samples with its own
+    request's values and generator."""
+    samplings = [r.request.sampling for r in rows]
+    return e.drafter(logits, samplings, [r.request.generator for r in rows], keep)
 
 
 def block_of(r, b: int) -> torch.Tensor:

@@ -52,8 +52,13 @@ def record(canvas, live, probs: torch.Tensor | None, commit, tokens, columns) ->
     """Write each asking live row's commits of this step into its request's buffers."""
     if probs is None:  # a decode without distributions (guided drafts): nothing to record
         return
-    p = canvas.prompt_width
-    for i, r in enumerate(live):
+    write(live, probs, commit, tokens, columns - canvas.prompt_width)
+
+
+def write(requests, probs: torch.Tensor, commit, tokens, positions) -> None:
+    """Row i of (N, L) `commit`, `tokens` and answer `positions` (and (N, L, V) `probs`) into
+    `requests[i]`'s buffers, for the requests that asked."""
+    for i, r in enumerate(requests):
         if r.logprobs is None:
             continue
         g = r.sampling.gen_length  # its own answer's columns
@@ -63,7 +68,7 @@ def record(canvas, live, probs: torch.Tensor | None, commit, tokens, columns) ->
         lp = torch.log(probs[i].double()).nan_to_num(neginf=FLOOR)  # (L, V)
         chosen = lp.gather(-1, tokens[i][:, None]).squeeze(-1)  # (L,)
         values, ids = lp.topk(buf.top_ids.shape[1], dim=-1)  # (L, K)
-        at = torch.where(commit[i], columns[i] - p, g).clamp(0, g)  # (L,): scratch when not
+        at = torch.where(commit[i], positions[i], g).clamp(0, g)  # (L,): scratch when not
         buf.chosen.scatter_(0, at, chosen)
         buf.top_ids.scatter_(0, at[:, None].expand_as(ids), ids)
         buf.top_values.scatter_(0, at[:, None].expand_as(values), values)

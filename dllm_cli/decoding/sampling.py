@@ -240,13 +240,14 @@ class Sampler:
             return top_p_filter(top_k_filter(scores, top_k), top_p)
         return top_k_filter(top_p_filter(scores, top_p), top_k)
 
-    def drafts(self, logits: torch.Tensor, samplings, generators):
-        """The block stepper's Drafter (block_rules.py): (N, B, V) -> tokens, p (N, B), every
-        row with its own request's values and generator."""
+    def drafts(self, logits: torch.Tensor, samplings, generators, keep: bool = False):
+        """The block stepper's Drafter (block_rules.py): (N, B, V) -> tokens, p (N, B) and,
+        when `keep`, their distribution (N, B, V); every row with its own request's values and
+        generator."""
         n, b = logits.shape[:2]
         rows = RowDraws(tuple(generators), tuple(samplings), (b,) * n, (True,) * n)
-        tokens, p, _ = self.draft(logits, rows)
-        return tokens, p
+        tokens, p, probs = self.draft(logits, rows)
+        return tokens, p, probs if keep else None
 
 
 def row_confidence(probs, tokens, rows: RowDraws, kinds=CONFIDENCE_KINDS) -> torch.Tensor:

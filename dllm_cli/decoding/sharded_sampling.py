@@ -280,11 +280,10 @@ def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
     argmax, or its top-k, top-p, multinomial draw, and the draft's p (float32)."""
     sampler = ShardedSampler.of(model, settings, FAMILIES["block"], vocab, mask)
 
-    def drafted(logits: torch.Tensor, samplings, generators) -> tuple[torch.Tensor, torch.Tensor]:
+    def drafted(logits: torch.Tensor, samplings, generators, keep: bool = False):
         own = tuple(Sampling(s.temperature, s.top_p, s.top_k) for s in samplings)  # p: chosen
         draws = tuple(None if s.greedy else g for s, g in zip(own, generators, strict=True))
-        tokens, p, _ = sampler.draft(logits, draws, own)
-        return tokens, p
+        return sampler.draft(logits, draws, own, keep=keep)  # kept: on the gathered candidates
 
     return drafted
 
