@@ -23,6 +23,7 @@ class StepperTraits:
     """What a decoding kind (Family.stepper) means outside its stepper, declared once."""
 
     frontier: bool = False  # frontier-walking committers apply (an AR guide, a grammar)
+    grammar: bool = False  # a grammar verifies each row's run from its first mask
     prompt_blocks: bool = False  # blocks start at the prompt's block boundary (block-causal)
     uniform: bool = False  # uniform-state diffusion: drafts replace tokens, there are no masks
     whole_canvases: bool = False  # the answer is denoised in whole canvases of the checkpoint's
@@ -33,8 +34,8 @@ class StepperTraits:
 # Family.stepper -> its traits (decoding/stepper.py STEPPERS: the classes)
 TRAITS: Mapping[str, StepperTraits] = MappingProxyType(
     {
-        "masked": StepperTraits(frontier=True),
-        "block": StepperTraits(prompt_blocks=True),
+        "masked": StepperTraits(frontier=True, grammar=True),
+        "block": StepperTraits(prompt_blocks=True, grammar=True),
         "gemma": StepperTraits(
             uniform=True,
             whole_canvases=True,
@@ -98,7 +99,6 @@ GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
 )
 BLOCK_CANNOT: Mapping[str, str] = MappingProxyType(
     {
-        "grammar": "the block-causal engine has no frontier walk",
         "scoring": "it decodes block-causally and its reference scores no likelihood",
     }
 )

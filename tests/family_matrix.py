@@ -33,8 +33,9 @@ WRITERS: dict[str, Callable[[Path], Written]] = {
     "sdar": write_sdar,
     "llada2": write_llada2,
 }
-# tests/checkpoints.py's word-level tokenizers: every token decodes with a leading space
-WORD_LEVEL = ("llada", "llada_moe")
+# tests/checkpoints.py's word-level tokenizers (LLaDA2.x's folder takes LLaDA-MoE's): every
+# token decodes with a leading space
+WORD_LEVEL = ("llada", "llada_moe", "llada2")
 EDITING = {"edit_threshold": 0.0, "threshold": 0.5, "max_post_steps": 2}
 
 

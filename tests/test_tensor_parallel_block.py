@@ -83,6 +83,27 @@ def test_two_ranks_decode_the_one_process_int8_block_tokens(sdar, llada2, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_json_schema_answers_under_torchrun_are_the_one_process_sdar_answers(sdar, tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({
+        "type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 9, "minimum": 0}},
+        "required": ["ok", "n"], "additionalProperties": False,
+    }))  # fmt: skip
+    args = [
+        "--model", str(sdar), "--device", "cpu", "--dtype", "float32", "--seed", "3",
+        "--gen-length", "24", "--block-length", "4", "--json", "--json-schema", str(schema),
+    ]  # fmt: skip
+    text = "one two\nthree four five\n"
+    expected = invoke("generate", "-", *args, input=text)
+    assert expected.exit_code == 0, expected.output
+    result = launch(["-m", "dllm_cli", "generate", "-", *args, "--tensor-parallel", "2"], text)
+    assert result.returncode == 0, result.stderr[-3000:]
+    texts = [json.loads(line)["text"] for line in result.stdout.splitlines()]
+    assert texts == [json.loads(line)["text"] for line in expected.stdout.splitlines()]
+    assert all(isinstance(json.loads(t), dict) for t in texts)
+
+
 def test_generate_under_torchrun_writes_the_one_process_sdar_answers_and_logprobs(sdar):
     # SDAR's reference default samples (temperature 1.0): the same seed, the same tokens
     args = [

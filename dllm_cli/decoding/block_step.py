@@ -23,6 +23,7 @@ from dllm_cli.decoding.answer import first_stop
 from dllm_cli.decoding.block_rules import BlockRule, Drafter, edits, fills
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
 from dllm_cli.decoding.request import Request
+from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.models.block import block_keys
 
@@ -110,13 +111,15 @@ def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit
     phases = tuple(place(e, r) for r in rows)  # where each row was, before it moves on
     at = [r.block * b - r.prompt for r in rows]
     asked = any(r.request.logprobs is not None for r in rows)  # (logprobs.py: opt-in)
-    x0, probs, dist = draft_rows(e, rows, logits, asked)
+    x0, probs, dist = draft_rows(e, rows, logits, asked or e.committer is not None)
     block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
     active = block == e.special.mask
     k = torch.tensor([r.rule.k(r.step) for r in rows], device=e.device)
     cols = torch.stack([columns(r, b) for r in rows])
     fixed = cols < torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
     fill, edit = fills(rule, active, probs, k), edits(rule, block, active, x0, probs, fixed)
+    if e.committer is not None:  # structured output: a run from each row's first mask
+        fill, x0 = grammar_runs(e, rows, fill, x0, dist, active)
     if asked:  # each token's log-probability under the step that wrote it (fill or edit)
         answer = cols - torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
         logprobs.write([r.request for r in rows], dist, fill | edit, x0, answer)
@@ -155,6 +158,35 @@ def draft_rows(e: BlockStepper, rows, logits: torch.Tensor, keep: bool = False) 
     request's values and generator."""
     samplings = [r.request.sampling for r in rows]
     return e.drafter(logits, samplings, [r.request.generator for r in rows], keep)
+
+
+def grammar_runs(e: BlockStepper, rows, fill, x0, dist, active) -> tuple[torch.Tensor, ...]:
+    """The grammar's commits (grammar_committer.py): each row's run from its first mask in
+    the active block (the masks after it are its drafts, as a masked row's frontier walk),
+    the rule's own run from there (its fills' leading run, at least one) as the most it
+    takes; the fills (N, B) and tokens (N, B) it leaves."""
+    n, b = active.shape
+    slots = torch.arange(b, device=active.device)[None]  # (1, B)
+    first = torch.where(active.any(dim=1), active.long().argmax(dim=1), b)[:, None]  # (N, 1)
+    at = first + slots  # (N, B): run column j is block column first + j
+    inside = at < b
+    at = at.clamp(max=b - 1)
+    wanted = (fill.gather(1, at) & inside).long().cumprod(dim=1).sum(dim=1).clamp(min=1)
+    counts = (active & (slots >= first)).sum(dim=1)  # masks from the first one on
+    rids = torch.tensor([r.request.id for r in rows], device=active.device)
+    draws = RowDraws(
+        tuple(r.request.generator for r in rows), tuple(r.request.sampling for r in rows),
+        (b,) * n, (True,) * n,
+    )  # fmt: skip
+    probs = dist.gather(1, at[..., None].expand(-1, -1, dist.shape[-1]))  # (N, B, V)
+    tokens, _, lengths, _ = e.committer.walk(rids, counts, wanted, x0.gather(1, at), probs, draws)
+    taken = (slots < lengths[:, None]) & inside & (slots < counts[:, None])  # (N, B) run slots
+    rows_at, run = taken.nonzero(as_tuple=True)
+    fill = torch.zeros_like(fill)
+    fill[rows_at, at[rows_at, run]] = True
+    x0 = x0.clone()
+    x0[rows_at, at[rows_at, run]] = tokens[rows_at, run]
+    return fill, x0
 
 
 def block_of(r, b: int) -> torch.Tensor:

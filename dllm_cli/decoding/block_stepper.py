@@ -62,8 +62,14 @@ class BlockStepper:
         lockstep: bool | None = None,  # (no choice here: every row walks its own blocks)
     ):
         family = family_of_model(model)
-        if committer is not None:
+        if committer is not None and not committer.walks_blocks:
             raise SettingsError(f"a guide model does not apply to {family.title}")
+        if committer is not None and settings.edit_threshold is not None:
+            raise SettingsError(
+                "a grammar cannot follow LLaDA2.1's token editing (an edit would change tokens "
+                "the grammar has read): drop --edit-threshold"
+            )
+        self.committer = committer  # a grammar (structured output: grammar_committer.py)
         self.rule = block_rules.check_block_settings(settings, family)
         self.family, self.rules = family, {settings.gen_length: self.rule}  # by gen_length
         self.settings, self.model, self.special, self.slots = settings, model, special, slots
@@ -76,7 +82,8 @@ class BlockStepper:
         if model.shards is None:
             self.drafter = Sampler(settings, family_of(model), self.real_vocab, special.mask).drafts
         else:  # a tensor-parallel rank drafts from its vocabulary shard (models/sharding.py)
-            self.drafter = block_drafter(model, settings, self.real_vocab, special.mask)
+            grammar = committer is not None  # it reads the shard's part of each distribution
+            self.drafter = block_drafter(model, settings, self.real_vocab, special.mask, grammar)
         self.rows: list[BlockRow] = []  # the live rows, in the engine's order
         self.cache: KVCache | None = None  # `slots` rows, a scratch column for padding
         self.forwards = 0  # forwards so far, prefills included (for the events)

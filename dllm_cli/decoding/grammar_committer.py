@@ -58,6 +58,7 @@ class GrammarCommitter(Committer):
     frontier = True
     greedy_drafts = False  # drafts are sampled as the request samples
     needs_probs = True  # a rejected column's masked token comes from its distribution
+    walks_blocks = True  # the block stepper walks each row's active block through `walk`
 
     def __init__(
         self,
@@ -90,30 +91,42 @@ class GrammarCommitter(Committer):
         runs = self.rule(ctx).commit.bool() & ctx.candidates  # (B, L)
         wanted = runs.long().cumprod(dim=1).sum(dim=1).clamp(min=1)  # (B,) the rule's run
         counts = ctx.candidates.sum(dim=1)  # (B,) drafts from the frontier
-        host = torch.cat(
-            [ctx.canvas.rows[:, None], counts[:, None], wanted[:, None], ctx.drafts], 1
+        draws = ctx.generator if isinstance(ctx.generator, RowDraws) else None
+        tokens, corrected, lengths, accepted = self.walk(
+            ctx.canvas.rows, counts, wanted, ctx.drafts, ctx.probs, draws
         )
+        slots = torch.arange(ctx.drafts.shape[1], device=ctx.drafts.device)[None]
+        commit = (slots < lengths[:, None]) & ctx.candidates
+        return Decision(commit, accepted=accepted, tokens=tokens, corrected=corrected & commit)
+
+    def walk(self, rids, counts, wanted, drafts, probs, draws: RowDraws | None):
+        """Each row's run from its frontier, as the grammar allows: `drafts` (B, L) and their
+        distributions `probs` (B, L, V) start at the row's frontier, `counts` (B,) of them are
+        masks, the unmask rule wanted a run of `wanted` (B,). Returns the tokens (B, L), the
+        columns the grammar chose (B, L), each row's committed run (B,) and the drafts the
+        grammar accepted. The masked stepper and the block stepper (block_step.py) call it."""
+        host = torch.cat([rids[:, None], counts[:, None], wanted[:, None], drafts], 1)
         table = host.tolist()  # the step's read of the drafts
         matchers = self._matchers([row[0] for row in table])
         plans = [
             verify(m, row[3 : 3 + row[1]], row[2]) for m, row in zip(matchers, table, strict=True)
         ]
-        tokens, corrected = ctx.drafts.clone(), torch.zeros_like(ctx.candidates)
-        lengths = self._fix(ctx, plans, matchers, tokens, corrected)
+        tokens = drafts.clone()
+        corrected = torch.zeros(drafts.shape, dtype=torch.bool, device=drafts.device)
+        lengths = self._fix(probs, draws, plans, matchers, tokens, corrected)
         if self.fast_forward:
             rooms = [row[1] - n for row, n in zip(table, lengths, strict=True)]
             self._forced(matchers, rooms, lengths, tokens, corrected)
-        slots = torch.arange(ctx.drafts.shape[1], device=ctx.drafts.device)[None]
-        commit = (slots < torch.tensor(lengths, device=slots.device)[:, None]) & ctx.candidates
         accepted = sum(n for n, _ in plans)
-        return Decision(commit, accepted=accepted, tokens=tokens, corrected=corrected & commit)
+        return tokens, corrected, torch.tensor(lengths, device=drafts.device), accepted
 
-    def _fix(self, ctx, plans, matchers, tokens, corrected) -> list[int]:
+    def _fix(self, probs, draws, plans, matchers, tokens, corrected) -> list[int]:
         """Rows whose run stopped at a rejection take the masked token there; each row's
         committed length so far."""
         fixes = [r for r, (_, fix) in enumerate(plans) if fix]
         if fixes:
-            chosen = self._masked_tokens(ctx, fixes, [plans[r][0] for r in fixes], matchers)
+            slots = [plans[r][0] for r in fixes]
+            chosen = self._masked_tokens(probs, draws, fixes, slots, matchers)
             for r, token in zip(fixes, chosen, strict=True):
                 tokens[r, plans[r][0]] = token
                 corrected[r, plans[r][0]] = True
@@ -151,18 +164,17 @@ class GrammarCommitter(Committer):
             out.append(self.matchers[rid])
         return out
 
-    def _masked_tokens(self, ctx: StepContext, rows: list[int], slots: list[int], matchers):
+    def _masked_tokens(self, probs, draws, rows: list[int], slots: list[int], matchers):
         """The grammar-masked argmax (or sample) at each row's first rejected slot; under
         tensor parallelism each rank scores its vocabulary shard (`part`)."""
-        device, part = ctx.drafts.device, self.part
-        width = ctx.probs.shape[-1]  # the part's ids (one process: every real id)
+        device, part = probs.device, self.part
+        width = probs.shape[-1]  # the part's ids (one process: every real id)
         bits = np.stack([next_tokens(matchers[r], self.vocab) for r in rows])
         allow = part.ids(torch.from_numpy(bits).to(device), width, False)  # (F, V) bool
         index = torch.tensor(rows, device=device)
-        probs = ctx.probs[index, torch.tensor(slots, device=device)].double()  # (F, V)
+        probs = probs[index, torch.tensor(slots, device=device)].double()  # (F, V)
         # Allowed tokens the filters zeroed stay above disallowed ones (never -inf).
         scores = torch.where(allow, probs.log().clamp(min=-1e30), -math.inf)
-        draws = ctx.generator if isinstance(ctx.generator, RowDraws) else None
         for j, r in enumerate(rows):
             t = 0.0 if draws is None else draws.samplings[r].temperature
             if t > 0:
@@ -310,7 +322,7 @@ def refusal(runtime, guided: bool = True) -> str | None:
     """Why this runtime cannot decode under a grammar (None: it can); `guided`: its guide
     (if loaded) would verify the drafts too."""
     family = family_of_model(runtime.loaded.model)
-    if not family.traits.frontier:
+    if not family.traits.grammar:
         return f"structured output is not supported for {family.title} (no frontier walk)"
     return None
 
@@ -327,7 +339,12 @@ def runtime_committer(
     family = family_of(model)
     rule = RuleCommitter(settings, family.schedule)
     tempered = family.tempered_confidence
-    part = VocabPart.of(model, runtime.loaded.special.real_vocab(model.vocab_size))
+    # the ids its distributions span: the real vocabulary, or (the block families' draw) the
+    # whole table, so a rank's slice of a sampled mask's noise is one process's
+    real = runtime.loaded.special.real_vocab(model.vocab_size)
+    part = VocabPart.of(
+        model, model.get_input_embeddings().num_embeddings if family.whole_width else real
+    )
     committer = GrammarCommitter(rule, vocab_of(runtime), tempered, default, fast_forward, part)
     if guided and runtime.guide is not None:  # the guide verifies what the grammar allows
         return GuidedGrammarCommitter(runtime.guide_committer(), committer)

@@ -275,10 +275,14 @@ KINDS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def block_drafter(model: ShardedLM, settings, vocab: int, mask: int) -> Drafter:
+def block_drafter(
+    model: ShardedLM, settings, vocab: int, mask: int, distributions: bool = False
+) -> Drafter:
     """The block stepper's drafts from this rank's vocabulary shard: the block family's
-    argmax, or its top-k, top-p, multinomial draw, and the draft's p (float32)."""
-    sampler = ShardedSampler.of(model, settings, FAMILIES["block"], vocab, mask)
+    argmax, or its top-k, top-p, multinomial draw, and the draft's p (float32); a kept
+    distribution is the shard's part with `distributions` (a grammar's), else the gathered
+    candidates (logprobs')."""
+    sampler = ShardedSampler.of(model, settings, FAMILIES["block"], vocab, mask, distributions)
 
     def drafted(logits: torch.Tensor, samplings, generators, keep: bool = False):
         own = tuple(Sampling(s.temperature, s.top_p, s.top_k) for s in samplings)  # p: chosen

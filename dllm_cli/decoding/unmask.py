@@ -89,7 +89,8 @@ class Committer:
     argmax unless `greedy_drafts = False` (sampled as the request samples: grammar_committer.py);
     `needs_probs`: the step keeps each slot's distribution; `needs_shadow`: WINO's shadow block
     verifies earlier commits; `redrafts`: it may replace drafts (credit); `joins = False`: it
-    keeps one state per batch, so it is served in static batches only.
+    keeps one state per batch, so it is served in static batches only; `walks_blocks`: it
+    verifies runs the block stepper hands it (`walk`: a grammar), so block-causal models take it.
 
     Hooks (no-ops here): `start(batch)` when a decode of `batch` rows begins (0: rows join
     through `admit`), `select(keep)` when only the rows at indices `keep` go on, `admit(prompts,
@@ -104,6 +105,7 @@ class Committer:
     needs_shadow: bool = False
     redrafts: bool = False
     joins: bool = True
+    walks_blocks: bool = False
 
     def start(self, batch: int) -> None:
         """A decode of `batch` rows begins."""
