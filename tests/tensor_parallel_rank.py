@@ -47,6 +47,16 @@ SAMPLED = {
     "prefix threshold margin sampled": dict(
         cache="prefix", unmask="threshold", confidence="margin", top_k=5
     ),
+    "none wino margin sampled": dict(
+        cache="none", unmask="wino", confidence="margin", threshold=0.0, wino_verify=0.04
+    ),
+}
+# WINO: every mask drafted (threshold 0), and commits revoked by their shadow probability (a
+# verify bar among the tiny models' values, so which fall below and their order both count).
+REVOKED = {
+    "prefix wino low_confidence": dict(
+        cache="prefix", unmask="wino", threshold=0.0, wino_verify=0.09
+    ),
 }
 PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: left padding in the batch
 
@@ -61,9 +71,10 @@ def decodes(folder: str, shards: Shards, quantize: str = "none") -> dict:
     out["expert_bytes"] = [expert_bytes(split.model), expert_bytes(whole.model)]
     plain = dict(gen_length=16, block_length=8, threshold=0.9, steps=4)
     every = {f"{c} {u} {k}": dict(cache=c, unmask=u, confidence=k) for c, u, k in RUNS}
+    every.update(REVOKED)
     every.update({k: dict(v, temperature=0.8, seed=3) for k, v in SAMPLED.items()})
     for name, values in every.items():
-        settings = DecodeSettings(**plain, **values)
+        settings = DecodeSettings(**{**plain, **values})
         before = replace(shards.counts)
         tokens = decode(split.model, split.special, PROMPTS, settings).tokens
         spent = {k: v - asdict(before)[k] for k, v in asdict(shards.counts).items()}

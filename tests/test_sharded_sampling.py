@@ -214,3 +214,28 @@ def test_a_grammar_reads_each_shards_part_of_the_one_process_distribution(family
         assert not part[..., real:].any()  # the embedding's padding ids
         assert torch.equal(best, want.indices)  # the allowed argmax over every rank's part
         torch.testing.assert_close(top, want.values)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_winos_shadow_probability_rides_the_drafts_one_gather(world):
+    logits, shadows = logits_for(7), logits_for(8, shape=(2, 4, V))  # a shadow block's own L
+    tokens = torch.randint(0, V, (2, 4), generator=torch.Generator().manual_seed(9))
+    tokens[0, 0] = 100  # a padding id (the softmax covers every logit, as one process's)
+    want = torch.softmax(shadows.double(), dim=-1).gather(-1, tokens[..., None])[..., 0]
+    settings = DecodeSettings(temperature=0.7, top_k=3)
+    whole = Sampler(settings, FAMILIES["dream"], VOCAB, MASK)
+    drafted, conf, _ = whole.draft(logits, torch.Generator().manual_seed(3))
+
+    def job(shards):
+        lo, hi = shards.vocabulary(V)
+        s = ShardedSampler(shards, lo, V, settings, FAMILIES["dream"], VOCAB, MASK)
+        every = s.ride(sharded_sampling.shadow_summary(shadows[..., lo:hi], tokens, lo))
+        mine, mine_conf, _ = s.draft(logits[..., lo:hi], torch.Generator().manual_seed(3))
+        p = sharded_sampling.shadow_probability(every())
+        return mine, mine_conf, p, shards.counts.all_gather, s.riders
+
+    for mine, mine_conf, p, gathers, riders in on_ranks(world, job):
+        assert torch.equal(mine, drafted)  # the drafts' summaries untouched by the rider
+        torch.testing.assert_close(mine_conf, conf, rtol=1e-5, atol=2e-6)
+        torch.testing.assert_close(p, want, rtol=1e-12, atol=0)
+        assert gathers == 1 and riders == []  # one collective, the rider sent once

@@ -91,8 +91,8 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
     for name in folders:
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if k not in ("layers", "bytes", "expert_bytes")}
-        # 4 cache policies, prefix, fixed, origin rules, 2 sampled runs
-        assert len(runs) == 9, runs.keys()
+        # 4 cache policies, prefix, fixed, origin, wino rules, 3 sampled runs (one wino)
+        assert len(runs) == 11, runs.keys()
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             # two all-reduces per layer (attention, MLP or experts) and the embedding's; one
@@ -131,7 +131,7 @@ def test_two_ranks_decode_the_one_process_int8_int4_and_compiled_tokens(folders,
     for name, maxima in (("llada", 1), ("wide", 0)):
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if isinstance(v, dict)}
-        assert len(runs) == 9, runs.keys()  # 7 greedy, 2 sampled
+        assert len(runs) == 11, runs.keys()  # 8 greedy, 3 sampled
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
@@ -300,7 +300,7 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        (DecodeSettings(unmask="wino"), "--unmask wino"),
+        (DecodeSettings(unmask="credit"), "--unmask credit"),
         (DecodeSettings(unmask="eb"), "--unmask eb"),
     ],
 )
@@ -326,12 +326,12 @@ def test_a_setting_not_supported_yet_is_refused_by_rank_0_alone(folders, monkeyp
     launch_env = {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank}
     for name, value in {**launch_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)
-    model = ["--model", str(folders["dream"]), "--device", "cpu", "--unmask", "wino"]
+    model = ["--model", str(folders["dream"]), "--device", "cpu", "--unmask", "credit"]
     result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
     assert result.exit_code == 2
     said = [
-        "dllm: error: --tensor-parallel does not support --unmask wino (its shadow block reads "
-        "each earlier commit's probability off the whole softmax) yet"
+        "dllm: error: --tensor-parallel does not support --unmask credit (it fuses per-token "
+        "credit into every slot's whole distribution) yet"
     ]
     assert error_lines(result) == (said if rank == "0" else [])
 
