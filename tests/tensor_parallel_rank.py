@@ -31,15 +31,18 @@ from dllm_cli.settings import DecodeSettings
 CACHES = ("none", "prefix", "dual", "freecache")
 # Every cache policy under the threshold rule (one commit a step here: the most confident),
 # the prefix rule by margin, the fixed rule at 4 tokens a step by random confidence (every
-# rank draws the same numbers) and the origin rule (random positions).
+# rank draws the same numbers), the origin rule (random positions) and the credit rule by its
+# fused distribution's margin.
 RUNS = [
     *((cache, "threshold", "low_confidence") for cache in CACHES),
     ("dual", "prefix", "margin"),
     ("prefix", "fixed", "random"),
     ("freecache", "origin", "low_confidence"),
+    ("dual", "credit", "margin"),
 ]
 # Sampled drafts from the shards (the same seed: the tokens one process samples): top-p and
-# top-k, the entropy confidence; the fixed rule's positions sampled too (alg_temp).
+# top-k, the entropy confidence; the fixed rule's positions sampled too (alg_temp); WINO and
+# the credit rule sampled.
 SAMPLED = {
     "dual fixed entropy sampled": dict(
         cache="dual", unmask="fixed", confidence="entropy", top_p=0.9, top_k=20, alg_temp=0.5
@@ -49,6 +52,9 @@ SAMPLED = {
     ),
     "none wino margin sampled": dict(
         cache="none", unmask="wino", confidence="margin", threshold=0.0, wino_verify=0.04
+    ),
+    "freecache credit low_confidence sampled": dict(
+        cache="freecache", unmask="credit", confidence="low_confidence", top_k=20
     ),
 }
 # WINO: every mask drafted (threshold 0), and commits revoked by their shadow probability (a

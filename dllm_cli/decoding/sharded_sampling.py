@@ -11,8 +11,9 @@ gather's (max, argmax) is the draw (Gumbel-max for LLaDA and Dream, torch.multin
 argmax(p / q), q ~ Exp(1), for the block families). top-k and top-p are thresholds found from
 the gathered candidates (top-p gathers more candidates, rarely, when they do not reach its
 mass). The block stepper (SDAR, LLaDA2.x) drafts through `block_drafter`. A committer that
-reads distributions (a grammar's) gets the shard's part of them (`distributions`) and finds
-its masked token over every rank's part with `VocabPart`. WINO's shadow check rides the same
+reads distributions (a grammar's, the credit rule's) gets the shard's part of them
+(`distributions`); a grammar finds its masked token over every rank's part with `VocabPart`
+(credit: credit.sharded_fused_drafts). WINO's shadow check rides the same
 gather (`ride`, `shadow_summary`): each rank's (max, sum of exp, the token's logit if it holds
 it) per shadow column.
 """
@@ -37,18 +38,22 @@ from dllm_cli.models.sharding import ShardedLM, Shards
 UNREAD = {
     "eb": "it reads every slot's whole distribution for its entropy",
     "klass": "it compares every slot's whole distribution with its last step's",
-    "credit": "it fuses per-token credit into every slot's whole distribution",
 }
+# --unmask rules whose step keeps the shard's part of each distribution (as a grammar's), not
+# the gathered candidates logprobs read
+PARTS = ("credit",)
 NUCLEUS = 64  # candidates each rank sends for top-p (times 8 per extra round)
 LOGPROBS = 20  # candidates each rank sends when a request asks for logprobs (its most)
 
 
-def refuse_unsupported(settings) -> None:
+def refuse_unsupported(settings, logprobs: bool = False) -> None:
     """One line for what tensor parallelism does not compute yet (rather than computing it
-    wrong): rules that read whole distributions."""
+    wrong): rules that read whole distributions, logprobs beside a rule that keeps parts."""
     why = None
     if settings.unmask in UNREAD:
         why = f"--unmask {settings.unmask} ({UNREAD[settings.unmask]})"
+    elif logprobs and settings.unmask in PARTS:
+        why = f"--logprobs with --unmask {settings.unmask}"
     if why:
         raise SettingsError(f"--tensor-parallel does not support {why} yet")
 
