@@ -13,9 +13,9 @@ the gathered candidates (top-p gathers more candidates, rarely, when they do not
 mass). The block stepper (SDAR, LLaDA2.x) drafts through `block_drafter`. A committer that
 reads distributions (a grammar's, the credit rule's) gets the shard's part of them
 (`distributions`); a grammar finds its masked token over every rank's part with `VocabPart`
-(credit: credit.sharded_fused_drafts). WINO's shadow check rides the same
-gather (`ride`, `shadow_summary`): each rank's (max, sum of exp, the token's logit if it holds
-it) per shadow column.
+(credit: credit.sharded_fused_drafts). WINO's shadow check rides the same gather (`ride`,
+`shadow_summary`): each rank's (max, sum of exp, the token's logit if it holds it) per
+shadow column.
 """
 
 from __future__ import annotations
