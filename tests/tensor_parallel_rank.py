@@ -31,21 +31,37 @@ from dllm_cli.settings import DecodeSettings
 CACHES = ("none", "prefix", "dual", "freecache")
 # Every cache policy under the threshold rule (one commit a step here: the most confident),
 # the prefix rule by margin, the fixed rule at 4 tokens a step by random confidence (every
-# rank draws the same numbers) and the origin rule (random positions).
+# rank draws the same numbers), the origin rule (random positions) and the credit rule by its
+# fused distribution's margin.
 RUNS = [
     *((cache, "threshold", "low_confidence") for cache in CACHES),
     ("dual", "prefix", "margin"),
     ("prefix", "fixed", "random"),
     ("freecache", "origin", "low_confidence"),
+    ("dual", "credit", "margin"),
 ]
 # Sampled drafts from the shards (the same seed: the tokens one process samples): top-p and
-# top-k, the entropy confidence; the fixed rule's positions sampled too (alg_temp).
+# top-k, the entropy confidence; the fixed rule's positions sampled too (alg_temp); WINO and
+# the credit rule sampled.
 SAMPLED = {
     "dual fixed entropy sampled": dict(
         cache="dual", unmask="fixed", confidence="entropy", top_p=0.9, top_k=20, alg_temp=0.5
     ),
     "prefix threshold margin sampled": dict(
         cache="prefix", unmask="threshold", confidence="margin", top_k=5
+    ),
+    "none wino margin sampled": dict(
+        cache="none", unmask="wino", confidence="margin", threshold=0.0, wino_verify=0.04
+    ),
+    "freecache credit low_confidence sampled": dict(
+        cache="freecache", unmask="credit", confidence="low_confidence", top_k=20
+    ),
+}
+# WINO: every mask drafted (threshold 0), and commits revoked by their shadow probability (a
+# verify bar among the tiny models' values, so which fall below and their order both count).
+REVOKED = {
+    "prefix wino low_confidence": dict(
+        cache="prefix", unmask="wino", threshold=0.0, wino_verify=0.09
     ),
 }
 PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: left padding in the batch
@@ -61,9 +77,10 @@ def decodes(folder: str, shards: Shards, quantize: str = "none") -> dict:
     out["expert_bytes"] = [expert_bytes(split.model), expert_bytes(whole.model)]
     plain = dict(gen_length=16, block_length=8, threshold=0.9, steps=4)
     every = {f"{c} {u} {k}": dict(cache=c, unmask=u, confidence=k) for c, u, k in RUNS}
+    every.update(REVOKED)
     every.update({k: dict(v, temperature=0.8, seed=3) for k, v in SAMPLED.items()})
     for name, values in every.items():
-        settings = DecodeSettings(**plain, **values)
+        settings = DecodeSettings(**{**plain, **values})
         before = replace(shards.counts)
         tokens = decode(split.model, split.special, PROMPTS, settings).tokens
         spent = {k: v - asdict(before)[k] for k, v in asdict(shards.counts).items()}

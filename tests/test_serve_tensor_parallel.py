@@ -211,3 +211,14 @@ def test_the_mirror_refuses_logprobs_with_a_grammar_and_takes_either_alone():
     assert Leader.refusal(Job("completion", structure=schema)) is None
     said = Leader.refusal(Job("completion", logprobs=2, structure=schema))
     assert said == "logprobs with response_format are not supported under --tensor-parallel yet"
+
+
+def test_the_mirror_refuses_logprobs_with_the_credit_rule_and_takes_the_rule_alone():
+    from dllm_cli.serve.mirror import Leader
+    from dllm_cli.serve.protocol import Job
+    from dllm_cli.settings import DecodeSettings
+
+    credit = DecodeSettings(unmask="credit")
+    assert Leader.refusal(Job("completion", settings=credit)) is None
+    said = Leader.refusal(Job("completion", logprobs=2, settings=credit))
+    assert said == "--tensor-parallel does not support --logprobs with --unmask credit yet"

@@ -214,3 +214,95 @@ def test_a_grammar_reads_each_shards_part_of_the_one_process_distribution(family
         assert not part[..., real:].any()  # the embedding's padding ids
         assert torch.equal(best, want.indices)  # the allowed argmax over every rank's part
         torch.testing.assert_close(top, want.values)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_winos_shadow_probability_rides_the_drafts_one_gather(world):
+    logits, shadows = logits_for(7), logits_for(8, shape=(2, 4, V))  # a shadow block's own L
+    tokens = torch.randint(0, V, (2, 4), generator=torch.Generator().manual_seed(9))
+    tokens[0, 0] = 100  # a padding id (the softmax covers every logit, as one process's)
+    want = torch.softmax(shadows.double(), dim=-1).gather(-1, tokens[..., None])[..., 0]
+    settings = DecodeSettings(temperature=0.7, top_k=3)
+    whole = Sampler(settings, FAMILIES["dream"], VOCAB, MASK)
+    drafted, conf, _ = whole.draft(logits, torch.Generator().manual_seed(3))
+
+    def job(shards):
+        lo, hi = shards.vocabulary(V)
+        s = ShardedSampler(shards, lo, V, settings, FAMILIES["dream"], VOCAB, MASK)
+        every = s.ride(sharded_sampling.shadow_summary(shadows[..., lo:hi], tokens, lo))
+        mine, mine_conf, _ = s.draft(logits[..., lo:hi], torch.Generator().manual_seed(3))
+        p = sharded_sampling.shadow_probability(every())
+        return mine, mine_conf, p, shards.counts.all_gather, s.riders
+
+    for mine, mine_conf, p, gathers, riders in on_ranks(world, job):
+        assert torch.equal(mine, drafted)  # the drafts' summaries untouched by the rider
+        torch.testing.assert_close(mine_conf, conf, rtol=1e-5, atol=2e-6)
+        torch.testing.assert_close(p, want, rtol=1e-12, atol=0)
+        assert gathers == 1 and riders == []  # one collective, the rider sent once
+
+
+CREDIT_ROWS = [  # (temperature, confidence) of the two rows (credit's: probabilities)
+    ((0.0, "low_confidence"), (0.0, "low_confidence")),
+    ((0.8, "margin"), (0.0, "random")),
+    ((0.0, "margin"), (1.1, "low_confidence")),
+]
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("rows", CREDIT_ROWS)
+def test_credits_fused_drafts_and_confidences_are_the_one_process_ones(family, rows):
+    from dllm_cli.decoding.canvas import Block
+    from dllm_cli.decoding.credit import credit_memory, fused_drafts, sharded_fused_drafts
+    from dllm_cli.decoding.unmask import StepContext
+
+    run = DecodeSettings(unmask="credit", block_length=5, top_k=40, credit_alpha=2.0)
+    own = tuple(Sampling(temperature=t, top_k=40, confidence=c) for t, c in rows)
+    base = logits_for(10) * 0.3  # flat, and near from step to step: credit moves favourites
+    steps = [base + 0.2 * logits_for(11 + i) for i in range(3)]
+    masked = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    left = [masked, masked & torch.tensor([1, 0, 1, 1, 0]).bool(), masked.clone()]
+    left[2][:, :3] = False
+
+    def decode(draft, fuse) -> list:
+        """Three steps of one block: each step's drafts, confidences and kept credits."""
+        memory, seen = credit_memory(run), []
+        generators = tuple(torch.Generator().manual_seed(s) for s in (21, 22))
+        for step, (logits, candidates) in enumerate(zip(steps, left, strict=True)):
+            draws = RowDraws(generators, own, (5, 5), (True, True))
+            drafts, conf, probs = draft(logits, draws)
+            ctx = StepContext(
+                drafts, conf, candidates, Block(0, 0, 5, 5), step, torch.full((2,), 5),
+                SimpleNamespace(rows=torch.tensor([4, 9])), draws, probs=probs,
+            )  # fmt: skip
+            tokens, confidence = fuse(ctx, memory)
+            seen.append((tokens, confidence, memory.held.tokens, memory.held.gains))
+            moved.append(bool((tokens != drafts).any()))
+        return seen
+
+    moved = []  # a step whose fused drafts differ from the sampler's
+
+    whole = Sampler(run, FAMILIES[family], VOCAB, MASK)
+    want = decode(
+        lambda x, g: whole.draft(x, g),
+        lambda ctx, m: fused_drafts(ctx, m.update(ctx, *ctx.probs.max(dim=-1)), m.alpha),
+    )
+
+    def job(shards):
+        lo, hi = shards.vocabulary(V)
+        s = ShardedSampler(shards, lo, V, run, FAMILIES[family], VOCAB, MASK, True)
+        seen = decode(
+            lambda x, g: s.draft(x[..., lo:hi], g), lambda ctx, m: sharded_fused_drafts(ctx, m, s)
+        )
+        return seen, shards.counts.all_gather
+
+    assert any(moved)  # the credits decide some drafts
+    for seen, gathers in on_ranks(2, job):
+        assert gathers == 6  # a draft's and the fused summaries', each step
+        for (tokens, conf, held, gains), (w_tokens, w_conf, w_held, w_gains) in zip(
+            seen, want, strict=True
+        ):
+            assert torch.equal(tokens, w_tokens)
+            assert conf.dtype == w_conf.dtype
+            torch.testing.assert_close(conf, w_conf, rtol=1e-5, atol=2e-6)
+            assert torch.equal(held, w_held)
+            torch.testing.assert_close(gains, w_gains)

@@ -91,8 +91,9 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
     for name in folders:
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if k not in ("layers", "bytes", "expert_bytes")}
-        # 4 cache policies, prefix, fixed, origin rules, 2 sampled runs
-        assert len(runs) == 9, runs.keys()
+        # 4 cache policies, prefix, fixed, origin, credit, wino rules, 4 sampled runs (wino,
+        # credit)
+        assert len(runs) == 13, runs.keys()
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             # two all-reduces per layer (attention, MLP or experts) and the embedding's; one
@@ -100,7 +101,8 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
             assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
             # (top-p gathers more candidates when the first do not reach its mass: at most
             # twice more here, the last holding a tiny vocabulary shard's every score)
-            rounds = 3 if "entropy sampled" in cache else 1
+            # (the credit rule: one gather more a step, the fused distribution's summaries)
+            rounds = 2 if " credit " in cache else 3 if "entropy sampled" in cache else 1
             assert run["forwards"] <= run["all_gather"] <= rounds * run["forwards"], (name, cache)
         mine, whole = seen[name]["bytes"]
         assert mine <= whole * (1 / 2 + 0.05), name
@@ -131,7 +133,7 @@ def test_two_ranks_decode_the_one_process_int8_int4_and_compiled_tokens(folders,
     for name, maxima in (("llada", 1), ("wide", 0)):
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if isinstance(v, dict)}
-        assert len(runs) == 9, runs.keys()  # 7 greedy, 2 sampled
+        assert len(runs) == 13, runs.keys()  # 9 greedy, 4 sampled
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
@@ -226,6 +228,18 @@ def test_sampled_answers_and_their_logprobs_are_the_one_process_ones(folders):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "rule",
+    [
+        ("--unmask", "wino", "--threshold", "0.0", "--wino-verify", "0.05"),
+        ("--unmask", "credit", "--temperature", "0.8", "--seed", "4"),
+    ],
+)
+def test_wino_and_credit_under_torchrun_write_the_one_process_answers(folders, rule):
+    generate_twice(folders["llada"], 2, LINES[:2], rule)
+
+
+@pytest.mark.slow
 def test_two_replicas_of_two_ranks_share_the_lines_and_write_the_one_process_answers(folders):
     result = generate_twice(folders["dream"], 4, [*LINES, "ann has 5 cats", "sam buys 4 books"])
     for replica in (0, 1):
@@ -298,15 +312,16 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
 
 
 @pytest.mark.parametrize(
-    ("settings", "named"),
+    ("settings", "logprobs", "named"),
     [
-        (DecodeSettings(unmask="wino"), "--unmask wino"),
-        (DecodeSettings(unmask="eb"), "--unmask eb"),
+        (DecodeSettings(unmask="credit"), True, "--logprobs with --unmask credit"),
+        (DecodeSettings(unmask="eb"), False, "--unmask eb"),
     ],
 )
-def test_what_is_not_computed_yet_is_refused(settings, named):
+def test_what_is_not_computed_yet_is_refused(settings, logprobs, named):
     with pytest.raises(SettingsError, match=f"--tensor-parallel does not support {named}"):
-        refuse_unsupported(settings)
+        refuse_unsupported(settings, logprobs)
+    refuse_unsupported(DecodeSettings(unmask="credit"))  # (credit without logprobs: served)
 
 
 def test_tensor_parallel_outside_torchrun_is_refused_in_one_line(folders):
@@ -326,13 +341,11 @@ def test_a_setting_not_supported_yet_is_refused_by_rank_0_alone(folders, monkeyp
     launch_env = {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank}
     for name, value in {**launch_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)
-    model = ["--model", str(folders["dream"]), "--device", "cpu", "--unmask", "wino"]
-    result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
+    model = ["--model", str(folders["dream"]), "--device", "cpu", "--unmask", "credit"]
+    args = ("--logprobs", "2", "--tensor-parallel", "2")
+    result = invoke("generate", "-", *model, *args, input="hi\n")
     assert result.exit_code == 2
-    said = [
-        "dllm: error: --tensor-parallel does not support --unmask wino (its shadow block reads "
-        "each earlier commit's probability off the whole softmax) yet"
-    ]
+    said = ["dllm: error: --tensor-parallel does not support --logprobs with --unmask credit yet"]
     assert error_lines(result) == (said if rank == "0" else [])
 
 

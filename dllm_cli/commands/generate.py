@@ -177,7 +177,7 @@ def generate_command(
         if job is None:
             runtime = load_runtime(choices, slots=batch_size)
         else:
-            runtime = load_on_rank(job, choices, shards)
+            runtime = load_on_rank(job, choices, shards, logprobs is not None)
         if source is not None:
             from dllm_cli.decoding.grammar import compile_grammar, vocab_of
 

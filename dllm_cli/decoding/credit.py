@@ -15,16 +15,23 @@ slots takes at most L steps: depth = block length keeps every step). A token's c
 sum of its entries, which is dInfer's running `credit = decay * credit + gain`. State is
 matched to the canvas rows by request id and block start on the device, so rows join, leave
 and move through blocks at their own pace without the step reading the device.
+
+Under tensor parallelism (`sharded_fused_drafts`) a rank holds its vocabulary's part of each
+slot's distribution; the fused softmax's summaries come from one all-gather a step, and the
+credits, which depend only on gathered values, are the same on every rank.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import row_confidence
+from dllm_cli.decoding.shard_summaries import Needs, Summaries, summarize
+from dllm_cli.decoding.sharded_sampling import KINDS
 
 TIE = 1e-5  # dInfer: with no mask above the threshold, every mask within 1e-5 of the best
 
@@ -71,17 +78,27 @@ class CreditMemory:
         """(B, L, V) each slot's credit after this step: decay, then the masks' top-1 tokens
         gain top^boost (dInfer's `_apply_credit_fusion`)."""
         probs = ctx.probs
-        if ctx.columns is not None:
-            starts = ctx.columns[:, 0]
-        else:
-            starts = torch.full_like(ctx.canvas.rows, ctx.block.start)
-        tokens, gains = self.carried(ctx, starts, probs.shape[1])
+        tokens, gains = self.advance(ctx, top, best)
+        credit = torch.zeros(probs.shape, dtype=torch.float32, device=probs.device)
+        return credit.scatter_add_(2, tokens, gains)  # (B, L, V)
+
+    def advance(self, ctx, top: torch.Tensor, best: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(B, L, S) tokens and gains after this step, kept for the next: the older steps'
+        decayed, the masks' top-1 `best` gaining top^boost."""
+        starts = block_starts(ctx)
+        tokens, gains = self.carried(ctx, starts, top.shape[1])
         gain = top.float().pow(self.boost) * ctx.candidates  # (B, L): masked slots only
         tokens = torch.cat([tokens[..., 1:], best[..., None]], dim=-1)
         gains = torch.cat([gains[..., 1:] * self.decay, gain[..., None]], dim=-1)
         self.held = Credits(ctx.canvas.rows, starts, tokens, gains)
-        credit = torch.zeros(probs.shape, dtype=torch.float32, device=probs.device)
-        return credit.scatter_add_(2, tokens, gains)  # (B, L, V)
+        return tokens, gains
+
+
+def block_starts(ctx) -> torch.Tensor:
+    """(B,) canvas column of each row's block."""
+    if ctx.columns is not None:
+        return ctx.columns[:, 0]
+    return torch.full_like(ctx.canvas.rows, ctx.block.start)
 
 
 def fused_drafts(ctx, credit: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,13 +116,93 @@ def fused_drafts(ctx, credit: torch.Tensor, alpha: float) -> tuple[torch.Tensor,
     return tokens, row_confidence(fused, tokens, draws)
 
 
+def shard_credit(shape, tokens: torch.Tensor, gains: torch.Tensor, start: int) -> torch.Tensor:
+    """(B, L, V_r) float32 credit of a shard's ids from (B, L, S) tokens and gains (ids that
+    other ranks hold add 0 at the shard's first: the same sums, in the same order)."""
+    at = tokens - start
+    own = (at >= 0) & (at < shape[-1])
+    credit = torch.zeros(shape, dtype=torch.float32, device=tokens.device)
+    return credit.scatter_add_(2, torch.where(own, at, 0), torch.where(own, gains, 0.0))
+
+
+@dataclass(frozen=True)
+class FusedView:
+    """The fused distribution as sharded_sampling.KINDS read a View: its gathered summaries
+    (no filter), and each draft's fused logit."""
+
+    s: Summaries
+    drafted: torch.Tensor  # (B, L) the draft's fused logit (a greedy row's: the maximum)
+    dtype: torch.dtype
+    tempered = True  # the confidences read the summarized distribution itself
+
+    @property
+    def cut(self) -> torch.Tensor:
+        return torch.full_like(self.s.best, -math.inf)
+
+    def basis(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.s.best, self.s.total()
+
+    def chosen(self) -> torch.Tensor:
+        return self.drafted
+
+
+def sharded_fused_drafts(ctx, memory: CreditMemory, sampler) -> tuple[torch.Tensor, ...]:
+    """fused_drafts on a tensor-parallel rank, ctx.probs its shard's part (B, L, V_r), through
+    one all-gather: each rank summarizes the fused logits twice, without and with this step's
+    gain on its own favourite (the whole vocabulary's favourite, which earns it, is some
+    rank's), with its favourite and each draft's fused logit; every rank then keeps the same
+    credits (CreditMemory.advance) and reads the one-process drafts and confidences."""
+    part, start = ctx.probs, sampler.start
+    width = part.shape[-1]
+    tokens, gains = memory.carried(ctx, block_starts(ctx), part.shape[1])
+    older = shard_credit(part.shape, tokens[..., 1:], gains[..., 1:] * memory.decay, start)
+    top, at = part.max(dim=-1)  # (B, L) this shard's favourite (the first maximum)
+    gain = top.float().pow(memory.boost) * ctx.candidates
+    drafts = ctx.drafts - start
+    own = (drafts >= 0) & (drafts < width)
+    draws = ctx.generator
+    asked = [s.confidence for s in draws.samplings] if isinstance(draws, RowDraws) else []
+    needs = Needs(entropy="entropy" in asked)  # (the settings refuse it: not a probability)
+    sent = []
+    for credit in (older, older.scatter_add(2, at[..., None], gain[..., None])):
+        fused = part.log() + memory.alpha * torch.log1p(credit).to(part.dtype)  # (B, L, V_r)
+        drafted = fused.gather(-1, drafts.clamp(0, width - 1)[..., None])[..., 0]
+        summary = summarize(fused, fused, None, 2, start, needs)
+        drafted = torch.where(own, drafted.double(), -math.inf)
+        sent.append(torch.cat([summary, drafted[..., None]], dim=-1))
+    n = sent[0].shape[-1]
+    mine = torch.cat([*sent, top.double()[..., None], (at + start).double()[..., None]], -1)
+    every = sampler.gather(mine)  # (world, B, L, 2n + 2)
+    tops, owner = every[..., -2].max(dim=0)  # the lowest rank among equals: the lowest id
+    best = every[..., -1].gather(0, owner[None])[0].long()
+    memory.advance(ctx, tops.to(part.dtype), best)
+    ranks = torch.arange(every.shape[0], device=every.device)[:, None, None]
+    picked = torch.where((ranks == owner)[..., None], every[..., n : 2 * n], every[..., :n])
+    s = Summaries(picked[..., :-1], 2)
+    drafted = picked[..., -1].max(dim=0).values  # the draft's owner's
+    if not isinstance(draws, RowDraws):  # a bare context (greedy, low_confidence)
+        return s.first, (1.0 / s.total()).to(part.dtype)
+    tokens = s.first
+    if not draws.all_greedy:
+        greedy = draws.greedy_rows(part.device)
+        tokens = torch.where(greedy, tokens, ctx.drafts)
+        drafted = torch.where(greedy, s.best, drafted)
+    else:
+        drafted = s.best
+    view = FusedView(s, drafted, part.dtype)
+    return tokens, row_confidence(view, tokens, draws, KINDS).to(part.dtype)
+
+
 def credit_rule(p, ctx) -> tuple[torch.Tensor, torch.Tensor]:
     """dInfer's credit step: the threshold rule on credit-fused confidences, with the fused
     drafts; returns (commit, tokens)."""
     memory = p.memory
-    top, best = ctx.probs.max(dim=-1)  # (B, L): the unfused favourite and its probability
-    credit = memory.update(ctx, top, best)
-    tokens, confidence = fused_drafts(ctx, credit, memory.alpha)
+    if p.shard is not None:  # a tensor-parallel rank: ctx.probs is its vocabulary's part
+        tokens, confidence = sharded_fused_drafts(ctx, memory, p.shard)
+    else:
+        top, best = ctx.probs.max(dim=-1)  # (B, L): the unfused favourite and its probability
+        credit = memory.update(ctx, top, best)
+        tokens, confidence = fused_drafts(ctx, credit, memory.alpha)
     confidence = confidence.masked_fill(~ctx.candidates, float("-inf"))
     # dInfer's bar: the threshold, or just under the best mask when none reaches it
     best_mask = confidence.max(dim=1, keepdim=True).values

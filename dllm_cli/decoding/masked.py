@@ -72,6 +72,7 @@ class MaskedStepper:
             self.sampler = Sampler(settings, family, vocab, special.mask)
         else:
             self.sampler = ShardedSampler.of(model, settings, family, vocab, special.mask, probs)
+            self.committer.shard(self.sampler)
         self.frontier, self.draft_window = self.committer.frontier, self.committer.draft_window
         if not self.committer.joins and not admission.whole_batches:
             raise InputError(

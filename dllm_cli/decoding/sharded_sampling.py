@@ -11,8 +11,11 @@ gather's (max, argmax) is the draw (Gumbel-max for LLaDA and Dream, torch.multin
 argmax(p / q), q ~ Exp(1), for the block families). top-k and top-p are thresholds found from
 the gathered candidates (top-p gathers more candidates, rarely, when they do not reach its
 mass). The block stepper (SDAR, LLaDA2.x) drafts through `block_drafter`. A committer that
-reads distributions (a grammar's) gets the shard's part of them (`distributions`) and finds
-its masked token over every rank's part with `VocabPart`.
+reads distributions (a grammar's, the credit rule's) gets the shard's part of them
+(`distributions`); a grammar finds its masked token over every rank's part with `VocabPart`
+(credit: credit.sharded_fused_drafts). WINO's shadow check rides the same gather (`ride`,
+`shadow_summary`): each rank's (max, sum of exp, the token's logit if it holds it) per
+shadow column.
 """
 
 from __future__ import annotations
@@ -35,19 +38,22 @@ from dllm_cli.models.sharding import ShardedLM, Shards
 UNREAD = {
     "eb": "it reads every slot's whole distribution for its entropy",
     "klass": "it compares every slot's whole distribution with its last step's",
-    "credit": "it fuses per-token credit into every slot's whole distribution",
-    "wino": "its shadow block reads each earlier commit's probability off the whole softmax",
 }
+# --unmask rules whose step keeps the shard's part of each distribution (as a grammar's), not
+# the gathered candidates logprobs read
+PARTS = ("credit",)
 NUCLEUS = 64  # candidates each rank sends for top-p (times 8 per extra round)
 LOGPROBS = 20  # candidates each rank sends when a request asks for logprobs (its most)
 
 
-def refuse_unsupported(settings) -> None:
+def refuse_unsupported(settings, logprobs: bool = False) -> None:
     """One line for what tensor parallelism does not compute yet (rather than computing it
-    wrong): rules that read whole distributions."""
+    wrong): rules that read whole distributions, logprobs beside a rule that keeps parts."""
     why = None
     if settings.unmask in UNREAD:
         why = f"--unmask {settings.unmask} ({UNREAD[settings.unmask]})"
+    elif logprobs and settings.unmask in PARTS:
+        why = f"--logprobs with --unmask {settings.unmask}"
     if why:
         raise SettingsError(f"--tensor-parallel does not support {why} yet")
 
@@ -100,6 +106,7 @@ class ShardedSampler:
         self.drawing = family  # its draw: noise, width, filter order (sampling.FAMILIES)
         pieces = [Shards(r, shards.world).vocabulary(width) for r in range(shards.world)]
         self.largest = max(hi - lo for lo, hi in pieces)
+        self.riders: list[tuple[torch.Tensor, dict]] = []  # sent with the next gather (`ride`)
 
     @classmethod
     def of(
@@ -154,8 +161,30 @@ class ShardedSampler:
         """Greedy drafts and their probability under softmax(raw logits), at least float32."""
         dtype = logits.dtype if logits.dtype.itemsize >= 4 else torch.float32
         work = self.working(logits, dtype)
-        s = Summaries(self.shards.all_gather(summarize(work, work, None, 1, self.start)), 1)
+        s = Summaries(self.gather(summarize(work, work, None, 1, self.start)), 1)
         return s.first, (1.0 / s.total()).to(dtype)
+
+    def ride(self, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Send this rank's `x` with the next gather of summaries (a forward's other numbers:
+        WINO's shadow sums), so they cost no collective of their own; a getter of every
+        rank's, (world, *x.shape) float64, once that gather ran."""
+        box: dict[str, torch.Tensor] = {}
+        self.riders.append((x.double(), box))
+        return lambda: box["every"]
+
+    def gather(self, mine: torch.Tensor) -> torch.Tensor:
+        """(world, *mine.shape) every rank's summaries, the riders' numbers in the same
+        all-gather (one flat float64 tensor: rows and columns may differ)."""
+        riders, self.riders = self.riders, []
+        if not riders:
+            return self.shards.all_gather(mine)
+        flat = torch.cat([mine.flatten(), *(x.flatten() for x, _ in riders)])
+        every = self.shards.all_gather(flat)  # (world, n)
+        at = mine.numel()
+        for x, box in riders:
+            box["every"] = every[:, at : at + x.numel()].view(-1, *x.shape)
+            at += x.numel()
+        return every[:, : mine.numel()].view(-1, *mine.shape)
 
     def working(self, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """This rank's logits in `dtype`, ids past the real vocabulary and [MASK] at -inf (as
@@ -188,7 +217,7 @@ class ShardedSampler:
         while True:
             k = min(k, self.largest)
             mine = summarize(raw, scores, noisy, k, self.start, needs)
-            s = Summaries(self.shards.all_gather(mine), k)
+            s = Summaries(self.gather(mine), k)
             view = View(
                 s, rows, self.family.tempered_confidence, self.drawing.top_k_first, raw.dtype
             )
@@ -273,6 +302,27 @@ KINDS: dict[str, Callable[..., torch.Tensor]] = {
     "entropy": negative_entropy,
     "random": uniform_confidence,
 }
+
+
+def shadow_summary(shadows: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+    """(R, L, V_r) shadow logits, (R, L) the held tokens -> (R, L, 3) this rank's (max, sum of
+    exp(logit - max), the token's logit or -inf where another rank holds it), float64: what
+    WINO's softmax over every logit (wino.ShadowForwards._verify) needs from the shard."""
+    x = shadows.double()
+    top = x.max(dim=-1).values  # (R, L)
+    total = (x - top[..., None]).exp().sum(dim=-1)
+    at = tokens - start
+    mine = (at >= 0) & (at < x.shape[-1])
+    own = x.gather(-1, at.clamp(0, x.shape[-1] - 1)[..., None])[..., 0]
+    return torch.stack([top, total, torch.where(mine, own, -math.inf)], dim=-1)
+
+
+def shadow_probability(every: torch.Tensor) -> torch.Tensor:
+    """(world, R, L, 3) every rank's shadow_summary -> (R, L) softmax(logits)[token] over the
+    whole vocabulary: exp(z - M) / sum_r s_r exp(m_r - M)."""
+    tops, totals, own = every.unbind(-1)
+    top = tops.max(dim=0).values
+    return torch.exp(own.max(dim=0).values - top) / (totals * torch.exp(tops - top)).sum(dim=0)
 
 
 def block_drafter(

@@ -8,7 +8,7 @@ the drafts) plugs in at the same seam and reports how many drafts it accepted.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -95,7 +95,8 @@ class Committer:
     Hooks (no-ops here): `start(batch)` when a decode of `batch` rows begins (0: rows join
     through `admit`), `select(keep)` when only the rows at indices `keep` go on, `admit(prompts,
     order)` when rows for `prompts` (token ids) join after the current ones and rows are then
-    reordered as `order` says (continuous batching).
+    reordered as `order` says (continuous batching), `shard(sampler)` on a tensor-parallel
+    rank.
     """
 
     frontier: bool = False
@@ -115,6 +116,10 @@ class Committer:
 
     def admit(self, prompts: list[list[int]], order: torch.Tensor) -> None:
         """Rows for `prompts` join, then rows are reordered as `order` says."""
+
+    def shard(self, sampler) -> None:
+        """A tensor-parallel rank's sampler (sharded_sampling.ShardedSampler): the
+        distributions this committer reads are its vocabulary's part."""
 
     def __call__(self, ctx: StepContext) -> Decision:
         raise NotImplementedError
@@ -172,6 +177,7 @@ class RuleParams:
     fallback: Callable | None = None  # klass: the rule of a step with nothing ready (fixed)
     memory: object | None = None  # the rule's state across steps (klass: KL histories)
     one_per_step: bool = True  # every block plans a step per token: threshold's k is 1
+    shard: object | None = None  # a tensor-parallel rank's ShardedSampler: probs are its part
 
 
 def planned_counts(p: RuleParams, ctx: StepContext) -> torch.Tensor:
@@ -279,6 +285,10 @@ class RuleCommitter(Committer):
         self.needs_probs = entry.needs_probs
         self.needs_shadow = entry.remasking
         self.redrafts = entry.redrafts
+
+    def shard(self, sampler) -> None:
+        """The rule gathers what it reads of the distributions through `sampler` (credit)."""
+        self.params = replace(self.params, shard=sampler)
 
     def __call__(self, ctx: StepContext) -> Decision:
         if self.needs_shadow:

@@ -15,7 +15,9 @@ one forward per step (each a block's worth of queries wider). A shifted model (D
 readers, copies of column j - 1 that see shadow j in column j's place (see shadow_mask).
 Rows apart (continuous batching) pack as every other rule's do: the shadows follow the rows'
 own columns in the packed sequence, and attend in one more group whose extra keys are theirs
-(models/layers.AttentionGroup.extra).
+(models/layers.AttentionGroup.extra). Under tensor parallelism a rank holds its vocabulary's
+shadow logits: each rank's (max, sum of exp, the token's logit) rides the drafts' one
+all-gather (sharded_sampling.shadow_summary), and every rank reads the same probability.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from dllm_cli.decoding.forwards import Forwards, Prediction, row_columns, span_picks, take
 from dllm_cli.decoding.packing import pack
 from dllm_cli.decoding.ranking import top_columns
+from dllm_cli.decoding.sharded_sampling import ShardedSampler, shadow_probability, shadow_summary
 from dllm_cli.models.layers import AttentionGroup, ShadowMask
 
 ACCEPT_SHARE, ACCEPT_MIN, ACCEPT_MAX = 0.7, 5, 20  # the reference's max_accept clamp
@@ -94,7 +97,8 @@ class ShadowForwards(Forwards):
         verify = torch.full(
             pred.valid.shape, float("inf"), dtype=torch.float64, device=pred.valid.device
         )
-        for rows, v in self._verified:  # every row (rows None), then each refresh group's
+        for rows, earlier, probability in self._verified:  # every row, each refresh group's
+            v = torch.where(earlier, probability(), float("inf"))  # (after the gathers)
             if rows is None:
                 verify = v.to(verify.dtype).clone()
                 continue
@@ -112,9 +116,13 @@ class ShadowForwards(Forwards):
     def _verify(self, c, rows, shadows, span, valid) -> None:
         """Keep each earlier commit's shadow probability (+inf on every other slot)."""
         tokens = (c.ids if rows is None else c.ids[rows]).gather(1, span)  # (R, L) held now
-        p = torch.softmax(shadows.double(), dim=-1).gather(2, tokens[..., None])[..., 0]
         earlier = valid & (tokens != c.mask_id)
-        self._verified.append((rows, torch.where(earlier, p, float("inf"))))
+        if isinstance(self.sampler, ShardedSampler):  # a vocabulary shard: sums ride the gather
+            every = self.sampler.ride(shadow_summary(shadows, tokens, self.sampler.start))
+            self._verified.append((rows, earlier, lambda: shadow_probability(every())))
+            return
+        p = torch.softmax(shadows.double(), dim=-1).gather(2, tokens[..., None])[..., 0]
+        self._verified.append((rows, earlier, lambda: p))
 
     def _packed(self, c, cache, plans, spans, generator, columns, valid):
         """The rows packed (packing.py), each row's shadows after every row's own columns:

@@ -75,7 +75,7 @@ class Leader:
         if job.logprobs is not None and job.structure is not None:
             return "logprobs with response_format are not supported under --tensor-parallel yet"
         try:
-            refuse_unsupported(job.settings)
+            refuse_unsupported(job.settings, job.logprobs is not None)
         except SettingsError as e:
             return str(e)
         return None
