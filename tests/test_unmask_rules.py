@@ -22,6 +22,7 @@ from dllm_cli.decoding import Decoder, decode
 from dllm_cli.decoding.canvas import Block
 from dllm_cli.decoding.ranking import confident_columns, top_columns
 from dllm_cli.decoding.rules import entropy_bounded_counts
+from dllm_cli.decoding.sampling import FAMILIES, Reads, Sampler
 from dllm_cli.decoding.unmask import UNMASK_RULES, RuleCommitter, StepContext
 from dllm_cli.errors import SettingsError
 from dllm_cli.frontier import REFERENCE, parse_frontier, settings_at
@@ -109,9 +110,13 @@ def test_eb_reads_entropies_from_the_drafts_distributions():
     probs = torch.tensor([[[1.0, 0.0], [0.5, 0.5], [0.9, 0.1]]], dtype=torch.float64)
     conf = probs.max(dim=-1).values
     cand = torch.ones(1, 3, dtype=torch.bool)
+    settings = DecodeSettings(**EB)
+    sampler = Sampler(settings, FAMILIES["llada"], 2, 5)  # (the step measures the entropy)
+    _, _, _, h, _ = sampler.measured(torch.log(probs), torch.Generator(), reads=Reads(True))
+    assert not sampler.measured(torch.log(probs), torch.Generator())[3]  # not asked: None
     ctx = StepContext(
         probs.argmax(-1), conf, cand, Block(0, 0, 3, 3), 0, torch.tensor([3]),
-        SimpleNamespace(rows=torch.tensor([0])), torch.Generator(), probs=probs,
+        SimpleNamespace(rows=torch.tensor([0])), torch.Generator(), entropy=h,
     )  # fmt: skip
     h09 = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))  # 0.325 nats: the second column taken
     pick = [RuleCommitter(DecodeSettings(**{**EB, "eb_gamma": g}), "linear")(ctx).commit
