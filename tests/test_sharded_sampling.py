@@ -242,7 +242,7 @@ def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, set
             keys = [10, 11] if i < 2 else [10, None]  # row 1's third step: neither read nor kept
             g = torch.Generator().manual_seed(3)
             before = shards.counts.all_gather
-            *_, h, kl = s.measured(x[..., lo:hi], g, keys=keys, reads=reads)
+            *_, h, kl = s.measured(x[..., lo:hi], g, i == 1, keys, reads)  # (2nd: logprobs)
             seen.append((h, kl, shards.counts.all_gather - before))
         return seen, sorted(s.last)
 

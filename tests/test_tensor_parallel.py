@@ -91,8 +91,8 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
     for name in folders:
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if k not in ("layers", "bytes", "expert_bytes")}
-        # 4 cache policies, prefix, fixed, origin rules, 2 sampled runs
-        assert len(runs) == 9, runs.keys()
+        # 4 cache policies, prefix, fixed, origin rules, 2 sampled runs, eb and klass (twice)
+        assert len(runs) == 13, runs.keys()
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             # two all-reduces per layer (attention, MLP or experts) and the embedding's; one
@@ -131,7 +131,7 @@ def test_two_ranks_decode_the_one_process_int8_int4_and_compiled_tokens(folders,
     for name, maxima in (("llada", 1), ("wide", 0)):
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if isinstance(v, dict)}
-        assert len(runs) == 9, runs.keys()  # 7 greedy, 2 sampled
+        assert len(runs) == 13, runs.keys()  # 9 greedy, 4 sampled (eb and klass: 2 each)
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
@@ -301,12 +301,16 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
     ("settings", "named"),
     [
         (DecodeSettings(unmask="wino"), "--unmask wino"),
-        (DecodeSettings(unmask="eb"), "--unmask eb"),
     ],
 )
 def test_what_is_not_computed_yet_is_refused(settings, named):
     with pytest.raises(SettingsError, match=f"--tensor-parallel does not support {named}"):
         refuse_unsupported(settings)
+
+
+@pytest.mark.parametrize("rule", ["eb", "klass"])
+def test_eb_and_klass_are_served_from_the_shards(rule):
+    refuse_unsupported(DecodeSettings(unmask=rule))  # (their entropy, KL: the shards' sums)
 
 
 def test_tensor_parallel_outside_torchrun_is_refused_in_one_line(folders):
