@@ -254,3 +254,14 @@ def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, set
             if i:  # (the first step has no last one: the rule reads no KL there)
                 torch.testing.assert_close(kl[0], kls[i - 1][0], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(seen[1][1][1], kls[0][1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_last_distribution_is_looked_up_by_id_and_its_slots_fitted():
+    last = sharded_sampling.Last(
+        torch.zeros(2, 3),
+        torch.tensor([[9, -1, 4], [5, 2, -1]]),
+        torch.tensor([[0.3, 0.0, 0.7], [0.6, 0.4, 0.0]], dtype=torch.float64),
+    )
+    ids = torch.tensor([[4, 8, -1, 9], [2, 5, 7, -1], [4, 9, 5, 2]])  # a third slot: none last
+    q = sharded_sampling.looked_up(last, ids)
+    assert q.tolist() == [[0.7, 0.0, 0.0, 0.3], [0.4, 0.6, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]

@@ -186,7 +186,7 @@ class ShardedSampler:
         mine = part(view, raw, scores).to(dtype).double()  # (B, L, V_r)
         for r, key in enumerate(keys):
             if key is not None:
-                self.last[key] = Last(mine[r], ids[r], p[r])
+                self.last[key] = Last(mine[r].clone(), ids[r].clone(), p[r].clone())
         return torch.where(filtered, sparse, dense)
 
     def kept(self, view: View, dtype: torch.dtype) -> torch.Tensor:
@@ -301,9 +301,12 @@ def fitted(x: torch.Tensor, slots: int) -> torch.Tensor:
 def looked_up(last: Last, ids: torch.Tensor) -> torch.Tensor:
     """(L, n) the last step's probability of each of this step's candidate ids (0: not among
     its candidates, so outside a filtered distribution)."""
-    known, probs = fitted(last.ids, ids.shape[0]), fitted(last.probs, ids.shape[0])
-    same = (ids[..., None] == known[:, None, :]) & (ids[..., None] >= 0)  # (L, n, n')
-    return torch.where(same, probs[:, None, :], 0.0).sum(dim=-1)
+    known, probs = fitted(last.ids, ids.shape[0]), fitted(last.probs, ids.shape[0])  # (L, n')
+    order = known.argsort(dim=-1)
+    known, probs = known.gather(-1, order), probs.gather(-1, order)
+    at = torch.searchsorted(known, ids).clamp(max=known.shape[-1] - 1)  # (L, n)
+    found = (known.gather(-1, at) == ids) & (ids >= 0)  # (a real id is one rank's: unique)
+    return torch.where(found, probs.gather(-1, at), 0.0)
 
 
 def candidates(view: View) -> tuple[torch.Tensor, torch.Tensor]:
