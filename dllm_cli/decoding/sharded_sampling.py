@@ -29,7 +29,7 @@ from dllm_cli.decoding.block_rules import Drafter
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.rules import KL_EPS
 from dllm_cli.decoding.sampling import FAMILIES, NO_READS, Reads, row_confidence
-from dllm_cli.decoding.shard_summaries import Needs, Summaries, summarize
+from dllm_cli.decoding.shard_summaries import EPS, Needs, Summaries, summarize
 from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.sharding import ShardedLM, Shards
@@ -355,10 +355,7 @@ def top_two_margin(view: View, tokens, generator) -> torch.Tensor:
 def negative_entropy(view: View, tokens, generator) -> torch.Tensor:
     """Dream entropy: sum p log p (the reference adds 1e-10 inside the log: kept exactly for
     a filtered distribution, left out of the per-shard sums of an unfiltered one)."""
-    s = view.s
-    if not view.tempered:
-        return s.plogp(raw=True)
-    return torch.where(view.cut > -math.inf, s.filtered_plogp(view.cut), s.plogp(raw=False))
+    return plogp(view, EPS)
 
 
 def uniform_confidence(view: View, tokens, generator) -> torch.Tensor:
