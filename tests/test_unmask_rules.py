@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +22,7 @@ from test_decode_continuous import stream
 from dllm_cli.decoding import Decoder, decode
 from dllm_cli.decoding.canvas import Block
 from dllm_cli.decoding.ranking import confident_columns, top_columns
-from dllm_cli.decoding.rules import entropy_bounded_counts
+from dllm_cli.decoding.rules import entropy_bounded_counts, step_kl
 from dllm_cli.decoding.sampling import FAMILIES, Reads, Sampler
 from dllm_cli.decoding.unmask import UNMASK_RULES, RuleCommitter, StepContext
 from dllm_cli.errors import SettingsError
@@ -236,6 +237,26 @@ def test_klass_commits_only_masks_confident_and_stable_for_the_history():
     probs = [steady, drifting[0], shy, shy]
     late = committer(klass_context(probs, cand, 3, masks=4, steps=4)).commit[0].tolist()
     assert late == [False, True, True, True]  # the block's last planned step: everything
+
+
+def test_klass_reads_the_steps_measured_kls_as_it_reads_the_distributions():
+    """Under tensor parallelism the sampler measures each slot's KL (StepContext.kl) and no
+    distribution reaches the rule: the same commits as from the distributions."""
+    gen = torch.Generator().manual_seed(5)
+    settings = DecodeSettings(**{**KLASS, "kl_threshold": 0.02, "threshold": 0.3})
+    whole, measured = (RuleCommitter(settings, "linear") for _ in range(2))
+    base, cand, last, seen = torch.randn(6, 5, generator=gen) * 3, [True] * 6, None, 0
+    for step in range(5):
+        moved = torch.randn(6, 5, generator=gen) * torch.linspace(0, 0.5, 6)[:, None]
+        probs = torch.softmax(base + moved, dim=-1).double()  # slots 0, 1 about stable
+        ctx = klass_context(probs, cand, step, masks=6, steps=6)
+        kl = ctx.probs.new_zeros(1, 6) if last is None else step_kl(ctx.probs, last)
+        last, want = ctx.probs, whole(ctx).commit
+        got = measured(replace(ctx, probs=None, kl=kl)).commit
+        assert torch.equal(got, want), step
+        seen += int(want.sum()) > 1  # (a step with more than the schedule's one: stable ones)
+        cand = [c and not w for c, w in zip(cand, want[0].tolist(), strict=True)]
+    assert seen
 
 
 def reference_klass(steps_probs, masked, conf_threshold, kl_threshold, history, counts):
