@@ -226,6 +226,18 @@ def test_sampled_answers_and_their_logprobs_are_the_one_process_ones(folders):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "rule"),
+    [
+        ("llada", ("--unmask", "klass", "--threshold", "0.02", "--kl-threshold", "0.5")),
+        ("dream", ("--unmask", "eb", "--eb-gamma", "6", "--temperature", "0.8", "--seed", "4")),
+    ],
+)
+def test_eb_and_klass_answers_and_their_logprobs_are_the_one_process_ones(folders, name, rule):
+    generate_twice(folders[name], 2, LINES[:2], (*rule, "--logprobs", "3"))
+
+
+@pytest.mark.slow
 def test_two_replicas_of_two_ranks_share_the_lines_and_write_the_one_process_answers(folders):
     result = generate_twice(folders["dream"], 4, [*LINES, "ann has 5 cats", "sam buys 4 books"])
     for replica in (0, 1):
