@@ -244,10 +244,12 @@ def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, set
             before = shards.counts.all_gather
             *_, h, kl = s.measured(x[..., lo:hi], g, i == 1, keys, reads)  # (2nd: logprobs)
             seen.append((h, kl, shards.counts.all_gather - before))
-        return seen, sorted(s.last)
+        kept = sorted(s.last)
+        s.forget([11, 12])  # requests that left (12: never kept)
+        return seen, kept, sorted(s.last)
 
-    for seen, kept in on_ranks(2, job):
-        assert kept == [10, 11]
+    for seen, kept, left in on_ranks(2, job):
+        assert kept == [10, 11] and left == [10]
         for i, (h, kl, gathers) in enumerate(seen):
             assert gathers == 1  # entropy and KL ride in the drafts' gather
             torch.testing.assert_close(h, entropies[i], rtol=1e-5, atol=1e-5)

@@ -149,6 +149,11 @@ class ShardedSampler:
             return tokens, confidence.to(dtype), part(view, raw, scores).to(dtype), h, kl
         return tokens, confidence.to(dtype), self.kept(view, dtype) if keep else None, h, kl
 
+    def forget(self, requests: list[int]) -> None:
+        """Requests that left: their last distributions go."""
+        for key in requests:
+            self.last.pop(key, None)
+
     def cross(self, basis: torch.Tensor, keys) -> torch.Tensor:
         """(B, L) this shard's sum of exp(x - best) log(q + eps) over the row's last step's
         distribution q (KLASS's cross term, before the gather gives the denominator; 0: no
