@@ -64,6 +64,23 @@ REVOKED = {
         cache="prefix", unmask="wino", threshold=0.0, wino_verify=0.09
     ),
 }
+# EB's entropies and KLASS's step-to-step KLs from the shards (gamma and thresholds where the
+# tiny models' tokens depend on them), greedy and sampled with top-k (Dream's distribution
+# filtered: its KL from the gathered candidates; LLaDA's whole: from the shards' sums).
+MEASURED = {
+    "prefix eb entropy": dict(cache="prefix", unmask="eb", confidence="entropy", eb_gamma=6.0),
+    "none klass low_confidence": dict(
+        cache="none", unmask="klass", threshold=0.02, kl_threshold=0.5
+    ),
+}
+MEASURED_SAMPLED = {
+    "dual eb margin sampled": dict(
+        cache="dual", unmask="eb", confidence="margin", eb_gamma=6.0, top_k=8
+    ),
+    "freecache klass sampled": dict(
+        cache="freecache", unmask="klass", threshold=0.02, kl_threshold=0.5, top_k=5
+    ),
+}
 PROMPTS = [[5, 9, 12, 3, 30, 31], [7, 8, 40]]  # two lengths: left padding in the batch
 
 
@@ -79,6 +96,8 @@ def decodes(folder: str, shards: Shards, quantize: str = "none") -> dict:
     every = {f"{c} {u} {k}": dict(cache=c, unmask=u, confidence=k) for c, u, k in RUNS}
     every.update(REVOKED)
     every.update({k: dict(v, temperature=0.8, seed=3) for k, v in SAMPLED.items()})
+    every.update(MEASURED)
+    every.update({k: dict(v, temperature=0.8, seed=3) for k, v in MEASURED_SAMPLED.items()})
     for name, values in every.items():
         settings = DecodeSettings(**{**plain, **values})
         before = replace(shards.counts)

@@ -46,7 +46,7 @@ def test_two_ranks_of_whole_experts_decode_the_one_process_tokens(folders, tmp_p
     for name in folders:
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if k not in ("layers", "bytes", "expert_bytes")}
-        assert len(runs) == 13, runs.keys()  # (with 4 sampled runs; wino, credit)
+        assert len(runs) == 17, runs.keys()  # (with 6 sampled runs; wino, credit, eb, klass)
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             # attention's and the feed-forward's (experts + shared expert: one) per layer

@@ -1,7 +1,8 @@
 """Sampling from vocabulary shards, in one process: fake ranks (threads) split random logits,
 gather their summaries through a stub, and draft what one process drafts from the whole
 logits: sampled tokens (same seed), top-k / top-p in both families' orders, every confidence
-kind, per-row values (RowDraws), the block families' multinomial draw."""
+kind, per-row values (RowDraws), the block families' multinomial draw, EB's entropies and
+KLASS's step-to-step KLs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from block_reference import sample
 
 from dllm_cli.decoding import sharded_sampling
 from dllm_cli.decoding.row_sampling import RowDraws
-from dllm_cli.decoding.sampling import FAMILIES, Sampler
+from dllm_cli.decoding.rules import entropy, step_kl
+from dllm_cli.decoding.sampling import FAMILIES, Reads, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler, block_drafter
 from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.collectives import Shards
@@ -306,3 +308,54 @@ def test_credits_fused_drafts_and_confidences_are_the_one_process_ones(family, r
             torch.testing.assert_close(conf, w_conf, rtol=1e-5, atol=2e-6)
             assert torch.equal(held, w_held)
             torch.testing.assert_close(gains, w_gains)
+
+
+MEASURED = [
+    (family, DecodeSettings(temperature=t, top_k=k, top_p=p))
+    for family in ("llada", "dream")
+    for t, k, p in ((0.0, 0, None), (0.7, 0, None), (0.0, 3, None), (0.5, 4, 0.6), (1.3, 0, 0.8))
+]
+
+
+@pytest.mark.parametrize(("family", "settings"), MEASURED)
+def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, settings):
+    steps = [logits_for(7), logits_for(8), logits_for(8) * 1.05]  # three steps of two rows
+    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    probs = [whole.draft(x, torch.Generator().manual_seed(3))[2].double() for x in steps]
+    entropies = [entropy(p) for p in probs]  # (B, L) as eb reads them
+    kls = [step_kl(p, q) for p, q in zip(probs[1:], probs, strict=False)]  # as KLASS's memory
+    reads = Reads(entropy=True, kl=True)
+
+    def job(shards):
+        lo, hi = shards.vocabulary(V)
+        s = ShardedSampler(shards, lo, V, settings, FAMILIES[family], VOCAB, MASK)
+        seen = []
+        for i, x in enumerate(steps):
+            keys = [10, 11] if i < 2 else [10, None]  # row 1's third step: neither read nor kept
+            g = torch.Generator().manual_seed(3)
+            before = shards.counts.all_gather
+            *_, h, kl = s.measured(x[..., lo:hi], g, i == 1, keys, reads)  # (2nd: logprobs)
+            seen.append((h, kl, shards.counts.all_gather - before))
+        kept = sorted(s.last)
+        s.forget([11, 12])  # requests that left (12: never kept)
+        return seen, kept, sorted(s.last)
+
+    for seen, kept, left in on_ranks(2, job):
+        assert kept == [10, 11] and left == [10]
+        for i, (h, kl, gathers) in enumerate(seen):
+            assert gathers == 1  # entropy and KL ride in the drafts' gather
+            torch.testing.assert_close(h, entropies[i], rtol=1e-5, atol=1e-5)
+            if i:  # (the first step has no last one: the rule reads no KL there)
+                torch.testing.assert_close(kl[0], kls[i - 1][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(seen[1][1][1], kls[0][1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_last_distribution_is_looked_up_by_id_and_its_slots_fitted():
+    last = sharded_sampling.Last(
+        torch.zeros(2, 3),
+        torch.tensor([[9, -1, 4], [5, 2, -1]]),
+        torch.tensor([[0.3, 0.0, 0.7], [0.6, 0.4, 0.0]], dtype=torch.float64),
+    )
+    ids = torch.tensor([[4, 8, -1, 9], [2, 5, 7, -1], [4, 9, 5, 2]])  # a third slot: none last
+    q = sharded_sampling.looked_up(last, ids)
+    assert q.tolist() == [[0.7, 0.0, 0.0, 0.3], [0.4, 0.6, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]

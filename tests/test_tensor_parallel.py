@@ -92,8 +92,8 @@ def test_two_ranks_decode_the_one_process_tokens_under_every_cache_policy(folder
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if k not in ("layers", "bytes", "expert_bytes")}
         # 4 cache policies, prefix, fixed, origin, credit, wino rules, 4 sampled runs (wino,
-        # credit)
-        assert len(runs) == 13, runs.keys()
+        # credit), eb and klass (greedy and sampled)
+        assert len(runs) == 17, runs.keys()
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             # two all-reduces per layer (attention, MLP or experts) and the embedding's; one
@@ -133,7 +133,7 @@ def test_two_ranks_decode_the_one_process_int8_int4_and_compiled_tokens(folders,
     for name, maxima in (("llada", 1), ("wide", 0)):
         layers = seen[name]["layers"]
         runs = {k: v for k, v in seen[name].items() if isinstance(v, dict)}
-        assert len(runs) == 13, runs.keys()  # 9 greedy, 4 sampled
+        assert len(runs) == 17, runs.keys()  # 11 greedy, 6 sampled
         for cache, run in runs.items():
             assert run["split"] == run["whole"], (name, cache)
             assert run["all_reduce"] == run["forwards"] * (2 * layers + 1), (name, cache)
@@ -240,6 +240,18 @@ def test_wino_and_credit_under_torchrun_write_the_one_process_answers(folders, r
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "rule"),
+    [
+        ("llada", ("--unmask", "klass", "--threshold", "0.02", "--kl-threshold", "0.5")),
+        ("dream", ("--unmask", "eb", "--eb-gamma", "6", "--temperature", "0.8", "--seed", "4")),
+    ],
+)
+def test_eb_and_klass_answers_and_their_logprobs_are_the_one_process_ones(folders, name, rule):
+    generate_twice(folders[name], 2, LINES[:2], (*rule, "--logprobs", "3"))
+
+
+@pytest.mark.slow
 def test_two_replicas_of_two_ranks_share_the_lines_and_write_the_one_process_answers(folders):
     result = generate_twice(folders["dream"], 4, [*LINES, "ann has 5 cats", "sam buys 4 books"])
     for replica in (0, 1):
@@ -315,13 +327,17 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
     ("settings", "logprobs", "named"),
     [
         (DecodeSettings(unmask="credit"), True, "--logprobs with --unmask credit"),
-        (DecodeSettings(unmask="eb"), False, "--unmask eb"),
     ],
 )
 def test_what_is_not_computed_yet_is_refused(settings, logprobs, named):
     with pytest.raises(SettingsError, match=f"--tensor-parallel does not support {named}"):
         refuse_unsupported(settings, logprobs)
     refuse_unsupported(DecodeSettings(unmask="credit"))  # (credit without logprobs: served)
+
+
+@pytest.mark.parametrize("rule", ["eb", "klass"])
+def test_eb_and_klass_are_served_from_the_shards(rule):
+    refuse_unsupported(DecodeSettings(unmask=rule))  # (their entropy, KL: the shards' sums)
 
 
 def test_tensor_parallel_outside_torchrun_is_refused_in_one_line(folders):

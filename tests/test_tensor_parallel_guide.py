@@ -1,6 +1,7 @@
 """--tensor-parallel 2 (torchrun, CPU gloo) with classifier-free guidance, the AR guide and a
 JSON schema, on the shipped pair: the records one process writes; the guide and the grammar
-cost the collectives the docs count (none for the guide, one small gather per masked token)."""
+cost the collectives the docs count (none for the guide, one small gather per masked token);
+so do `--unmask eb` and `klass` (their entropy and KL in the drafts' one gather)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,15 @@ CASES = {  # three prompts through two slots: the third joins a running decode
     "schema": ["--top-k", "3"],  # (Dream's top-k filtered distribution), --json-schema below
     # sampled rows: the grammar reads the tempered, filtered distribution, noise drawn alike
     "sampled schema": ["--temperature", "0.8", "--top-k", "5", "--top-p", "0.9"],
+    "eb": ["-p", "tiny-gsm", "--unmask", "eb", "--eb-gamma", "0.3"],
+    # (Dream's filtered distribution: its KL from the gathered candidates)
+    "sampled klass": [
+        *("-p", "tiny-gsm", "--unmask", "klass", "--threshold", "0.3", "--kl-threshold", "0.3"),
+        *("--temperature", "0.8", "--top-k", "5"),
+    ],
 }
 SCHEMAS = ("schema", "sampled schema")
+MEASURED = ("eb", "sampled klass")
 STATS = re.compile(r"(\d+) forwards, (\d+) all-reduces, (\d+) all-gathers")
 
 
@@ -58,6 +66,8 @@ def test_two_ranks_write_the_one_process_records(case, tmp_path):
     if case == "guide":
         assert sum(r["guide_forwards"] for r in records) > 0
         assert gathers == forwards  # the replicated guide adds no collective
+    if case in MEASURED:
+        assert gathers == forwards  # the entropy, the KL: numbers in the drafts' gather
     if case in SCHEMAS:
         assert all(set(json.loads(r["text"])) == {"op", "ok"} for r in records)
         assert gathers > forwards  # a masked token was chosen from the shards

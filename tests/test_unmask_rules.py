@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +22,8 @@ from test_decode_continuous import stream
 from dllm_cli.decoding import Decoder, decode
 from dllm_cli.decoding.canvas import Block
 from dllm_cli.decoding.ranking import confident_columns, top_columns
-from dllm_cli.decoding.rules import entropy_bounded_counts
+from dllm_cli.decoding.rules import entropy_bounded_counts, step_kl
+from dllm_cli.decoding.sampling import FAMILIES, Reads, Sampler
 from dllm_cli.decoding.unmask import UNMASK_RULES, RuleCommitter, StepContext
 from dllm_cli.errors import SettingsError
 from dllm_cli.frontier import REFERENCE, parse_frontier, settings_at
@@ -109,9 +111,13 @@ def test_eb_reads_entropies_from_the_drafts_distributions():
     probs = torch.tensor([[[1.0, 0.0], [0.5, 0.5], [0.9, 0.1]]], dtype=torch.float64)
     conf = probs.max(dim=-1).values
     cand = torch.ones(1, 3, dtype=torch.bool)
+    settings = DecodeSettings(**EB)
+    sampler = Sampler(settings, FAMILIES["llada"], 2, 5)  # (the step measures the entropy)
+    _, _, _, h, _ = sampler.measured(torch.log(probs), torch.Generator(), reads=Reads(True))
+    assert not sampler.measured(torch.log(probs), torch.Generator())[3]  # not asked: None
     ctx = StepContext(
         probs.argmax(-1), conf, cand, Block(0, 0, 3, 3), 0, torch.tensor([3]),
-        SimpleNamespace(rows=torch.tensor([0])), torch.Generator(), probs=probs,
+        SimpleNamespace(rows=torch.tensor([0])), torch.Generator(), entropy=h,
     )  # fmt: skip
     h09 = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))  # 0.325 nats: the second column taken
     pick = [RuleCommitter(DecodeSettings(**{**EB, "eb_gamma": g}), "linear")(ctx).commit
@@ -231,6 +237,26 @@ def test_klass_commits_only_masks_confident_and_stable_for_the_history():
     probs = [steady, drifting[0], shy, shy]
     late = committer(klass_context(probs, cand, 3, masks=4, steps=4)).commit[0].tolist()
     assert late == [False, True, True, True]  # the block's last planned step: everything
+
+
+def test_klass_reads_the_steps_measured_kls_as_it_reads_the_distributions():
+    """Under tensor parallelism the sampler measures each slot's KL (StepContext.kl) and no
+    distribution reaches the rule: the same commits as from the distributions."""
+    gen = torch.Generator().manual_seed(5)
+    settings = DecodeSettings(**{**KLASS, "kl_threshold": 0.02, "threshold": 0.3})
+    whole, measured = (RuleCommitter(settings, "linear") for _ in range(2))
+    base, cand, last, seen = torch.randn(6, 5, generator=gen) * 3, [True] * 6, None, 0
+    for step in range(5):
+        moved = torch.randn(6, 5, generator=gen) * torch.linspace(0, 0.5, 6)[:, None]
+        probs = torch.softmax(base + moved, dim=-1).double()  # slots 0, 1 about stable
+        ctx = klass_context(probs, cand, step, masks=6, steps=6)
+        kl = ctx.probs.new_zeros(1, 6) if last is None else step_kl(ctx.probs, last)
+        last, want = ctx.probs, whole(ctx).commit
+        got = measured(replace(ctx, probs=None, kl=kl)).commit
+        assert torch.equal(got, want), step
+        seen += int(want.sum()) > 1  # (a step with more than the schedule's one: stable ones)
+        cand = [c and not w for c, w in zip(cand, want[0].tolist(), strict=True)]
+    assert seen
 
 
 def reference_klass(steps_probs, masked, conf_threshold, kl_threshold, history, counts):

@@ -43,7 +43,7 @@ from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.packing import pack
 from dllm_cli.decoding.policies import Forward
 from dllm_cli.decoding.row_sampling import RowDraws
-from dllm_cli.decoding.sampling import Sampler
+from dllm_cli.decoding.sampling import NO_READS, Reads, Sampler
 
 
 @dataclass
@@ -57,6 +57,8 @@ class Prediction:
     forwards: int  # model forwards this step
     probs: torch.Tensor | None = None  # (B, L, V) the drafts' distributions, when asked for
     verify: torch.Tensor | None = None  # (B, L) WINO's shadow check of earlier commits
+    entropy: torch.Tensor | None = None  # (B, L) float64 each slot's entropy, when read (eb)
+    kl: torch.Tensor | None = None  # (B, L) float64 KL from each slot's last step (TP klass)
 
 
 class Forwards:
@@ -68,7 +70,8 @@ class Forwards:
     static batch, as LLaDA and Fast-dLLM decode one), or two where refreshes sit beside
     windows and do not fold. `row_columns` and `key_columns` count
     the arithmetic done: columns forwarded (rows x columns, both CFG branches) and
-    query-key pairs attended per layer.
+    query-key pairs attended per layer. `reads`: what the rule reads besides the drafts,
+    measured with them (sampling.Reads).
     """
 
     def __init__(
@@ -79,12 +82,14 @@ class Forwards:
         greedy_drafts: bool,
         probs: bool = False,
         ragged: bool = False,
+        reads: Reads = NO_READS,
     ):
         self.model, self.sampler = model, sampler
         self.cfg, self.branches = cfg_scale, 2 if cfg_scale > 0 else 1
         self.greedy = greedy_drafts  # guided: drafts are argmax whatever the temperature
         self.probs = probs  # keep each slot's distribution (a rule that compares them: KLASS)
         self.ragged = ragged
+        self.reads = reads
         # Ragged rows share one packed forward (packing.py; every model's layers attend through
         # layers.attend), guidance's second branch as more rows, WINO's shadows as one more
         # attention group (wino.ShadowForwards). False: the padded forwards (tests).
@@ -113,8 +118,12 @@ class Forwards:
             return self._packed(canvas, cache, plans, spans, generator, columns, valid)
         if not full or every or folds(plans, spans, full, self.model):
             # one forward serves every row (full rows' prefills folded in with the windows)
-            drafts, confidence, probs = self._group(canvas, cache, plans, spans, None, generator)
-            return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
+            drafts, confidence, probs, h, kl = self._group(
+                canvas, cache, plans, spans, None, generator
+            )
+            return Prediction(
+                drafts, confidence, columns, valid, forwards=1, probs=probs, entropy=h, kl=kl
+            )
         # The windowed forward serves every row, so it reads and writes the cache in place (a
         # forward for some rows gathers their K/V). Rows due a full forward take their span as
         # a stand-in window there; the full forward that follows rewrites all their columns
@@ -125,18 +134,26 @@ class Forwards:
             for p, (a, e) in zip(plans, spans, strict=True)
         ]
         draws = generator.without(full) if isinstance(generator, RowDraws) else generator
-        drafts, confidence, probs = self._group(canvas, cache, stand, spans, None, draws)
+        drafts, confidence, probs, h, kl = self._group(
+            canvas, cache, stand, spans, None, draws, skip=full
+        )
         rows = torch.tensor(full, device=device)
         sub = ([plans[r] for r in full], [spans[r] for r in full])
         draws = generator.subset(full) if isinstance(generator, RowDraws) else generator
-        d, conf, p = self._group(canvas, cache, *sub, rows, draws)
+        d, conf, p, h_full, kl_full = self._group(canvas, cache, *sub, rows, draws)
         drafts[rows], confidence[rows] = canvas.mask_id, float("-inf")
         drafts[rows, : d.shape[1]] = d
         confidence[rows, : d.shape[1]] = conf.to(confidence.dtype)
         if p is not None:  # (kept for every row or none)
             probs[rows] = 0.0
             probs[rows, : p.shape[1]] = p.to(probs.dtype)
-        return Prediction(drafts, confidence, columns, valid, forwards=2, probs=probs)
+        for measure, part in ((h, h_full), (kl, kl_full)):  # (B, L) float64, when read
+            if part is not None:
+                measure[rows] = 0.0
+                measure[rows, : part.shape[1]] = part
+        return Prediction(
+            drafts, confidence, columns, valid, forwards=2, probs=probs, entropy=h, kl=kl
+        )
 
     def _slots(self, spans: list[tuple[int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, L) canvas columns of each row's span and which slots are real, built once per
@@ -156,6 +173,7 @@ class Forwards:
     def _packed(self, c: Canvas, cache: KVCache, plans, spans, generator, columns, valid):
         """One forward over every row's own columns, packed (packing.py); under guidance the
         prompt-masked branch's rows follow (cache rows B.. of the view, as padded)."""
+        keys = self._row_keys(c, None)
         if self.branches == 2:
             c = both_branches(c)
             plans, spans = plans * 2, spans * 2
@@ -167,8 +185,10 @@ class Forwards:
         if self.branches == 2:
             cond, un = logits.chunk(2)
             logits = un + (self.cfg + 1) * (cond - un)
-        drafts, confidence, probs = self._draft(logits, generator)
-        return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
+        drafts, confidence, probs, h, kl = self._draft(logits, generator, keys)
+        return Prediction(
+            drafts, confidence, columns, valid, forwards=1, probs=probs, entropy=h, kl=kl
+        )
 
     def _layer_buffers(self, c: Canvas) -> KVCache:
         """No cache policy: one layer's K/V buffers, shared by every layer, for a packed
@@ -183,15 +203,28 @@ class Forwards:
             self._buffers = (shape, KVCache(one.k * n_layers, one.v * n_layers))
         return self._buffers[1]
 
-    def _group(self, canvas, cache, plans, spans, rows, generator):
-        return self._draft(self._logits(canvas, cache, plans, spans, rows), generator)
+    def _group(self, canvas, cache, plans, spans, rows, generator, skip=()):
+        keys = self._row_keys(canvas, rows, skip)
+        return self._draft(self._logits(canvas, cache, plans, spans, rows), generator, keys)
 
-    def _draft(self, logits: torch.Tensor, generator):
-        """Drafts, confidence and (when kept) distributions of logits (R, L, V)."""
+    def _draft(self, logits: torch.Tensor, generator, keys=None):
+        """Drafts, confidence, (when kept) distributions of logits (R, L, V), and what the
+        rule reads besides (each slot's entropy, KL; None where it reads none)."""
         if self.greedy:
-            return (*self.sampler.argmax(logits), None)
-        tokens, confidence, probs = self.sampler.draft(logits, generator, keep=self.probs)
-        return tokens, confidence, probs if self.probs else None
+            return (*self.sampler.argmax(logits), None, None, None)
+        tokens, confidence, probs, h, kl = self.sampler.measured(
+            logits, generator, self.probs, keys, self.reads
+        )
+        return tokens, confidence, probs if self.probs else None, h, kl
+
+    def _row_keys(self, c: Canvas, rows, skip=()) -> list[int | None] | None:
+        """The drafted rows' request ids, which a tensor-parallel KLASS keeps each row's last
+        distribution shard by (None: nothing reads them); `skip` rows' None (their drafts are
+        a full forward's, which follows)."""
+        if not self.reads.kl:
+            return None
+        ids = (c.rows if rows is None else c.rows[rows]).tolist()
+        return [None if r in skip else key for r, key in enumerate(ids)]
 
     def _logits(self, c: Canvas, cache, plans, spans, rows) -> torch.Tensor:
         """One forward for `rows` (None: every row), logits for each row's span.

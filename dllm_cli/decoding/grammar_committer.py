@@ -75,6 +75,7 @@ class GrammarCommitter(Committer):
                 "commits (wino, credit): use threshold, factor, fixed, eb, klass or prefix"
             )
         self.rule, self.vocab, self.default = rule, vocab, default
+        self.reads_entropy, self.reads_kl = rule.reads_entropy, rule.reads_kl  # (its rule's)
         self.tempered = tempered  # the distributions are already tempered (Dream's sampler)
         self.fast_forward = fast_forward  # commit the tokens the grammar forces after a run
         self.part = part  # which vocabulary ids the step's distributions hold

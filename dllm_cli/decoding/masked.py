@@ -28,7 +28,7 @@ from dllm_cli.decoding.policies import POLICIES
 from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
-from dllm_cli.decoding.sampling import Sampler, family_of
+from dllm_cli.decoding.sampling import Reads, Sampler, family_of
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_canvas
 from dllm_cli.decoding.stepper import Commit
@@ -66,8 +66,12 @@ class MaskedStepper:
         family = family_of(model)
         self.committer = committer or RuleCommitter(settings, family.schedule)
         # A tensor-parallel model samples from its vocabulary shard (models/sharding.py); a
-        # committer that reads distributions (a grammar's) gets the shard's part of them.
-        vocab, probs = special.real_vocab(model.vocab_size), self.committer.needs_probs
+        # committer that reads distributions (a grammar's) gets the shard's part of them, and
+        # KLASS's KL is measured there (one process: from the distributions the step keeps).
+        vocab, sharded = special.real_vocab(model.vocab_size), model.shards is not None
+        rule = self.committer
+        probs = rule.needs_probs or (rule.reads_kl and not sharded)
+        reads = Reads(rule.reads_entropy, rule.reads_kl and sharded)
         if model.shards is None:
             self.sampler = Sampler(settings, family, vocab, special.mask)
         else:
@@ -80,14 +84,16 @@ class MaskedStepper:
                 "its committer keeps one state per batch (no `admit` hook)"
             )
         self.policy = POLICIES[settings.cache]()
-        self.keeps_probs = probs  # eb, klass, a grammar read them (so does a logprobs step)
+        self.keeps_probs = probs  # klass, a grammar read them (so does a logprobs step)
         # WINO's committer verifies earlier commits with a shadow block in the same forward.
         self.revokes = self.committer.needs_shadow
         kind = ShadowForwards if self.revokes else Forwards
         ragged = not admission.whole_batches  # rows apart: each refresh over its own columns
         # A frontier walk drafts argmax (the guide) unless its committer samples (a grammar).
         greedy = self.frontier and self.committer.greedy_drafts
-        self.executor = kind(model, self.sampler, settings.cfg_scale, greedy, probs, ragged=ragged)
+        self.executor = kind(
+            model, self.sampler, settings.cfg_scale, greedy, probs, ragged=ragged, reads=reads
+        )
         self.lockstep = admission.lockstep if lockstep is None else lockstep
         self.walk = FrontierWalk() if self.frontier else BlockWalk(self.lockstep)
         self.device = next(model.parameters()).device
@@ -163,6 +169,8 @@ class MaskedStepper:
         else:
             self.slot_rows = self.slot_rows[keep]
         self.committer.select(keep)
+        staying = set(kept)
+        self.sampler.forget([r.id for i, r in enumerate(live) if i not in staying])
         self.canvas = self.canvas.select(keep)
         self.counts = [self.counts[i] for i in kept] if self.counts else []
         self._note_padding([live[i] for i in kept])

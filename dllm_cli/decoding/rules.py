@@ -49,8 +49,9 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 
 
 def eb_rule(p, ctx) -> torch.Tensor:
-    """EB-Sampler's step: the most confident candidates while their entropy stays under gamma."""
-    h = entropy(ctx.probs.to(torch.float64))
+    """EB-Sampler's step: the most confident candidates while their entropy stays under gamma
+    (`ctx.entropy`: the step measures it, from whole distributions or a rank's shard sums)."""
+    h = ctx.entropy  # (B, L) float64
     counts = entropy_bounded_counts(h, ctx.confidence, ctx.candidates, p.s.eb_gamma)
     return top_columns(ctx.confidence, ctx.candidates, counts)
 
@@ -60,7 +61,7 @@ class Track:
     """One row's KLASS history in its current block: last distributions, recent KLs."""
 
     block_start: int  # canvas column of the block's first slot
-    probs: torch.Tensor  # (L, V) float64, last step's distribution per slot
+    probs: torch.Tensor | None  # (L, V) float64, last step's distribution (None: TP's sampler's)
     kls: torch.Tensor  # (L, H) float64, the last H step-to-step KLs (inf: not seen yet)
 
 
@@ -72,25 +73,34 @@ class KlassMemory:
 
     def stable(self, ctx, history: int) -> torch.Tensor:
         """(B, L, H) each slot's last H step-to-step KLs (inf before the block's H+1-th step),
-        after recording this step's distributions."""
-        probs = ctx.probs.to(torch.float64)  # (B, L, V)
+        after recording this step's distributions (or, under tensor parallelism, the step's KLs
+        the sampler measured from its shards: `ctx.kl`)."""
+        measured = None if ctx.kl is None else ctx.kl.cpu()  # (B, L) None: from the distributions
+        probs = None if measured is not None else ctx.probs.to(torch.float64)  # (B, L, V)
         starts = ctx.block.start if ctx.block is not None else None
         rows = ctx.canvas.rows.tolist()
         out = []
         for r, key in enumerate(rows):
             start = starts if starts is not None else int(ctx.columns[r, 0])
             step = ctx.block_step if isinstance(ctx.block_step, int) else int(ctx.block_step[r])
-            p = probs[r]  # (L, V)
+            p = None if probs is None else probs[r]  # (L, V)
             track = self.tracks.get(key)
             if step == 0 or track is None or track.block_start != start:
                 # A new block (or a new prompt in this slot): no history yet.
-                kls = torch.full((p.shape[0], history), float("inf"), dtype=torch.float64)
+                slots = ctx.drafts.shape[1]
+                kls = torch.full((slots, history), float("inf"), dtype=torch.float64)
             else:
-                kl = (p * (torch.log(p + KL_EPS) - torch.log(track.probs + KL_EPS))).sum(-1)
+                kl = measured[r] if p is None else step_kl(p, track.probs)
                 kls = torch.cat([track.kls[:, 1:], kl[:, None]], dim=1)
             self.tracks[key] = Track(start, p, kls)
             out.append(kls)
         return torch.stack(out)  # (B, L, H)
+
+
+def step_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """(..., V) this step's and last step's distributions -> (...) KL(p || q), the reference's
+    log(p + eps) on both sides."""
+    return (p * (torch.log(p + KL_EPS) - torch.log(q + KL_EPS))).sum(-1)
 
 
 def klass_rule(p, ctx) -> torch.Tensor:

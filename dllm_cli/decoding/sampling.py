@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from dllm_cli.decoding.row_sampling import RowDraws, exponentials, per_row, temperatures, uniform
+from dllm_cli.decoding.rules import entropy
 from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
 
@@ -150,6 +151,18 @@ CONFIDENCE_KINDS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
+@dataclass(frozen=True)
+class Reads:
+    """What a step's rule reads of each slot's distribution besides drafts and confidences,
+    measured where the drafts are (a tensor-parallel rank holds only its shard of it)."""
+
+    entropy: bool = False  # its entropy (eb)
+    kl: bool = False  # its KL from the row's last step's (klass under tensor parallelism)
+
+
+NO_READS = Reads()
+
+
 class Sampler:
     """Turns a block's logits into drafts and confidences under one run's settings."""
 
@@ -213,6 +226,17 @@ class Sampler:
         if rows is None:
             return tokens, CONFIDENCE_KINDS[kind](probs, tokens, generator), probs
         return tokens, row_confidence(probs, tokens, rows), probs
+
+    def measured(self, logits, generator, keep=True, keys=None, reads: Reads = NO_READS):
+        """draft's, then each slot's entropy (B, L) float64 when `reads` asks (as eb reads
+        it) and None: one process's KLASS measures its KL from the distributions (`keys`
+        unread)."""
+        tokens, confidence, probs = self.draft(logits, generator, keep)
+        h = entropy(probs.to(torch.float64)) if reads.entropy else None
+        return tokens, confidence, probs, h, None
+
+    def forget(self, requests: list[int]) -> None:
+        """Requests that left (one process's sampler keeps nothing of them)."""
 
     def values(self, rows: RowDraws | None) -> tuple:
         """(temperature, top-p, top-k, confidence, all greedy): the run's (a greedy run's

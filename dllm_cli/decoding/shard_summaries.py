@@ -7,7 +7,8 @@ first maximum), its sum of exp(score - best) and of exp(score - best) (score - b
 same for the raw logits with their second largest, how many of its scores tie with its K-th
 that it did not send, its floor (its K-th, -inf when it sent its whole shard), its best
 perturbed score over the shard and over the scores reaching its K-th (each as noisy, id,
-score, raw), and its top-K candidates by score (the same four).
+score, raw), its top-K candidates by score (the same four), then what the step's rule asks
+besides (`extra`: KLASS's sum of exp(score - best) log(q + eps) over its last distribution q).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def winner(noisy: torch.Tensor, ids, scores, raw) -> torch.Tensor:
     return torch.cat(picked, dim=-1)
 
 
-def summarize(raw, scores, noisy, k: int, start: int, needs: Needs = Needs()) -> torch.Tensor:
+def summarize(
+    raw, scores, noisy, k: int, start: int, needs: Needs = Needs(), extra=None
+) -> torch.Tensor:
     """(B, L, V_r) raw logits, filter scores (raw / T) and perturbed scores (None: greedy) ->
-    (B, L, FIELDS + 4k) this rank's summary."""
+    (B, L, FIELDS + 4k + e) this rank's summary (`extra`: (B, L, e) more numbers, sent last)."""
     b, length, v = scores.shape
     best, index = scores.max(dim=-1)  # the first maximum
     total, plogp = exp_sums(scores, best, needs.entropy)
@@ -82,7 +85,8 @@ def summarize(raw, scores, noisy, k: int, start: int, needs: Needs = Needs()) ->
         cand = torch.cat([cand, filler.to(cand.device).expand(b, length, k - n, 4)], dim=2)
     head = [best, index + start, total, plogp, raw_best, raw_second, raw_total, raw_plogp]
     head = torch.stack([double(x) for x in (*head, unseen, floor)], dim=-1)  # (B, L, 10)
-    return torch.cat([head, whole, reach, cand.flatten(2)], dim=-1)
+    tail = [] if extra is None else [extra.double()]
+    return torch.cat([head, whole, reach, cand.flatten(2), *tail], dim=-1)
 
 
 def first_best(entries: torch.Tensor) -> torch.Tensor:
@@ -104,7 +108,8 @@ class Summaries:
         self.raw_bests, self.raw_seconds, self.raw_totals, self.raw_plogps = f[4:8]
         self.unseen, floors = f[8], f[9]
         self.whole, self.reach = every[..., 10:14], every[..., 14:18]  # (world, B, L, 4)
-        self.cand = every[..., FIELDS:].unflatten(-1, (k, 4))  # (world, B, L, k, 4)
+        self.cand = every[..., FIELDS : FIELDS + 4 * k].unflatten(-1, (k, 4))  # (world, B, L, k, 4)
+        self.extra = every[..., FIELDS + 4 * k :]  # (world, B, L, e) what summarize's `extra` sent
         self.kth = self.cand[..., -1, 2]  # (world, B, L) each rank's K-th score
         self.floor = floors.max(dim=0).values  # (B, L) below it the candidates may miss some
         self.best, rank = self.bests.max(dim=0)  # (B, L): the lowest rank among equals
@@ -191,10 +196,13 @@ class Summaries:
         z = (totals * scale).sum(dim=0)
         return (scale * (sums + gap * totals)).sum(dim=0) / z - torch.log(z)
 
-    def filtered_plogp(self, cut: torch.Tensor) -> torch.Tensor:
-        """sum p log(p + 1e-10) of the filtered softmax: every kept score is a candidate (or
-        an unsent tie with the cut)."""
+    def filtered_plogp(self, cut: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+        """sum p log(p + eps) of the filtered softmax: every kept score is a candidate (or
+        an unsent tie with the cut); eps 0: sum p log p (0 log 0 = 0, EB's entropy)."""
         z = self.mass(cut)[..., None]
         p = torch.where(self.union >= cut[..., None], self.weights, 0.0) / z
         at = torch.exp(cut - self.best) / z[..., 0]
-        return (p * torch.log(p + EPS)).sum(dim=-1) + self.ties(cut) * at * torch.log(at + EPS)
+        if eps:
+            return (p * torch.log(p + eps)).sum(dim=-1) + self.ties(cut) * at * torch.log(at + eps)
+        xlogy = torch.special.xlogy
+        return xlogy(p, p).sum(dim=-1) + self.ties(cut) * xlogy(at, at)

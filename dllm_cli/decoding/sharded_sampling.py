@@ -15,7 +15,9 @@ reads distributions (a grammar's, the credit rule's) gets the shard's part of th
 (`distributions`); a grammar finds its masked token over every rank's part with `VocabPart`
 (credit: credit.sharded_fused_drafts). WINO's shadow check rides the same gather (`ride`,
 `shadow_summary`): each rank's (max, sum of exp, the token's logit if it holds it) per
-shadow column.
+shadow column. EB's entropy comes from the gathered sums; KLASS's KL from each rank's shard of
+the row's last distribution (`Last`): one more number per column in the same gather, or the
+gathered candidates of a filtered one.
 """
 
 from __future__ import annotations
@@ -28,17 +30,13 @@ import torch
 
 from dllm_cli.decoding.block_rules import Drafter
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
-from dllm_cli.decoding.sampling import FAMILIES, row_confidence
-from dllm_cli.decoding.shard_summaries import Needs, Summaries, summarize
+from dllm_cli.decoding.rules import KL_EPS
+from dllm_cli.decoding.sampling import FAMILIES, NO_READS, Reads, row_confidence
+from dllm_cli.decoding.shard_summaries import EPS, Needs, Summaries, summarize
 from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.sharding import ShardedLM, Shards
 
-# --unmask rules a rank cannot serve from its shard, and why (the rest read drafts, confidences)
-UNREAD = {
-    "eb": "it reads every slot's whole distribution for its entropy",
-    "klass": "it compares every slot's whole distribution with its last step's",
-}
 # --unmask rules whose step keeps the shard's part of each distribution (as a grammar's), not
 # the gathered candidates logprobs read
 PARTS = ("credit",)
@@ -48,14 +46,11 @@ LOGPROBS = 20  # candidates each rank sends when a request asks for logprobs (it
 
 def refuse_unsupported(settings, logprobs: bool = False) -> None:
     """One line for what tensor parallelism does not compute yet (rather than computing it
-    wrong): rules that read whole distributions, logprobs beside a rule that keeps parts."""
-    why = None
-    if settings.unmask in UNREAD:
-        why = f"--unmask {settings.unmask} ({UNREAD[settings.unmask]})"
-    elif logprobs and settings.unmask in PARTS:
-        why = f"--logprobs with --unmask {settings.unmask}"
-    if why:
-        raise SettingsError(f"--tensor-parallel does not support {why} yet")
+    wrong): logprobs beside a rule whose step keeps the shard's part of the distributions."""
+    if logprobs and settings.unmask in PARTS:
+        raise SettingsError(
+            f"--tensor-parallel does not support --logprobs with --unmask {settings.unmask} yet"
+        )
 
 
 @dataclass(frozen=True)
@@ -107,6 +102,7 @@ class ShardedSampler:
         pieces = [Shards(r, shards.world).vocabulary(width) for r in range(shards.world)]
         self.largest = max(hi - lo for lo, hi in pieces)
         self.riders: list[tuple[torch.Tensor, dict]] = []  # sent with the next gather (`ride`)
+        self.last: dict[int, Last] = {}  # request id -> its last step's distribution (KLASS)
 
     @classmethod
     def of(
@@ -121,6 +117,14 @@ class ShardedSampler:
         the drafts' distribution: the shard's part of it (B, L, V_r) when the sampler keeps
         `distributions`, else on the gathered candidates (`kept`, B, L, V); each row samples
         with its own values when `generator` is a RowDraws (or `samplings`)."""
+        return self.measured(logits, generator, keep, samplings=samplings)[:3]
+
+    def measured(
+        self, logits, generator, keep=False, keys=None, reads: Reads = NO_READS, samplings=None
+    ):
+        """draft's, then what `reads` asks of each slot's distribution, (B, L) float64 (None:
+        not asked): its entropy, and its KL from the last step's of the row `keys` names (the
+        request ids; a None key is neither measured nor kept), from the same one gather."""
         if samplings is None:
             samplings = generator.samplings if isinstance(generator, RowDraws) else None
         samplings = samplings or (self.run,) * logits.shape[0]
@@ -131,26 +135,71 @@ class ShardedSampler:
         scores = raw if not rows.sampled else raw / rows.divisor.to(dtype)
         noisy = self.noisy(scores, generator) if rows.sampled else None
         least = LOGPROBS if keep and not self.distributions else 0  # (a grammar's: the part)
-        view = self.reduce(raw, scores, noisy, rows, least)
+        basis = scores if self.family.tempered_confidence else raw  # what confidences read
+        extra = self.cross(basis, keys)[..., None] if reads.kl else None  # (B, L, 1)
+        sums = reads.entropy or reads.kl  # sum p log p of every shard
+        view = self.reduce(raw, scores, noisy, rows, least, extra, sums)
+        h = -plogp(view, 0.0) if reads.entropy else None
+        kl = self.step_kl(view, raw, scores, keys, dtype) if reads.kl else None
         tokens = view.tokens
         if isinstance(generator, RowDraws):
             confidence = row_confidence(view, tokens, generator, KINDS)
         else:
             confidence = KINDS[samplings[0].confidence](view, tokens, generator)
         if self.distributions:
-            return tokens, confidence.to(dtype), part(view, raw, scores).to(dtype)
-        return tokens, confidence.to(dtype), self.kept(view, dtype) if keep else None
+            return tokens, confidence.to(dtype), part(view, raw, scores).to(dtype), h, kl
+        return tokens, confidence.to(dtype), self.kept(view, dtype) if keep else None, h, kl
+
+    def forget(self, requests: list[int]) -> None:
+        """Requests that left: their last distributions go."""
+        for key in requests:
+            self.last.pop(key, None)
+
+    def cross(self, basis: torch.Tensor, keys) -> torch.Tensor:
+        """(B, L) this shard's sum of exp(x - best) log(q + eps) over the row's last step's
+        distribution q (KLASS's cross term, before the gather gives the denominator; 0: no
+        last step), x the scores confidences read."""
+        x = basis.double()  # (B, L, V_r)
+        best = x.max(dim=-1).values  # (as summarize's)
+        e = (x - torch.where(torch.isfinite(best), best, 0.0)[..., None]).exp()
+        q = torch.ones_like(x)  # log(1 + eps): about 0 (a row with no last step)
+        for r, key in enumerate(keys):
+            last = self.last.get(key)
+            if last is not None:
+                q[r] = fitted(last.part, x.shape[1])
+        return (e * torch.log(q + KL_EPS)).sum(dim=-1)
+
+    def step_kl(self, view: View, raw, scores, keys, dtype) -> torch.Tensor:
+        """(B, L) KL(p || q) of each slot's distribution from its last step's, the last
+        step's then replaced by this one (the shard's part, and every rank's candidates)."""
+        s = view.s
+        bests, totals = (s.bests, s.totals) if view.tempered else (s.raw_bests, s.raw_totals)
+        top = bests.max(dim=0).values
+        scale = torch.exp(bests - top)  # (world, B, L)
+        cross = (scale * s.extra[..., 0]).sum(dim=0) / (totals * scale).sum(dim=0)
+        dense = plogp(view, 0.0) - cross  # (the reference's log(p + eps): log p here)
+        ids, p = candidates(view)  # (B, L, world k)
+        p = p.to(dtype).double()  # as one process's distribution, in the sampler's dtype
+        q = torch.zeros_like(p)
+        for r, key in enumerate(keys):
+            last = self.last.get(key)
+            if last is not None:
+                q[r] = looked_up(last, ids[r])
+        sparse = (p * (torch.log(p + KL_EPS) - torch.log(q + KL_EPS))).sum(dim=-1)
+        at = torch.exp(view.cut - s.best) / s.mass(view.cut)  # each unsent tie's (q unknown: 0)
+        sparse = sparse + s.ties(view.cut) * at * (torch.log(at + KL_EPS) - math.log(KL_EPS))
+        filtered = (view.cut > -math.inf) if view.tempered else torch.zeros_like(top, dtype=bool)
+        mine = part(view, raw, scores).to(dtype).double()  # (B, L, V_r)
+        for r, key in enumerate(keys):
+            if key is not None:
+                self.last[key] = Last(mine[r].clone(), ids[r].clone(), p[r].clone())
+        return torch.where(filtered, sparse, dense)
 
     def kept(self, view: View, dtype: torch.dtype) -> torch.Tensor:
         """(B, L, V) the distribution confidences read, on every rank's candidates (its top
         ones, all that logprobs.record reads) and each draft's own; 0 elsewhere. Built when a
         request asks for logprobs."""
-        top, total = view.basis()
-        union = view.s.cand.permute(1, 2, 0, 3, 4).flatten(2, 3)  # (B, L, world k, 4)
-        p = torch.exp(union[..., 2 if view.tempered else 3] - top[..., None]) / total[..., None]
-        if view.tempered:  # the filtered distribution
-            p = torch.where(union[..., 2] >= view.cut[..., None], p, 0.0)
-        ids = union[..., 1].long()
+        ids, p = candidates(view)
         real = (ids >= 0) & (ids < self.vocab_size)  # (a shard's padding ids, -inf scores)
         out = torch.zeros((*ids.shape[:2], self.vocab_size), dtype=dtype, device=ids.device)
         out.scatter_add_(-1, torch.where(real, ids, 0), torch.where(real, p, 0.0).to(dtype))
@@ -204,19 +253,20 @@ class ShardedSampler:
         mine = torch.nn.functional.pad(mine, (0, pad)) if pad else mine
         return scores.double() + mine
 
-    def reduce(self, raw, scores, noisy, rows: Rows, least: int = 0) -> View:
-        """The gathered summaries (at least `least` candidates a rank) and the rows' filter
-        thresholds; top-p gathers more candidates while theirs do not decide its threshold
-        exactly (one host read a round)."""
+    def reduce(self, raw, scores, noisy, rows: Rows, least=0, extra=None, sums=False) -> View:
+        """The gathered summaries (at least `least` candidates a rank, `extra` numbers per
+        column, `sums`: sum p log p whatever the confidence) and the rows' filter thresholds;
+        top-p gathers more candidates while theirs do not decide its threshold exactly (one
+        host read a round)."""
         k = max([*rows.top_k, 2, least])
         filters = rows.nucleus or any(rows.top_k)
         separate = raw is not scores and not self.family.tempered_confidence  # LLaDA's raw
-        needs = Needs(separate, rows.entropy, filters)
+        needs = Needs(separate, rows.entropy or sums, filters)
         if rows.nucleus:
             k = max(k, NUCLEUS)
         while True:
             k = min(k, self.largest)
-            mine = summarize(raw, scores, noisy, k, self.start, needs)
+            mine = summarize(raw, scores, noisy, k, self.start, needs, extra)
             s = Summaries(self.gather(mine), k)
             view = View(
                 s, rows, self.family.tempered_confidence, self.drawing.top_k_first, raw.dtype
@@ -259,6 +309,54 @@ class View:
         return torch.where(self.rows.greedy, top, self.drawn[..., 2 if self.tempered else 3])
 
 
+@dataclass(frozen=True)
+class Last:
+    """A row's last step's distribution (KLASS): this shard's part, and its value on every
+    rank's candidates (all of a filtered distribution)."""
+
+    part: torch.Tensor  # (L, V_r) float64
+    ids: torch.Tensor  # (L, n) long, the candidates' ids (-1: a shard's filler)
+    probs: torch.Tensor  # (L, n) float64
+
+
+def fitted(x: torch.Tensor, slots: int) -> torch.Tensor:
+    """(L', ...) -> (slots, ...): a last step's slots cut or padded with 0 to this step's."""
+    if x.shape[0] >= slots:
+        return x[:slots]
+    return torch.cat([x, x.new_zeros((slots - x.shape[0], *x.shape[1:]))])
+
+
+def looked_up(last: Last, ids: torch.Tensor) -> torch.Tensor:
+    """(L, n) the last step's probability of each of this step's candidate ids (0: not among
+    its candidates, so outside a filtered distribution)."""
+    known, probs = fitted(last.ids, ids.shape[0]), fitted(last.probs, ids.shape[0])  # (L, n')
+    order = known.argsort(dim=-1)
+    known, probs = known.gather(-1, order), probs.gather(-1, order)
+    at = torch.searchsorted(known, ids).clamp(max=known.shape[-1] - 1)  # (L, n)
+    found = (known.gather(-1, at) == ids) & (ids >= 0)  # (a real id is one rank's: unique)
+    return torch.where(found, probs.gather(-1, at), 0.0)
+
+
+def candidates(view: View) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L, world k) every rank's candidates' ids and their probability under the
+    distribution confidences read (a filtered one's: 0 past its threshold)."""
+    top, total = view.basis()
+    union = view.s.cand.permute(1, 2, 0, 3, 4).flatten(2, 3)  # (B, L, world k, 4)
+    p = torch.exp(union[..., 2 if view.tempered else 3] - top[..., None]) / total[..., None]
+    if view.tempered:  # the filtered distribution
+        p = torch.where(union[..., 2] >= view.cut[..., None], p, 0.0)
+    return union[..., 1].long(), p
+
+
+def plogp(view: View, eps: float) -> torch.Tensor:
+    """sum p log(p + eps) of the distribution confidences read (eps 0: sum p log p, 0 log 0
+    = 0): from each rank's sums for an unfiltered one, the candidates for a filtered one."""
+    s = view.s
+    if not view.tempered:
+        return s.plogp(raw=True)
+    return torch.where(view.cut > -math.inf, s.filtered_plogp(view.cut, eps), s.plogp(raw=False))
+
+
 def part(view: View, raw: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """This shard's ids' probabilities under the distribution confidences read (the filtered,
     tempered scores' softmax, or LLaDA's raw one): Sampler.draft's, sliced (B, L, V_r)."""
@@ -285,10 +383,7 @@ def top_two_margin(view: View, tokens, generator) -> torch.Tensor:
 def negative_entropy(view: View, tokens, generator) -> torch.Tensor:
     """Dream entropy: sum p log p (the reference adds 1e-10 inside the log: kept exactly for
     a filtered distribution, left out of the per-shard sums of an unfiltered one)."""
-    s = view.s
-    if not view.tempered:
-        return s.plogp(raw=True)
-    return torch.where(view.cut > -math.inf, s.filtered_plogp(view.cut), s.plogp(raw=False))
+    return plogp(view, EPS)
 
 
 def uniform_confidence(view: View, tokens, generator) -> torch.Tensor:

@@ -235,7 +235,7 @@ def context(m: MaskedStepper, rows, pred: Prediction, confidence, candidates, dr
         planned = on_device(m, "planned", tuple(n for _, n in host))
     return StepContext(
         pred.drafts, confidence, candidates, block, step, masks, m.canvas,
-        draws, pred.columns, planned, host, pred.probs, pred.verify,
+        draws, pred.columns, planned, host, pred.probs, pred.verify, pred.entropy, pred.kl,
     )  # fmt: skip
 
 

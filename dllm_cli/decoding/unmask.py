@@ -46,6 +46,8 @@ class StepContext:
     host_steps: list[tuple[int, int]] | None = None  # (block_step, planned) per row, on host
     probs: torch.Tensor | None = None  # (B, L, V) each slot's distribution (rules that ask)
     verify: torch.Tensor | None = None  # (B, L) WINO: shadow probability of earlier commits
+    entropy: torch.Tensor | None = None  # (B, L) float64 each slot's entropy (rules that ask)
+    kl: torch.Tensor | None = None  # (B, L) float64 KL from each slot's last step (TP: KLASS)
 
     @property
     def steps_planned(self) -> int | torch.Tensor:
@@ -90,7 +92,11 @@ class Committer:
     `needs_probs`: the step keeps each slot's distribution; `needs_shadow`: WINO's shadow block
     verifies earlier commits; `redrafts`: it may replace drafts (credit); `joins = False`: it
     keeps one state per batch, so it is served in static batches only; `walks_blocks`: it
-    verifies runs the block stepper hands it (`walk`: a grammar), so block-causal models take it.
+    verifies runs the block stepper hands it (`walk`: a grammar), so block-causal models take it;
+    `reads_entropy`: the step gives each slot's entropy (`StepContext.entropy`); `reads_kl`:
+    each slot's KL from its last step's distribution, which a tensor-parallel sampler measures
+    from its shards (`StepContext.kl`; one process keeps the distributions and the rule
+    measures it).
 
     Hooks (no-ops here): `start(batch)` when a decode of `batch` rows begins (0: rows join
     through `admit`), `select(keep)` when only the rows at indices `keep` go on, `admit(prompts,
@@ -107,6 +113,8 @@ class Committer:
     redrafts: bool = False
     joins: bool = True
     walks_blocks: bool = False
+    reads_entropy: bool = False
+    reads_kl: bool = False
 
     def start(self, batch: int) -> None:
         """A decode of `batch` rows begins."""
@@ -243,7 +251,9 @@ class UnmaskRule:
     reads each slot's whole distribution (`StepContext.probs`); `remasking`: it masks earlier
     commits again and reads a shadow block's `StepContext.verify` (WINO); `redrafts`: it
     returns (commit, tokens), its own drafts (credit); `memory(settings)` builds the state it
-    keeps across steps (None: stateless).
+    keeps across steps (None: stateless); `reads_entropy`: it reads each slot's entropy
+    (`StepContext.entropy`, eb), not its distribution; `reads_kl`: each slot's step-to-step KL
+    (klass: `StepContext.kl` under tensor parallelism, else from `probs`).
     """
 
     select: Callable[[RuleParams, StepContext], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
@@ -251,6 +261,8 @@ class UnmaskRule:
     remasking: bool = False
     redrafts: bool = False
     memory: Callable[[DecodeSettings], object] | None = None
+    reads_entropy: bool = False
+    reads_kl: bool = False
 
 
 UNMASK_RULES: dict[str, UnmaskRule] = {
@@ -258,10 +270,10 @@ UNMASK_RULES: dict[str, UnmaskRule] = {
     "threshold": UnmaskRule(threshold_rule),
     "factor": UnmaskRule(factor_rule),
     "origin": UnmaskRule(origin_rule),
-    "eb": UnmaskRule(eb_rule, needs_probs=True),
+    "eb": UnmaskRule(eb_rule, reads_entropy=True),
     # KLASS's history; a row's restarts at each block's first step, so one memory serves
     # every decode (no `start` hook: continuous batching serves this committer).
-    "klass": UnmaskRule(klass_rule, needs_probs=True, memory=lambda s: KlassMemory()),
+    "klass": UnmaskRule(klass_rule, reads_kl=True, memory=lambda s: KlassMemory()),
     "wino": UnmaskRule(wino_rule, remasking=True),
     "prefix": UnmaskRule(prefix_rule),
     "credit": UnmaskRule(credit_rule, needs_probs=True, redrafts=True, memory=credit_memory),
@@ -285,6 +297,7 @@ class RuleCommitter(Committer):
         self.needs_probs = entry.needs_probs
         self.needs_shadow = entry.remasking
         self.redrafts = entry.redrafts
+        self.reads_entropy, self.reads_kl = entry.reads_entropy, entry.reads_kl
 
     def shard(self, sampler) -> None:
         """The rule gathers what it reads of the distributions through `sampler` (credit)."""

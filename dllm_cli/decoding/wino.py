@@ -153,7 +153,7 @@ class ShadowForwards(Forwards):
         self.key_columns += p.key_columns + b * n * mask.shape[2]
         main, verify = logits[: b * p.span], logits[b * p.span :]
         self._verify(c, None, verify.view(b, span.shape[1], -1), span, real)
-        drafts, confidence, probs = self._draft(main.view(b, p.span, -1), generator)
+        drafts, confidence, probs, _, _ = self._draft(main.view(b, p.span, -1), generator)
         return Prediction(drafts, confidence, columns, valid, forwards=1, probs=probs)
 
     def shadowed(self, c, cache, plans, spans, rows):
