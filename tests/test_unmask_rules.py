@@ -341,3 +341,19 @@ def test_klass_with_early_stop_suffix_pruning_and_continuous_batching(kind, wind
     out, refused, _ = stream(model, ps, s, slots=2)
     assert not refused
     assert [out[i].tokens for i in range(len(ps))] == want
+
+
+def test_klass_drops_a_finished_requests_distributions():
+    from dllm_cli.decoding.engine import Engine
+
+    model = tiny("llada", seed=1, head_scale=6.0).model
+    s = settings(cache="dual", gen_length=8, **KLASS)
+    engine = Engine(model, SPECIAL, s, slots=2, admission="continuous")
+    tracks = engine.stepper.committer.params.memory.tracks
+    for p in prompts([3, 9, 5], seed=1):
+        engine.add(p)
+    seen = 0
+    while engine.has_work:
+        engine.step()
+        seen = max(seen, len(tracks))
+    assert seen == 2 and tracks == {}  # two rows at a time, none kept once they left

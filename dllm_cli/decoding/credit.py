@@ -53,6 +53,9 @@ class CreditMemory:
         self.alpha, self.boost, self.decay, self.depth = alpha, boost, decay, depth
         self.held: Credits | None = None
 
+    def forget(self, requests: list[int]) -> None:
+        """Requests that left (their credits go with the next step's rows: nothing kept)."""
+
     def carried(self, ctx, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, ...]:
         """(B, L, S) tokens and gains each current row brings from its last step in this block
         (zeros for a row at its block's first step, a new request or a new block)."""

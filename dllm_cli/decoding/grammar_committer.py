@@ -84,6 +84,9 @@ class GrammarCommitter(Committer):
         self.masked = 0  # tokens the grammar chose over a rejected draft (lifetime)
         self.forced = 0  # tokens committed because the grammar allowed nothing else (lifetime)
 
+    def leave(self, requests: list[int]) -> None:
+        self.rule.leave(requests)  # (its matchers go when their rows no longer appear)
+
     def bind(self, rid: int, grammar: Grammar) -> None:
         """Request `rid` decodes under `grammar` (call before its first step)."""
         self.bound[rid] = grammar

@@ -170,7 +170,9 @@ class MaskedStepper:
             self.slot_rows = self.slot_rows[keep]
         self.committer.select(keep)
         staying = set(kept)
-        self.sampler.forget([r.id for i, r in enumerate(live) if i not in staying])
+        left = [r.id for i, r in enumerate(live) if i not in staying]
+        self.sampler.forget(left)
+        self.committer.leave(left)
         self.canvas = self.canvas.select(keep)
         self.counts = [self.counts[i] for i in kept] if self.counts else []
         self._note_padding([live[i] for i in kept])

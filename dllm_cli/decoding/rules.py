@@ -87,14 +87,19 @@ class KlassMemory:
             track = self.tracks.get(key)
             if step == 0 or track is None or track.block_start != start:
                 # A new block (or a new prompt in this slot): no history yet.
-                slots = ctx.drafts.shape[1]
-                kls = torch.full((slots, history), float("inf"), dtype=torch.float64)
+                slots, where = ctx.drafts.shape[1], "cpu" if p is None else p.device
+                kls = torch.full((slots, history), float("inf"), dtype=torch.float64, device=where)
             else:
                 kl = measured[r] if p is None else step_kl(p, track.probs)
                 kls = torch.cat([track.kls[:, 1:], kl[:, None]], dim=1)
             self.tracks[key] = Track(start, p, kls)
             out.append(kls)
-        return torch.stack(out)  # (B, L, H)
+        return torch.stack(out).to(ctx.drafts.device)  # (B, L, H)
+
+    def forget(self, requests: list[int]) -> None:
+        """Requests that left: their tracks (a slot's (L, V) distributions) go."""
+        for key in requests:
+            self.tracks.pop(key, None)
 
 
 def step_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

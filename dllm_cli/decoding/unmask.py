@@ -101,8 +101,8 @@ class Committer:
     Hooks (no-ops here): `start(batch)` when a decode of `batch` rows begins (0: rows join
     through `admit`), `select(keep)` when only the rows at indices `keep` go on, `admit(prompts,
     order)` when rows for `prompts` (token ids) join after the current ones and rows are then
-    reordered as `order` says (continuous batching), `shard(sampler)` on a tensor-parallel
-    rank.
+    reordered as `order` says (continuous batching), `leave(ids)` when requests left the
+    decode, `shard(sampler)` on a tensor-parallel rank.
     """
 
     frontier: bool = False
@@ -124,6 +124,9 @@ class Committer:
 
     def admit(self, prompts: list[list[int]], order: torch.Tensor) -> None:
         """Rows for `prompts` join, then rows are reordered as `order` says."""
+
+    def leave(self, requests: list[int]) -> None:
+        """Requests (ids) that left the decode: state kept for them can go."""
 
     def shard(self, sampler) -> None:
         """A tensor-parallel rank's sampler (sharded_sampling.ShardedSampler): the
@@ -298,6 +301,10 @@ class RuleCommitter(Committer):
         self.needs_shadow = entry.remasking
         self.redrafts = entry.redrafts
         self.reads_entropy, self.reads_kl = entry.reads_entropy, entry.reads_kl
+
+    def leave(self, requests: list[int]) -> None:
+        if self.params.memory is not None:  # a rule's state per request (KLASS's tracks)
+            self.params.memory.forget(requests)
 
     def shard(self, sampler) -> None:
         """The rule gathers what it reads of the distributions through `sampler` (credit)."""
