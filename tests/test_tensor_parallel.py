@@ -18,7 +18,6 @@ from checkpoints import write_dream, write_llada, write_llada_moe
 from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
 from test_distributed import LAUNCH_TIMEOUT, loopback_env
 
-from dllm_cli.decoding.sharded_sampling import refuse_unsupported
 from dllm_cli.distributed.tensor import place
 from dllm_cli.errors import SettingsError
 from dllm_cli.models.dream import DreamConfig
@@ -26,7 +25,6 @@ from dllm_cli.models.llada import LLaDAConfig
 from dllm_cli.models.loading import load_model
 from dllm_cli.models.quantize import weight_bytes
 from dllm_cli.models.sharding import Shards, check_degree
-from dllm_cli.settings import DecodeSettings
 
 HERE = Path(__file__).resolve().parent
 DOWN = {  # a row-parallel weight: split over its inputs
@@ -232,11 +230,23 @@ def test_sampled_answers_and_their_logprobs_are_the_one_process_ones(folders):
     "rule",
     [
         ("--unmask", "wino", "--threshold", "0.0", "--wino-verify", "0.05"),
-        ("--unmask", "credit", "--temperature", "0.8", "--seed", "4"),
+        ("--unmask", "credit", "--temperature", "0.8", "--seed", "4", "--logprobs", "2"),
     ],
 )
 def test_wino_and_credit_under_torchrun_write_the_one_process_answers(folders, rule):
     generate_twice(folders["llada"], 2, LINES[:2], rule)
+
+
+@pytest.mark.slow
+def test_logprobs_under_a_grammar_are_the_one_process_ones(folders, tmp_path):
+    schema = tmp_path / "schema.json"
+    digit = {"type": "integer", "minimum": 0, "maximum": 9}
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": digit},
+                                  "required": ["n"], "additionalProperties": False}))  # fmt: skip
+    extra = ("--json-schema", str(schema), "--logprobs", "2", "--temperature", "0.7")
+    result = generate_twice(folders["dream"], 2, LINES[:2], extra)
+    assert all(json.loads(json.loads(line)["text"])["n"] in range(10)
+               for line in result.stdout.splitlines())  # fmt: skip
 
 
 @pytest.mark.slow
@@ -323,23 +333,6 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_with_its_numbers():
         check_degree("diffusion_gemma", llada, 2)
 
 
-@pytest.mark.parametrize(
-    ("settings", "logprobs", "named"),
-    [
-        (DecodeSettings(unmask="credit"), True, "--logprobs with --unmask credit"),
-    ],
-)
-def test_what_is_not_computed_yet_is_refused(settings, logprobs, named):
-    with pytest.raises(SettingsError, match=f"--tensor-parallel does not support {named}"):
-        refuse_unsupported(settings, logprobs)
-    refuse_unsupported(DecodeSettings(unmask="credit"))  # (credit without logprobs: served)
-
-
-@pytest.mark.parametrize("rule", ["eb", "klass"])
-def test_eb_and_klass_are_served_from_the_shards(rule):
-    refuse_unsupported(DecodeSettings(unmask=rule))  # (their entropy, KL: the shards' sums)
-
-
 def test_tensor_parallel_outside_torchrun_is_refused_in_one_line(folders):
     result = invoke(
         "generate", "-", "--model", str(folders["llada"]), "--tensor-parallel", "2", input="hi\n"
@@ -352,17 +345,20 @@ def test_tensor_parallel_outside_torchrun_is_refused_in_one_line(folders):
 
 
 @pytest.mark.parametrize("rank", ["0", "1"])
-def test_a_setting_not_supported_yet_is_refused_by_rank_0_alone(folders, monkeypatch, rank):
-    # (refused after the load, before any rank talks to another: no process group needed)
+def test_a_split_every_rank_refuses_is_said_by_rank_0_alone(folders, monkeypatch, rank):
+    # (refused at the load, before any rank talks to another: no process group needed)
     launch_env = {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank}
     for name, value in {**launch_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)
-    model = ["--model", str(folders["dream"]), "--device", "cpu", "--unmask", "credit"]
-    args = ("--logprobs", "2", "--tensor-parallel", "2")
-    result = invoke("generate", "-", *model, *args, input="hi\n")
+    model = ["--model", str(folders["llada"]), "--device", "cpu", "--quantize", "int4"]
+    result = invoke("generate", "-", *model, "--tensor-parallel", "2", input="hi\n")
     assert result.exit_code == 2
-    said = ["dllm: error: --tensor-parallel does not support --logprobs with --unmask credit yet"]
-    assert error_lines(result) == (said if rank == "0" else [])
+    said = error_lines(result)
+    if rank == "1":
+        assert said == []
+    else:
+        (line,) = said
+        assert line.startswith("dllm: error: ") and "--quantize int4's group of 32" in line
 
 
 def test_each_rank_reads_only_its_slices_of_the_split_tensors(folders, monkeypatch):
@@ -407,20 +403,6 @@ def test_ranks_form_replicas_of_consecutive_ranks():
         place(0, 3, 2)
     with pytest.raises(SettingsError, match="must be at least 1"):
         place(0, 2, 0)
-
-
-def test_logprobs_with_a_grammar_are_refused_before_loading(folders, monkeypatch, tmp_path):
-    launch_env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-    for name, value in {**launch_env, "MASTER_PORT": "1"}.items():
-        monkeypatch.setenv(name, value)
-    schema = tmp_path / "schema.json"
-    schema.write_text('{"type": "string"}')
-    model = ["--model", str(folders["llada"]), "--device", "cpu", "--logprobs", "2"]
-    args = ("--json-schema", str(schema), "--tensor-parallel", "2")
-    result = invoke("generate", "-", *model, *args, input="hi\n")
-    assert result.exit_code == 2
-    want = "dllm: error: --tensor-parallel does not support --logprobs with a grammar yet"
-    assert error_lines(result) == [want]
 
 
 def test_one_prompt_over_replicas_is_refused_before_loading(folders, monkeypatch):

@@ -37,7 +37,7 @@ from dllm_cli.commands.bench_peer import (
 )
 from dllm_cli.commands.common import check_output, cli_errors, fail, note, stderr
 from dllm_cli.commands.split import ExpertParallel, leads, option, split_runtime
-from dllm_cli.errors import SettingsError, UsageError, write_text
+from dllm_cli.errors import UsageError, write_text
 from dllm_cli.families import FAMILIES
 from dllm_cli.frontier import SWEEPS
 from dllm_cli.peer import PEER_PROMPT
@@ -96,26 +96,6 @@ def refuse_split_modes(peer, serve: bool) -> None:
                 f"--tensor-parallel runs the strategy table, --frontier and --batching-compare, "
                 f"not {flag}"
             )
-
-
-def split_strategies(rt, names: list[str], explicit: bool, length: int, block, window) -> list[str]:
-    """Under --tensor-parallel: the strategies it computes; one it does not is refused when
-    asked for by name, skipped with a note otherwise."""
-    from dllm_cli.bench import settings_for
-    from dllm_cli.decoding.sharded_sampling import refuse_unsupported
-
-    kept = []
-    for name in names:
-        try:
-            refuse_unsupported(settings_for(rt.settings, name, length, block, window))
-        except SettingsError as e:
-            if explicit:
-                raise SettingsError(f"strategy {name!r}: {e}") from None
-            if leads():
-                note(f"skipping strategy {name!r}: {e}")
-            continue
-        kept.append(name)
-    return kept
 
 
 def rich_table(records: list[dict], title: str) -> Table:
@@ -317,9 +297,6 @@ def bench_command(
                               block_length, suffix_window, rounds, json_path)  # fmt: skip
             return
         names = choose_strategies(strategies, rt.guide is not None, rt.loaded.family)
-        if tensor_parallel > 1:
-            names = split_strategies(rt, names, strategies is not None, lengths[0], block_length,
-                                     suffix_window)  # fmt: skip
         plan = BenchPlan.make(
             names,
             lengths,

@@ -39,8 +39,6 @@ def run_frontier_mode(
         if leads():
             stderr.print(frontier.progress_line(r), highlight=False)
 
-    for point in points:
-        refuse_split(rt, frontier.settings_at(base, point), f"--frontier {point.rule}")
     records = run_frontier(rt, tasks, points, base, batch_size, on_record=report)
     if not leads():  # another rank of --tensor-parallel: rank 0 reports
         return
@@ -75,7 +73,6 @@ def run_batching_mode(
     if strategy is None or name not in usable:
         raise UsageError(f"--batching-compare takes one of: {', '.join(usable)}")
     settings = settings_for(rt.settings, name, lengths[0], block_length, window)
-    refuse_split(rt, settings, f"--batching-compare {name}")
     prompts = mixed_shots(rt.encode, n, shots, start)
     records = compare_batching(
         rt, prompts, settings, batch_size, rounds, report_pass if leads() else None,
@@ -88,19 +85,6 @@ def run_batching_mode(
     print(table(records), end="")
     if json_path is not None:
         write_text(json_path, json.dumps(records, indent=2) + "\n")
-
-
-def refuse_split(rt, settings, what: str) -> None:
-    """On a split model, one line for settings tensor parallelism does not compute."""
-    if rt.loaded.model.shards is None:
-        return
-    from dllm_cli.decoding.sharded_sampling import refuse_unsupported
-    from dllm_cli.errors import SettingsError
-
-    try:
-        refuse_unsupported(settings)
-    except SettingsError as e:
-        raise SettingsError(f"{what}: {e}") from None
 
 
 def report_pass(r: dict) -> None:

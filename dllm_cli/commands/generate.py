@@ -169,15 +169,13 @@ def generate_command(
         if logprobs is not None and not 0 <= logprobs <= 20:
             raise fail(f"--logprobs must be in 0..20 (got {logprobs})", USAGE)
         source = grammar_source(json_schema, grammar)
-        if shards is not None and source is not None and logprobs is not None:
-            raise fail("--tensor-parallel does not support --logprobs with a grammar yet", USAGE)
         defaulted = choices.guide is None  # the profile's guide would have been loaded
         if source is not None:
             choices = without_guide(choices)
         if job is None:
             runtime = load_runtime(choices, slots=batch_size)
         else:
-            runtime = load_on_rank(job, choices, shards, logprobs is not None)
+            runtime = load_on_rank(job, choices, shards)
         if source is not None:
             from dllm_cli.decoding.grammar import compile_grammar, vocab_of
 

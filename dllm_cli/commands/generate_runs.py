@@ -92,13 +92,11 @@ def emit(slot: Slot, json_out: bool, shown: Runtime | None = None) -> None:
 # --- under torchrun -------------------------------------------------------------------------
 
 
-def load_on_rank(
-    job: distributed.Job, choices: o.Choices, shards: Shards | None = None, logprobs=False
-) -> Runtime:
+def load_on_rank(job: distributed.Job, choices: o.Choices, shards: Shards | None = None) -> Runtime:
     """The runtime on this rank's own device; only rank 0 shows notes. With `shards`
-    (--tensor-parallel) only this rank's slices load, and what tensor parallelism does not
-    support yet (`logprobs`: with --logprobs) is refused on rank 0 alone (the other ranks
-    exit with its code, silently)."""
+    (--tensor-parallel) only this rank's slices load, and a split every rank refuses (a
+    degree, int4 groups) is said on rank 0 alone (the other ranks exit with its code,
+    silently)."""
     from dllm_cli import distributed
 
     flag = choices.overrides.get("model.device")
@@ -106,7 +104,7 @@ def load_on_rank(
     try:
         runtime = load_runtime(choices, place=place, quiet=job.rank != 0, shards=shards)
         if shards is not None:
-            check_split(runtime, shards, logprobs)
+            check_split(runtime, shards)
         return runtime
     except DllmError as e:  # say which rank could not load: ranks may sit on different machines
         if shards is not None and e.exit_code == USAGE:  # every rank refuses it: rank 0 says so
@@ -129,11 +127,8 @@ def tensor_shards(job: distributed.Job | None, degree: int, experts: bool = Fals
     return shards
 
 
-def check_split(runtime: Runtime, shards: Shards, logprobs: bool = False) -> None:
-    """Refuse the settings tensor parallelism does not compute yet; NCCL between GPUs."""
-    from dllm_cli.decoding.sharded_sampling import refuse_unsupported
-
-    refuse_unsupported(runtime.settings, logprobs)
+def check_split(runtime: Runtime, shards: Shards) -> None:
+    """NCCL between GPUs, and the split's bytes said."""
     if runtime.loaded.device.type == "cuda":
         import torch
 

@@ -55,6 +55,7 @@ class BlockStepper(Protocol):
     device: torch.device
     rule: BlockRule
     drafter: Drafter  # whole logits, or a tensor-parallel rank's vocabulary shard
+    kept_part: Any  # sharded_sampling.VocabPart: the drafts' kept distributions are a slice
     rows: list[BlockRow]
     cache: KVCache | None
     cached: bool
@@ -122,7 +123,7 @@ def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit
         fill, x0 = grammar_runs(e, rows, fill, x0, dist, active)
     if asked:  # each token's log-probability under the step that wrote it (fill or edit)
         answer = cols - torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
-        logprobs.write([r.request for r in rows], dist, fill | edit, x0, answer)
+        logprobs.write([r.request for r in rows], dist, fill | edit, x0, answer, e.kept_part)
     for i, r in enumerate(rows):
         decide(e, r, fill[i], edit[i], x0[i], active[i], final, p.at)
     ends = [r.request.sampling.gen_length for r in rows]  # each row's own answer length

@@ -29,7 +29,7 @@ from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.decoding.block_step import BlockRow
 from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.sampling import Sampler, family_of
-from dllm_cli.decoding.sharded_sampling import block_drafter
+from dllm_cli.decoding.sharded_sampling import VocabPart, block_drafter
 from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
@@ -79,11 +79,14 @@ class BlockStepper:
         self.device = next(model.parameters()).device
         self.real_vocab = special.real_vocab(model.vocab_size)
         self.stop_ids = torch.tensor(special.stop, device=self.device)
+        self.kept_part: VocabPart | None = None  # logprobs read whole distributions
         if model.shards is None:
             self.drafter = Sampler(settings, family_of(model), self.real_vocab, special.mask).drafts
         else:  # a tensor-parallel rank drafts from its vocabulary shard (models/sharding.py)
             grammar = committer is not None  # it reads the shard's part of each distribution
             self.drafter = block_drafter(model, settings, self.real_vocab, special.mask, grammar)
+            if grammar:  # logprobs then read that part too (logprobs.write)
+                self.kept_part = VocabPart.of(model, self.real_vocab)
         self.rows: list[BlockRow] = []  # the live rows, in the engine's order
         self.cache: KVCache | None = None  # `slots` rows, a scratch column for padding
         self.forwards = 0  # forwards so far, prefills included (for the events)

@@ -8,7 +8,10 @@ softmax of the raw logits, Dream's of its tempered and filtered logits (what it 
 a token a filter removed has log-probability -9999.0, as OpenAI writes one.
 
 The engine calls `record` after a step's commits only when a live request asked, so a decode
-where none did computes nothing more. Values go into the request's own device buffers at the
+where none did computes nothing more. Under --tensor-parallel a step that keeps each rank's
+slice of the distributions (a grammar's, the credit rule's) records through its `part`
+(sharded_sampling.VocabPart.pick): one all-gather of each token's value and each rank's top
+ones; otherwise the step's distribution already holds the gathered candidates. Values go into the request's own device buffers at the
 committed answer columns (by scatter, reading nothing from the device); they are read with the
 answer's tokens.
 """
@@ -48,26 +51,39 @@ class Buffers:
         )
 
 
-def record(canvas, live, probs: torch.Tensor | None, commit, tokens, columns) -> None:
+def record(canvas, live, probs: torch.Tensor | None, commit, tokens, columns, part=None) -> None:
     """Write each asking live row's commits of this step into its request's buffers."""
     if probs is None:  # a decode without distributions (guided drafts): nothing to record
         return
-    write(live, probs, commit, tokens, columns - canvas.prompt_width)
+    write(live, probs, commit, tokens, columns - canvas.prompt_width, part)
 
 
-def write(requests, probs: torch.Tensor, commit, tokens, positions) -> None:
+def write(requests, probs: torch.Tensor, commit, tokens, positions, part=None) -> None:
     """Row i of (N, L) `commit`, `tokens` and answer `positions` (and (N, L, V) `probs`) into
-    `requests[i]`'s buffers, for the requests that asked."""
-    for i, r in enumerate(requests):
-        if r.logprobs is None:
-            continue
-        g = r.sampling.gen_length  # its own answer's columns
+    `requests[i]`'s buffers, for the requests that asked; `part` (a VocabPart): `probs` are a
+    tensor-parallel rank's slice of the vocabulary."""
+    asking = [i for i, r in enumerate(requests) if r.logprobs is not None]
+    for i in asking:
+        r = requests[i]
         if r.logprob_buffers is None:
-            r.logprob_buffers = Buffers.empty(g, r.logprobs, probs.device)
-        buf = r.logprob_buffers
-        lp = torch.log(probs[i].double()).nan_to_num(neginf=FLOOR)  # (L, V)
-        chosen = lp.gather(-1, tokens[i][:, None]).squeeze(-1)  # (L,)
-        values, ids = lp.topk(buf.top_ids.shape[1], dim=-1)  # (L, K)
+            r.logprob_buffers = Buffers.empty(r.sampling.gen_length, r.logprobs, probs.device)
+    picked = {}
+    if part is not None and asking:  # every rank's share of the asking rows, gathered once
+        index = torch.tensor(asking, device=probs.device)
+        lp = torch.log(probs[index].double()).nan_to_num(neginf=FLOOR)  # (R, L, V_r)
+        k = max(requests[i].logprob_buffers.top_ids.shape[1] for i in asking)
+        picked = dict(zip(asking, zip(*part.pick(lp, tokens[index], k), strict=True), strict=True))
+    for i in asking:
+        r = requests[i]
+        g, buf = r.sampling.gen_length, r.logprob_buffers  # its own answer's columns
+        k = buf.top_ids.shape[1]
+        if i in picked:
+            chosen, values, ids = picked[i]
+            values, ids = values[:, :k], ids[:, :k]
+        else:
+            lp = torch.log(probs[i].double()).nan_to_num(neginf=FLOOR)  # (L, V)
+            chosen = lp.gather(-1, tokens[i][:, None]).squeeze(-1)  # (L,)
+            values, ids = lp.topk(k, dim=-1)  # (L, K)
         at = torch.where(commit[i], positions[i], g).clamp(0, g)  # (L,): scratch when not
         buf.chosen.scatter_(0, at, chosen)
         buf.top_ids.scatter_(0, at[:, None].expand_as(ids), ids)

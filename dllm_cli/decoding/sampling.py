@@ -166,6 +166,8 @@ NO_READS = Reads()
 class Sampler:
     """Turns a block's logits into drafts and confidences under one run's settings."""
 
+    kept_part = None  # its kept distributions cover the whole vocabulary (logprobs.record)
+
     def __init__(self, settings: DecodeSettings, family: Family, vocab_size: int, mask_id: int):
         self.temperature = settings.temperature
         self.top_p, self.top_k = settings.top_p, settings.top_k

@@ -33,24 +33,11 @@ from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.rules import KL_EPS
 from dllm_cli.decoding.sampling import FAMILIES, NO_READS, Reads, row_confidence
 from dllm_cli.decoding.shard_summaries import EPS, Needs, Summaries, summarize
-from dllm_cli.errors import SettingsError
 from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.sharding import ShardedLM, Shards
 
-# --unmask rules whose step keeps the shard's part of each distribution (as a grammar's), not
-# the gathered candidates logprobs read
-PARTS = ("credit",)
 NUCLEUS = 64  # candidates each rank sends for top-p (times 8 per extra round)
 LOGPROBS = 20  # candidates each rank sends when a request asks for logprobs (its most)
-
-
-def refuse_unsupported(settings, logprobs: bool = False) -> None:
-    """One line for what tensor parallelism does not compute yet (rather than computing it
-    wrong): logprobs beside a rule whose step keeps the shard's part of the distributions."""
-    if logprobs and settings.unmask in PARTS:
-        raise SettingsError(
-            f"--tensor-parallel does not support --logprobs with --unmask {settings.unmask} yet"
-        )
 
 
 @dataclass(frozen=True)
@@ -93,7 +80,6 @@ class ShardedSampler:
         self, shards: Shards, start: int, width: int, settings, family, vocab, mask,
         distributions: bool = False,
     ):  # fmt: skip
-        refuse_unsupported(settings)
         self.shards, self.start, self.width, self.family = shards, start, width, family
         self.vocab_size, self.mask_id = vocab, mask
         self.distributions = distributions  # kept: each column's distribution over the shard
@@ -103,6 +89,12 @@ class ShardedSampler:
         self.largest = max(hi - lo for lo, hi in pieces)
         self.riders: list[tuple[torch.Tensor, dict]] = []  # sent with the next gather (`ride`)
         self.last: dict[int, Last] = {}  # request id -> its last step's distribution (KLASS)
+
+    @property
+    def kept_part(self) -> VocabPart | None:
+        """What logprobs read of a kept distribution: this rank's slice of the vocabulary
+        (`distributions`), or None: the gathered candidates, over the whole vocabulary."""
+        return VocabPart(self.start, self.vocab_size, self.shards) if self.distributions else None
 
     @classmethod
     def of(
@@ -459,6 +451,24 @@ class VocabPart:
         mine = full[..., self.start : self.start + width]
         pad = mine.new_full((*mine.shape[:-1], width - mine.shape[-1]), fill)
         return torch.cat([mine, pad], dim=-1)
+
+    def pick(self, lp: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+        """(R, L, V_part) log-probabilities and (R, L) tokens -> each token's (R, L) and the
+        whole vocabulary's k largest (R, L, k) with their ids: one all-gather of 2k + 1
+        numbers a slot (every rank's slice holds more than k ids)."""
+        width = lp.shape[-1]
+        local = tokens - self.start
+        holds = (local >= 0) & (local < width)
+        chosen = lp.gather(-1, local.clamp(0, width - 1)[..., None])[..., 0]
+        chosen = chosen.masked_fill(~holds, -math.inf)  # the holder's alone
+        values, ids = lp.topk(k, dim=-1)
+        packed = torch.cat([chosen[..., None], values, (ids + self.start).double()], dim=-1)
+        every = self.shards.all_gather(packed)  # (world, R, L, 1 + 2k)
+        rows, cols = tokens.shape
+        values = every[..., 1 : 1 + k].permute(1, 2, 0, 3).reshape(rows, cols, -1)
+        ids = every[..., 1 + k :].permute(1, 2, 0, 3).reshape(rows, cols, -1).long()
+        values, at = values.topk(k, dim=-1)
+        return every[..., 0].max(dim=0).values, values, ids.gather(-1, at)
 
     def best(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(F, V_part) scores -> the whole vocabulary's best score and its id (the lowest

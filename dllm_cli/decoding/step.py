@@ -42,6 +42,7 @@ class MaskedStepper(Protocol):
     policy: Any  # a policies.POLICIES entry
     executor: Any  # forwards.Forwards | wino.ShadowForwards
     committer: Any  # unmask.Committer
+    sampler: Any  # sampling.Sampler | sharded_sampling.ShardedSampler
     frontier: bool
     draft_window: int | None
     keeps_probs: bool
@@ -115,7 +116,7 @@ def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
     commit = guard(m, decision, ctx, places)
     tokens = pred.drafts if decision.tokens is None else decision.tokens
     if p.asked:
-        logprobs.record(c, live, pred.probs, commit, tokens, pred.columns)
+        logprobs.record(c, live, pred.probs, commit, tokens, pred.columns, m.sampler.kept_part)
     if shared is None:
         write(c, commit, tokens, pred.columns, p.at)
     else:

@@ -14,9 +14,8 @@ request in flight with a 503 error object).
 A request's logprobs and grammar (response_format) come with its `add`: every rank gathers
 the candidates logprobs read, every rank's matcher follows the same committed tokens. A turn's
 scoring estimate (echo + logprobs) comes with it: every rank runs its forwards after the steps,
-as rank 0 does (scoring.py gathers each row's log-sum-exp and candidates). What the other ranks
-cannot mirror yet is refused per request (400): logprobs with a grammar, and the settings
-tensor parallelism does not compute (sharded_sampling.py).
+as rank 0 does (scoring.py gathers each row's log-sum-exp and candidates). Every request one
+process serves, the ranks serve.
 """
 
 from __future__ import annotations
@@ -26,12 +25,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from dllm_cli.decoding.sharded_sampling import refuse_unsupported
-from dllm_cli.errors import SettingsError
 from dllm_cli.models.collectives import RankLost, Shards
 from dllm_cli.runtime import Runtime
 from dllm_cli.serve import engines, scores
-from dllm_cli.serve.protocol import Job
 
 
 class Channel:
@@ -68,17 +64,6 @@ class Leader:
     def close(self) -> None:
         """The server stops: the other ranks leave their loops."""
         self.channel.broadcast(None)
-
-    @staticmethod
-    def refusal(job: Job) -> str | None:
-        """Why the other ranks could not decode this request alongside (None: they can)."""
-        if job.logprobs is not None and job.structure is not None:
-            return "logprobs with response_format are not supported under --tensor-parallel yet"
-        try:
-            refuse_unsupported(job.settings, job.logprobs is not None)
-        except SettingsError as e:
-            return str(e)
-        return None
 
 
 def follow(runtime: Runtime, slots: int, channel: Channel) -> None:

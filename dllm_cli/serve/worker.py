@@ -186,9 +186,6 @@ class Worker:
         job = ticket.job
         if job.kind == "score":
             return self.add_scoring(ticket)
-        refused = None if self.mirror is None else self.mirror.refusal(job)
-        if refused is not None:
-            return self.fail(ticket, ApiError(400, refused))
         try:
             if job.logprobs is not None:
                 scores.check_logprobs(self.runtime)
