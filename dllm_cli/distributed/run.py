@@ -70,42 +70,9 @@ def run(
     record and merges every rank's `totals` into its own. `describe` turns a rank's error into
     the line and exit code its report carries (it may print a traceback).
     """
-    if job.rank == 0:
-        return _lead(job, lines, work, emit, lost, totals, advance, describe)
-    return _follow(job, lines, work, totals, describe)
-
-
-def _follow(job: Job, lines: list[bytes], work: Work, totals: Tally, describe: Describe) -> Outcome:
-    """A rank other than 0: decode, report each batch, report how it ended, wait for the rest."""
-    outbox = Outbox(job.timeout)
-    outcome = Outcome()
-    try:
-        try:
-            work(job.shard(lines), lambda records: outbox.send(Report(job.rank, records)))
-        except Unreachable:
-            raise
-        except (Exception, KeyboardInterrupt) as e:
-            outcome.failure = Failure(*describe(e))
-        report = Report(job.rank, [], last=True, totals=totals, failure=outcome.failure)
-        outbox.send(report)
-        outbox.flush()
-        dist.barrier()  # rank 0 has written everything: exiting now cannot cut it short
-    except (Unreachable, RuntimeError) as e:  # RuntimeError: from the barrier
-        outcome.lost = first_line(e)
-    return outcome
-
-
-def _lead(
-    job: Job,
-    lines: list[bytes],
-    work: Work,
-    emit: Callable[[R], None],
-    lost: Callable[[int, str], R],
-    totals: Tally,
-    advance: Callable[[int], None],
-    describe: Describe,
-) -> Outcome:
-    """Rank 0: decode its own shard while a listener thread takes the others' reports."""
+    if job.rank != 0:
+        return _follow(job, lines, work, totals, describe)
+    # rank 0: decode its own shard while a listener thread takes the others' reports
     interrupts = Interrupts()
     merge = Merge(job, len(lines), emit, lost, interrupts.held)
     inbox: queue.Queue[Report | Silence] = queue.Queue()
@@ -130,6 +97,26 @@ def _lead(
     for other in merge.totals:
         totals.merge(other)
     return Outcome(failed=merge.failed, stopped=merge.failures)
+
+
+def _follow(job: Job, lines: list[bytes], work: Work, totals: Tally, describe: Describe) -> Outcome:
+    """A rank other than 0: decode, report each batch, report how it ended, wait for the rest."""
+    outbox = Outbox(job.timeout)
+    outcome = Outcome()
+    try:
+        try:
+            work(job.shard(lines), lambda records: outbox.send(Report(job.rank, records)))
+        except Unreachable:
+            raise
+        except (Exception, KeyboardInterrupt) as e:
+            outcome.failure = Failure(*describe(e))
+        report = Report(job.rank, [], last=True, totals=totals, failure=outcome.failure)
+        outbox.send(report)
+        outbox.flush()
+        dist.barrier()  # rank 0 has written everything: exiting now cannot cut it short
+    except (Unreachable, RuntimeError) as e:  # RuntimeError: from the barrier
+        outcome.lost = first_line(e)
+    return outcome
 
 
 def _gather(
