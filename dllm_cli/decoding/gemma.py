@@ -27,7 +27,6 @@ from dllm_cli.family_settings import check_refused
 from dllm_cli.settings import DecodeSettings
 
 FAMILY = "diffusion_gemma"
-PROFILE = "diffusiongemma-26b-a4b-it"
 USED: dict[str, str] = {
     "gen_length": "max_new_tokens",
     "block_length": "canvas_length (fixed by the checkpoint)",

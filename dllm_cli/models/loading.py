@@ -178,25 +178,21 @@ def load_with_transformers(folder: Path, config=None) -> PreTrainedTokenizerBase
     try:
         extra = {"config": config} if config is not None else {}
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, **extra)
-    except Exception as first:  # transformers raises ValueError/OSError/KeyError here
-        if bpe:
-            from transformers import Qwen2Tokenizer
+    except Exception as e:  # transformers raises ValueError/OSError/KeyError here
+        error = e
+    if bpe:
+        from transformers import Qwen2Tokenizer
 
-            try:
-                return Qwen2Tokenizer.from_pretrained(str(folder))
-            except Exception as e:
-                raise ModelLoadError(
-                    f"cannot load the tokenizer in {folder}: {_one_line(e)}"
-                ) from None
-        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(first)}") from None
+        try:
+            return Qwen2Tokenizer.from_pretrained(str(folder))
+        except Exception as e:
+            error = e
+    raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(error)}") from None
 
 
 def _token_id(tokenizer: AnyTokenizer, names: tuple[str, ...]) -> int | None:
     vocab = tokenizer.get_vocab()
-    for name in names:
-        if name in vocab:
-            return vocab[name]
-    return None
+    return next((vocab[name] for name in names if name in vocab), None)
 
 
 ROLES = ("mask", "eos", "pad", "bos", "eot")
@@ -242,14 +238,10 @@ def special_ids(
     pad = first(over.get("pad"), cfg("pad_token_id"), tokenizer.pad_token_id, eos)
     bos = first(over.get("bos"), cfg("bos_token_id"), tokenizer.bos_token_id)
     eot = first(over.get("eot"), _token_id(tokenizer, EOT_NAMES))
-    if mask is None:
-        raise ModelLoadError(
-            "the model folder names no mask token (set mask under [model.special] in the profile)"
-        )
-    if eos is None:
-        raise ModelLoadError(
-            "the model folder names no EOS token (set eos under [model.special] in the profile)"
-        )
+    for role, name, value in (("mask", "mask", mask), ("eos", "EOS", eos)):
+        if value is None:
+            why = f"names no {name} token (set {role} under [model.special] in the profile)"
+            raise ModelLoadError(f"the model folder {why}")
     ids = SpecialIds(mask=int(mask), eos=int(eos), pad=int(pad), bos=bos, eot=eot)
     for role in ROLES:
         value = getattr(ids, role)
@@ -321,16 +313,8 @@ def load_model(
         config, tokenizer, special_overrides, present=raw, table_size=rows, family=family
     )
     special = replace(special, vocab=len(tokenizer))
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        special=special,
-        path=folder,
-        architecture=config.model_type,
-        device=dev,
-        dtype=torch_dtype,
-        family=family.name,
-    )
+    kind = config.model_type
+    return LoadedModel(model, tokenizer, special, folder, kind, dev, torch_dtype, family.name)
 
 
 def add_stop_tokens(loaded: LoadedModel, names: list[str]) -> LoadedModel:
