@@ -101,7 +101,7 @@ class DiffusionLM(nn.Module):
 
     @property
     def rope_theta(self) -> float:
-        raise NotImplementedError
+        return self.config.rope_theta
 
     @property
     def rope_dim(self) -> int:
@@ -230,10 +230,6 @@ class QwenLayout:
 
     def rope_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return dtype  # Qwen2 and LLaDA-MoE's reference cast cos/sin to the activations' dtype
-
-    @property
-    def rope_theta(self):
-        return self.config.rope_theta
 
     @property
     def context_length(self):
