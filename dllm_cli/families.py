@@ -36,8 +36,6 @@ from dllm_cli.family_settings import (
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.settings import DecodeSettings
 
-GUIDED_STATIC = "guided decoding keeps one AR guide cache per batch"
-
 
 @dataclass(frozen=True)
 class Family:
@@ -354,11 +352,9 @@ def apply_family_defaults(profile, provenance: dict[str, str]) -> None:
         provenance[f"decode.{name}"] = f"family default ({family.name})"
 
 
-def batching_reason(family: Family | None, guided: bool) -> str | None:
+def batching_reason(family: Family | None) -> str | None:
     """Why batch mode runs whole static batches whatever `batching` says (None: it does not)."""
-    if family is not None and family.static_batches:
-        return family.static_batches
-    return GUIDED_STATIC if guided else None
+    return family.static_batches if family is not None else None
 
 
 def reference_settings(family: Family) -> DecodeSettings:

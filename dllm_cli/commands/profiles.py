@@ -80,7 +80,7 @@ def show_command(
     uses = gemma.uses(family)  # decode setting -> how this model family uses it
     if family:
         out.print(Text(f"model family: {family.name}", style="dim"))
-    static = batching_reason(family, guided=False)  # guided decoding batches continuously
+    static = batching_reason(family)
     own = family is not None and family.traits.own_model  # every setting's use in a column
     table = Table(title=None)
     table.add_column("Setting", no_wrap=True)

@@ -49,11 +49,8 @@ from dllm_cli.families import family_of_model, with_family_defaults
 
 
 class GrammarCommitter(Committer):
-    """A frontier-walking `Committer`: each row's grammar verifies its drafts (module doc).
-
-    `rule` is the unmask rule's committer (how far a row would commit unconstrained); the
-    grammar's per-row matchers live here, keyed by request id.
-    """
+    """A frontier-walking `Committer`: each row's grammar (its matcher, by request id) verifies
+    its drafts (module doc); `rule`: how far the unmask rule would commit unconstrained."""
 
     frontier = True
     greedy_drafts = False  # drafts are sampled as the request samples

@@ -134,10 +134,9 @@ class DualCache:
 class FreeCache:
     """FlashDLM FreeCache (arXiv 2505.21467): prompt and finished blocks never recomputed.
 
-    A block's last step commits tokens after its forward, so the K/V that forward wrote still
-    show masks. The next block's first step therefore recomputes the finished block (all
-    finished blocks not yet frozen, when a guided row skipped some) once, from their final
-    tokens, and freezes them; the prompt is frozen by the one full forward at the start.
+    A block's last forward wrote K/V that still show masks, so the next block's first step
+    recomputes the finished blocks not yet frozen once, from their final tokens, and freezes
+    them; the prompt is frozen by the one full forward at the start.
     """
 
     uses_cache = True

@@ -118,13 +118,9 @@ class DiffusionLM(nn.Module):
         return self.config.vocab_size
 
     def rope_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos, sin and signed sin (B, 1, T, D) at `positions`, rows of one table covering the
-        whole context (layers.apply_rope rotates with the signed one in one roll).
-
-        The table is computed once per model, device and dtype (as Fast-dLLM keeps one), with
-        the arithmetic of `rope_tables`, so a row equals the directly computed values; the
-        three are stacked so that one lookup serves them all.
-        """
+        """cos, sin and signed sin (B, 1, T, D) at `positions` (signed: apply_rope's one roll),
+        gathered from one stacked table per model, device and dtype (as Fast-dLLM keeps one),
+        computed by `rope_tables` so a row equals the directly computed values."""
         table = getattr(self, "_rope_table", None)
         if table is None or table.device != positions.device or table.dtype != dtype:
             every = torch.arange(self.context_length, device=positions.device)[None]

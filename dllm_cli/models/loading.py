@@ -84,11 +84,8 @@ def quiet_transformers() -> None:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """auto -> cuda when present, else cpu; a missing GPU is an error, not a silent fallback.
-
-    A name that is no device is a setting error (exit 2); a real device this machine lacks is
-    a DeviceError (exit 5).
-    """
+    """auto -> cuda when present, else cpu; a missing GPU is an error, not a silent fallback
+    (no such device name: SettingsError, exit 2; a device this machine lacks: DeviceError, 5)."""
     text = str(device).strip().lower()
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -122,11 +119,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def config_from_json(raw: dict, cfg_file: Path, family: Family | None = None):
-    """A config.json dict -> (our config object, model class); auto_map is dropped unread.
-
-    The family (families.py: `architectures` first, then `model_type`) picks the classes, so a
-    LLaDA-MoE folder (model_type "llada") never builds the dense LLaDA class.
-    """
+    """A config.json dict -> (our config object, model class); auto_map is dropped unread. The
+    family picks the classes, so a LLaDA-MoE folder (model_type "llada") never builds LLaDA's."""
     family = family or family_for_config(raw, cfg_file)
     cfg_cls, model_cls = family.classes()
     kind = raw.get("model_type", family.name)  # errors name the folder's own word
@@ -150,11 +144,8 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
 
 def load_tokenizer(folder: Path, config=None) -> AnyTokenizer:
     """The folder's tokenizer: on `tokenizers` alone where transformers would build the plain
-    tokenizers backend (models/tokenizer.py, token-identical), else AutoTokenizer without remote
-    code; Dream's remote class falls back to Qwen2's BPE.
-
-    `config`: the model's own config, so AutoTokenizer does not build one from config.json by
-    model_type (for LLaDA-MoE that would be the dense LLaDA config)."""
+    backend (models/tokenizer.py, token-identical), else AutoTokenizer without remote code;
+    `config` keeps AutoTokenizer from building one by model_type (LLaDA-MoE: dense LLaDA's)."""
     bpe = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
     if not bpe and not (folder / "tokenizer.json").is_file():
         raise ModelLoadError(
@@ -208,12 +199,10 @@ def special_ids(
     family: Family | None = None,
 ) -> SpecialIds:
     """Special ids: the profile's overrides, else config.json, else the tokenizer, else (the
-    mask) the family table (LLaDA-MoE's config.json names no mask id).
-
-    `present` (the keys config.json really has) keeps our config classes' built-in defaults,
-    which are the 8B models' ids, from posing as the folder's own; `table_size` (embedding
-    rows) turns an out-of-range id into a load error instead of an index error mid-decode.
-    """
+    mask) the family table (LLaDA-MoE's config.json names no mask id). `present` (config.json's
+    keys) keeps our config classes' defaults (the 8B models' ids) from posing as the folder's;
+    `table_size` (embedding rows) turns an out-of-range id into a load error, not a mid-decode
+    index error."""
     over = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = sorted(set(over) - set(ROLES))
     if unknown:
