@@ -20,14 +20,12 @@ Columns = slice | torch.Tensor  # shared slice, or (B, T) long canvas columns pe
 
 
 class KVCache:
-    """Keys and values of every canvas column, one tensor pair per layer.
+    """Keys (after RoPE: each keeps its absolute position) and values of every canvas column,
+    one tensor pair per layer; a forward recomputes its window and reads every other column here.
 
-    Keys are stored after RoPE, so a cached key keeps the absolute position it was computed at.
-    The cache is the only state a cache policy needs: a policy decides which columns a forward
-    recomputes (the active window); every other column is read from here. With `scratch` the
-    tensors hold one more column (index `width`) for padding queries; callers must then pass a
-    key mask that excludes it. A view (`row_ids`, `lo`) shares the tensors: its forward's row
-    i is cache row `row_ids[i]`, and it attends columns `lo` onwards (its key mask starts there).
+    `scratch`: one more column (index `width`) for padding queries, which the key mask must
+    exclude. A view (`row_ids`, `lo`) shares the tensors: its forward's row i is cache row
+    `row_ids[i]`, attending columns `lo` onwards (its key mask starts there).
     """
 
     def __init__(

@@ -280,12 +280,9 @@ def by_name(name: str | None) -> Family | None:
 
 
 def family_for_config(raw: dict, where: Path | str) -> Family:
-    """The family of a config.json dict: `architectures` first, then `model_type`.
-
-    An architectures name decides alone when we know it (and must agree with model_type when
-    both are given); a config without architectures falls back to model_type (the first family
-    listing it: dense LLaDA for "llada"). Anything else is refused naming both fields.
-    """
+    """The family of a config.json dict: a known `architectures` name (agreeing with any
+    model_type), else without architectures the first family listing its `model_type` (dense
+    LLaDA for "llada"); anything else is refused naming both fields."""
     kind = raw.get("model_type")
     names = raw.get("architectures") or []
     names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []

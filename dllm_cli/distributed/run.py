@@ -65,10 +65,9 @@ def run(
 ) -> Outcome:
     """This rank's part: `work` decodes the shard and passes finished records on in order.
 
-    Rank 0 `emit`s every rank's records in input order (`lost(line, reason)` makes an error
-    record for a line a failed rank never finished), `advance`s the progress by every finished
-    record and merges every rank's `totals` into its own. `describe` turns a rank's error into
-    the line and exit code its report carries (it may print a traceback).
+    Rank 0 `emit`s every rank's records in input order (`lost(line, reason)`: the error record
+    of a line a failed rank never finished), `advance`s the progress and merges every rank's
+    `totals`. `describe`: a rank's error -> its report's line and exit code (may print a trace).
     """
     if job.rank != 0:
         return _follow(job, lines, work, totals, describe)
