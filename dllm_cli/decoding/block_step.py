@@ -108,7 +108,10 @@ def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit
     rule, b, rows, final = e.rule, e.rule.block, p.rows, p.final
     phases = tuple(place(e, r) for r in rows)  # where each row was, before it moves on
     at = [r.block * b - r.prompt for r in rows]
-    x0, probs = draft_rows(e, rows, logits)
+    # (N, B) tokens and p: each row samples with its own request's values and generator
+    x0, probs = e.drafter(
+        logits, [r.request.sampling for r in rows], [r.request.generator for r in rows]
+    )
     block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
     active = block == e.special.mask
     k = torch.tensor([r.rule.k(r.step) for r in rows], device=e.device)
@@ -143,13 +146,6 @@ def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
     for r in final:
         r.store = False
     return out
-
-
-def draft_rows(e: BlockStepper, rows, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, B, V) -> tokens, p: each row samples with its own request's values and generator."""
-    return e.drafter(
-        logits, [r.request.sampling for r in rows], [r.request.generator for r in rows]
-    )
 
 
 def block_of(r, b: int) -> torch.Tensor:

@@ -190,7 +190,7 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme, make: Maker | None 
         count += sum(quantize_fusion(owner, owner.fusion, skip, make) for owner in owners)
         if i == 0:
             kept = {id(m) for n, m in block.named_modules() if n.rpartition(".")[2] in MLP_OUT}
-    tied = {id(p) for p in _embedding_weights(model)}
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     targets = [
         (parent, name, child)
         for parent in model.modules()
@@ -300,10 +300,6 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
-
-
-def _embedding_weights(model: nn.Module) -> list[torch.Tensor]:
-    return [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
 
 
 def weight_bytes(model: nn.Module) -> int:
