@@ -196,13 +196,15 @@ class QwenLayout:
     DiffusionLM base so these override the base's."""
 
     embeddings_name: ClassVar[str] = "embed_tokens"  # LLaDA2 calls them `word_embeddings`
+    layer: ClassVar[Callable]  # (config, index) -> that layer (a staticmethod)
 
-    def build(self, layer: Callable[[int], nn.Module]) -> None:
-        """`model` (embeddings, `layer(i)` for every layer, final norm), the LM head (tied
-        where config.json says), then random weights."""
+    def __init__(self, config) -> None:
+        """`model` (embeddings, `layer(config, i)` for every layer, final norm), the LM head
+        (tied where config.json says), then random weights."""
+        super().__init__(config)
         c = self.config
         sizes = (c.vocab_size, c.hidden_size, c.rms_norm_eps, c.num_hidden_layers)
-        self.model = Backbone(*sizes, layer, self.embeddings_name)
+        self.model = Backbone(*sizes, lambda i: self.layer(config, i), self.embeddings_name)
         self.lm_head = output_head(self.get_input_embeddings(), c.tie_word_embeddings)
         self.post_init()
 
