@@ -19,13 +19,7 @@ from dllm_cli.families import batching_reason, model_family
 from dllm_cli.family_settings import GEMMA_STEPS, read_json_value
 from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profile_paths import unset_variables
-from dllm_cli.profiles import (
-    DEFAULT_PROFILE,
-    Profile,
-    list_profiles,
-    load_profile,
-    resolve,
-)
+from dllm_cli.profiles import DEFAULT_PROFILE, Profile, list_profiles, load_profile, resolve
 
 profiles_app = typer.Typer(
     help="List the profiles dllm can find, or show one with where each value comes from.",
