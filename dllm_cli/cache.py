@@ -14,11 +14,14 @@ columns whose key mask is block-causal (per query).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 Columns = slice | torch.Tensor  # shared slice, or (B, T) long canvas columns per row
 
 
+@dataclass(eq=False, repr=False)
 class KVCache:
     """Keys (after RoPE: each keeps its absolute position) and values of every canvas column,
     one tensor pair per layer; a forward recomputes its window and reads every other column here.
@@ -28,24 +31,15 @@ class KVCache:
     `row_ids[i]`, attending columns `lo` onwards (its key mask starts there).
     """
 
-    def __init__(
-        self,
-        k: list[torch.Tensor],
-        v: list[torch.Tensor],
-        scratch: bool = False,
-        row_ids: torch.Tensor | None = None,
-        lo: int = 0,
-        hosts: tuple[int, ...] | None = None,
-        hi: int | None = None,
-    ):
-        self.k = k  # per layer (N, H_kv, S (+1 scratch), D)
-        self.v = v
-        self.scratch = scratch
-        self.row_ids = row_ids  # (R,) cache rows a forward serves (None: all, in order)
-        self.lo, self.hi = lo, hi  # key columns attended: [lo, hi) (None: to the end)
-        # row_ids as host ints where the caller knows them: a packed forward then reads one
-        # row's keys as a view instead of gathering them (decoding/packing.py)
-        self.hosts = hosts
+    k: list[torch.Tensor]  # per layer (N, H_kv, S (+1 scratch), D)
+    v: list[torch.Tensor]
+    scratch: bool = False
+    row_ids: torch.Tensor | None = None  # (R,) cache rows a forward serves (None: all, in order)
+    lo: int = 0  # key columns attended: [lo, hi) (None: to the end)
+    # row_ids as host ints where the caller knows them: a packed forward then reads one row's
+    # keys as a view instead of gathering them (decoding/packing.py)
+    hosts: tuple[int, ...] | None = None
+    hi: int | None = None
 
     @classmethod
     def empty(
