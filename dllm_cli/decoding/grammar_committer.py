@@ -303,9 +303,8 @@ def allowed(matcher, words: int) -> np.ndarray:
     return np.unpackbits(raw, bitorder="little")[: words * 32].astype(bool)
 
 
-def refusal(runtime, guided: bool = True) -> str | None:
-    """Why this runtime cannot decode under a grammar (None: it can); `guided`: its guide
-    (if loaded) would verify the drafts too."""
+def refusal(runtime) -> str | None:
+    """Why this runtime cannot decode under a grammar (None: it can)."""
     family = family_of_model(runtime.loaded.model)
     if not family.traits.frontier:
         return f"structured output is not supported for {family.title} (no frontier walk)"
@@ -316,7 +315,7 @@ def runtime_committer(
     runtime, default: Grammar | None = None, guided: bool = True, fast_forward: bool = True
 ) -> GrammarCommitter:
     """A GrammarCommitter for this runtime's model and settings (GrammarError: it cannot)."""
-    reason = refusal(runtime, guided)
+    reason = refusal(runtime)
     if reason is not None:
         raise GrammarError(reason)
     model = runtime.loaded.model

@@ -126,13 +126,13 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
     await waiting.accepted()
     if job.stream:
         served.metrics.request(path, 200)
-        chunks = stream(served, job, waiting, kind)
+        chunks = stream(served, waiting, kind)
         return StreamingResponse(chunks, media_type="text/event-stream")
     outcomes = await waiting.outcomes()
     served.metrics.request(path, 200)
     if job.kind == "score":
         return JSONResponse(scored_answer(served, job, outcomes))  # type: ignore[arg-type]
-    return JSONResponse(whole(served, job, outcomes, kind))  # type: ignore[arg-type]
+    return JSONResponse(whole(served, outcomes, kind))  # type: ignore[arg-type]
 
 
 def served_defaults(served: Served, score: Score) -> Score:
@@ -189,7 +189,7 @@ class Waiting:
         return [done[i] for i in range(len(self.tickets))]
 
 
-async def stream(served: Served, job: Job, waiting: Waiting, kind: str) -> AsyncIterator[str]:
+async def stream(served: Served, waiting: Waiting, kind: str) -> AsyncIterator[str]:
     """Server-sent events: text as it is committed (each choice by its index), each choice's
     finish chunk (the last one with the request's usage), [DONE]."""
     ids = response_id(kind)
@@ -261,7 +261,7 @@ def chunk(
     return out
 
 
-def whole(served: Served, job: Job, outcomes: list[Outcome], kind: str) -> dict:
+def whole(served: Served, outcomes: list[Outcome], kind: str) -> dict:
     """A non-streamed answer: one choice per prompt and n, by index."""
     picked = []
     for i, outcome in enumerate(outcomes):
