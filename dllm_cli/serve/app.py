@@ -165,28 +165,27 @@ class Waiting:
 
     async def accepted(self) -> None:
         """Every part accepted, or the first refusal raised (the others aborted)."""
-        pending = set(range(len(self.tickets)))
-        while pending:
-            index, what, payload = await self.next()
-            if what == "error":
-                self.abort()
-                raise payload  # type: ignore[misc]
-            if what == "accepted":
-                pending.discard(index)
-            else:
-                self.early.append((index, what, payload))
+        await self.every("accepted", keep=True)
 
     async def outcomes(self) -> list[object]:
         """Every part's outcome, in part order."""
-        done: dict[int, object] = {}
-        while len(done) < len(self.tickets):
+        done = await self.every("done", keep=False)
+        return [done[i] for i in range(len(self.tickets))]
+
+    async def every(self, wanted: str, keep: bool) -> dict[int, object]:
+        """Each part's `wanted` event's payload; an error raised (the others aborted), other
+        events kept for later where `keep` (text that came before every accept)."""
+        got: dict[int, object] = {}
+        while len(got) < len(self.tickets):
             index, what, payload = await self.next()
             if what == "error":
                 self.abort()
                 raise payload  # type: ignore[misc]
-            if what == "done":
-                done[index] = payload
-        return [done[i] for i in range(len(self.tickets))]
+            if what == wanted:
+                got[index] = payload
+            elif keep:
+                self.early.append((index, what, payload))
+        return got
 
 
 async def stream(served: Served, waiting: Waiting, kind: str) -> AsyncIterator[str]:
