@@ -225,17 +225,8 @@ def check_fit(prof: Profile, device: str, slots: int) -> None:
     dev = resolve_device(device)
     dtype = str(resolve_dtype(prof.model.dtype, dev)).removeprefix("torch.")
     where = f"cuda:{dev.index or 0}" if dev.type == "cuda" else dev.type
-    decode = prof.decode.gen_length
-    fit.check(
-        raw,
-        family.name,
-        where,
-        dtype,
-        prof.model.quantize,
-        slots,
-        decode,
-        name=prof.name if prof.source else folder.name,
-    )
+    decode, name = prof.decode.gen_length, prof.name if prof.source else folder.name
+    fit.check(raw, family.name, where, dtype, prof.model.quantize, slots, decode, name=name)
 
 
 def open_runtime(
