@@ -154,11 +154,8 @@ def shown_origin(origin: str) -> str:
 def describe(
     name: str | None, model: str | None = None
 ) -> tuple[Profile, dict[str, str], list[str]]:
-    """The resolved profile with provenance; paths naming unset variables are kept raw.
-
-    With `model` and no `name`, the profile `--model PATH` alone runs with (its family's
-    reference settings); with both, that profile with its model replaced.
-    """
+    """The resolved profile with provenance (paths naming unset variables kept raw); `model`
+    alone: what `--model PATH` runs with (its family's reference), with `name`: model replaced."""
     # --model replaces the profile's model and so drops its guide, as in `dllm generate`.
     overrides = {"model.path": model, "guide.path": "none"} if model else None
     if model and name is None:
