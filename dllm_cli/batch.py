@@ -116,11 +116,9 @@ class Pipeline:
     def run(
         self, numbered: Iterable[tuple[int, bytes]], done: Callable[[list[Slot]], None]
     ) -> None:
-        """Read (number, line) pairs, decode, hand finished slots to `done` in input order.
-
-        Lines are read only while a slot is free (or, static, until a batch is full), so a
-        line typed at a terminal is answered without waiting for the ones after it.
-        """
+        """Read (number, line) pairs, decode, hand finished slots to `done` in input order;
+        lines are read only while a slot is free (static: until a batch is full), so a line
+        typed at a terminal is answered without waiting for the next."""
         rt = self.runtime
         model, special = rt.loaded.model, rt.loaded.special
         engine = open_engine(
@@ -283,11 +281,8 @@ def json_line(text: str) -> tuple[str, dict | None]:
 
 
 def record(prompt: str, text: str, done: Finished, stop: Iterable[int], canvas: bool) -> dict:
-    """The --json object for one answer (forwards/steps/seconds are the prompt's own: those
-    of the steps it spent in a slot, whatever shared them).
-
-    token_ids: the answer's ids (what `text` decodes); `canvas`: every generated position too.
-    """
+    """The --json object for one answer: forwards/steps/seconds of the steps it spent in a slot,
+    token_ids what `text` decodes; `canvas`: every generated position too."""
     shown = {
         "prompt": prompt,
         "text": text,

@@ -150,11 +150,8 @@ def run_bench(
     on_record: Callable[[dict], None] | None = None,
     measure: Callable | None = None,
 ) -> list[dict]:
-    """Every (gen_length, strategy) of the plan on `tasks`; one record each, in run order.
-
-    `measure` times one pass (default: accuracy on TinyGSM tasks; throughput.measure for
-    synthetic prompts).
-    """
+    """Every (gen_length, strategy) of the plan on `tasks`; one record each, in run order;
+    `measure` times one pass (default: TinyGSM accuracy; throughput.measure: synthetic)."""
     from dllm_cli.evaluate import warm_up
 
     measure = measure or measure_accuracy

@@ -14,40 +14,32 @@ columns whose key mask is block-causal (per query).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 Columns = slice | torch.Tensor  # shared slice, or (B, T) long canvas columns per row
 
 
+@dataclass(eq=False, repr=False)
 class KVCache:
-    """Keys and values of every canvas column, one tensor pair per layer.
+    """Keys (after RoPE: each keeps its absolute position) and values of every canvas column,
+    one tensor pair per layer; a forward recomputes its window and reads every other column here.
 
-    Keys are stored after RoPE, so a cached key keeps the absolute position it was computed at.
-    The cache is the only state a cache policy needs: a policy decides which columns a forward
-    recomputes (the active window); every other column is read from here. With `scratch` the
-    tensors hold one more column (index `width`) for padding queries; callers must then pass a
-    key mask that excludes it. A view (`row_ids`, `lo`) shares the tensors: its forward's row
-    i is cache row `row_ids[i]`, and it attends columns `lo` onwards (its key mask starts there).
+    `scratch`: one more column (index `width`) for padding queries, which the key mask must
+    exclude. A view (`row_ids`, `lo`) shares the tensors: its forward's row i is cache row
+    `row_ids[i]`, attending columns `lo` onwards (its key mask starts there).
     """
 
-    def __init__(
-        self,
-        k: list[torch.Tensor],
-        v: list[torch.Tensor],
-        scratch: bool = False,
-        row_ids: torch.Tensor | None = None,
-        lo: int = 0,
-        hosts: tuple[int, ...] | None = None,
-        hi: int | None = None,
-    ):
-        self.k = k  # per layer (N, H_kv, S (+1 scratch), D)
-        self.v = v
-        self.scratch = scratch
-        self.row_ids = row_ids  # (R,) cache rows a forward serves (None: all, in order)
-        self.lo, self.hi = lo, hi  # key columns attended: [lo, hi) (None: to the end)
-        # row_ids as host ints where the caller knows them: a packed forward then reads one
-        # row's keys as a view instead of gathering them (decoding/packing.py)
-        self.hosts = hosts
+    k: list[torch.Tensor]  # per layer (N, H_kv, S (+1 scratch), D)
+    v: list[torch.Tensor]
+    scratch: bool = False
+    row_ids: torch.Tensor | None = None  # (R,) cache rows a forward serves (None: all, in order)
+    lo: int = 0  # key columns attended: [lo, hi) (None: to the end)
+    # row_ids as host ints where the caller knows them: a packed forward then reads one row's
+    # keys as a view instead of gathering them (decoding/packing.py)
+    hosts: tuple[int, ...] | None = None
+    hi: int | None = None
 
     @classmethod
     def empty(

@@ -102,6 +102,19 @@ class Cost:
         self.guide_seconds += result.guide_seconds
         self.steps += result.steps
 
+    def check(
+        self, task: Task, tokens: list[int], special: SpecialIds, text: str, restate: bool = True
+    ) -> None:
+        """One answer against its task's number (and, with `restate`, its question's facts)."""
+        length = self.answer_tokens(tokens, special)
+        predicted = task.extract(text)
+        right = predicted is not None and predicted == task.answer
+        problem = task.problem if restate else None
+        restated = None if problem is None else restates(problem, text)
+        question = None if problem is None else problem.question
+        fields = (task.index, task.answer, predicted, right, length, text, restated, question)
+        self.results.append(ProblemResult(*fields))
+
     def answer_tokens(self, tokens: list[int], special: SpecialIds) -> int:
         """An answer's token count (decoding.answer_length); a mask inside it is a violation."""
         length = answer_length(tokens, special.stop)
@@ -261,24 +274,7 @@ def score(
         result = decode(model, special, prompts, settings, committer=committer)
         out.add_run(result, time.perf_counter() - began)
         for task, tokens in zip(batch, result.tokens, strict=True):
-            length = out.answer_tokens(tokens, special)
-            answer_text = text(tokens)
-            predicted = task.extract(answer_text)
-            correct = predicted is not None and predicted == task.answer
-            restated = None if task.problem is None else restates(task.problem, answer_text)
-            question = None if task.problem is None else task.problem.question
-            out.results.append(
-                ProblemResult(
-                    task.index,
-                    task.answer,
-                    predicted,
-                    correct,
-                    length,
-                    answer_text,
-                    restated,
-                    question,
-                )
-            )
+            out.check(task, tokens, special, text(tokens))
         if on_batch is not None:
             on_batch(len(batch))
     return out

@@ -36,8 +36,6 @@ from dllm_cli.family_settings import (
 from dllm_cli.folders import read_config_json, resolve_path
 from dllm_cli.settings import DecodeSettings
 
-GUIDED_STATIC = "guided decoding keeps one AR guide cache per batch"
-
 
 @dataclass(frozen=True)
 class Family:
@@ -282,12 +280,9 @@ def by_name(name: str | None) -> Family | None:
 
 
 def family_for_config(raw: dict, where: Path | str) -> Family:
-    """The family of a config.json dict: `architectures` first, then `model_type`.
-
-    An architectures name decides alone when we know it (and must agree with model_type when
-    both are given); a config without architectures falls back to model_type (the first family
-    listing it: dense LLaDA for "llada"). Anything else is refused naming both fields.
-    """
+    """The family of a config.json dict: a known `architectures` name (agreeing with any
+    model_type), else without architectures the first family listing its `model_type` (dense
+    LLaDA for "llada"); anything else is refused naming both fields."""
     kind = raw.get("model_type")
     names = raw.get("architectures") or []
     names = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
@@ -354,11 +349,9 @@ def apply_family_defaults(profile, provenance: dict[str, str]) -> None:
         provenance[f"decode.{name}"] = f"family default ({family.name})"
 
 
-def batching_reason(family: Family | None, guided: bool) -> str | None:
+def batching_reason(family: Family | None) -> str | None:
     """Why batch mode runs whole static batches whatever `batching` says (None: it does not)."""
-    if family is not None and family.static_batches:
-        return family.static_batches
-    return GUIDED_STATIC if guided else None
+    return family.static_batches if family is not None else None
 
 
 def reference_settings(family: Family) -> DecodeSettings:

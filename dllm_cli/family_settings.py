@@ -37,10 +37,7 @@ TRAITS: Mapping[str, StepperTraits] = MappingProxyType(
         "masked": StepperTraits(frontier=True, grammar=True),
         "block": StepperTraits(prompt_blocks=True, grammar=True),
         "gemma": StepperTraits(
-            uniform=True,
-            whole_canvases=True,
-            own_model=True,
-            per_request_sampling=False,
+            uniform=True, whole_canvases=True, own_model=True, per_request_sampling=False
         ),
     }
 )
@@ -78,10 +75,7 @@ BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
             ("threshold", "fixed"),
             "the references commit by a confidence threshold or a fixed count per step",
         ),
-        "confidence": (
-            ("low_confidence",),
-            "the references rank by the draft's probability",
-        ),
+        "confidence": (("low_confidence",), "the references rank by the draft's probability"),
     }
 )
 # Features a family cannot run: feature -> why, refused in one line where the feature starts

@@ -101,13 +101,8 @@ def hf_shape(c: dict) -> dict:
 
 
 def read_qwen(c: dict, qkv_bias: bool, qk_norm: bool) -> Arch:
-    return Arch(
-        **hf_shape(c),
-        ffn=c["intermediate_size"],
-        dense_layers=c["num_hidden_layers"],
-        qkv_bias=qkv_bias,
-        qk_norm=qk_norm,
-    )
+    shape = {"ffn": c["intermediate_size"], "dense_layers": c["num_hidden_layers"]}
+    return Arch(**hf_shape(c), **shape, qkv_bias=qkv_bias, qk_norm=qk_norm)
 
 
 def read_llada_moe(c: dict) -> Arch:
@@ -354,11 +349,8 @@ def check(
 
 def read_arch(config: dict, family: str) -> Arch | None:
     """The sizes of a config.json (None: a family this check does not size)."""
-    reader = READERS.get(family)
-    if reader is None:
-        return None
     try:
-        return reader(config)
+        return READERS[family](config) if family in READERS else None
     except (KeyError, TypeError, ValueError):
         return None
 

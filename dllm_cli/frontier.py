@@ -97,7 +97,7 @@ def score_alone(
 ) -> Score:
     """Accuracy and batch-1 cost of decoding `tasks`, `batch_size` rows at their own pace."""
     from dllm_cli.decoding import Decoder
-    from dllm_cli.evaluate import ProblemResult, Score
+    from dllm_cli.evaluate import Score
 
     model, special = runtime.loaded.model, runtime.loaded.special
     decoder = Decoder(model, special, settings)
@@ -109,13 +109,7 @@ def score_alone(
         out.add_run(result, time.perf_counter() - began)
         out.forwards += result.rows_served - result.forwards  # count row-forwards instead
         for task, tokens in zip(batch, result.tokens, strict=True):
-            length = out.answer_tokens(tokens, special)
-            text = runtime.text(tokens)
-            predicted = task.extract(text)
-            right = predicted is not None and predicted == task.answer
-            out.results.append(
-                ProblemResult(task.index, task.answer, predicted, right, length, text)
-            )
+            out.check(task, tokens, special, runtime.text(tokens), restate=False)
     return out
 
 

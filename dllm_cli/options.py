@@ -49,9 +49,7 @@ def decode_flags() -> dict[str, Flag]:
     kinds = kinds_of(DecodeSettings)
     return {
         name: Flag(
-            _option(kinds[name][0], spec.flag_help(), spec.panel),
-            spec.group,
-            f"decode.{name}",
+            _option(kinds[name][0], spec.flag_help(), spec.panel), spec.group, f"decode.{name}"
         )
         for name, spec in declared(DecodeSettings)
         if spec.help is not None

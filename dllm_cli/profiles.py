@@ -53,12 +53,7 @@ TOP_KEYS = ("name", "description", *SECTIONS)
 
 def load_profile(name_or_path: str | os.PathLike | None = None) -> Profile:
     """Find, parse and validate a profile; every problem is a one-line ProfileError."""
-    return read_profile(find_profile(name_or_path))
-
-
-def read_profile(path: Path) -> Profile:
-    """Parse and validate one profile file."""
-    return _parse(path)[0]
+    return _parse(find_profile(name_or_path))[0]
 
 
 def _parse(path: Path) -> tuple[Profile, dict]:

@@ -54,12 +54,9 @@ class Runtime:
     _frame: Frame | None = field(default=None, init=False, repr=False)
 
     def encode(self, prompt: str) -> list[int]:
-        """Prompt text -> token ids (inside the chat template unless chat is off).
-
-        The prompt is text: a special token's string in it is tokenized as text (chat.py), so
-        the only special tokens in a prompt are the ones the template (or the tokenizer's own
-        BOS) writes.
-        """
+        """Prompt text -> token ids (inside the chat template unless chat is off); a special
+        token's string in the prompt is tokenized as text (chat.py), so only the template (or
+        the tokenizer's own BOS) writes special tokens."""
         check_text(prompt)
         if not prompt.strip():
             raise InputError("empty prompt")
@@ -104,11 +101,8 @@ class Runtime:
             )
 
     def committer(self) -> Committer | None:
-        """The guided-diffusion committer when a guide is loaded, else None (the settings' rule).
-
-        Pass it to the decoder as `committer=`; one may serve many decodes, one at a time.
-        With a grammar: the grammar's committer (its matchers are per request).
-        """
+        """The guided-diffusion committer when a guide is loaded, else None (the settings' rule);
+        with a grammar, the grammar's. Pass it as `committer=`; it serves decodes one at a time."""
         if self.grammar is not None:
             from dllm_cli.decoding.grammar_committer import runtime_committer
 
@@ -231,17 +225,8 @@ def check_fit(prof: Profile, device: str, slots: int) -> None:
     dev = resolve_device(device)
     dtype = str(resolve_dtype(prof.model.dtype, dev)).removeprefix("torch.")
     where = f"cuda:{dev.index or 0}" if dev.type == "cuda" else dev.type
-    decode = prof.decode.gen_length
-    fit.check(
-        raw,
-        family.name,
-        where,
-        dtype,
-        prof.model.quantize,
-        slots,
-        decode,
-        name=prof.name if prof.source else folder.name,
-    )
+    decode, name = prof.decode.gen_length, prof.name if prof.source else folder.name
+    fit.check(raw, family.name, where, dtype, prof.model.quantize, slots, decode, name=name)
 
 
 def open_runtime(
@@ -259,11 +244,10 @@ def open_runtime(
     """Resolve the profile with CLI overrides (which builds the settings), load the model and
     guide; `shards`: only this rank's slices of it (tensor parallelism).
 
-    `require_guide` (the CLI's explicit --guide) makes a profile without [guide] an error
-    before anything is loaded. `place` maps the configured device to the one to load on
-    (under torchrun: this rank's own GPU). A load that cannot fit in the device's free memory
-    with `slots` rows is refused before any weight is read (fit.py), unless `force`. `source`: who gave
-    `overrides` (GIVEN_BY's keys), as error messages name it.
+    `require_guide` (explicit --guide): a profile without [guide] is an error before any load.
+    `place`: the configured device -> the one to load on (torchrun: this rank's GPU). A load
+    that cannot fit with `slots` rows is refused before any weight is read (fit.py), unless
+    `force`. `source`: who gave `overrides` (GIVEN_BY's keys), as error messages name it.
     """
     prof, provenance = resolve(profile, overrides)
     provenance = given_by(provenance, source)

@@ -359,12 +359,7 @@ class DecodeSettings:
 
 
 def split_blocks(gen_length: int, block_length: int, steps: int) -> list[tuple[int, int]]:
-    """(tokens, steps) per block, left to right.
-
-    Blocks of `block_length` (one block when it exceeds gen_length; the last may be shorter).
-    Steps are split as LLaDA splits tokens over steps: `steps // n` each, the first
-    `steps % n` blocks one more, capped at the block's own length (more would commit nothing).
-    """
+    """(tokens, steps) per block, left to right, as the module docstring says."""
     size = min(block_length, gen_length)
     n = -(-gen_length // size)
     lengths = [min(size, gen_length - b * size) for b in range(n)]

@@ -166,8 +166,7 @@ def bench_command(
     strategies: Annotated[
         str | None,
         typer.Option(
-            help=f"Comma-separated: {', '.join(STRATEGIES)} (default: all).",
-            rich_help_panel=BENCH,
+            help=f"Comma-separated: {', '.join(STRATEGIES)} (default: all).", rich_help_panel=BENCH
         ),
     ] = None,
     reference: Annotated[

@@ -47,11 +47,8 @@ def set_debug(on: bool) -> None:
 
 
 def is_debug() -> bool:
-    """--debug was given to the app: show tracebacks instead of one-line errors.
-
-    A module flag, not a context lookup: typer >= 0.2x vendors click and exposes no
-    get_current_context, and the flag is set afresh on every invocation.
-    """
+    """--debug was given to the app: show tracebacks instead of one-line errors (a module flag
+    set on every invocation: typer >= 0.2x vendors click and exposes no get_current_context)."""
     return _debug
 
 
@@ -99,11 +96,8 @@ def check_output(path: Path | None, flag: str) -> None:
 
 
 def show_prompt(runtime: Runtime, ids: list[int], line: int | None = None) -> None:
-    """--verbose-prompt: the prompt as the model sees it, one token per line, on stderr.
-
-    Each token's text is shown as a Python string literal, so spaces, newlines and anything
-    unprintable are visible, and nothing in it can drive the terminal.
-    """
+    """--verbose-prompt: the prompt as the model sees it, one token per line, on stderr, each
+    as a Python string literal (spaces and unprintables visible, nothing drives the terminal)."""
     where = "prompt" if line is None else f"prompt of line {line}"
     stderr.print(Text(f"dllm: {where}: {len(ids)} tokens"), highlight=False)
     width = len(str(max(ids, default=0)))
@@ -124,12 +118,8 @@ def stderr_is_terminal() -> bool:
 
 
 def progress_bar(label: str, visible: bool = True) -> Progress:
-    """A transient bar on stderr (a terminal only, not on another rank; gone when done).
-
-    It must not redirect stdout: Rich's default sends whatever is written to stdout while
-    the bar is up to the bar's console, so records meant for a file or a pipe were drawn on
-    the terminal instead (and the file stayed empty).
-    """
+    """A transient bar on stderr (a terminal only, not on another rank; gone when done). It must
+    not redirect stdout (Rich's default): records meant for a file or a pipe were drawn instead."""
     return Progress(
         TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=stderr, disable=not (visible and stderr_is_terminal()), transient=True,
@@ -154,11 +144,9 @@ def load_runtime(
 ) -> Runtime:
     """open_runtime for the shared flags, with a spinner on a terminal; notes go to stderr.
 
-    A --model replaces the profile's model, so the profile's guide (which must share that
-    model's tokenizer) is left out unless --guide asks for it. `place`: see open_runtime;
-    `quiet`: no spinner and no notes (torchrun's ranks other than 0); `slots`: the rows decoded
-    at once, which the fit check sizes the KV cache for; `shards`: this rank's slices of the
-    model only (--tensor-parallel).
+    A --model replaces the profile's model, so the profile's guide (sharing its tokenizer) is
+    left out unless --guide asks for it. `quiet`: no spinner, no notes (torchrun's other ranks);
+    `slots`: rows decoded at once (the fit check sizes the KV cache); `shards`: --tensor-parallel.
     """
     guide, overrides = choices.guide, choices.overrides
     swapped = "model.path" in overrides and guide is None

@@ -144,8 +144,7 @@ def eval_command(
         ),
     ] = None,
     warmup: Annotated[
-        bool,
-        typer.Option(help="Untimed one-block decode before timing.", rich_help_panel=opt.EVAL),
+        bool, typer.Option(help="Untimed one-block decode before timing.", rich_help_panel=opt.EVAL)
     ] = True,
     as_json: Annotated[
         bool,
@@ -158,9 +157,7 @@ def eval_command(
     per_problem: Annotated[
         bool,
         typer.Option(
-            "--details",
-            help="With --json: add every problem's answer.",
-            rich_help_panel=opt.OUTPUT,
+            "--details", help="With --json: add every problem's answer.", rich_help_panel=opt.OUTPUT
         ),
     ] = False,
     tensor_parallel: TensorParallel = 1,

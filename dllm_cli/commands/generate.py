@@ -161,8 +161,7 @@ def generate_command(
             )
         if batch and leader and stdin_is_terminal():
             raise fail(
-                "no prompt: give one as an argument, or pipe prompts on stdin (one per line)",
-                USAGE,
+                "no prompt: give one as an argument, or pipe prompts on stdin (one per line)", USAGE
             )
         if json_input and not batch:
             raise fail("--json-input reads prompts from stdin: give '-' instead of a prompt", USAGE)

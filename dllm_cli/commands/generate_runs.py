@@ -40,10 +40,7 @@ _SHOWN_LINES = 10  # line numbers listed in a failed rank's summary
 
 def run_batch(pipeline: Pipeline, shown: Runtime | None = None) -> int:
     """The pipeline on stdin, records to stdout as they are ready; returns how many failed.
-
-    Ctrl-C says how far it got: lines written, lines read but not written (each record goes
-    out whole, in input order, so the output is every line up to the last one written).
-    """
+    Ctrl-C says how far it got (records go out whole, in input order)."""
     failed = read = written = 0
 
     def numbered():
@@ -216,11 +213,8 @@ def run_sharded(
     shown: Runtime | None = None,
     shards: Shards | None = None,
 ) -> int:
-    """This rank's share of stdin through the pipeline; rank 0 writes every rank's records.
-
-    With `shards` (replicas of --tensor-parallel ranks) the lines are shared out over the
-    replicas: each replica's first rank reports as a rank does, the others decode alongside.
-    """
+    """This rank's share of stdin through the pipeline; rank 0 writes every rank's records. With
+    `shards` the lines go to replicas: a replica's first rank reports, the others decode along."""
     from dllm_cli import distributed
 
     with distributed.process_group(job):

@@ -125,14 +125,14 @@ def profile_row(p: Profile, device: str, free: int) -> Row:
     disk = gb_on_disk(m.hub) if where == "pulled" else folder_size(folder)
     dtype = m.dtype if m.dtype != "auto" else ("bfloat16" if device != "cpu" else "float32")
     precision = m.quantize if m.quantize != "none" else dtype
-    verdict = judge(folder, device, free, dtype, m.quantize, p.decode.gen_length)
+    verdict = judge(folder, free, dtype, m.quantize, p.decode.gen_length)
     return Row(p.name, m.hub or "-", where, disk, precision, verdict)
 
 
 def repo_row(repo: str, device: str, free: int) -> Row:
     folder = hub.cached(hub.Source(repo))
     dtype = "bfloat16" if device != "cpu" else "float32"
-    verdict = judge(folder, device, free, dtype, "none", 256)
+    verdict = judge(folder, free, dtype, "none", 256)
     return Row(repo, repo, "pulled", gb_on_disk(repo), dtype, verdict)
 
 
@@ -142,7 +142,7 @@ def local_folder(p: Profile) -> Path | None:
     return hub.cached(hub_source(p)) if p.model.hub else None
 
 
-def judge(folder: Path | None, device: str, free: int, dtype: str, quantize: str, gen: int) -> str:
+def judge(folder: Path | None, free: int, dtype: str, quantize: str, gen: int) -> str:
     """fits / tight / will not fit for one slot, or why it cannot be judged."""
     if folder is None:
         return "- (no config.json yet)"

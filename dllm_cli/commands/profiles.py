@@ -19,13 +19,7 @@ from dllm_cli.families import batching_reason, model_family
 from dllm_cli.family_settings import GEMMA_STEPS, read_json_value
 from dllm_cli.folders import BUILTIN_PREFIX, resolve_path
 from dllm_cli.profile_paths import unset_variables
-from dllm_cli.profiles import (
-    DEFAULT_PROFILE,
-    Profile,
-    list_profiles,
-    load_profile,
-    resolve,
-)
+from dllm_cli.profiles import DEFAULT_PROFILE, Profile, list_profiles, load_profile, resolve
 
 profiles_app = typer.Typer(
     help="List the profiles dllm can find, or show one with where each value comes from.",
@@ -80,7 +74,7 @@ def show_command(
     uses = gemma.uses(family)  # decode setting -> how this model family uses it
     if family:
         out.print(Text(f"model family: {family.name}", style="dim"))
-    static = batching_reason(family, guided=False)  # guided decoding batches continuously
+    static = batching_reason(family)
     own = family is not None and family.traits.own_model  # every setting's use in a column
     table = Table(title=None)
     table.add_column("Setting", no_wrap=True)
@@ -160,11 +154,8 @@ def shown_origin(origin: str) -> str:
 def describe(
     name: str | None, model: str | None = None
 ) -> tuple[Profile, dict[str, str], list[str]]:
-    """The resolved profile with provenance; paths naming unset variables are kept raw.
-
-    With `model` and no `name`, the profile `--model PATH` alone runs with (its family's
-    reference settings); with both, that profile with its model replaced.
-    """
+    """The resolved profile with provenance (paths naming unset variables kept raw); `model`
+    alone: what `--model PATH` runs with (its family's reference), with `name`: model replaced."""
     # --model replaces the profile's model and so drops its guide, as in `dllm generate`.
     overrides = {"model.path": model, "guide.path": "none"} if model else None
     if model and name is None:

@@ -33,8 +33,7 @@ if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
 
 VIEW = "View"
 Delay = Annotated[
-    float,
-    typer.Option(help="Seconds to pause after each step, to watch it.", rich_help_panel=VIEW),
+    float, typer.Option(help="Seconds to pause after each step, to watch it.", rich_help_panel=VIEW)
 ]
 Replay = Annotated[
     bool,
@@ -138,11 +137,7 @@ def recorded(run: DecodeRun) -> Iterable[tuple[StepEvent, float]]:
 
 
 def show(
-    view: CanvasView,
-    event: StepEvent,
-    seconds: float,
-    recorder: Recorder | None,
-    delay: float,
+    view: CanvasView, event: StepEvent, seconds: float, recorder: Recorder | None, delay: float
 ) -> None:
     """Advance the view one step, keep the frame for --save, pause for --delay."""
     view.update(event, seconds)

@@ -8,28 +8,20 @@
 
 Choices worth knowing (details in each module):
 - Blocks and steps that do not divide are adjusted, not refused (settings.py, canvas.py).
-- Every policy predicts the block from fresh hidden states, shifting the window one column
-  left for Dream; no block's first token is ever force-committed (Fast-dLLM issue #61).
-- FreeCache recomputes a finished block once, from its final tokens, on the next block's first
-  step, then never again (policies.py).
-- Classifier-free guidance decodes the prompt-masked branch as extra batch rows with their own
-  cache rows, so it composes with every cache policy (step.py, forwards.py).
-- [MASK] is never a draft and logits past the real vocabulary are ignored (sampling.py).
-- Every request keeps its own place (request.py, rows.py) and a step serves all rows with one
-  windowed forward and, under continuous batching, refreshes over each row's own columns
-  (ragged rows, forwards.py); static batches move through the blocks in lockstep.
-- Admission (slots.py): `static` admits whole batches, `continuous` admits into any free slot
-  on the next step, a new request taking a finished one's slot and KV cache row; answers
-  equal single-prompt decodes under greedy decoding.
-- Guided diffusion (FlashDLM) is a frontier-walking committer: `GuidedCommitter(guide, vocab,
-  special, GuideRules(...))` passed as `committer=`; each row is written left to right from its
-  first mask, an AR guide verifying the drafts in chunks (guided.py says exactly how).
-- A DiffusionGemma model (uniform-state block diffusion) is decoded by the steps of
-  transformers' own `generate` loop, one per engine step and in the caller's thread
-  (gemma_loop.py), as the engine's DiffusionGemma stepper (gemma_stepper.py: static
-  batches); its events carry `drafts` (tokens replaced) as well as commits.
-- Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch), so a
-  row never depends on its batch; confidence ties go to the leftmost column.
+- Every policy predicts the block from fresh hidden states (one column early for Dream); no
+  block's first token is ever force-committed (Fast-dLLM issue #61); FreeCache recomputes a
+  finished block once from its final tokens (policies.py).
+- Classifier-free guidance decodes the prompt-masked branch as extra rows with their own cache
+  rows, so it composes with every cache policy (step.py, forwards.py).
+- [MASK] is never a draft; logits past the real vocabulary are ignored (sampling.py).
+- Every request keeps its own place (request.py, rows.py); admission (slots.py) is `static`
+  (whole batches in lockstep) or `continuous` (a new request takes a finished one's slot and
+  cache row); answers equal single-prompt decodes under greedy decoding.
+- Guided diffusion (FlashDLM, guided.py) is a frontier-walking committer passed as `committer=`.
+- DiffusionGemma runs transformers' own `generate` loop one step per engine step (gemma_loop.py,
+  gemma_stepper.py: static batches); its events carry `drafts` as well as commits.
+- Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch);
+  confidence ties go to the leftmost column.
 """
 
 from dllm_cli.decoding.answer import answer_end, answer_length, answer_tokens, first_stop

@@ -34,12 +34,8 @@ def answer_length(tokens: Sequence[int], stop: Iterable[int]) -> int:
 
 
 def first_stop(answer: torch.Tensor, stop_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """(B,) position of each row's first stop token if everything before it is committed, else G.
-
-    `stop_ids`: (K,) ids every row stops at, or (B, K) each row's own (padded with -1).
-
-    Such a row's text is final: no later step can change a token before the stop.
-    """
+    """(B,) position of each row's first stop token if everything before it is committed (its
+    text is final), else G; `stop_ids`: (K,) for every row, or (B, K) each row's (-1 padded)."""
     g = answer.shape[1]
     span = torch.arange(g, device=answer.device)[None]
     if stop_ids.dim() == 2:  # (B, K): each row's own stop ids (-1 padded)

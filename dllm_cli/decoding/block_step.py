@@ -112,7 +112,12 @@ def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit
     phases = tuple(place(e, r) for r in rows)  # where each row was, before it moves on
     at = [r.block * b - r.prompt for r in rows]
     asked = any(r.request.logprobs is not None for r in rows)  # (logprobs.py: opt-in)
-    x0, probs, dist = draft_rows(e, rows, logits, asked or e.committer is not None)
+    # (N, B) tokens and p (and their distribution, kept for logprobs or a grammar): each row
+    # samples with its own request's values and generator
+    x0, probs, dist = e.drafter(
+        logits, [r.request.sampling for r in rows], [r.request.generator for r in rows],
+        asked or e.committer is not None,
+    )  # fmt: skip
     block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
     active = block == e.special.mask
     k = torch.tensor([r.rule.k(r.step) for r in rows], device=e.device)
@@ -152,13 +157,6 @@ def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
     for r in final:
         r.store = False
     return out
-
-
-def draft_rows(e: BlockStepper, rows, logits: torch.Tensor, keep: bool = False) -> tuple:
-    """(N, B, V) -> tokens, p and (`keep`) their distribution: each row samples with its own
-    request's values and generator."""
-    samplings = [r.request.sampling for r in rows]
-    return e.drafter(logits, samplings, [r.request.generator for r in rows], keep)
 
 
 def grammar_runs(e: BlockStepper, rows, fill, x0, dist, active) -> tuple[torch.Tensor, ...]:

@@ -59,11 +59,9 @@ def check_token_ids(prompts: list[list[int]], table: int) -> None:
 
 @dataclass
 class Canvas:
-    """Token ids of the rows still decoding, left-padded so every answer starts at one column.
-
-    `pad[r]` columns of padding come first; RoPE positions count from each row's first real
-    token and padding is never attended to, so a row decodes as if it were alone.
-    """
+    """Token ids of the rows still decoding, left-padded (`pad[r]` columns) so every answer
+    starts at one column; RoPE counts from a row's first real token and padding is never
+    attended to, so a row decodes as if it were alone."""
 
     ids: torch.Tensor  # (B, S) long
     pad: torch.Tensor  # (B,) long: left padding per row

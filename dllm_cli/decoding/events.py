@@ -37,11 +37,8 @@ class RowPhase:
 
 @dataclass(frozen=True)
 class StepEvent:
-    """One decoding step, for streaming text, a live view or a benchmark.
-
-    block, block_step, window, refresh and frozen describe the first live row (every row,
-    when the batch moves in lockstep); `phases` has them for each row.
-    """
+    """One decoding step, for streaming text, a live view or a benchmark; block, block_step,
+    window, refresh and frozen describe the first live row, `phases` every row's."""
 
     step: int  # 0-based over the whole decode
     block: int

@@ -27,7 +27,6 @@ from dllm_cli.family_settings import check_refused
 from dllm_cli.settings import DecodeSettings
 
 FAMILY = "diffusion_gemma"
-PROFILE = "diffusiongemma-26b-a4b-it"
 USED: dict[str, str] = {
     "gen_length": "max_new_tokens",
     "block_length": "canvas_length (fixed by the checkpoint)",
@@ -82,11 +81,8 @@ def notes(s: DecodeSettings, canvas: int) -> list[str]:
 
 
 def generation_kwargs(stop: tuple[int, ...], pad: int, s: DecodeSettings) -> dict:
-    """Keyword arguments of `generate` that set its generation config from dllm's settings.
-
-    Passed as kwargs because those override every level (a generation_config object's unset
-    fields would be refilled from the checkpoint's, e.g. its stop tokens with early stop off).
-    """
+    """`generate`'s keyword arguments for dllm's settings: kwargs override every level (a
+    generation_config's unset fields would be refilled from the checkpoint's, e.g. its stops)."""
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
         EntropyBoundSamplerConfig,
     )

@@ -38,12 +38,9 @@ def denoise(
     stopping,
     streamer,
 ) -> Generator[None, None, torch.Tensor]:
-    """Decode (B, W) left-padded prompts; yields after every denoising step but a decode's last,
-    returns the (B, W + canvases * L) sequences as generate's `sequences`.
-
-    `config` is the resolved DiffusionGemmaGenerationConfig, `sampler` an EntropyBoundSampler,
-    `stopping` the diffusion stopping rule (or None), `streamer` takes generate's calls.
-    """
+    """Decode (B, W) left-padded prompts; yields after every denoising step but the last, returns
+    generate's (B, W + canvases * L) `sequences`. `config`: the resolved generation config,
+    `stopping`: the diffusion stopping rule (or None), `streamer`: takes generate's calls."""
     batch_size, cur_len = input_ids.shape
     max_length, max_new_tokens = model._prepare_generated_length(config, cur_len)
     canvases = math.ceil(max_new_tokens / model.config.canvas_length)

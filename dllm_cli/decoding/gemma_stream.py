@@ -24,11 +24,9 @@ from dllm_cli.decoding.events import RowCommit, StepEvent
 class RowSampler(EntropyBoundSampler):
     """transformers' entropy-bound sampler; row r draws its noise and samples from generators[r].
 
-    The reference draws from torch's global generator, so a row's draws depend on the rows
-    before it. Acceptance and renoising are the reference's own methods; only the source of
-    randomness differs: each row has its own generator (seeded with the run's seed), and a row
-    whose canvas the stopping rule has frozen draws nothing (alone, its loop would have ended),
-    so its later canvases see the same random numbers as in a run of its own.
+    Only the randomness differs from the reference (torch's global generator, so a row's draws
+    depend on the rows before it): each row has its own seeded generator, and a row whose canvas
+    the stopping rule froze draws nothing, so its later canvases see the numbers of a run alone.
     """
 
     def __init__(self, config, canvas_length, vocab_size, max_denoising_steps, generators, frozen):
@@ -108,9 +106,8 @@ class CanvasPlan:
 class EventStreamer:
     """transformers' streamer protocol -> StepEvents (one per denoising step), handed to `send`.
 
-    A step event is held back until the next call: if that call is `put` (the canvas is final),
-    the event also carries the canvas's commits and the rows that finished with it. A driver
-    that knows the canvas goes on (gemma_loop's caller) sends it at once with `flush`.
+    A step's event waits for the next call: a `put` (the canvas is final) adds the canvas's
+    commits and the rows it finished; a driver that knows the canvas goes on calls `flush`.
     """
 
     def __init__(self, plan: CanvasPlan, rows: int, observer: Callable[[], StopObserver | None],

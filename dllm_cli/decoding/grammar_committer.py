@@ -49,11 +49,8 @@ from dllm_cli.families import family_of_model, with_family_defaults
 
 
 class GrammarCommitter(Committer):
-    """A frontier-walking `Committer`: each row's grammar verifies its drafts (module doc).
-
-    `rule` is the unmask rule's committer (how far a row would commit unconstrained); the
-    grammar's per-row matchers live here, keyed by request id.
-    """
+    """A frontier-walking `Committer`: each row's grammar (its matcher, by request id) verifies
+    its drafts (module doc); `rule`: how far the unmask rule would commit unconstrained."""
 
     frontier = True
     greedy_drafts = False  # drafts are sampled as the request samples
@@ -322,9 +319,8 @@ def allowed(matcher, words: int) -> np.ndarray:
     return np.unpackbits(raw, bitorder="little")[: words * 32].astype(bool)
 
 
-def refusal(runtime, guided: bool = True) -> str | None:
-    """Why this runtime cannot decode under a grammar (None: it can); `guided`: its guide
-    (if loaded) would verify the drafts too."""
+def refusal(runtime) -> str | None:
+    """Why this runtime cannot decode under a grammar (None: it can)."""
     family = family_of_model(runtime.loaded.model)
     if not family.traits.grammar:
         return f"structured output is not supported for {family.title} (no frontier walk)"
@@ -335,7 +331,7 @@ def runtime_committer(
     runtime, default: Grammar | None = None, guided: bool = True, fast_forward: bool = True
 ) -> GrammarCommitter:
     """A GrammarCommitter for this runtime's model and settings (GrammarError: it cannot)."""
-    reason = refusal(runtime, guided)
+    reason = refusal(runtime)
     if reason is not None:
         raise GrammarError(reason)
     model = runtime.loaded.model

@@ -54,11 +54,8 @@ class GuideCache:
     def forward(
         self, feed: torch.Tensor, positions: torch.Tensor, pad_id: int, last: int
     ) -> torch.Tensor:
-        """Logits (B, last, V) of the last `last` fed slots, on top of each row's cached tokens.
-
-        Every fed slot may be attended (causally), so padding at the end of a short row only
-        ever attends to itself and what precedes it, never the other way round.
-        """
+        """Logits (B, last, V) of the last `last` fed slots, on top of each row's cached tokens;
+        fed slots attend causally, so a short row's end padding is never attended by its tokens."""
         self._drop_unused()
         at = self._index()  # canvas row r is fed as cache row at[r] (a permutation now)
         feed, positions = scatter_rows(feed, self.rows), scatter_rows(positions, self.rows)
@@ -119,14 +116,11 @@ class GuideCache:
         self.valid = torch.arange(width, device=v.device)[None] < n[:, None]
 
     def admit(self, prompts: list[list[int]], order: torch.Tensor, pad_id: int) -> None:
-        """New canvas rows join after the current ones, then canvas rows are reordered as
-        `order` says.
+        """New canvas rows join after the current ones, then rows are reordered as `order` says.
 
-        (Continuous batching.) Each new request takes a cache row no canvas row uses (a
-        finished request's, else a new one) and keeps it; its prompt but the last token is
-        cached at once, by a guide forward over that prompt alone (no padding to compute),
-        and written over that row, so the next verification feeds every row only its chunk.
-        Other rows stay put.
+        Each new request takes a free cache row (a finished request's, else a new one) and keeps
+        it; its prompt but the last token is cached at once by a guide forward over that prompt
+        alone, so the next verification feeds every row only its chunk. Other rows stay put.
         """
         taken = set(self.rows)
         free = [i for i in range(len(self.valid)) if i not in taken][: len(prompts)]

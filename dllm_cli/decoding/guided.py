@@ -72,12 +72,9 @@ class GuideRules:
 
 
 class GuidedCommitter(Committer):
-    """A frontier-walking `Committer`: an AR guide verifies the drafts (FlashDLM).
-
-    Reusable across decodes, one at a time (the engine calls `start` at each decode's start,
-    `admit` when requests join a running one and `select` when rows leave).
-    `forwards` counts the guide's forwards over its lifetime.
-    """
+    """A frontier-walking `Committer`: an AR guide verifies the drafts (FlashDLM). Reusable
+    across decodes, one at a time (the engine calls `start`, `admit` as requests join, `select`
+    as rows leave); `forwards` counts the guide's forwards over its lifetime."""
 
     frontier = True
 

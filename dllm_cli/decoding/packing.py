@@ -141,8 +141,7 @@ def group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t) -> A
         rows, mask = slice(hosts[r], hosts[r] + 1), None
     else:
         queries = torch.tensor(
-            [[offsets[r] + min(j, widths[r] - 1) for j in range(t)] for r in members],
-            device=device,
+            [[offsets[r] + min(j, widths[r] - 1) for j in range(t)] for r in members], device=device
         )  # padding repeats a row's last query (its output is never read)
         index = torch.tensor(members, device=device)
         rows = index if cache_rows is None else cache_rows[index]

@@ -26,15 +26,10 @@ row with a draft window needs no prediction past the window's end, so Prefix and
 windows stop there (`reach`); the masked columns beyond keep the K/V they last got, as
 DualCache's suffix does.
 
-Suffix pruning (`suffix_window` W > 0; DPad: Crys-Chen/DPad; Streaming-dLLM) cuts the canvas
-a row sees at `limit`, W columns past its current block: every window, refresh and attended key
-stops there, so the masked columns beyond are neither computed nor attended until their block
-comes closer (they keep their true RoPE positions: the canvas is cut, not renumbered). The
-limit moves on with the block; columns that come into reach for the first time (past `seen`)
-are computed by that step's forward, whatever `reach` says. With W = 0, or W at least the
-answer's length, the limit is the canvas end and nothing changes. A row whose own gen_length
-is shorter than the canvas's answer columns (per-request lengths) is cut the same way, for
-good: its limit never passes its own answer's end.
+Suffix pruning (`suffix_window` W > 0; DPad, Streaming-dLLM; docs/decoding.md) cuts what a row
+sees at `limit`, W columns past its current block; columns first in reach (past `seen`) are
+computed by that step's forward whatever `reach` says. A row whose own gen_length is shorter
+than the canvas's answer columns is cut the same way, for good, at its own answer's end.
 """
 
 from __future__ import annotations
@@ -139,10 +134,9 @@ class DualCache:
 class FreeCache:
     """FlashDLM FreeCache (arXiv 2505.21467): prompt and finished blocks never recomputed.
 
-    A block's last step commits tokens after its forward, so the K/V that forward wrote still
-    show masks. The next block's first step therefore recomputes the finished block (all
-    finished blocks not yet frozen, when a guided row skipped some) once, from their final
-    tokens, and freezes them; the prompt is frozen by the one full forward at the start.
+    A block's last forward wrote K/V that still show masks, so the next block's first step
+    recomputes the finished blocks not yet frozen once, from their final tokens, and freezes
+    them; the prompt is frozen by the one full forward at the start.
     """
 
     uses_cache = True

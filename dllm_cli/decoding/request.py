@@ -79,10 +79,7 @@ class Request:
 @dataclass
 class Finished:
     """A request's answer, handed on the step it became final; every count is its own.
-
-    `tokens` and `commit_steps` are read from the device when first asked for (the engine
-    hands them on as (G,) tensors, so a step that finishes a request reads nothing more).
-    """
+    `tokens` and `commit_steps` arrive as (G,) tensors, read from the device on first use."""
 
     id: int
     key: Any  # what `add` was given with the prompt

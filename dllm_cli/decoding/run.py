@@ -131,17 +131,7 @@ class DecodeRun:
         )
 
 
-def open_engine(
-    model: DiffusionLM,
-    special: SpecialIds,
-    settings: DecodeSettings,
-    committer: Committer | None = None,
-    *,
-    slots: int = 8,
-    admission: str = "continuous",
-) -> Engine:
-    """An engine for this model, its family's stepper inside (stepper.py STEPPERS)."""
-    return Engine(model, special, settings, committer, slots=slots, admission=admission)
+open_engine = Engine  # an engine for this model, its family's stepper inside (stepper.py STEPPERS)
 
 
 def decode_steps(

@@ -78,9 +78,6 @@ def fields(c: Canvas) -> tuple[torch.Tensor, ...]:
 
 
 def static_reason(model, guided: bool = False) -> str | None:
-    """Why a decode must run as static batches (None: continuous batching serves it).
-
-    The family says (DiffusionGemma); guided decoding batches continuously, its guide's cache
-    taking rows as they come, so `guided` no longer makes a decode static.
-    """
-    return batching_reason(family_of_model(model), guided=False)
+    """Why a decode must run as static batches (None: continuous batching serves it): the family
+    says (DiffusionGemma); `guided` does not, as the guide's cache takes rows as they come."""
+    return batching_reason(family_of_model(model))

@@ -52,11 +52,8 @@ class Unreachable(Exception):
 
 
 class Outbox:
-    """A rank's reports to rank 0, sent while decoding goes on, one in flight at a time.
-
-    gloo finishes a send only when it is waited for; the wait comes with the next report, by
-    when rank 0 (always listening) has long taken it.
-    """
+    """A rank's reports to rank 0, sent while decoding goes on, one in flight at a time (gloo
+    finishes a send when waited for: at the next report, long after rank 0 took it)."""
 
     def __init__(self, timeout: float):
         self.timeout = timedelta(seconds=timeout)

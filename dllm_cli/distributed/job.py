@@ -81,11 +81,9 @@ def _number(env: Mapping[str, str], name: str, default: str, kind: type) -> int 
 
 
 def rank_device(job: Job, flag: str | None, configured: str) -> str:
-    """This rank's device: its own GPU, cuda:LOCAL_RANK, unless the run asks for the CPU.
-
-    `flag` is --device as given (None: not given), `configured` what it resolves to with the
-    profile. An explicit --device cuda:N is refused: it would put every rank on one GPU.
-    """
+    """This rank's device: cuda:LOCAL_RANK unless the run asks for the CPU. `flag`: --device as
+    given (None: not), `configured`: with the profile; --device cuda:N (every rank on one GPU)
+    is refused."""
     if flag is not None and flag.strip().lower().startswith("cuda:"):
         raise SettingsError(
             f"--device {flag} would put every rank on one GPU: under torchrun rank r uses "
@@ -133,22 +131,16 @@ def ended_by_sigterm(rank: int) -> Iterator[None]:
 
 @contextmanager
 def process_group(job: Job) -> Iterator[None]:
-    """gloo over all ranks (MASTER_ADDR:MASTER_PORT) for the length of the job.
-
-    Only a job that ends normally takes the group down: after an error or interrupt, rank 0's
-    listener may still be inside it, and tearing it down under it aborts the process.
-    """
+    """gloo over all ranks (MASTER_ADDR:MASTER_PORT) for the job; only a normal end takes it
+    down (after an error rank 0's listener may still be inside it: tearing it down aborts)."""
     dist.init_process_group("gloo", rank=job.rank, world_size=job.world, timeout=job.group_timeout)
     yield
     dist.destroy_process_group()
 
 
 def share_lines(job: Job, stdin: BinaryIO) -> list[bytes] | None:
-    """Rank 0's input lines as bytes, on every rank (other ranks' stdin may be empty, or
-    elsewhere); each line is decoded later, on its own.
-
-    Rank 0 raises what reading stdin raised; the other ranks then get None.
-    """
+    """Rank 0's input lines as bytes on every rank (others' stdin may be empty or elsewhere),
+    each decoded later on its own; rank 0 raises what reading stdin raised, the others get None."""
     box: list[list[bytes] | None] = [None]
     error = None
     if job.rank == 0:

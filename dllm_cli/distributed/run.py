@@ -65,47 +65,13 @@ def run(
 ) -> Outcome:
     """This rank's part: `work` decodes the shard and passes finished records on in order.
 
-    Rank 0 `emit`s every rank's records in input order (`lost(line, reason)` makes an error
-    record for a line a failed rank never finished), `advance`s the progress by every finished
-    record and merges every rank's `totals` into its own. `describe` turns a rank's error into
-    the line and exit code its report carries (it may print a traceback).
+    Rank 0 `emit`s every rank's records in input order (`lost(line, reason)`: the error record
+    of a line a failed rank never finished), `advance`s the progress and merges every rank's
+    `totals`. `describe`: a rank's error -> its report's line and exit code (may print a trace).
     """
-    if job.rank == 0:
-        return _lead(job, lines, work, emit, lost, totals, advance, describe)
-    return _follow(job, lines, work, totals, describe)
-
-
-def _follow(job: Job, lines: list[bytes], work: Work, totals: Tally, describe: Describe) -> Outcome:
-    """A rank other than 0: decode, report each batch, report how it ended, wait for the rest."""
-    outbox = Outbox(job.timeout)
-    outcome = Outcome()
-    try:
-        try:
-            work(job.shard(lines), lambda records: outbox.send(Report(job.rank, records)))
-        except Unreachable:
-            raise
-        except (Exception, KeyboardInterrupt) as e:
-            outcome.failure = Failure(*describe(e))
-        report = Report(job.rank, [], last=True, totals=totals, failure=outcome.failure)
-        outbox.send(report)
-        outbox.flush()
-        dist.barrier()  # rank 0 has written everything: exiting now cannot cut it short
-    except (Unreachable, RuntimeError) as e:  # RuntimeError: from the barrier
-        outcome.lost = first_line(e)
-    return outcome
-
-
-def _lead(
-    job: Job,
-    lines: list[bytes],
-    work: Work,
-    emit: Callable[[R], None],
-    lost: Callable[[int, str], R],
-    totals: Tally,
-    advance: Callable[[int], None],
-    describe: Describe,
-) -> Outcome:
-    """Rank 0: decode its own shard while a listener thread takes the others' reports."""
+    if job.rank != 0:
+        return _follow(job, lines, work, totals, describe)
+    # rank 0: decode its own shard while a listener thread takes the others' reports
     interrupts = Interrupts()
     merge = Merge(job, len(lines), emit, lost, interrupts.held)
     inbox: queue.Queue[Report | Silence] = queue.Queue()
@@ -130,6 +96,26 @@ def _lead(
     for other in merge.totals:
         totals.merge(other)
     return Outcome(failed=merge.failed, stopped=merge.failures)
+
+
+def _follow(job: Job, lines: list[bytes], work: Work, totals: Tally, describe: Describe) -> Outcome:
+    """A rank other than 0: decode, report each batch, report how it ended, wait for the rest."""
+    outbox = Outbox(job.timeout)
+    outcome = Outcome()
+    try:
+        try:
+            work(job.shard(lines), lambda records: outbox.send(Report(job.rank, records)))
+        except Unreachable:
+            raise
+        except (Exception, KeyboardInterrupt) as e:
+            outcome.failure = Failure(*describe(e))
+        report = Report(job.rank, [], last=True, totals=totals, failure=outcome.failure)
+        outbox.send(report)
+        outbox.flush()
+        dist.barrier()  # rank 0 has written everything: exiting now cannot cut it short
+    except (Unreachable, RuntimeError) as e:  # RuntimeError: from the barrier
+        outcome.lost = first_line(e)
+    return outcome
 
 
 def _gather(

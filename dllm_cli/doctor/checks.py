@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 STATUSES = ("pass", "fail", "error", "skip", "info")
-BAD = ("fail", "error")
 
 
 @dataclass

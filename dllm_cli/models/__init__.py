@@ -7,10 +7,4 @@ from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.dream import DreamConfig, DreamModel
 from dllm_cli.models.llada import LLaDAConfig, LLaDAModelLM
 
-__all__ = [
-    "DiffusionLM",
-    "DreamConfig",
-    "DreamModel",
-    "LLaDAConfig",
-    "LLaDAModelLM",
-]
+__all__ = ["DiffusionLM", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM"]

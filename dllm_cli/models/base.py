@@ -101,7 +101,7 @@ class DiffusionLM(nn.Module):
 
     @property
     def rope_theta(self) -> float:
-        raise NotImplementedError
+        return self.config.rope_theta
 
     @property
     def rope_dim(self) -> int:
@@ -118,13 +118,9 @@ class DiffusionLM(nn.Module):
         return self.config.vocab_size
 
     def rope_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos, sin and signed sin (B, 1, T, D) at `positions`, rows of one table covering the
-        whole context (layers.apply_rope rotates with the signed one in one roll).
-
-        The table is computed once per model, device and dtype (as Fast-dLLM keeps one), with
-        the arithmetic of `rope_tables`, so a row equals the directly computed values; the
-        three are stacked so that one lookup serves them all.
-        """
+        """cos, sin and signed sin (B, 1, T, D) at `positions` (signed: apply_rope's one roll),
+        gathered from one stacked table per model, device and dtype (as Fast-dLLM keeps one),
+        computed by `rope_tables` so a row equals the directly computed values."""
         table = getattr(self, "_rope_table", None)
         if table is None or table.device != positions.device or table.dtype != dtype:
             every = torch.arange(self.context_length, device=positions.device)[None]
@@ -200,13 +196,15 @@ class QwenLayout:
     DiffusionLM base so these override the base's."""
 
     embeddings_name: ClassVar[str] = "embed_tokens"  # LLaDA2 calls them `word_embeddings`
+    layer: ClassVar[Callable]  # (config, index) -> that layer (a staticmethod)
 
-    def build(self, layer: Callable[[int], nn.Module]) -> None:
-        """`model` (embeddings, `layer(i)` for every layer, final norm), the LM head (tied
-        where config.json says), then random weights."""
+    def __init__(self, config) -> None:
+        """`model` (embeddings, `layer(config, i)` for every layer, final norm), the LM head
+        (tied where config.json says), then random weights."""
+        super().__init__(config)
         c = self.config
         sizes = (c.vocab_size, c.hidden_size, c.rms_norm_eps, c.num_hidden_layers)
-        self.model = Backbone(*sizes, layer, self.embeddings_name)
+        self.model = Backbone(*sizes, lambda i: self.layer(config, i), self.embeddings_name)
         self.lm_head = output_head(self.get_input_embeddings(), c.tie_word_embeddings)
         self.post_init()
 
@@ -230,10 +228,6 @@ class QwenLayout:
 
     def rope_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return dtype  # Qwen2 and LLaDA-MoE's reference cast cos/sin to the activations' dtype
-
-    @property
-    def rope_theta(self):
-        return self.config.rope_theta
 
     @property
     def context_length(self):

@@ -254,11 +254,9 @@ class CausalLM(nn.Module):
     ) -> GuideOutput:
         """Logits of the fed tokens (the last `logits_to_keep` when > 0) on top of the cache.
 
-        attention_mask: (B, S + T) over cached then fed slots, True where a key may be
-        attended; a fed slot also sees only slots up to its own (causal by slot, as
-        transformers builds it from cache positions). Without a mask or a cache (a prompt
-        fed alone) SDPA's own causal rule applies: no mask tensor, and the flash kernel skips
-        the blocks above the diagonal.
+        attention_mask: (B, S + T) over cached then fed slots, True where a key may be attended,
+        causal by slot as transformers builds it; with neither a mask nor a cache SDPA's own
+        causal rule runs (no mask tensor: the flash kernel skips the blocks above the diagonal).
         """
         b, t = input_ids.shape
         kv = past_key_values if past_key_values is not None else GuideKV(self.config.layers)

@@ -55,13 +55,9 @@ def read_config(raw: dict) -> DiffusionGemmaConfig:
 def load_weights(
     folder: Path, config: DiffusionGemmaConfig, device: torch.device, dtype: torch.dtype
 ) -> DiffusionGemmaLM:
-    """from_pretrained, refusing a checkpoint with missing, unexpected or mis-shaped tensors.
-
-    transformers maps checkpoint names itself, so its loading report is the check here (the
-    masked families' name-by-name check assumes the model's own names). With accelerate
-    installed the weights stream straight onto a GPU; without it they pass through host memory
-    (26B in bf16: ~52 GB). transformers' own errors propagate for loading.py to word.
-    """
+    """from_pretrained, refusing a checkpoint with missing, unexpected or mis-shaped tensors
+    (transformers maps the names itself, so its loading report is the check). Without accelerate
+    the weights pass through host memory (26B in bf16: ~52 GB); errors propagate to loading.py."""
     direct = (
         {"device_map": {"": device}} if device.type == "cuda" and is_accelerate_available() else {}
     )

@@ -48,7 +48,7 @@ class DreamConfig(QwenConfig):
         return None
 
 
-def dream_layer(cfg: DreamConfig) -> QwenLayer:
+def dream_layer(cfg: DreamConfig, _index: int) -> QwenLayer:
     """Qwen2's layer: biased q/k/v, an unbiased output projection, a SwiGLU MLP."""
     d, heads, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
     attention = QwenAttention(d, heads, kv, cfg.head_dim, qkv_bias=True, out_bias=False)
@@ -59,13 +59,10 @@ class DreamModel(QwenLayout, DiffusionLM):
     """Dream mask predictor; raw logits at column i predict column i + 1."""
 
     config_class = DreamConfig
+    layer = staticmethod(dream_layer)
 
     logit_shift = 1
     family = "dream"  # families.py key
-
-    def __init__(self, config: DreamConfig):
-        super().__init__(config)
-        self.build(lambda i: dream_layer(config))
 
     @property
     def context_length(self):

@@ -97,15 +97,11 @@ def lay_out_transposed(linear: nn.Linear) -> None:
     linear.weight = nn.Parameter(rows_in.t(), requires_grad=False)
 
 
-def packable(weight: torch.Tensor) -> bool:
-    """A packed GEMM serves CPU float32 weights (where torch was built with oneDNN or MKL)."""
-    cpu_float = weight.device.type == "cpu" and weight.dtype == torch.float32
-    return (ONEDNN_PACKED or MKL_PACKED) and cpu_float
-
-
 def packer_for(weight: torch.Tensor) -> OneDnnWeight | PackedWeight | None:
-    """oneDNN's packed weight where torch has it, else MKL's, else None (the plain GEMM)."""
-    if not packable(weight):
+    """For a CPU float32 weight, oneDNN's packed weight where torch has it, else MKL's; else
+    None (the plain GEMM)."""
+    cpu_float = weight.device.type == "cpu" and weight.dtype == torch.float32
+    if not (cpu_float and (ONEDNN_PACKED or MKL_PACKED)):
         return None
     return OneDnnWeight(weight) if ONEDNN_PACKED else PackedWeight(weight)
 

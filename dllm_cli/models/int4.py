@@ -338,11 +338,7 @@ def _tinygemm_cpu_matmul(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x, layer.packed, layer.group, pairs)
 
 
-PACKERS = {
-    "dequant": pack_halves,
-    "tinygemm": _tinygemm_pack,
-    "tinygemm-cpu": _tinygemm_cpu_pack,
-}
+PACKERS = {"dequant": pack_halves, "tinygemm": _tinygemm_pack, "tinygemm-cpu": _tinygemm_cpu_pack}
 MATMULS = {
     "dequant": _dequant_matmul,
     "tinygemm": _tinygemm_matmul,

@@ -192,10 +192,6 @@ class LLaDAModelLM(DiffusionLM):
         return torch.float32 if self.config.rope_full_precision else dtype
 
     @property
-    def rope_theta(self):
-        return self.config.rope_theta
-
-    @property
     def context_length(self):
         return self.config.max_sequence_length
 

@@ -167,14 +167,9 @@ class LLaDA2MoeModelLM(QwenLayout, BlockDiffusionLM):
     """LLaDA2.x mask predictor; logits at column i predict the token at column i."""
 
     config_class = LLaDA2MoeConfig
-
-    logit_shift = 0
+    layer = staticmethod(llada2_layer)
     family = "llada2"  # families.py key
     embeddings_name = "word_embeddings"
-
-    def __init__(self, config: LLaDA2MoeConfig):
-        super().__init__(config)
-        self.build(lambda i: llada2_layer(config, i))
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

@@ -124,13 +124,8 @@ class LLaDAMoEModelLM(QwenLayout, DiffusionLM):
     """LLaDA-MoE mask predictor; logits at column i predict the token at column i."""
 
     config_class = LLaDAMoEConfig
-
-    logit_shift = 0
+    layer = staticmethod(llada_moe_layer)
     family = "llada_moe"  # families.py key
-
-    def __init__(self, config: LLaDAMoEConfig):
-        super().__init__(config)
-        self.build(lambda i: llada_moe_layer(config, i))
 
     def fuse_projections(self) -> None:
         """Fuse q/k/v and gate/up where it pays (base class); always stack the experts."""

@@ -84,11 +84,8 @@ def quiet_transformers() -> None:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """auto -> cuda when present, else cpu; a missing GPU is an error, not a silent fallback.
-
-    A name that is no device is a setting error (exit 2); a real device this machine lacks is
-    a DeviceError (exit 5).
-    """
+    """auto -> cuda when present, else cpu; a missing GPU is an error, not a silent fallback
+    (no such device name: SettingsError, exit 2; a device this machine lacks: DeviceError, 5)."""
     text = str(device).strip().lower()
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -122,11 +119,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def config_from_json(raw: dict, cfg_file: Path, family: Family | None = None):
-    """A config.json dict -> (our config object, model class); auto_map is dropped unread.
-
-    The family (families.py: `architectures` first, then `model_type`) picks the classes, so a
-    LLaDA-MoE folder (model_type "llada") never builds the dense LLaDA class.
-    """
+    """A config.json dict -> (our config object, model class); auto_map is dropped unread. The
+    family picks the classes, so a LLaDA-MoE folder (model_type "llada") never builds LLaDA's."""
     family = family or family_for_config(raw, cfg_file)
     cfg_cls, model_cls = family.classes()
     kind = raw.get("model_type", family.name)  # errors name the folder's own word
@@ -150,11 +144,8 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
 
 def load_tokenizer(folder: Path, config=None) -> AnyTokenizer:
     """The folder's tokenizer: on `tokenizers` alone where transformers would build the plain
-    tokenizers backend (models/tokenizer.py, token-identical), else AutoTokenizer without remote
-    code; Dream's remote class falls back to Qwen2's BPE.
-
-    `config`: the model's own config, so AutoTokenizer does not build one from config.json by
-    model_type (for LLaDA-MoE that would be the dense LLaDA config)."""
+    backend (models/tokenizer.py, token-identical), else AutoTokenizer without remote code;
+    `config` keeps AutoTokenizer from building one by model_type (LLaDA-MoE: dense LLaDA's)."""
     bpe = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
     if not bpe and not (folder / "tokenizer.json").is_file():
         raise ModelLoadError(
@@ -178,25 +169,21 @@ def load_with_transformers(folder: Path, config=None) -> PreTrainedTokenizerBase
     try:
         extra = {"config": config} if config is not None else {}
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, **extra)
-    except Exception as first:  # transformers raises ValueError/OSError/KeyError here
-        if bpe:
-            from transformers import Qwen2Tokenizer
+    except Exception as e:  # transformers raises ValueError/OSError/KeyError here
+        error = e
+    if bpe:
+        from transformers import Qwen2Tokenizer
 
-            try:
-                return Qwen2Tokenizer.from_pretrained(str(folder))
-            except Exception as e:
-                raise ModelLoadError(
-                    f"cannot load the tokenizer in {folder}: {_one_line(e)}"
-                ) from None
-        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(first)}") from None
+        try:
+            return Qwen2Tokenizer.from_pretrained(str(folder))
+        except Exception as e:
+            error = e
+    raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(error)}") from None
 
 
 def _token_id(tokenizer: AnyTokenizer, names: tuple[str, ...]) -> int | None:
     vocab = tokenizer.get_vocab()
-    for name in names:
-        if name in vocab:
-            return vocab[name]
-    return None
+    return next((vocab[name] for name in names if name in vocab), None)
 
 
 ROLES = ("mask", "eos", "pad", "bos", "eot")
@@ -212,12 +199,10 @@ def special_ids(
     family: Family | None = None,
 ) -> SpecialIds:
     """Special ids: the profile's overrides, else config.json, else the tokenizer, else (the
-    mask) the family table (LLaDA-MoE's config.json names no mask id).
-
-    `present` (the keys config.json really has) keeps our config classes' built-in defaults,
-    which are the 8B models' ids, from posing as the folder's own; `table_size` (embedding
-    rows) turns an out-of-range id into a load error instead of an index error mid-decode.
-    """
+    mask) the family table (LLaDA-MoE's config.json names no mask id). `present` (config.json's
+    keys) keeps our config classes' defaults (the 8B models' ids) from posing as the folder's;
+    `table_size` (embedding rows) turns an out-of-range id into a load error, not a mid-decode
+    index error."""
     over = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = sorted(set(over) - set(ROLES))
     if unknown:
@@ -242,14 +227,10 @@ def special_ids(
     pad = first(over.get("pad"), cfg("pad_token_id"), tokenizer.pad_token_id, eos)
     bos = first(over.get("bos"), cfg("bos_token_id"), tokenizer.bos_token_id)
     eot = first(over.get("eot"), _token_id(tokenizer, EOT_NAMES))
-    if mask is None:
-        raise ModelLoadError(
-            "the model folder names no mask token (set mask under [model.special] in the profile)"
-        )
-    if eos is None:
-        raise ModelLoadError(
-            "the model folder names no EOS token (set eos under [model.special] in the profile)"
-        )
+    for role, name, value in (("mask", "mask", mask), ("eos", "EOS", eos)):
+        if value is None:
+            why = f"names no {name} token (set {role} under [model.special] in the profile)"
+            raise ModelLoadError(f"the model folder {why}")
     ids = SpecialIds(mask=int(mask), eos=int(eos), pad=int(pad), bos=bos, eot=eot)
     for role in ROLES:
         value = getattr(ids, role)
@@ -321,16 +302,8 @@ def load_model(
         config, tokenizer, special_overrides, present=raw, table_size=rows, family=family
     )
     special = replace(special, vocab=len(tokenizer))
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        special=special,
-        path=folder,
-        architecture=config.model_type,
-        device=dev,
-        dtype=torch_dtype,
-        family=family.name,
-    )
+    kind = config.model_type
+    return LoadedModel(model, tokenizer, special, folder, kind, dev, torch_dtype, family.name)
 
 
 def add_stop_tokens(loaded: LoadedModel, names: list[str]) -> LoadedModel:

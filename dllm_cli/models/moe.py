@@ -17,11 +17,8 @@ from dllm_cli.models.layers import SwiGLU, swiglu
 def route(
     logits: torch.Tensor, k: int, bias: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits (N, E) -> top-k (weights (N, k) float32, experts (N, k)).
-
-    softmax in float32, the expert bias (if any) added to the probabilities, top-k, and no
-    renormalisation: the reference's weights are the top-k probabilities as they are.
-    """
+    """Router logits (N, E) -> top-k (weights (N, k) float32, experts (N, k)): float32 softmax,
+    plus the expert bias (if any), no renormalisation (the reference's top-k probabilities)."""
     probs = logits.softmax(dim=-1, dtype=torch.float32)
     if bias is not None:
         probs = probs + bias

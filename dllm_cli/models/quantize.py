@@ -89,11 +89,8 @@ def quantize_rows(
 
 
 def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(N, K) int8 @ (K, M) int8 -> (N, M) int32, exactly.
-
-    CUDA's kernel wants more than 16 rows and K, M multiples of 8: there the operands are
-    zero-padded (zeros add nothing to a dot product) and the result cut back. CPU takes any shape.
-    """
+    """(N, K) int8 @ (K, M) int8 -> (N, M) int32, exactly; CUDA's kernel wants N > 16 and K, M
+    multiples of 8, so there the operands are zero-padded and the result cut back."""
     if a.device.type != "cuda":
         return torch._int_mm(a, b)
     n, k = a.shape
@@ -175,14 +172,10 @@ Maker = Callable[[Sequence[nn.Linear], torch.Tensor, torch.Tensor | None], nn.Mo
 
 
 def quantize_model(model: DiffusionLM, scheme: str | Scheme, make: Maker | None = None) -> int:
-    """Replace the model's projections in place; returns how many were quantized.
-
-    Each block's fused groups (q/k/v, gate/up: fused.py) become one int8 layer, so their input
-    is quantized once and multiplied in one GEMM; each output channel is the one the separate
-    layers compute (the same integers, the same scales). Call it instead of
-    `fuse_projections`. A tied output head stays the embedding's float view; `make` (else the
-    scheme's) makes the layers but the output head.
-    """
+    """Replace the model's projections in place (instead of `fuse_projections`); returns how
+    many were quantized. Each fused group (q/k/v, gate/up) becomes one layer: its input quantized
+    once, one GEMM, the separate layers' integers and scales. A tied head stays the embedding's
+    float view; `make` (else the scheme's) makes the layers but the output head."""
     scheme = scheme if isinstance(scheme, Scheme) else scheme_for(scheme)
     if scheme.bits == 0:
         return 0
@@ -197,7 +190,7 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme, make: Maker | None 
         count += sum(quantize_fusion(owner, owner.fusion, skip, make) for owner in owners)
         if i == 0:
             kept = {id(m) for n, m in block.named_modules() if n.rpartition(".")[2] in MLP_OUT}
-    tied = {id(p) for p in _embedding_weights(model)}
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     targets = [
         (parent, name, child)
         for parent in model.modules()
@@ -307,10 +300,6 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
-
-
-def _embedding_weights(model: nn.Module) -> list[torch.Tensor]:
-    return [m.weight for m in model.modules() if isinstance(m, nn.Embedding)]
 
 
 def weight_bytes(model: nn.Module) -> int:

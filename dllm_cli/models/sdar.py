@@ -50,7 +50,7 @@ class SDARConfig(QwenConfig):
         return None
 
 
-def sdar_layer(cfg: SDARConfig) -> PreNormLayer:
+def sdar_layer(cfg: SDARConfig, _index: int) -> PreNormLayer:
     """Qwen3's layer: q/k RMS-normed per head before RoPE (QwenAttention, never fused here)."""
     heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     bias, eps = cfg.attention_bias, cfg.rms_norm_eps
@@ -65,10 +65,5 @@ class SDARForCausalLM(QwenLayout, BlockDiffusionLM):
     """SDAR mask predictor; logits at column i predict the token at column i."""
 
     config_class = SDARConfig
-
-    logit_shift = 0
+    layer = staticmethod(sdar_layer)
     family = "sdar"  # families.py key
-
-    def __init__(self, config: SDARConfig):
-        super().__init__(config)
-        self.build(lambda i: sdar_layer(config))

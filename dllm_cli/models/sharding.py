@@ -74,13 +74,7 @@ QWEN_LAYOUT = Layout(
         "MLP columns": c.intermediate_size,
     },
     "self_attn",
-    (
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-    ),
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
     ("self_attn.o_proj", "mlp.down_proj"),
     ("model.embed_tokens", "lm_head"),
 )
@@ -100,13 +94,7 @@ LAYOUTS: dict[str, Layout] = {
     "sdar": QWEN_LAYOUT,
     # The fused QKV read as three row ranges, experts split by columns: its blocks are split
     # by sharded_llada2.py (sharded_load.py's BLOCK_SPLITS), not by these lists.
-    "llada2": Layout(
-        llada2_sizes,
-        "attention",
-        (),
-        (),
-        ("model.word_embeddings", "lm_head"),
-    ),
+    "llada2": Layout(llada2_sizes, "attention", (), (), ("model.word_embeddings", "lm_head")),
     # Attention as Dream's; each expert's columns split as a dense MLP's, the router replicated
     # (every rank routes the same all-reduced hidden states), one all-reduce per sparse block.
     "llada_moe": Layout(

@@ -153,11 +153,9 @@ class FastTokenizer:
         """ids -> text: the backend's decoder, then transformers' space clean-up where it applies."""
         ids = [token_ids] if isinstance(token_ids, int) else [int(i) for i in token_ids]
         text = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
-        clean = (
-            self.clean_up_tokenization_spaces
-            if clean_up_tokenization_spaces is None
-            else clean_up_tokenization_spaces
-        )
+        clean = clean_up_tokenization_spaces
+        if clean is None:
+            clean = self.clean_up_tokenization_spaces
         bpe = type(self.backend.model).__name__ == "BPE"
         if clean and (not bpe or self.force_bpe_cleanup):  # transformers skips it for BPE
             text = clean_up_spaces(text)

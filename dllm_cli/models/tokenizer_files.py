@@ -211,13 +211,10 @@ def added_decoder(cfg: dict, file: Path | None) -> dict[int, AddedToken]:
 
 def special_roles(cfg: dict) -> tuple[dict[str, str | AddedToken], list]:
     """(named special tokens in transformers' order, extra special tokens) from the config."""
-    named: dict[str, str | AddedToken] = {}
-    for key in NAMED:
-        value = cfg.get(key)
-        if value is not None and not isinstance(value, str | AddedToken):
+    named: dict[str, str | AddedToken] = {k: cfg[k] for k in NAMED if cfg.get(k) is not None}
+    for key, value in named.items():
+        if not isinstance(value, str | AddedToken):
             raise NotFast(f"{key} is neither a string nor an AddedToken")
-        if value is not None:
-            named[key] = value
     extra = cfg.get("extra_special_tokens") or []
     specific = {
         k: v

@@ -126,13 +126,13 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
     await waiting.accepted()
     if job.stream:
         served.metrics.request(path, 200)
-        chunks = stream(served, job, waiting, kind)
+        chunks = stream(served, waiting, kind)
         return StreamingResponse(chunks, media_type="text/event-stream")
     outcomes = await waiting.outcomes()
     served.metrics.request(path, 200)
     if job.kind == "score":
         return JSONResponse(scored_answer(served, job, outcomes))  # type: ignore[arg-type]
-    return JSONResponse(whole(served, job, outcomes, kind))  # type: ignore[arg-type]
+    return JSONResponse(whole(served, outcomes, kind))  # type: ignore[arg-type]
 
 
 def served_defaults(served: Served, score: Score) -> Score:
@@ -165,31 +165,30 @@ class Waiting:
 
     async def accepted(self) -> None:
         """Every part accepted, or the first refusal raised (the others aborted)."""
-        pending = set(range(len(self.tickets)))
-        while pending:
-            index, what, payload = await self.next()
-            if what == "error":
-                self.abort()
-                raise payload  # type: ignore[misc]
-            if what == "accepted":
-                pending.discard(index)
-            else:
-                self.early.append((index, what, payload))
+        await self.every("accepted", keep=True)
 
     async def outcomes(self) -> list[object]:
         """Every part's outcome, in part order."""
-        done: dict[int, object] = {}
-        while len(done) < len(self.tickets):
+        done = await self.every("done", keep=False)
+        return [done[i] for i in range(len(self.tickets))]
+
+    async def every(self, wanted: str, keep: bool) -> dict[int, object]:
+        """Each part's `wanted` event's payload; an error raised (the others aborted), other
+        events kept for later where `keep` (text that came before every accept)."""
+        got: dict[int, object] = {}
+        while len(got) < len(self.tickets):
             index, what, payload = await self.next()
             if what == "error":
                 self.abort()
                 raise payload  # type: ignore[misc]
-            if what == "done":
-                done[index] = payload
-        return [done[i] for i in range(len(self.tickets))]
+            if what == wanted:
+                got[index] = payload
+            elif keep:
+                self.early.append((index, what, payload))
+        return got
 
 
-async def stream(served: Served, job: Job, waiting: Waiting, kind: str) -> AsyncIterator[str]:
+async def stream(served: Served, waiting: Waiting, kind: str) -> AsyncIterator[str]:
     """Server-sent events: text as it is committed (each choice by its index), each choice's
     finish chunk (the last one with the request's usage), [DONE]."""
     ids = response_id(kind)
@@ -261,7 +260,7 @@ def chunk(
     return out
 
 
-def whole(served: Served, job: Job, outcomes: list[Outcome], kind: str) -> dict:
+def whole(served: Served, outcomes: list[Outcome], kind: str) -> dict:
     """A non-streamed answer: one choice per prompt and n, by index."""
     picked = []
     for i, outcome in enumerate(outcomes):

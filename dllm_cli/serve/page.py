@@ -23,10 +23,7 @@ from dllm_cli.setting_spec import declared
 from dllm_cli.settings import DecodeSettings
 
 # file name -> media type: the only files served under /web/
-ASSETS = {
-    "app.js": "text/javascript; charset=utf-8",
-    "style.css": "text/css; charset=utf-8",
-}
+ASSETS = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 CONFIG_MARK = "{{config}}"
 # The choice list the panel offers per setting, as declared (empty: typed in; the server
 # validates either).
