@@ -14,7 +14,7 @@ import pytest
 import torch
 from block_reference import sample
 
-from dllm_cli.decoding import sharded_sampling
+from dllm_cli.decoding import shard_summaries, sharded_sampling
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rules import entropy, step_kl
 from dllm_cli.decoding.sampling import FAMILIES, Reads, Sampler
@@ -206,7 +206,7 @@ def test_a_grammar_reads_each_shards_part_of_the_one_process_distribution(family
         lo, hi = shards.vocabulary(V)
         s = ShardedSampler(shards, lo, V, settings, FAMILIES[family], VOCAB, MASK, True)
         _, _, part = s.draft(logits[..., lo:hi], torch.Generator().manual_seed(3))
-        where = sharded_sampling.VocabPart(lo, VOCAB, shards)
+        where = shard_summaries.VocabPart(lo, VOCAB, shards)
         mine = torch.where(where.ids(allow, hi - lo, False), part.double(), -1.0)
         return lo, part, where.best(mine.flatten(0, 1))
 
@@ -231,9 +231,9 @@ def test_winos_shadow_probability_rides_the_drafts_one_gather(world):
     def job(shards):
         lo, hi = shards.vocabulary(V)
         s = ShardedSampler(shards, lo, V, settings, FAMILIES["dream"], VOCAB, MASK)
-        every = s.ride(sharded_sampling.shadow_summary(shadows[..., lo:hi], tokens, lo))
+        every = s.ride(shard_summaries.shadow_summary(shadows[..., lo:hi], tokens, lo))
         mine, mine_conf, _ = s.draft(logits[..., lo:hi], torch.Generator().manual_seed(3))
-        p = sharded_sampling.shadow_probability(every())
+        p = shard_summaries.shadow_probability(every())
         return mine, mine_conf, p, shards.counts.all_gather, s.riders
 
     for mine, mine_conf, p, gathers, riders in on_ranks(world, job):
@@ -351,11 +351,11 @@ def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, set
 
 
 def test_a_last_distribution_is_looked_up_by_id_and_its_slots_fitted():
-    last = sharded_sampling.Last(
+    last = shard_summaries.Last(
         torch.zeros(2, 3),
         torch.tensor([[9, -1, 4], [5, 2, -1]]),
         torch.tensor([[0.3, 0.0, 0.7], [0.6, 0.4, 0.0]], dtype=torch.float64),
     )
     ids = torch.tensor([[4, 8, -1, 9], [2, 5, 7, -1], [4, 9, 5, 2]])  # a third slot: none last
-    q = sharded_sampling.looked_up(last, ids)
+    q = shard_summaries.looked_up(last, ids)
     assert q.tolist() == [[0.7, 0.0, 0.0, 0.3], [0.4, 0.6, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]

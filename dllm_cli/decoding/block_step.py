@@ -55,7 +55,7 @@ class BlockStepper(Protocol):
     device: torch.device
     rule: BlockRule
     drafter: Drafter  # whole logits, or a tensor-parallel rank's vocabulary shard
-    kept_part: Any  # sharded_sampling.VocabPart: the drafts' kept distributions are a slice
+    kept_part: Any  # shard_summaries.VocabPart: the drafts' kept distributions are a slice
     rows: list[BlockRow]
     cache: KVCache | None
     cached: bool

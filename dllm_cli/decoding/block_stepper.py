@@ -29,7 +29,8 @@ from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.decoding.block_step import BlockRow
 from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.sampling import Sampler, family_of
-from dllm_cli.decoding.sharded_sampling import VocabPart, block_drafter
+from dllm_cli.decoding.shard_summaries import VocabPart
+from dllm_cli.decoding.sharded_sampling import block_drafter
 from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError

@@ -43,7 +43,7 @@ import torch
 from dllm_cli.decoding.grammar import Grammar, GrammarError, GrammarVocab, vocab_of
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import family_of
-from dllm_cli.decoding.sharded_sampling import WHOLE, VocabPart
+from dllm_cli.decoding.shard_summaries import WHOLE, VocabPart
 from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
 from dllm_cli.families import family_of_model, with_family_defaults
 

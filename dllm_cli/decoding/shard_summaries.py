@@ -9,6 +9,9 @@ that it did not send, its floor (its K-th, -inf when it sent its whole shard), i
 perturbed score over the shard and over the scores reaching its K-th (each as noisy, id,
 score, raw), its top-K candidates by score (the same four), then what the step's rule asks
 besides (`extra`: KLASS's sum of exp(score - best) log(q + eps) over its last distribution q).
+
+Also here: KLASS's last distributions per row (`Last`), WINO's shadow summaries, and which ids
+a step's distributions hold (`VocabPart`: one process's whole vocabulary or a rank's slice).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from dllm_cli.models.collectives import Shards
 
 FIELDS = 18  # numbers per column before the candidates
 EPS = 1e-10  # Dream's entropy: p log(p + eps)
@@ -206,3 +211,108 @@ class Summaries:
             return (p * torch.log(p + eps)).sum(dim=-1) + self.ties(cut) * at * torch.log(at + eps)
         xlogy = torch.special.xlogy
         return xlogy(p, p).sum(dim=-1) + self.ties(cut) * xlogy(at, at)
+
+
+@dataclass(frozen=True)
+class Last:
+    """A row's last step's distribution (KLASS): this shard's part, and its value on every
+    rank's candidates (all of a filtered distribution)."""
+
+    part: torch.Tensor  # (L, V_r) float64
+    ids: torch.Tensor  # (L, n) long, the candidates' ids (-1: a shard's filler)
+    probs: torch.Tensor  # (L, n) float64
+
+
+def fitted(x: torch.Tensor, slots: int) -> torch.Tensor:
+    """(L', ...) -> (slots, ...): a last step's slots cut or padded with 0 to this step's."""
+    if x.shape[0] >= slots:
+        return x[:slots]
+    return torch.cat([x, x.new_zeros((slots - x.shape[0], *x.shape[1:]))])
+
+
+def looked_up(last: Last, ids: torch.Tensor) -> torch.Tensor:
+    """(L, n) the last step's probability of each of this step's candidate ids (0: not among
+    its candidates, so outside a filtered distribution)."""
+    known, probs = fitted(last.ids, ids.shape[0]), fitted(last.probs, ids.shape[0])  # (L, n')
+    order = known.argsort(dim=-1)
+    known, probs = known.gather(-1, order), probs.gather(-1, order)
+    at = torch.searchsorted(known, ids).clamp(max=known.shape[-1] - 1)  # (L, n)
+    found = (known.gather(-1, at) == ids) & (ids >= 0)  # (a real id is one rank's: unique)
+    return torch.where(found, probs.gather(-1, at), 0.0)
+
+
+def shadow_summary(shadows: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+    """(R, L, V_r) shadow logits, (R, L) the held tokens -> (R, L, 3) this rank's (max, sum of
+    exp(logit - max), the token's logit or -inf where another rank holds it), float64: what
+    WINO's softmax over every logit (wino.ShadowForwards._verify) needs from the shard."""
+    x = shadows.double()
+    top = x.max(dim=-1).values  # (R, L)
+    total = (x - top[..., None]).exp().sum(dim=-1)
+    at = tokens - start
+    mine = (at >= 0) & (at < x.shape[-1])
+    own = x.gather(-1, at.clamp(0, x.shape[-1] - 1)[..., None])[..., 0]
+    return torch.stack([top, total, torch.where(mine, own, -math.inf)], dim=-1)
+
+
+def shadow_probability(every: torch.Tensor) -> torch.Tensor:
+    """(world, R, L, 3) every rank's shadow_summary -> (R, L) softmax(logits)[token] over the
+    whole vocabulary: exp(z - M) / sum_r s_r exp(m_r - M)."""
+    tops, totals, own = every.unbind(-1)
+    top = tops.max(dim=0).values
+    return torch.exp(own.max(dim=0).values - top) / (totals * torch.exp(tops - top)).sum(dim=0)
+
+
+@dataclass(frozen=True)
+class VocabPart:
+    """Which ids a step's distributions hold (their last dimension): one process's hold the
+    whole vocabulary; a tensor-parallel rank's hold its shard, ids `start`.. of `total`."""
+
+    start: int = 0
+    total: int | None = None  # the real vocabulary (None: the distributions' own width)
+    shards: Shards | None = None
+
+    @classmethod
+    def of(cls, model, vocab: int) -> VocabPart:
+        """The part a model's sampler gives (`vocab`: the real vocabulary's size)."""
+        if model.shards is None:
+            return WHOLE
+        return cls(model.vocab_start, vocab, model.shards)
+
+    def ids(self, full: torch.Tensor, width: int, fill) -> torch.Tensor:
+        """(..., width) this part's columns of a (..., whole vocabulary) tensor, `fill` past
+        its end (the embedding's padding ids)."""
+        mine = full[..., self.start : self.start + width]
+        pad = mine.new_full((*mine.shape[:-1], width - mine.shape[-1]), fill)
+        return torch.cat([mine, pad], dim=-1)
+
+    def pick(self, lp: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+        """(R, L, V_part) log-probabilities and (R, L) tokens -> each token's (R, L) and the
+        whole vocabulary's k largest (R, L, k) with their ids: one all-gather of 2k + 1
+        numbers a slot (every rank's slice holds more than k ids)."""
+        width = lp.shape[-1]
+        local = tokens - self.start
+        holds = (local >= 0) & (local < width)
+        chosen = lp.gather(-1, local.clamp(0, width - 1)[..., None])[..., 0]
+        chosen = chosen.masked_fill(~holds, -math.inf)  # the holder's alone
+        values, ids = lp.topk(k, dim=-1)
+        packed = torch.cat([chosen[..., None], values, (ids + self.start).double()], dim=-1)
+        every = self.shards.all_gather(packed)  # (world, R, L, 1 + 2k)
+        rows, cols = tokens.shape
+        values = every[..., 1 : 1 + k].permute(1, 2, 0, 3).reshape(rows, cols, -1)
+        ids = every[..., 1 + k :].permute(1, 2, 0, 3).reshape(rows, cols, -1).long()
+        values, at = values.topk(k, dim=-1)
+        return every[..., 0].max(dim=0).values, values, ids.gather(-1, at)
+
+    def best(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(F, V_part) scores -> the whole vocabulary's best score and its id (the lowest
+        among equals, as argmax's), (F,) each: one all-gather of two numbers a row."""
+        top, index = scores.max(dim=-1)
+        if self.shards is None:
+            return top, index
+        ids = (index + self.start).to(scores.dtype)  # exact: ids < 2^24
+        every = self.shards.all_gather(torch.stack([top, ids], dim=-1))  # (world, F, 2)
+        top, rank = every[..., 0].max(dim=0)  # the lowest rank among equals
+        return top, every[..., 1].gather(0, rank[None])[0].long()
+
+
+WHOLE = VocabPart()  # one process: every id

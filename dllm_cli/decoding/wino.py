@@ -17,7 +17,7 @@ Rows apart (continuous batching) pack as every other rule's do: the shadows foll
 own columns in the packed sequence, and attend in one more group whose extra keys are theirs
 (models/layers.AttentionGroup.extra). Under tensor parallelism a rank holds its vocabulary's
 shadow logits: each rank's (max, sum of exp, the token's logit) rides the drafts' one
-all-gather (sharded_sampling.shadow_summary), and every rank reads the same probability.
+all-gather (shard_summaries.shadow_summary), and every rank reads the same probability.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import torch
 from dllm_cli.decoding.forwards import Forwards, Prediction, row_columns, span_picks, take
 from dllm_cli.decoding.packing import pack
 from dllm_cli.decoding.ranking import top_columns
-from dllm_cli.decoding.sharded_sampling import ShardedSampler, shadow_probability, shadow_summary
+from dllm_cli.decoding.shard_summaries import shadow_probability, shadow_summary
+from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.models.layers import AttentionGroup, ShadowMask
 
 ACCEPT_SHARE, ACCEPT_MIN, ACCEPT_MAX = 0.7, 5, 20  # the reference's max_accept clamp

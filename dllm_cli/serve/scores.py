@@ -122,6 +122,13 @@ class Split:
     score: object  # protocol.Score
     settings: object  # DecodeSettings
 
+    @classmethod
+    def next(cls, ticket) -> Split:
+        """A scoring ticket's next estimate (the splits it has scored come first)."""
+        job, ids = ticket.job, ticket.ids
+        c = first_split(len(ids), job.score.splits) + len(ticket.totals)
+        return cls(ids, c, job.score, job.settings)
+
     @property
     def last(self) -> bool:
         return self.c == len(self.ids) - 1

@@ -109,7 +109,7 @@ class Worker:
         try:
             while self.drain(block=not self.has_work()):
                 busy = [(g, p) for g, p in self.engines.items() if p.engine.has_work]
-                split = self.split_now() if self.scoring else None
+                split = scores.Split.next(self.scoring[0]) if self.scoring else None
                 if self.mirror is not None:  # the other ranks step and score the same
                     self.mirror.turn([g for g, _ in busy], split)
                 for group, pool in busy:
@@ -376,13 +376,6 @@ class Worker:
             return self.fail(ticket, ApiError(503, "the server is shutting down"))
         self.scoring.append(ticket)
         ticket.post("accepted", None)
-
-    def split_now(self) -> scores.Split:
-        """The first scoring job's next estimate."""
-        ticket = self.scoring[0]
-        job, ids = ticket.job, ticket.ids
-        c = scores.first_split(len(ids), job.score.splits) + len(ticket.totals)
-        return scores.Split(ids, c, job.score, job.settings)
 
     def score_or_fail(self, ticket: Ticket, split: scores.Split) -> None:
         """One estimate (one split) of the first scoring job; its answer after the last."""
