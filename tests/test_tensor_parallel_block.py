@@ -87,7 +87,10 @@ def test_two_ranks_decode_the_one_process_int8_block_tokens(sdar, llada2, tmp_pa
 def test_json_schema_answers_under_torchrun_are_the_one_process_sdar_answers(sdar, tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps({
-        "type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 9, "minimum": 0}},
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}
+        },
         "required": ["ok", "n"], "additionalProperties": False,
     }))  # fmt: skip
     args = [

@@ -8,12 +8,12 @@ softmax of the raw logits, Dream's of its tempered and filtered logits (what it 
 a token a filter removed has log-probability -9999.0, as OpenAI writes one.
 
 The engine calls `record` after a step's commits only when a live request asked, so a decode
-where none did computes nothing more. Under --tensor-parallel a step that keeps each rank's
-slice of the distributions (a grammar's, the credit rule's) records through its `part`
-(shard_summaries.VocabPart.pick): one all-gather of each token's value and each rank's top
-ones; otherwise the step's distribution already holds the gathered candidates. Values go into the request's own device buffers at the
+where none did computes nothing more. Values go into the request's own device buffers at the
 committed answer columns (by scatter, reading nothing from the device); they are read with the
-answer's tokens.
+answer's tokens. Under --tensor-parallel a step that keeps each rank's slice of the
+distributions (a grammar's, the credit rule's) records through its `part`
+(shard_summaries.VocabPart.pick): one all-gather of each token's value and each rank's top
+ones. Any other step's distribution already holds the gathered candidates.
 """
 
 from __future__ import annotations
