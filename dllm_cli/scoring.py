@@ -104,11 +104,11 @@ class VocabLogProbs:
         if not self.split:
             return logits.log_softmax(dim=-1).cpu()
         lse, mine, values, ids = self.gathered(logits, own, CANDIDATES)
-        out = torch.full((logits.shape[0], self.model.vocab_width), -torch.inf, dtype=torch.float64)
-        out.scatter_(1, ids.cpu(), (values - lse[:, None]).cpu())
+        out = torch.full((logits.shape[0], self.model.vocab_width), -torch.inf)  # (N, V) float32
+        out.scatter_(1, ids.cpu(), (values - lse[:, None]).float().cpu())
         if own is not None:
-            out.scatter_(1, own.cpu()[:, None], (mine - lse).cpu()[:, None])
-        return out.float()
+            out.scatter_(1, own.cpu()[:, None], (mine - lse).float().cpu()[:, None])
+        return out
 
     def gathered(self, logits: torch.Tensor, own: torch.Tensor | None, k: int):
         """Every rank's (N,) log-sum-exp and `own` logit and (N, k) top logits and ids
