@@ -37,10 +37,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dllm_cli.decoding.shard_summaries import held
 from dllm_cli.errors import InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.family_settings import refuse_feature
-from dllm_cli.models.collectives import Shards
 
 ROWS_PER_FORWARD = 64  # masked rows forwarded together (draws never depend on this)
 CANDIDATES = 20  # alternatives a split model's ranks send per row (the server's most)
@@ -116,11 +116,9 @@ class VocabLogProbs:
         and their global ids."""
         shards, start = self.model.shards, self.model.vocab_start
         x = logits.double()  # (N, V_r)
-        width = x.shape[-1]
-        local = torch.full(x.shape[:1], -1, device=x.device) if own is None else own - start
-        holds = (local >= 0) & (local < width)
-        mine = x.gather(1, local.clamp(0, width - 1)[:, None])[:, 0].masked_fill(~holds, -torch.inf)
-        k = min(k, smallest_piece(shards, self.model.vocab_width))  # one shape on every rank
+        absent = torch.full(x.shape[:1], -torch.inf, dtype=x.dtype, device=x.device)
+        mine = absent if own is None else held(x, own, start)
+        k = min(k, *shards.widths(self.model.vocab_width))  # one shape on every rank
         values, ids = x.topk(k, dim=-1)  # (N, k)
         packed = torch.cat(
             [x.logsumexp(dim=-1)[:, None], mine[:, None], values, (ids + start).double()], dim=1
@@ -132,12 +130,6 @@ class VocabLogProbs:
         values = every[..., 2 : 2 + k].permute(1, 0, 2).reshape(rows, -1)
         ids = every[..., 2 + k :].permute(1, 0, 2).reshape(rows, -1).long()
         return lse, own_logit, values, ids
-
-
-def smallest_piece(shards: Shards, size: int) -> int:
-    """The fewest ids any rank's slice of a `size` vocabulary holds."""
-    pieces = (Shards(r, shards.world).vocabulary(size) for r in range(shards.world))
-    return min(hi - lo for lo, hi in pieces)
 
 
 def llada_masks(

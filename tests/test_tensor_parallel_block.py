@@ -82,7 +82,22 @@ def test_two_ranks_decode_the_one_process_int8_block_tokens(sdar, llada2, tmp_pa
         assert run["all_reduce_max"] == 3 * run["forwards"]
 
 
-@pytest.mark.slow
+def both_generates(sdar, *extra: str) -> tuple[list[str], list[str]]:
+    """`generate -` of two lines on one process and under two torchrun ranks: their records
+    (SDAR's reference default samples at temperature 1.0: the same seed, the same tokens)."""
+    args = [
+        "--model", str(sdar), "--device", "cpu", "--dtype", "float32", "--seed", "3",
+        "--block-length", "4", "--json", *extra,
+    ]  # fmt: skip
+    text = "one two\nthree four five\n"
+    expected = invoke("generate", "-", *args, input=text)
+    assert expected.exit_code == 0, expected.output
+    result = launch(["-m", "dllm_cli", "generate", "-", *args, "--tensor-parallel", "2"], text)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tensor parallel rank 1 of 2:" in result.stderr
+    return expected.stdout.splitlines(), result.stdout.splitlines()
+
+
 @pytest.mark.slow
 def test_json_schema_answers_under_torchrun_are_the_one_process_sdar_answers(sdar, tmp_path):
     schema = tmp_path / "schema.json"
@@ -93,44 +108,25 @@ def test_json_schema_answers_under_torchrun_are_the_one_process_sdar_answers(sda
         },
         "required": ["ok", "n"], "additionalProperties": False,
     }))  # fmt: skip
-    args = [
-        "--model", str(sdar), "--device", "cpu", "--dtype", "float32", "--seed", "3",
-        "--gen-length", "24", "--block-length", "4", "--json", "--json-schema", str(schema),
-    ]  # fmt: skip
-    text = "one two\nthree four five\n"
-    expected = invoke("generate", "-", *args, input=text)
-    assert expected.exit_code == 0, expected.output
-    result = launch(["-m", "dllm_cli", "generate", "-", *args, "--tensor-parallel", "2"], text)
-    assert result.returncode == 0, result.stderr[-3000:]
-    texts = [json.loads(line)["text"] for line in result.stdout.splitlines()]
-    assert texts == [json.loads(line)["text"] for line in expected.stdout.splitlines()]
+    alone, split = both_generates(sdar, "--gen-length", "24", "--json-schema", str(schema))
+    texts = [json.loads(line)["text"] for line in split]
+    assert texts == [json.loads(line)["text"] for line in alone]
     assert all(isinstance(json.loads(t), dict) for t in texts)
 
 
+@pytest.mark.slow
 def test_generate_under_torchrun_writes_the_one_process_sdar_answers_and_logprobs(sdar):
-    # SDAR's reference default samples (temperature 1.0): the same seed, the same tokens
-    args = [
-        "--model", str(sdar), "--device", "cpu", "--dtype", "float32", "--seed", "3",
-        "--gen-length", "8", "--block-length", "4", "--json", "--batch-size", "2",
-        "--logprobs", "2",
-    ]  # fmt: skip
-    text = "one two\nthree four five\n"
-    expected = invoke("generate", "-", *args, input=text)
-    assert expected.exit_code == 0, expected.output
-    result = launch(["-m", "dllm_cli", "generate", "-", *args, "--tensor-parallel", "2"], text)
-    assert result.returncode == 0, result.stderr[-3000:]
+    extra = ("--gen-length", "8", "--batch-size", "2", "--logprobs", "2")
+    alone, split = both_generates(sdar, *extra)
     fields = ("line", "token_ids", "forwards", "steps")
-    records = [{k: json.loads(line)[k] for k in fields} for line in result.stdout.splitlines()]
-    assert records == [
-        {k: json.loads(line)[k] for k in fields} for line in expected.stdout.splitlines()
-    ]
+    records = [{k: json.loads(line)[k] for k in fields} for line in split]
+    assert records == [{k: json.loads(line)[k] for k in fields} for line in alone]
     # each token's log-probability and alternatives, from the gathered candidates
-    for mine, alone in zip(result.stdout.splitlines(), expected.stdout.splitlines(), strict=True):
-        got, want = json.loads(mine)["logprobs"], json.loads(alone)["logprobs"]
+    for mine, theirs in zip(split, alone, strict=True):
+        got, want = json.loads(mine)["logprobs"], json.loads(theirs)["logprobs"]
         assert [t["token"] for t in got] == [t["token"] for t in want] and got
         assert [t["logprob"] for t in got] == pytest.approx([t["logprob"] for t in want], abs=1e-4)
         for g, w in zip(got, want, strict=True):
             assert [a["token"] for a in g["top_logprobs"]] == [
                 a["token"] for a in w["top_logprobs"]
             ]
-    assert "tensor parallel rank 1 of 2:" in result.stderr

@@ -122,13 +122,15 @@ def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit
     active = block == e.special.mask
     k = torch.tensor([r.rule.k(r.step) for r in rows], device=e.device)
     cols = torch.stack([columns(r, b) for r in rows])
-    fixed = cols < torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
+    prompts = torch.tensor([r.prompt for r in rows], device=e.device)[:, None]  # (N, 1)
+    fixed = cols < prompts
     fill, edit = fills(rule, active, probs, k), edits(rule, block, active, x0, probs, fixed)
     if e.committer is not None:  # structured output: a run from each row's first mask
         fill, x0 = grammar_runs(e, rows, fill, x0, dist, active)
     if asked:  # each token's log-probability under the step that wrote it (fill or edit)
-        answer = cols - torch.tensor([r.prompt for r in rows], device=e.device)[:, None]
-        logprobs.write([r.request for r in rows], dist, fill | edit, x0, answer, e.kept_part)
+        logprobs.write(
+            [r.request for r in rows], dist, fill | edit, x0, cols - prompts, e.kept_part
+        )
     for i, r in enumerate(rows):
         decide(e, r, fill[i], edit[i], x0[i], active[i], final, p.at)
     ends = [r.request.sampling.gen_length for r in rows]  # each row's own answer length

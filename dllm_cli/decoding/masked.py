@@ -72,7 +72,7 @@ class MaskedStepper:
         rule = self.committer
         probs = rule.needs_probs or (rule.reads_kl and not sharded)
         reads = Reads(rule.reads_entropy, rule.reads_kl and sharded)
-        if model.shards is None:
+        if not sharded:
             self.sampler = Sampler(settings, family, vocab, special.mask)
         else:
             self.sampler = ShardedSampler.of(model, settings, family, vocab, special.mask, probs)

@@ -241,6 +241,15 @@ def looked_up(last: Last, ids: torch.Tensor) -> torch.Tensor:
     return torch.where(found, probs.gather(-1, at), 0.0)
 
 
+def held(x: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+    """(..., V_r) values of this rank's ids start.., (...) global ids -> (...) each id's value
+    where this rank holds it, -inf elsewhere (so the max over ranks is the holder's)."""
+    local = tokens - start
+    holds = (local >= 0) & (local < x.shape[-1])
+    value = x.gather(-1, local.clamp(0, x.shape[-1] - 1)[..., None])[..., 0]
+    return value.masked_fill(~holds, -math.inf)
+
+
 def shadow_summary(shadows: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
     """(R, L, V_r) shadow logits, (R, L) the held tokens -> (R, L, 3) this rank's (max, sum of
     exp(logit - max), the token's logit or -inf where another rank holds it), float64: what
@@ -248,10 +257,7 @@ def shadow_summary(shadows: torch.Tensor, tokens: torch.Tensor, start: int) -> t
     x = shadows.double()
     top = x.max(dim=-1).values  # (R, L)
     total = (x - top[..., None]).exp().sum(dim=-1)
-    at = tokens - start
-    mine = (at >= 0) & (at < x.shape[-1])
-    own = x.gather(-1, at.clamp(0, x.shape[-1] - 1)[..., None])[..., 0]
-    return torch.stack([top, total, torch.where(mine, own, -math.inf)], dim=-1)
+    return torch.stack([top, total, held(x, tokens, start)], dim=-1)
 
 
 def shadow_probability(every: torch.Tensor) -> torch.Tensor:
@@ -289,11 +295,7 @@ class VocabPart:
         """(R, L, V_part) log-probabilities and (R, L) tokens -> each token's (R, L) and the
         whole vocabulary's k largest (R, L, k) with their ids: one all-gather of 2k + 1
         numbers a slot (every rank's slice holds more than k ids)."""
-        width = lp.shape[-1]
-        local = tokens - self.start
-        holds = (local >= 0) & (local < width)
-        chosen = lp.gather(-1, local.clamp(0, width - 1)[..., None])[..., 0]
-        chosen = chosen.masked_fill(~holds, -math.inf)  # the holder's alone
+        chosen = held(lp, tokens, self.start)  # the holder's alone
         values, ids = lp.topk(k, dim=-1)
         packed = torch.cat([chosen[..., None], values, (ids + self.start).double()], dim=-1)
         every = self.shards.all_gather(packed)  # (world, R, L, 1 + 2k)

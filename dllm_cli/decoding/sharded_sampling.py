@@ -94,8 +94,7 @@ class ShardedSampler:
         self.distributions = distributions  # kept: each column's distribution over the shard
         self.run = Sampling.of(settings)
         self.drawing = family  # its draw: noise, width, filter order (sampling.FAMILIES)
-        pieces = [Shards(r, shards.world).vocabulary(width) for r in range(shards.world)]
-        self.largest = max(hi - lo for lo, hi in pieces)
+        self.largest = max(shards.widths(width))
         self.riders: list[tuple[torch.Tensor, dict]] = []  # sent with the next gather (`ride`)
         self.last: dict[int, Last] = {}  # request id -> its last step's distribution (KLASS)
 

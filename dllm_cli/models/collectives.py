@@ -85,6 +85,13 @@ class Shards:
         piece = math.ceil(size / self.world)
         return min(size, self.rank * piece), min(size, (self.rank + 1) * piece)
 
+    def widths(self, size: int) -> list[int]:
+        """How many of `size` ids each rank's `vocabulary` range holds, in rank order."""
+        piece = math.ceil(size / self.world)
+        return [
+            max(0, min(size, (r + 1) * piece) - min(size, r * piece)) for r in range(self.world)
+        ]
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the ranks, in place."""
         self.counts.all_reduce += 1
