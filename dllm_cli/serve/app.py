@@ -250,8 +250,7 @@ def chunk(
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": index, "text": text or "", "logprobs": logprobs}
-        choice["finish_reason"] = reason
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         obj = "text_completion"
     out = {"id": rid, "object": obj, "created": int(time.time()), "model": served.model_id}
     out["choices"] = [choice]
@@ -269,8 +268,7 @@ def whole(served: Served, outcomes: list[Outcome], kind: str) -> dict:
             message = {"role": "assistant", "content": outcome.text}
             choice = {"index": i, "message": message, "logprobs": logprobs}
         else:
-            choice = {"index": i, "text": outcome.prompt_text + outcome.text}
-            choice["logprobs"] = logprobs
+            choice = {"index": i, "text": outcome.prompt_text + outcome.text, "logprobs": logprobs}
         choice["finish_reason"] = outcome.finish_reason
         picked.append(choice)
     return envelope(served, kind, picked, usage(summed(outcomes)))
@@ -284,30 +282,24 @@ def rendered(outcome: Outcome, kind: str) -> dict | None:
 
 
 def shaped(entries: list[TokenLogprob], kind: str, start: int) -> dict:
-    """Token logprobs as chat's `content` list or completions' parallel lists (text offsets
-    counted from `start`)."""
+    """Token logprobs as chat's `content` list or completions' parallel lists."""
     if kind == "chat":
         return {"content": [chat_token(t) for t in entries], "refusal": None}
     tokens = [t.token for t in entries]
-    return {
-        "tokens": tokens,
-        "token_logprobs": [t.logprob for t in entries],
-        "top_logprobs": [dict(t.top) for t in entries],
-        "text_offset": text_offsets(tokens, start),
-    }
+    top = [dict(t.top) for t in entries]
+    return completion_logprobs(tokens, [t.logprob for t in entries], top, start)
 
 
-def text_offsets(pieces: list[str], start: int = 0) -> list[int]:
-    """Where each piece starts in their joined text, counted from `start` (OpenAI's
-    text_offset)."""
-    return list(accumulate((len(p) for p in pieces[:-1]), initial=start)) if pieces else []
+def completion_logprobs(tokens: list[str], values: list, top: list, start: int = 0) -> dict:
+    """Completions' parallel lists; text_offset: where each token starts, counted from `start`."""
+    offsets = list(accumulate((len(t) for t in tokens[:-1]), initial=start)) if tokens else []
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets}
 
 
 def chat_token(t: TokenLogprob) -> dict:
     top = [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in t.top]
-    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())} | {
-        "top_logprobs": top
-    }
+    entry = {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())}
+    return entry | {"top_logprobs": top}
 
 
 def envelope(served: Served, kind: str, picked: list[dict], counts: dict) -> dict:
@@ -326,12 +318,7 @@ def scored_answer(served: Served, job: Job, outcomes: list[Scored]) -> dict:
     """Echo scoring in OpenAI's completions logprobs shape (see docs/scoring.md)."""
     picked = []
     for i, s in enumerate(outcomes):
-        logprobs = {
-            "tokens": s.tokens,
-            "token_logprobs": s.values,
-            "top_logprobs": s.top,
-            "text_offset": text_offsets(s.tokens),
-        }
+        logprobs = completion_logprobs(s.tokens, s.values, s.top)
         reason = "length" if job.score.generate else "stop"
         choice = {"index": i, "text": "".join(s.tokens), "logprobs": logprobs}
         picked.append(choice | {"finish_reason": reason})

@@ -90,14 +90,9 @@ class Frames:
             out[key] = [cell for d in changed for cell in self.cells(d, flags=False)]
         if self.uniform and row in event.settled:
             out["settled"] = True
-        held = dict(event.revocable).get(row)
-        if held is not None:  # WINO may still mask commits from here on
-            out["revocable_from"] = held
-        pruned = self.pruned_from(out["block"])
-        if pruned is not None:
-            out["pruned_from"] = pruned
-        if layout is not None:
-            out["layout"] = layout
+        held = dict(event.revocable).get(row)  # WINO may still mask commits from here on
+        extra = {"revocable_from": held, "pruned_from": self.pruned_from(out["block"])}
+        out |= {k: v for k, v in (extra | {"layout": layout}).items() if v is not None}
         self.steps += 1
         return out
 
@@ -197,9 +192,7 @@ def frozen(event: StepEvent, row: int) -> list[int] | None:
 def phase_of(event: StepEvent, row: int) -> RowPhase:
     """The row's own place this step (the event's head when it has no phases)."""
     found = next((p for p in event.phases if p.row == row), None)
-    if found is not None:
-        return found
-    return RowPhase(row, event.block, event.block_step, event.window, event.refresh)
+    return found or RowPhase(row, event.block, event.block_step, event.window, event.refresh)
 
 
 def chunk(model_id: str, rid: str, kind: str, frame: dict, index: int = 0) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from dllm_cli.decoding import Engine, open_engine
-from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.families import FAMILIES
 from dllm_cli.lifetimes import SAMPLING_FIELDS
@@ -65,10 +64,7 @@ def group_of(job: Job, per_request: bool = True, gen_length: int | None = None) 
 
 def add(pool: Pool, ids: list[int], job: Job, key) -> int:
     """The job into its group's engine, with its own sampling values (and grammar)."""
-    if job.logprobs is None:
-        rid = pool.engine.add(ids, key=key, settings=job.settings)
-    else:
-        rid = pool.engine.add(ids, key=key, settings=job.settings, logprobs=job.logprobs)
+    rid = pool.engine.add(ids, key=key, settings=job.settings, logprobs=job.logprobs)
     if job.grammar is not None:
         pool.engine.stepper.committer.bind(rid, job.grammar)
     return rid
@@ -125,8 +121,3 @@ def stop_early(engine: Engine, rid: int) -> tuple[list[int], Counts]:
     counts = Counts(request.forwards, request.guide_forwards, request.steps)
     engine.abort(rid)
     return tokens, counts
-
-
-def completion_tokens(tokens: list[int], stop: list[int] | tuple[int, ...]) -> int:
-    """Tokens the answer took (through its first stop token), as throughput counts them."""
-    return answer_length(tokens, stop)

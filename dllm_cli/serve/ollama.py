@@ -33,8 +33,7 @@ from dllm_cli.serve.ollama_request import (
     served_name,
     to_job,
 )
-from dllm_cli.serve.plumbing import Gone, Served, next_event, poster, read_json, unless_gone
-from dllm_cli.serve.protocol import ApiError
+from dllm_cli.serve.plumbing import Gone, Served, next_event, poster, read_object, unless_gone
 from dllm_cli.serve.tickets import Outcome, Ticket
 from dllm_cli.version import __version__
 
@@ -64,9 +63,7 @@ def add_routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/api/show")
     async def show(request: Request):
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
+        body = await read_object(request)
         check_model(served, body.get("model", body.get("name")))
         served.metrics.request("/api/show", 200)
         return show_card(served)
@@ -85,9 +82,7 @@ def add_routes(app: FastAPI, served: Served) -> None:
 
 async def complete(served: Served, request: Request, route: str) -> Response:
     path = request.url.path
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+    body = await read_object(request)
     check_fields(body, CHAT_FIELDS if route == "chat" else GENERATE_FIELDS)
     check_model(served, body.get("model"))
     if is_load_only(body, route):
@@ -147,28 +142,20 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def text_field(route: str, text: str) -> dict:
-    if route == "chat":
-        return {"message": {"role": "assistant", "content": text}}
-    return {"response": text}
+def head(served: Served, route: str, text: str) -> dict:
+    """What every answer object starts with: the model, the time, the text."""
+    said = {"message": {"role": "assistant", "content": text}} if route == "chat" else None
+    return {"model": served_name(served), "created_at": now(), **(said or {"response": text})}
 
 
 def piece(served: Served, route: str, text: str) -> dict:
-    return {
-        "model": served_name(served),
-        "created_at": now(),
-        **text_field(route, text),
-        "done": False,
-    }
+    return head(served, route, text) | {"done": False}
 
 
 def final(served: Served, route: str, o: Outcome, text: str) -> dict:
     """The last object: Ollama's counts and durations (nanoseconds), and dllm's own counts."""
     nanos = int(o.seconds * 1e9)
-    return {
-        "model": served_name(served),
-        "created_at": now(),
-        **text_field(route, text),
+    return head(served, route, text) | {
         "done": True,
         "done_reason": o.finish_reason,
         "total_duration": nanos,
@@ -184,8 +171,7 @@ def final(served: Served, route: str, o: Outcome, text: str) -> dict:
 
 
 def loaded_reply(served: Served, route: str) -> dict:
-    body = {"model": served_name(served), "created_at": now(), **text_field(route, "")}
-    return body | {"done": True, "done_reason": "load"}
+    return head(served, route, "") | {"done": True, "done_reason": "load"}
 
 
 # --- model cards --------------------------------------------------------------------------------
@@ -263,8 +249,7 @@ def loaded_card(served: Served) -> dict:
     facts = model_facts(served)
     on_gpu = served.worker.runtime.loaded.device.type == "cuda"
     card = {k: v for k, v in tag_card(served).items() if k != "modified_at"}
-    card["size"] = facts["memory"]
-    card["size_vram"] = facts["memory"] if on_gpu else 0
+    card |= {"size": facts["memory"], "size_vram": facts["memory"] if on_gpu else 0}
     card["expires_at"] = NEVER
     card["context_length"] = served.worker.runtime.loaded.model.context_length
     return card

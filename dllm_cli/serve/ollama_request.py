@@ -143,9 +143,8 @@ def chat_messages(value: object) -> list[dict]:
         if not isinstance(m, dict):
             raise ApiError(400, f"messages[{i}] must be an object with a role and a content")
         for name, given in m.items():
-            if name not in MESSAGE_FIELDS:
-                raise ApiError(400, f"messages[{i}].{name} is not supported by dllm")
-            if name not in ("role", "content") and given not in (None, "", []):
+            used = name not in ("role", "content") and given not in (None, "", [])
+            if name not in MESSAGE_FIELDS or used:
                 raise ApiError(400, f"messages[{i}].{name} is not supported by dllm")
         out.append({"role": m.get("role"), "content": m.get("content", "")})
     return out

@@ -76,6 +76,13 @@ async def read_json(request: Request) -> object:
         raise ApiError(400, f"invalid JSON body: {str(e).splitlines()[0][:200]}") from None
 
 
+async def read_object(request: Request) -> dict:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
 def refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
 

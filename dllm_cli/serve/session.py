@@ -37,7 +37,6 @@ class Session:
     runtime: Runtime
     messages: list[Message] = field(default_factory=list)
     system: list[Message] = field(default_factory=list)  # kept through /reset and trimming
-
     guided: bool = True  # the guide verifies drafts (when the runtime has one)
 
     def reset(self) -> None:
@@ -56,7 +55,7 @@ class Session:
                 )
             self.guided = value
             return
-        if name not in {f.name for f in fields(DecodeSettings)} - {"batching"}:
+        if name not in setting_names():  # (guide: handled above)
             raise SettingsError(f"unknown setting {key!r}{did_you_mean(name, setting_names())}")
         settings = replace(self.runtime.settings, **{name: parse_value(text)})
         self.runtime.settings = check_settings(self.runtime, settings)

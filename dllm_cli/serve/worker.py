@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dllm_cli.chat import encode_plain
+from dllm_cli.decoding.answer import answer_length
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.models.collectives import RankLost
@@ -327,7 +328,7 @@ class Worker:
             text=text,
             finish_reason=finish_reason(tokens, special.stop, ticket.deltas.stopped),
             prompt_tokens=len(ticket.ids),
-            completion_tokens=engines.completion_tokens(tokens, special.stop),
+            completion_tokens=answer_length(tokens, special.stop),  # through its first stop
             forwards=done.forwards,
             guide_forwards=done.guide_forwards,
             steps=done.steps,
