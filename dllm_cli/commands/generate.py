@@ -247,7 +247,7 @@ def note_static(pipeline: Pipeline) -> None:
     """One line on stderr when continuous batching, asked for, falls back to static batches."""
     rt = pipeline.runtime
     asked = rt.provenance.get("decode.batching", "default") != "default"
-    reason = pipeline.static_reason()
+    reason = rt.static_reason()
     if asked and rt.settings.batching == "continuous" and reason is not None:
         note(f"continuous batching falls back to static batches: {reason}")
 
