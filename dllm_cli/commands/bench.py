@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
@@ -37,7 +36,7 @@ from dllm_cli.commands.bench_peer import (
 )
 from dllm_cli.commands.common import check_output, cli_errors, fail, note, stderr
 from dllm_cli.commands.split import ExpertParallel, leads, option, split_runtime
-from dllm_cli.errors import UsageError, write_text
+from dllm_cli.errors import UsageError, write_json, write_text
 from dllm_cli.families import FAMILIES
 from dllm_cli.frontier import SWEEPS
 from dllm_cli.peer import PEER_PROMPT
@@ -121,9 +120,8 @@ def preflight(json_path, markdown_path, plot_path) -> None:
 
 def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> None:
     """JSON (a list of records), markdown beside it unless given elsewhere, optional plot."""
-    if json_path is not None:
-        write_text(json_path, json.dumps(records, indent=2) + "\n")
-        markdown_path = markdown_path or json_path.with_suffix(".md")
+    write_json(json_path, records)
+    markdown_path = markdown_path or (json_path and json_path.with_suffix(".md"))
     if markdown_path is not None:
         write_text(markdown_path, markdown_table(records))
     if plot_path is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +9,7 @@ from typing import Annotated
 import typer
 
 from dllm_cli.commands.common import load_runtime, stderr
-from dllm_cli.errors import UsageError, write_text
+from dllm_cli.errors import UsageError, write_json
 from dllm_cli.options import Choices
 from dllm_cli.peer import (
     LOAD_LIMIT,
@@ -112,8 +111,7 @@ def run_peer(
         "seconds / dllm's (> 1: dllm faster)"
     )
     typer.echo(markdown(records), nl=False)
-    if json_path is not None:
-        write_text(json_path, json.dumps(records, indent=2) + "\n")
+    write_json(json_path, records)
 
 
 def chat_ids(rt, prompt: str) -> list[int]:

@@ -193,11 +193,8 @@ def cli_errors() -> Iterator[None]:
     except Exception as e:  # a bug of ours: still one line unless --debug
         if is_debug():
             traceback.print_exc(file=sys.stderr)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise fail(
-            f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
-            INTERNAL,
-        ) from None
+        message, code = describe_error(e)
+        raise fail(f"{message} (rerun with --debug for the traceback)", code) from None
 
 
 def describe_error(e: BaseException) -> tuple[str, int]:

@@ -75,7 +75,6 @@ AbortOnExit = Annotated[
         rich_help_panel=SERVER,
     ),
 ]
-
 Ui = Annotated[
     bool,
     typer.Option(
@@ -112,15 +111,13 @@ def serve_command(
     from dllm_cli.commands.split import leads, split_runtime
 
     with cli_errors():
-        for name, value, low in (("--batch-size", batch_size, 1), ("--max-queue", max_queue, 0)):
-            if value < low:
+        at_least = [("--batch-size", batch_size, 1), ("--max-queue", max_queue, 0)]
+        at_least += [("--max-engines", max_engines, 1), ("--score-splits", score_splits, 1)]
+        for name, value, low in at_least:
+            if value is not None and value < low:
                 raise fail(f"{name} must be at least {low} (got {value})", USAGE)
-        if max_engines < 1:
-            raise fail(f"--max-engines must be at least 1 (got {max_engines})", USAGE)
         if score_samples is not None and not 1 <= score_samples <= 4096:
             raise fail(f"--score-samples must be in 1..4096 (got {score_samples})", USAGE)
-        if score_splits is not None and score_splits < 1:
-            raise fail(f"--score-splits must be at least 1 (got {score_splits})", USAGE)
         if not 0 <= port <= 65535:
             raise fail(f"--port must be in 0..65535 (got {port})", USAGE)
         if api_key is not None and not api_key.strip():
@@ -141,12 +138,8 @@ def serve_command(
                     return follow(runtime, batch_size, channel)
                 mirror = Leader(channel)
             try:
-                server.run(
-                    runtime,
-                    options,
-                    ready=lambda url: note(f"serving {server.model_id(runtime)} on {url}"),
-                    mirror=mirror,
-                )
+                serving = f"serving {server.model_id(runtime)} on "
+                server.run(runtime, options, ready=lambda url: note(serving + url), mirror=mirror)
             except OSError as e:  # the address is taken, or not this machine's
                 raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", 1) from None
         note("server stopped")

@@ -98,12 +98,7 @@ def write_tokenizer(folder: Path, family: Family) -> dict[str, int]:
 def tiny_config(kind: str, ids: dict[str, int]):
     """Two layers of width 32 (Dream with grouped-query attention), padded embedding rows."""
     size, family = ids["size"], FAMILIES[kind]
-    common = {
-        "mask_token_id": ids["mask"],
-        "eos_token_id": ids["eos"],
-        "pad_token_id": ids["pad"],
-        "bos_token_id": ids["bos"],
-    }
+    common = {f"{role}_token_id": ids[role] for role in ("mask", "eos", "pad", "bos")}
     if kind == "llada":
         shape = {"d_model": 32, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2}
         shape |= {"mlp_hidden_size": 48, "vocab_size": size, "embedding_size": size + 7}
