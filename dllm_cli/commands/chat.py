@@ -136,10 +136,8 @@ def ask(session, question: str, visual: bool) -> None:
         error_line(str(e))
         return
     if prompt.dropped:
-        note(
-            f"the conversation outgrew the context: dropped the oldest {prompt.dropped} "
-            f"exchange{'s' if prompt.dropped > 1 else ''}"
-        )
+        exchanges = f"{prompt.dropped} exchange{'s' if prompt.dropped > 1 else ''}"
+        note(f"the conversation outgrew the context: dropped the oldest {exchanges}")
     answer = session.answer(question, prompt)
     try:
         if visual:

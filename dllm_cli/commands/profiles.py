@@ -101,9 +101,8 @@ def show_command(
             Text(f"note: ${var} is not set; set it to the folder that holds your models "
                  "(or edit the path) before using this profile", style="yellow")
         )  # fmt: skip
-    notes = profile.decode.adjustments()
-    if own:
-        notes = gemma.notes(profile.decode, profile.decode.block_length)
+    decode = profile.decode
+    notes = gemma.notes(decode, decode.block_length) if own else decode.adjustments()
     if uses and not own:
         out.print(Text(f"note: {family.title} does not use {', '.join(uses)}", style="dim"))
     if family is not None and any(o.startswith("family default") for o in provenance.values()):
