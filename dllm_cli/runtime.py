@@ -122,9 +122,8 @@ class Runtime:
 
     def admission(self) -> str:
         """continuous, unless the settings ask for static or the decode cannot be served so."""
-        if self.settings.batching == "static" or self.static_reason() is not None:
-            return "static"
-        return "continuous"
+        static = self.settings.batching == "static" or self.static_reason() is not None
+        return "static" if static else "continuous"
 
     def static_reason(self) -> str | None:
         """Why continuous batching falls back to static batches here (None: it does not)."""
