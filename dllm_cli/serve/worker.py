@@ -122,15 +122,13 @@ class Worker:
                 )
             if self.mirror is not None:
                 self.mirror.close()
-        except RankLost as e:  # the model cannot run without that rank: the server ends
-            self.failure = e
+        except BaseException as e:  # answer every request rather than hang them
+            self.failure, lost = e, isinstance(e, RankLost)  # lost: the model cannot run
+            bug = ApiError(500, f"internal error: {type(e).__name__}: {e}")
             for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
-                self.fail(ticket, ApiError(503, str(e)))
-            self.ended()
-        except BaseException as e:  # a bug: answer every request rather than hang them
-            self.failure = e
-            for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
-                self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"))
+                self.fail(ticket, ApiError(503, str(e)) if lost else bug)
+            if lost:  # without that rank: the server ends
+                self.ended()
 
     def step_or_drop(self, group: engines.Group, pool: engines.Pool) -> None:
         """One step; an engine that fails (a bug) answers its requests 500 and is dropped,
