@@ -8,7 +8,6 @@ stepping thread fills (accepted, text, done, error); a client that leaves aborts
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import time
@@ -24,12 +23,10 @@ from dllm_cli.errors import DllmError
 from dllm_cli.serve import canvas, engines, ollama, page
 from dllm_cli.serve.metrics import CONTENT_TYPE
 from dllm_cli.serve.plumbing import (
-    Gone,
     Served,
+    Waiting,
     answer_error,
     authorized,
-    next_event,
-    poster,
     read_json,
     route_error,
     unless_gone,
@@ -37,7 +34,6 @@ from dllm_cli.serve.plumbing import (
 from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
 from dllm_cli.serve.scores import Scored, TokenLogprob
 from dllm_cli.serve.tickets import Outcome
-from dllm_cli.serve.worker import Worker
 
 
 def create_app(served: Served) -> FastAPI:
@@ -118,11 +114,7 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
     job = engines.with_grammar(worker.runtime, job)
     if job.kind == "score":
         job = replace(job, score=served_defaults(served, job.score))
-    parts = choices(job)
-    events: asyncio.Queue = asyncio.Queue()
-    posts = [(p, poster(events, i)) for i, p in enumerate(parts)]
-    tickets = worker.submit_all(posts, served.limit)
-    waiting = Waiting(events, request, worker, tickets)
+    waiting = Waiting.submit(served, request, choices(job))
     await waiting.accepted()
     if job.stream:
         served.metrics.request(path, 200)
@@ -141,51 +133,6 @@ def served_defaults(served: Served, score: Score) -> Score:
     batch = score.batch if samples is None or (score.batch or 0) <= samples else None
     splits = score.splits or served.score_splits
     return replace(score, samples=samples, batch=batch, splits=splits)
-
-
-class Waiting:
-    """A request's tickets and their tagged events; any failure aborts them all."""
-
-    def __init__(self, events: asyncio.Queue, request: Request, worker: Worker, tickets: list):
-        self.events, self.request, self.worker, self.tickets = events, request, worker, tickets
-        self.early: list[tuple[int, str, object]] = []  # text that came before every accept
-
-    async def next(self) -> tuple[int, str, object]:
-        if self.early:
-            return self.early.pop(0)
-        try:
-            return await next_event(self.events, self.request)
-        except Gone:
-            self.abort()
-            raise
-
-    def abort(self) -> None:
-        for ticket in self.tickets:
-            self.worker.abort(ticket)
-
-    async def accepted(self) -> None:
-        """Every part accepted, or the first refusal raised (the others aborted)."""
-        await self.every("accepted", keep=True)
-
-    async def outcomes(self) -> list[object]:
-        """Every part's outcome, in part order."""
-        done = await self.every("done", keep=False)
-        return [done[i] for i in range(len(self.tickets))]
-
-    async def every(self, wanted: str, keep: bool) -> dict[int, object]:
-        """Each part's `wanted` event's payload; an error raised (the others aborted), other
-        events kept for later where `keep` (text that came before every accept)."""
-        got: dict[int, object] = {}
-        while len(got) < len(self.tickets):
-            index, what, payload = await self.next()
-            if what == "error":
-                self.abort()
-                raise payload  # type: ignore[misc]
-            if what == wanted:
-                got[index] = payload
-            elif keep:
-                self.early.append((index, what, payload))
-        return got
 
 
 async def stream(served: Served, waiting: Waiting, kind: str) -> AsyncIterator[str]:

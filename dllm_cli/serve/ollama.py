@@ -12,7 +12,6 @@ ignored.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -33,8 +32,8 @@ from dllm_cli.serve.ollama_request import (
     served_name,
     to_job,
 )
-from dllm_cli.serve.plumbing import Gone, Served, next_event, poster, read_object, unless_gone
-from dllm_cli.serve.tickets import Outcome, Ticket
+from dllm_cli.serve.plumbing import Served, Waiting, read_object, unless_gone
+from dllm_cli.serve.tickets import Outcome
 from dllm_cli.version import __version__
 
 PREFIX = "/api/"
@@ -89,48 +88,33 @@ async def complete(served: Served, request: Request, route: str) -> Response:
         served.metrics.request(path, 200)
         return JSONResponse(loaded_reply(served, route))
     job = to_job(served, body, route)
-    events: asyncio.Queue = asyncio.Queue()
-    ticket = served.worker.submit(job, poster(events), served.limit)
-    try:
-        what, payload = await next_event(events, request)
-        if what == "error":
-            raise payload  # type: ignore[misc]
-        if job.stream:
-            served.metrics.request(path, 200)
-            lines = stream(served, request, ticket, events, route)
-            return StreamingResponse(lines, media_type=NDJSON)
-        while what != "done":
-            what, payload = await next_event(events, request)
-            if what == "error":
-                raise payload  # type: ignore[misc]
-    except Gone:
-        served.worker.abort(ticket)
-        raise
+    waiting = Waiting.submit(served, request, [job])
+    await waiting.accepted()
+    if job.stream:
+        served.metrics.request(path, 200)
+        return StreamingResponse(stream(served, waiting, route), media_type=NDJSON)
+    outcome = (await waiting.outcomes())[0]
     served.metrics.request(path, 200)
-    return JSONResponse(final(served, route, payload, payload.text))  # type: ignore[arg-type]
+    return JSONResponse(final(served, route, outcome, outcome.text))  # type: ignore[arg-type]
 
 
-async def stream(
-    served: Served, request: Request, ticket: Ticket, events: asyncio.Queue, route: str
-) -> AsyncIterator[str]:
+async def stream(served: Served, waiting: Waiting, route: str) -> AsyncIterator[str]:
     """NDJSON: one object per committed piece of text, then the `done` object."""
     finished = False
     try:
-        while True:
-            what, payload = await next_event(events, request)
+        while not finished:
+            _, what, payload = await waiting.next()
             if what == "text":
                 yield line(piece(served, route, payload))  # type: ignore[arg-type]
             elif what == "error":
                 finished = True
                 yield line({"error": payload.message})  # type: ignore[union-attr]
-                break
             elif what == "done":
                 finished = True
                 yield line(final(served, route, payload, ""))  # type: ignore[arg-type]
-                break
     finally:
         if not finished:  # the client left: free its slot
-            served.worker.abort(ticket)
+            waiting.abort()
 
 
 def line(data: dict) -> str:
