@@ -70,15 +70,9 @@ def page_config(served) -> dict:
     runtime = served.worker.runtime
     settings: DecodeSettings = runtime.settings
     types = {f.name: str(f.type) for f in dataclasses.fields(DecodeSettings)}
-    names = list(SETTINGS)
     rows = [
-        {
-            "name": n,
-            "type": types[n],
-            "value": getattr(settings, n),
-            "choices": list(CHOICES.get(n, ())),
-        }
-        for n in names
+        dict(name=n, type=types[n], value=getattr(settings, n), choices=list(CHOICES.get(n, ())))
+        for n in SETTINGS
     ]
     return {
         "model": served.model_id,
