@@ -38,7 +38,6 @@ from dllm_cli.errors import InputError, UsageError
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.problems import (
-    BUILTIN,
     BadLine,
     Problem,
     builtin_problems,
@@ -202,10 +201,8 @@ def held_out(
     encode: Callable[[str], list[int]], n: int, shots: int, start: int = 0, split: str = "narrow"
 ) -> list[Task]:
     """Problems start .. start+n-1 of a built-in held-out set with K fixed shots each, encoded."""
-    if split not in BUILTIN:
-        raise UsageError(f"unknown split {split!r} (choose from {', '.join(BUILTIN)})")
+    problems = builtin_problems(split)  # an unknown split: UsageError naming the known ones
     check_counts(n, shots, start)
-    problems = builtin_problems(split)
     if start + n > len(problems):
         raise UsageError(
             f"problems {start}..{start + n - 1} are outside the {split} split's "
@@ -305,16 +302,8 @@ def evaluate(
     committer = runtime.committer()
     if warmup:
         warm_up(model, special, tasks[0], runtime.settings, committer)
-    return score(
-        model,
-        special,
-        tasks,
-        runtime.settings,
-        runtime.text,
-        committer=committer,
-        batch_size=batch_size,
-        on_batch=on_batch,
-    )
+    options = {"committer": committer, "batch_size": batch_size, "on_batch": on_batch}
+    return score(model, special, tasks, runtime.settings, runtime.text, **options)
 
 
 def details(score_: Score) -> list[dict]:

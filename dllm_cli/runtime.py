@@ -282,12 +282,4 @@ def open_runtime(
     if prof.model.compile:
         why = enable_compile(loaded.model)  # None, or why the model stays eager
         notes = [*notes, why] if why else notes
-    return Runtime(
-        profile=prof,
-        provenance=provenance,
-        settings=settings,
-        loaded=loaded,
-        guide=guide,
-        chat=prof.model.chat_template,
-        notes=notes,
-    )
+    return Runtime(prof, provenance, settings, loaded, guide, prof.model.chat_template, notes)

@@ -155,17 +155,15 @@ def dream_masks(
     t = (u + torch.arange(batch).float() / batch) % 1
     ratio = (1 - eps) * t + eps  # (batch,)
     masked = torch.rand((batch, length), generator=g) < ratio[:, None]
-    masked[:, 0] = False
-    masked[:, -1] = False
+    masked[:, [0, -1]] = False
     masked[:, :context] = False  # ftb: only the target's masks are used
     return masked, ratio
 
 
+LLADA = Estimator(llada_masks, 0, 128, 16, False, True, "ML-GSAI/LLaDA get_log_likelihood.py")
 ESTIMATORS: dict[str, Estimator] = {
-    "llada": Estimator(llada_masks, 0, 128, 16, False, True, "ML-GSAI/LLaDA get_log_likelihood.py"),
-    "llada_moe": Estimator(
-        llada_masks, 0, 128, 16, False, True, "ML-GSAI/LLaDA get_log_likelihood.py"
-    ),
+    "llada": LLADA,
+    "llada_moe": LLADA,
     "dream": Estimator(dream_masks, 1, 128, 1, True, False, "DreamLM/Dream eval/eval.py (mc, ftb)"),
 }
 
