@@ -191,9 +191,8 @@ def generate_command(
             check_logprobs(runtime)
         if batch and leader:
             note_static(pipeline)
-        shown = runtime if verbose_prompt else None
+        shown, failed = runtime if verbose_prompt else None, 0
         if split_prompt:
-            failed = 0
             decode = partial(run_single, runtime, prompt, pipeline, verbose_prompt)
             run_split_prompt(job, shards, stats, decode)
         elif shards is not None and shards.replicas == 1:
@@ -203,15 +202,12 @@ def generate_command(
         elif batch:
             failed = run_batch(pipeline, shown)
         else:
-            failed = 0
             run_single(runtime, prompt, pipeline, verbose_prompt)
         if stats and leader:
             note(pipeline.totals.line())
         if failed:
-            raise fail(
-                f"{failed} of {pipeline.totals.prompts + failed} prompts failed",
-                InputError.exit_code,
-            )
+            total = pipeline.totals.prompts + failed
+            raise fail(f"{failed} of {total} prompts failed", InputError.exit_code)
 
 
 def grammar_source(schema: str | None, grammar: str | None) -> tuple[str, str] | None:
