@@ -61,69 +61,47 @@ def _guide(key: str, kind: type, help: str) -> Flag:
     return Flag(_option(kind, help, DECODE), "guide", f"guide.{key}")
 
 
+def _model(key: str | None, kind: type, help: str, *names: str) -> Flag:
+    """A [model] setting (group "model"); `key` None: a flag that sets no profile key."""
+    return Flag(_option(kind, help, MODEL, *names), "model", key and f"model.{key}")
+
+
 MODEL_FLAGS: dict[str, Flag] = {
-    "profile": Flag(
-        _option(str, "Profile NAME or path to a .toml file.", MODEL, "--profile", "-p"), "model"
+    "profile": _model(None, str, "Profile NAME or path to a .toml file.", "--profile", "-p"),
+    "model": _model(
+        "path",
+        str,
+        "Checkpoint folder, or ORG/NAME pulled with `dllm pull` (replaces the profile's; "
+        "without --profile, its family's reference settings).",
+        "--model",
     ),
-    "model": Flag(
-        _option(
-            str,
-            "Checkpoint folder, or ORG/NAME pulled with `dllm pull` (replaces the profile's; "
-            "without --profile, its family's reference settings).",
-            MODEL,
-            "--model",
-        ),
-        "model",
-        "model.path",
+    "device": _model("device", str, "auto | cpu | cuda | cuda:N."),
+    "force": _model(
+        None,
+        bool,
+        "Load even when the fit check says the model will not fit in free memory.",
+        "--force",
     ),
-    "device": Flag(_option(str, "auto | cpu | cuda | cuda:N.", MODEL), "model", "model.device"),
-    "force": Flag(
-        _option(
-            bool,
-            "Load even when the fit check says the model will not fit in free memory.",
-            MODEL,
-            "--force",
-        ),
-        "model",
+    "dtype": _model("dtype", str, "auto | float32 | bfloat16 | float16."),
+    "quantize": _model(
+        "quantize",
+        str,
+        "none | int8: weights quantized per output channel as they load (int8 x int8 "
+        "matmuls; about a quarter of float32's weight memory) | int4: 4-bit weights in "
+        "groups of 32 with a bfloat16 scale and zero each (about 1/7 of float32's).",
     ),
-    "dtype": Flag(
-        _option(str, "auto | float32 | bfloat16 | float16.", MODEL), "model", "model.dtype"
+    "chat": _model("chat_template", bool, "Wrap prompts in the chat template.", "--chat/--no-chat"),
+    "compile": _model(
+        "compile",
+        bool,
+        "Replay cached block steps as CUDA graphs (CUDA only; identical outputs).",
+        "--compile/--no-compile",
     ),
-    "quantize": Flag(
-        _option(
-            str,
-            "none | int8: weights quantized per output channel as they load (int8 x int8 "
-            "matmuls; about a quarter of float32's weight memory) | int4: 4-bit weights in "
-            "groups of 32 with a bfloat16 scale and zero each (about 1/7 of float32's).",
-            MODEL,
-        ),
-        "model",
-        "model.quantize",
-    ),
-    "chat": Flag(
-        _option(bool, "Wrap prompts in the chat template.", MODEL, "--chat/--no-chat"),
-        "model",
-        "model.chat_template",
-    ),
-    "compile": Flag(
-        _option(
-            bool,
-            "Replay cached block steps as CUDA graphs (CUDA only; identical outputs).",
-            MODEL,
-            "--compile/--no-compile",
-        ),
-        "model",
-        "model.compile",
-    ),
-    "threads": Flag(
-        _option(
-            int,
-            "CPU threads for torch, set before the first forward (0, the default: torch's "
-            "own, one per core or OMP_NUM_THREADS; a busy machine often runs faster on 1).",
-            MODEL,
-        ),
-        "model",
-        "model.threads",
+    "threads": _model(
+        "threads",
+        int,
+        "CPU threads for torch, set before the first forward (0, the default: torch's "
+        "own, one per core or OMP_NUM_THREADS; a busy machine often runs faster on 1).",
     ),
 }
 GUIDE_FLAGS: dict[str, Flag] = {
