@@ -197,6 +197,16 @@ def shared(*wanted: str) -> Callable[[C], C]:
 
 # --- options of one or two commands ---------------------------------------------------------
 
+
+def in_panel(panel: str) -> Callable[..., Any]:
+    """`option(help, *names, **kw)`: a typer.Option shown under one command's `panel`."""
+
+    def option(help: str, *names: str, **kw: Any) -> Any:
+        return typer.Option(*names, help=help, rich_help_panel=panel, **kw)
+
+    return option
+
+
 BatchSize = Annotated[
     int,
     typer.Option(
@@ -204,38 +214,30 @@ BatchSize = Annotated[
         min=1,
     ),
 ]
+output, evaluation = in_panel(OUTPUT), in_panel(EVAL)
 Json = Annotated[
     bool,
-    typer.Option(
-        "--json",
-        help="One JSON object per prompt on stdout: prompt, text, token_ids (the answer's), "
+    output(
+        "One JSON object per prompt on stdout: prompt, text, token_ids (the answer's), "
         "forwards, guide_forwards, steps, seconds (static batches: the prompt's own steps and "
         "its share of the batch's seconds); a failed prompt: prompt, error.",
-        rich_help_panel=OUTPUT,
+        "--json",
     ),
 ]
 Stats = Annotated[
     bool,
-    typer.Option(
-        "--stats",
-        help="Answer tokens, forwards (diffusion, guide), steps, seconds and tok/s on stderr.",
-        rich_help_panel=OUTPUT,
+    output(
+        "Answer tokens, forwards (diffusion, guide), steps, seconds and tok/s on stderr.", "--stats"
     ),
 ]
 VerbosePrompt = Annotated[
     bool,
-    typer.Option(
-        "--verbose-prompt",
-        help="Show on stderr the exact prompt the model sees: each token's id and text "
+    output(
+        "Show on stderr the exact prompt the model sees: each token's id and text "
         "(to check a chat template or a profile).",
-        rich_help_panel=OUTPUT,
+        "--verbose-prompt",
     ),
 ]
-N = Annotated[
-    int, typer.Option("--n", "-n", help="Held-out problems to solve.", rich_help_panel=EVAL)
-]
-Shots = Annotated[int, typer.Option(help="Solved examples in each prompt.", rich_help_panel=EVAL)]
-Start = Annotated[
-    int,
-    typer.Option(help="First held-out problem (0..999; hand sets 0..99).", rich_help_panel=EVAL),
-]
+N = Annotated[int, evaluation("Held-out problems to solve.", "--n", "-n")]
+Shots = Annotated[int, evaluation("Solved examples in each prompt.")]
+Start = Annotated[int, evaluation("First held-out problem (0..999; hand sets 0..99).")]

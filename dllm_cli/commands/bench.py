@@ -42,6 +42,7 @@ from dllm_cli.frontier import SWEEPS
 from dllm_cli.peer import PEER_PROMPT
 
 BENCH = "Benchmark"
+bench = opt.in_panel(BENCH)
 SplitStrategies = Annotated[int, option("every rank runs every strategy, rank 0 prints")]
 
 
@@ -158,79 +159,56 @@ def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> N
 )
 def bench_command(
     shots: opt.Shots = 5,
-    gen_length: Annotated[
-        str, typer.Option(help="Comma-separated answer lengths.", rich_help_panel=BENCH)
-    ] = "256",
+    gen_length: Annotated[str, bench("Comma-separated answer lengths.")] = "256",
     strategies: Annotated[
-        str | None,
-        typer.Option(
-            help=f"Comma-separated: {', '.join(STRATEGIES)} (default: all).", rich_help_panel=BENCH
-        ),
+        str | None, bench(f"Comma-separated: {', '.join(STRATEGIES)} (default: all).")
     ] = None,
     reference: Annotated[
-        str,
-        typer.Option(
-            help="Strategy the speedups are measured against (run first).", rich_help_panel=BENCH
-        ),
+        str, bench("Strategy the speedups are measured against (run first).")
     ] = "baseline",
     n: opt.N = 20,
     batch_size: opt.BatchSize = 1,
     start: opt.Start = 0,
-    block_length: Annotated[
-        int, typer.Option(help="Block size for every strategy.", rich_help_panel=BENCH)
-    ] = 32,
+    block_length: Annotated[int, bench("Block size for every strategy.")] = 32,
     suffix_window: Annotated[
         int,
-        typer.Option(
-            help="W of the +prune strategies: columns kept past the current block (--frontier: "
+        bench(
+            "W of the +prune strategies: columns kept past the current block (--frontier: "
             "for every pass, 0: off).",
-            rich_help_panel=BENCH,
             min=0,
         ),
     ] = SUFFIX_WINDOW,
     frontier: Annotated[
         str | None,
-        typer.Option(
-            help="Instead: accuracy against answer tokens per forward (batch 1) of each rule "
+        bench(
+            "Instead: accuracy against answer tokens per forward (batch 1) of each rule "
             f"over a sweep of its parameter, after one token per step: {', '.join(SWEEPS)}, "
             "each optionally with values, e.g. threshold,eb=0.1/0.3 (cache, early stop, top-k, "
-            "klass's --threshold and --kl-history: the profile's or the flags').",
-            rich_help_panel=BENCH,
+            "klass's --threshold and --kl-history: the profile's or the flags')."
         ),
     ] = None,
     prompt_length: Annotated[
         int | None,
-        typer.Option(
-            help="Throughput mode: --n synthetic prompts of this many tokens instead of "
-            "TinyGSM problems (any checkpoint; no accuracy).",
-            rich_help_panel=BENCH,
+        bench(
+            "Throughput mode: --n synthetic prompts of this many tokens instead of "
+            "TinyGSM problems (any checkpoint; no accuracy)."
         ),
     ] = None,
-    warmup: Annotated[
-        bool, typer.Option(help="Untimed warm-up decode per strategy.", rich_help_panel=BENCH)
-    ] = True,
+    warmup: Annotated[bool, bench("Untimed warm-up decode per strategy.")] = True,
     json_path: Annotated[
-        Path | None,
-        typer.Option("--json", help="Write the records here (a JSON list).", rich_help_panel=BENCH),
+        Path | None, bench("Write the records here (a JSON list).", "--json")
     ] = None,
     markdown_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--markdown", help="Markdown table (default: beside --json).", rich_help_panel=BENCH
-        ),
+        Path | None, bench("Markdown table (default: beside --json).", "--markdown")
     ] = None,
     plot_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--plot", help="Throughput vs accuracy figure (.png/.svg).", rich_help_panel=BENCH
-        ),
+        Path | None, bench("Throughput vs accuracy figure (.png/.svg).", "--plot")
     ] = None,
     batching_compare: Annotated[
         str | None,
-        typer.Option(
-            help="Instead: static vs continuous batching of --n prompts (problem i with i mod "
-            "(--shots + 1) shots) with this strategy, --batch-size slots, the first --gen-length.",
-            rich_help_panel=BENCH,
+        bench(
+            "Instead: static vs continuous batching of --n prompts (problem i with i mod "
+            "(--shots + 1) shots) with this strategy, --batch-size slots, the first --gen-length."
         ),
     ] = None,
     rounds: Annotated[
@@ -238,16 +216,13 @@ def bench_command(
     ] = 1,
     serve: Annotated[
         bool,
-        typer.Option(
-            "--serve",
-            help="Instead: start a server and send --n chat requests (hand-written questions; "
+        bench(
+            "Instead: start a server and send --n chat requests (hand-written questions; "
             "every other streamed) at --concurrency, after the same at concurrency 1.",
-            rich_help_panel=BENCH,
+            "--serve",
         ),
     ] = False,
-    concurrency: Annotated[
-        int, typer.Option(help="--serve: requests in flight at once.", min=1, rich_help_panel=BENCH)
-    ] = 8,
+    concurrency: Annotated[int, bench("--serve: requests in flight at once.", min=1)] = 8,
     peer: Peer = None,
     peer_binary: PeerBinary = None,
     peer_model: PeerModel = None,
@@ -255,11 +230,10 @@ def bench_command(
     peer_quant: PeerQuant = None,
     cancel: Annotated[
         float,
-        typer.Option(
-            help="--serve: fraction of the concurrent requests their client cancels mid-stream.",
+        bench(
+            "--serve: fraction of the concurrent requests their client cancels mid-stream.",
             min=0.0,
             max=1.0,
-            rich_help_panel=BENCH,
         ),
     ] = 0.0,
     tensor_parallel: SplitStrategies = 1,

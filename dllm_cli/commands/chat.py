@@ -24,14 +24,7 @@ COMMANDS = {
     "/exit": "end the session (or Ctrl-D)",
 }
 
-Visual = Annotated[
-    bool,
-    typer.Option(
-        "--visual",
-        help="Show each answer's canvas unmasking (on stderr).",
-        rich_help_panel=o.OUTPUT,
-    ),
-]
+Visual = Annotated[bool, o.output("Show each answer's canvas unmasking (on stderr).", "--visual")]
 System = Annotated[
     str | None,
     typer.Option(

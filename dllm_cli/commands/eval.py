@@ -101,11 +101,10 @@ def report_bad_lines(bad: list[BadLine]) -> None:
 def eval_command(
     n: Annotated[
         int | None,
-        typer.Option(
+        opt.evaluation(
+            "Problems to solve (default: 100 of a built-in set, every problem of --data).",
             "--n",
             "-n",
-            help="Problems to solve (default: 100 of a built-in set, every problem of --data).",
-            rich_help_panel=opt.EVAL,
         ),
     ] = None,
     shots: opt.Shots = 5,
@@ -113,52 +112,37 @@ def eval_command(
     start: opt.Start = 0,
     split: Annotated[
         str | None,
-        typer.Option(
-            help="Built-in held-out set: narrow (default) | wide | rich | hand | hand2"
+        opt.evaluation(
+            "Built-in held-out set: narrow (default) | wide | rich | hand | hand2"
             " (docs/models.md).",
-            rich_help_panel=opt.EVAL,
             show_default=False,
         ),
     ] = None,
     data: Annotated[
         Path | None,
-        typer.Option(
-            help='Score a JSONL file of {"question", "answer"} lines instead (GSM8K format).',
-            rich_help_panel=opt.EVAL,
+        opt.evaluation(
+            'Score a JSONL file of {"question", "answer"} lines instead (GSM8K format).'
         ),
     ] = None,
     shots_from: Annotated[
         Path | None,
-        typer.Option(
-            help="With --data: take the examples from this file (default: the data file's first"
-            " --shots problems, which are then not scored).",
-            rich_help_panel=opt.EVAL,
+        opt.evaluation(
+            "With --data: take the examples from this file (default: the data file's first"
+            " --shots problems, which are then not scored)."
         ),
     ] = None,
     records_to: Annotated[
         Path | None,
-        typer.Option(
-            "--records",
-            help="Write one JSON line per problem (question, gold, extracted, right, text).",
-            rich_help_panel=opt.OUTPUT,
+        opt.output(
+            "Write one JSON line per problem (question, gold, extracted, right, text).", "--records"
         ),
     ] = None,
-    warmup: Annotated[
-        bool, typer.Option(help="Untimed one-block decode before timing.", rich_help_panel=opt.EVAL)
-    ] = True,
+    warmup: Annotated[bool, opt.evaluation("Untimed one-block decode before timing.")] = True,
     as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            help="Print one JSON object instead of the summary.",
-            rich_help_panel=opt.OUTPUT,
-        ),
+        bool, opt.output("Print one JSON object instead of the summary.", "--json")
     ] = False,
     per_problem: Annotated[
-        bool,
-        typer.Option(
-            "--details", help="With --json: add every problem's answer.", rich_help_panel=opt.OUTPUT
-        ),
+        bool, opt.output("With --json: add every problem's answer.", "--details")
     ] = False,
     tensor_parallel: TensorParallel = 1,
     expert_parallel: ExpertParallel = False,

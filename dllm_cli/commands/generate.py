@@ -35,7 +35,7 @@ from dllm_cli.commands.generate_runs import (
     run_split_prompt,
     tensor_shards,
 )
-from dllm_cli.commands.split import ExpertParallel, check_experts
+from dllm_cli.commands.split import ExpertParallel, check_experts, parallelism
 from dllm_cli.errors import InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.family_settings import refuse_feature
@@ -47,10 +47,8 @@ if TYPE_CHECKING:  # the decoding modules (torch) are imported by the command, n
 
 JsonInput = Annotated[
     bool,
-    typer.Option(
-        "--json-input",
-        help='Batch mode: each stdin line is a JSON object with a "prompt" field.',
-        rich_help_panel=o.INPUT,
+    o.in_panel(o.INPUT)(
+        'Batch mode: each stdin line is a JSON object with a "prompt" field.', "--json-input"
     ),
 ]
 Prompt = Annotated[
@@ -62,55 +60,50 @@ Prompt = Annotated[
 ]
 JsonCanvas = Annotated[
     bool,
-    typer.Option(
-        "--json-canvas",
-        help="Implies --json; each object also carries canvas_ids: every generated position "
+    o.output(
+        "Implies --json; each object also carries canvas_ids: every generated position "
         "(padding included), before the answer is cut.",
-        rich_help_panel=o.OUTPUT,
+        "--json-canvas",
     ),
 ]
 Logprobs = Annotated[
     int | None,
-    typer.Option(
-        "--logprobs",
-        metavar="K",
-        help="Implies --json; each object also carries logprobs: per answer token its "
+    o.output(
+        "Implies --json; each object also carries logprobs: per answer token its "
         "log-probability under the step that committed it and that step's K most likely "
         "tokens (unguided decodes; docs/scoring.md).",
-        rich_help_panel=o.OUTPUT,
+        "--logprobs",
+        metavar="K",
         show_default=False,
     ),
 ]
 TensorParallel = Annotated[
     int,
-    typer.Option(
-        "--tensor-parallel",
-        help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
+    parallelism(
+        "Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
         "every rank decodes every prompt, rank 0 writes them (docs/tensor-parallel.md). LLaDA, "
         "Dream, LLaDA-MoE, SDAR and LLaDA2.x; a multiple of N processes runs replicas of N "
         "ranks, each decoding its share of the stdin lines.",
-        rich_help_panel="Parallelism",
+        "--tensor-parallel",
     ),
 ]
 JsonSchema = Annotated[
     str | None,
-    typer.Option(
+    o.output(
+        "Every answer is JSON valid under this JSON schema (compact: no free whitespace), "
+        "decoded through the grammar engine llguidance (docs/structured-output.md).",
         "--json-schema",
         metavar="FILE",
-        help="Every answer is JSON valid under this JSON schema (compact: no free whitespace), "
-        "decoded through the grammar engine llguidance (docs/structured-output.md).",
-        rich_help_panel=o.OUTPUT,
         show_default=False,
     ),
 ]
 GrammarFile = Annotated[
     str | None,
-    typer.Option(
+    o.output(
+        "Every answer matches this grammar: llguidance's Lark dialect (start: the "
+        "answer), or a regular expression if FILE ends in .regex.",
         "--grammar",
         metavar="FILE",
-        help="Every answer matches this grammar: llguidance's Lark dialect (start: the "
-        "answer), or a regular expression if FILE ends in .regex.",
-        rich_help_panel=o.OUTPUT,
         show_default=False,
     ),
 ]
