@@ -197,13 +197,6 @@ def guided_logits(model, rows, context: int, cfg: float, mask: int, shift: int) 
     return un + (cfg + 1) * (cond - un)
 
 
-def check_pair(context: list[int], continuation: list[int]) -> None:
-    if not context:
-        raise InputError("scoring needs a context of at least one token")
-    if not continuation:
-        raise InputError("scoring needs a continuation of at least one token")
-
-
 def estimate(
     model,
     mask: int,
@@ -218,7 +211,10 @@ def estimate(
     eos: int | None = None,
 ) -> Estimate:
     """The reference estimate of log p(continuation | context) for the model's family."""
-    check_pair(context, continuation)
+    if not context:
+        raise InputError("scoring needs a context of at least one token")
+    if not continuation:
+        raise InputError("scoring needs a continuation of at least one token")
     rule = estimator_for(family)
     samples = samples or rule.samples
     batch = min(batch or rule.batch, samples)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
@@ -162,8 +163,8 @@ def generate_command(
             raise fail(f"--logprobs must be in 0..20 (got {logprobs})", USAGE)
         source = grammar_source(json_schema, grammar)
         defaulted = choices.guide is None  # the profile's guide would have been loaded
-        if source is not None:
-            choices = without_guide(choices)
+        if source is not None and defaulted:  # the grammar verifies the drafts: no guide
+            choices = replace(choices, guide=False)  # unless --guide (grammar_committer.py)
         if job is None:
             runtime = load_runtime(choices, slots=batch_size)
         else:
@@ -222,14 +223,6 @@ def grammar_source(schema: str | None, grammar: str | None) -> tuple[str, str] |
     from dllm_cli.decoding.grammar import GRAMMAR_SUFFIXES
 
     return GRAMMAR_SUFFIXES.get(Path(path).suffix, "lark"), text
-
-
-def without_guide(choices: o.Choices) -> o.Choices:
-    """A grammar verifies the drafts itself: the profile's guide stays unloaded unless --guide
-    asks for it (then the guide verifies what the grammar allows: grammar_committer.py)."""
-    from dataclasses import replace
-
-    return replace(choices, guide=False) if choices.guide is None else choices
 
 
 def note_static(pipeline: Pipeline) -> None:

@@ -86,7 +86,7 @@ async def complete(served: Served, request: Request, route: str) -> Response:
     check_model(served, body.get("model"))
     if is_load_only(body, route):
         served.metrics.request(path, 200)
-        return JSONResponse(loaded_reply(served, route))
+        return JSONResponse(head(served, route, "") | {"done": True, "done_reason": "load"})
     job = to_job(served, body, route)
     waiting = Waiting.submit(served, request, [job])
     await waiting.accepted()
@@ -152,10 +152,6 @@ def final(served: Served, route: str, o: Outcome, text: str) -> dict:
         "guide_forwards": o.guide_forwards,
         "steps": o.steps,
     }
-
-
-def loaded_reply(served: Served, route: str) -> dict:
-    return head(served, route, "") | {"done": True, "done_reason": "load"}
 
 
 # --- model cards --------------------------------------------------------------------------------

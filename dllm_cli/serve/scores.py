@@ -102,16 +102,6 @@ def first_split(length: int, splits: int | None) -> int:
     return 1 if splits is None else max(1, length - splits)
 
 
-def split_estimate(runtime: Runtime, ids: list[int], c: int, score, settings) -> float:
-    """L(c): the estimate for context ids[:c] and continuation ids[c:]."""
-    loaded = runtime.loaded
-    return scoring.estimate(
-        loaded.model, loaded.special.mask, loaded.model.family, ids[:c], ids[c:],
-        samples=score.samples, batch=score.batch, seed=settings.seed, cfg=settings.cfg_scale,
-        eos=loaded.special.eos,
-    ).total  # fmt: skip
-
-
 @dataclass(frozen=True)
 class Split:
     """One estimate of a scoring job: L(c) of its prompt `ids`; the last one also runs the
@@ -134,7 +124,19 @@ class Split:
         return self.c == len(self.ids) - 1
 
     def estimate(self, runtime: Runtime) -> float:
-        return split_estimate(runtime, self.ids, self.c, self.score, self.settings)
+        """L(c): the estimate for context ids[:c] and continuation ids[c:]."""
+        loaded, ids, c, score, settings = (
+            runtime.loaded,
+            self.ids,
+            self.c,
+            self.score,
+            self.settings,
+        )
+        return scoring.estimate(
+            loaded.model, loaded.special.mask, loaded.model.family, ids[:c], ids[c:],
+            samples=score.samples, batch=score.batch, seed=settings.seed, cfg=settings.cfg_scale,
+            eos=loaded.special.eos,
+        ).total  # fmt: skip
 
 
 def final_forwards(runtime: Runtime, ids: list[int], score):
