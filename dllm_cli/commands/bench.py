@@ -87,17 +87,6 @@ def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> li
     return names
 
 
-def refuse_split_modes(peer, serve: bool) -> None:
-    """--tensor-parallel runs the strategy table, --frontier and --batching-compare; one line
-    for the modes that measure something else (a peer's binary, an HTTP server)."""
-    for flag, value in {"--peer": peer, "--serve": serve}.items():
-        if value:
-            raise UsageError(
-                f"--tensor-parallel runs the strategy table, --frontier and --batching-compare, "
-                f"not {flag}"
-            )
-
-
 def rich_table(records: list[dict], title: str) -> Table:
     table = Table(title=title)
     for heading, key, _ in MARKDOWN_COLUMNS:
@@ -249,8 +238,12 @@ def bench_command(
             raise UsageError("--plot draws accuracy, which --prompt-length runs do not measure")
         from dllm_cli.throughput import bench_inputs
 
-        if tensor_parallel > 1:
-            refuse_split_modes(peer, serve)
+        apart = [flag for flag, on in (("--peer", peer), ("--serve", serve)) if on]
+        if tensor_parallel > 1 and apart:  # they measure a peer's binary, an HTTP server
+            raise UsageError(
+                "--tensor-parallel runs the strategy table, --frontier and --batching-compare, "
+                f"not {apart[0]}"
+            )
         if peer is not None:
             run_peer(choices, peer, peer_binary, peer_model, peer_prompt, lengths, rounds,
                      json_path, peer_quant)  # fmt: skip

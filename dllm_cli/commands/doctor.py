@@ -51,12 +51,8 @@ def doctor_command(
         from dllm_cli.doctor.run import run_doctor
 
         def progress(check) -> None:
-            stderr.print(
-                f"dllm: doctor: [{check.status}] {check.section}: {check.name} "
-                f"({check.seconds:.1f} s): {check.detail}",
-                highlight=False,
-                markup=False,
-            )
+            said = f"[{check.status}] {check.section}: {check.name} ({check.seconds:.1f} s)"
+            stderr.print(f"dllm: doctor: {said}: {check.detail}", highlight=False, markup=False)
 
         names = [s.strip() for s in shapes.split(",") if s.strip()]
         flag = " --gpu" if gpu else ""

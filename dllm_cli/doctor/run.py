@@ -183,10 +183,8 @@ def watchdog(doc: Doctor, seconds: float) -> threading.Timer:
         try:
             doc.report.add(late, doc.deadline.elapsed())
         finally:
-            print(
-                f"dllm: error: doctor stopped by its watchdog after {seconds:.0f} s",
-                file=sys.stderr,
-            )
+            said = f"dllm: error: doctor stopped by its watchdog after {seconds:.0f} s"
+            print(said, file=sys.stderr)
             os._exit(WATCHDOG_EXIT)
 
     timer = threading.Timer(seconds, fire)
