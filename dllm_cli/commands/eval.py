@@ -53,28 +53,24 @@ def eval_report(
 
 
 def print_summary(report: dict) -> None:
-    out = Console(highlight=False, soft_wrap=True)
-    s = report["settings"]
+    s, n = report["settings"], report["n"]
     guide = f"guide {report['guide']['accept']}" if report["guide"] else "no guide"
     what = f"held-out TinyGSM {report['split']}" if report["split"] else report["data"]
-    out.print(
-        f"accuracy  {report['accuracy']:.3f}  ({report['correct']}/{report['n']} "
-        f"{what}, {report['shots']}-shot)"
-    )
-    if report["restated"] is not None:
-        out.print(
-            f"restated  {report['restated']}/{report['n']} answers repeat every number and "
-            "name of their question"
-        )
-    out.print(  # answer tokens, as bench counts them (the padding past an answer is no output)
-        f"speed     {report['tokens_per_second']:.1f} tok/s (answer tokens up to their end)"
-    )
     guided = f" + {report['guide_forwards']} guide" if report["guide"] else ""
-    out.print(
+    lines = [f"accuracy  {report['accuracy']:.3f}  ({report['correct']}/{n} {what}, "
+             f"{report['shots']}-shot)"]  # fmt: skip
+    if report["restated"] is not None:
+        lines.append(f"restated  {report['restated']}/{n} answers repeat every number and name "
+                     "of their question")  # fmt: skip
+    lines += [  # answer tokens, as bench counts them (the padding past an answer is no output)
+        f"speed     {report['tokens_per_second']:.1f} tok/s (answer tokens up to their end)",
         f"forwards  {report['forwards']}{guided}  ({report['tokens_per_forward']:.2f} tokens "
-        f"per forward), {report['seconds']:.2f} s, batch {report['batch_size']}"
-    )
-    out.print(f"settings  {summary_line(FAMILIES[report['family']], s)} {guide}")
+        f"per forward), {report['seconds']:.2f} s, batch {report['batch_size']}",
+        f"settings  {summary_line(FAMILIES[report['family']], s)} {guide}",
+    ]
+    out = Console(highlight=False, soft_wrap=True)
+    for line in lines:
+        out.print(line)
     if report["mask_violations"]:
         out.print(f"{report['mask_violations']} answers still held a mask token", style="bold red")
 
