@@ -198,7 +198,7 @@ def shared(*wanted: str) -> Callable[[C], C]:
 # --- options of one or two commands ---------------------------------------------------------
 
 
-def in_panel(panel: str) -> Callable[..., Any]:
+def in_panel(panel: str | None) -> Callable[..., Any]:
     """`option(help, *names, **kw)`: a typer.Option shown under one command's `panel`."""
 
     def option(help: str, *names: str, **kw: Any) -> Any:

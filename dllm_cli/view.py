@@ -219,9 +219,7 @@ class CanvasView:
     def word_token(self, pos: int) -> int | None:
         """The committed answer token at `pos`, or None (a mask, a draft, the answer's end)."""
         tok = self.tokens[pos]
-        if tok is None or pos >= self.end or self.steps[pos] < 0:
-            return None
-        return tok
+        return None if tok is None or pos >= self.end or self.steps[pos] < 0 else tok
 
     def token_style(self, pos: int) -> Style:
         """Hue: commit step; underlined: this step's; inverse: the guide's own token; italic: an

@@ -43,9 +43,7 @@ def why_cpu(gpu: bool) -> str | None:
     """Why the device under test is the CPU (None: it is CUDA)."""
     if not gpu:
         return "--gpu not given"
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    return None
+    return None if torch.cuda.is_available() else "no CUDA device"
 
 
 class Doctor:
