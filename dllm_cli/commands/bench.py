@@ -119,33 +119,11 @@ def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> N
 
 
 @opt.shared(
-    "profile",
-    "model",
-    "device",
-    "dtype",
-    "quantize",
-    "chat",
-    "compile",
-    "threads",
-    "accept",
-    "on_reject",
-    "verify_chunk",
-    "draft_window",
-    "temperature",
-    "seed",
-    "cache",
-    "early_stop",
-    "top_k",
-    "threshold",
-    "kl_history",
-    "wino_verify",
-    "jump_threshold",
-    "credit_alpha",
-    "credit_boost",
-    "credit_decay",
-    "edit_threshold",
-    "max_post_steps",
-)
+    "profile", "model", "device", "dtype", "quantize", "chat", "compile", "threads", "accept",
+    "on_reject", "verify_chunk", "draft_window", "temperature", "seed", "cache", "early_stop",
+    "top_k", "threshold", "kl_history", "wino_verify", "jump_threshold", "credit_alpha",
+    "credit_boost", "credit_decay", "edit_threshold", "max_post_steps",
+)  # fmt: skip
 def bench_command(
     shots: opt.Shots = 5,
     gen_length: Annotated[str, bench("Comma-separated answer lengths.")] = "256",
