@@ -245,15 +245,15 @@ def run_single(
 
     json_out, totals = pipeline.json_out and shown, pipeline.totals
     put = write if shown else lambda text: None
+    said = None
     try:
         prompt = from_argv(arg)
-    except InputError as e:  # not UTF-8: the record shows its bytes
-        single_error({"raw": escape_bytes(os.fsencode(arg))}, e, json_out)
-        raise
-    try:
+        said = {"prompt": prompt}
         ids = runtime.prepare(prompt)
     except InputError as e:
-        single_error({"prompt": prompt}, e, json_out)
+        said = said or {"raw": escape_bytes(os.fsencode(arg))}  # not UTF-8: its bytes
+        if json_out:  # --json: the record says what failed; the error line follows
+            put(json.dumps({**said, "error": str(e)}) + "\n")
         raise
     if verbose and shown:
         show_prompt(runtime, ids)
@@ -294,9 +294,3 @@ def logprob_record(runtime: Runtime, prompt: str, ids: list[int], pipeline: Pipe
     pipeline.totals.add_run(engine.forwards, engine.guide_forwards, engine.steps, engine.seconds)
     shown = record(prompt, runtime.text(done.tokens), done, special.stop, pipeline.canvas)
     return shown | {"logprobs": token_logprobs(runtime, done, pipeline.logprobs)}
-
-
-def single_error(shown: dict[str, str], e: InputError, json_out: bool) -> None:
-    """--json: the record says what failed; the error line and exit code follow."""
-    if json_out:
-        write(json.dumps({**shown, "error": str(e)}) + "\n")
