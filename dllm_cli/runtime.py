@@ -260,13 +260,9 @@ def open_runtime(
     if not force and shards is None:  # (it sizes the whole model: a rank holds 1/N of it)
         check_fit(prof, device, slots)
     loaded = load_model(
-        prof.model.path,
-        dtype=prof.model.dtype,
-        device=device,
-        special_overrides=prof.special_overrides(),
-        quantize=prof.model.quantize,
-        shards=shards,
-    )
+        prof.model.path, dtype=prof.model.dtype, device=device,
+        special_overrides=prof.special_overrides(), quantize=prof.model.quantize, shards=shards,
+    )  # fmt: skip
     loaded = add_stop_tokens(loaded, prof.model.stop_tokens)
     wanted, family = prof.model.architecture, FAMILIES[loaded.family]
     if wanted and wanted.lower() != family.name:

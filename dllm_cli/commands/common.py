@@ -154,15 +154,9 @@ def load_runtime(
     show = not quiet and stderr_is_terminal()
     with stderr.status("loading model...") if show else nullcontext():
         runtime = open_runtime(
-            choices.profile,
-            overrides,
-            use_guide=use_guide,
-            require_guide=guide is True,
-            place=place,
-            slots=slots,
-            force=choices.force,
-            shards=shards,
-        )
+            choices.profile, overrides, use_guide=use_guide, require_guide=guide is True,
+            place=place, slots=slots, force=choices.force, shards=shards,
+        )  # fmt: skip
     if quiet:
         return runtime
     if swapped and runtime.profile.guide is not None:

@@ -162,15 +162,10 @@ def write_guide(folder: Path, diffusion: Path, seed: int = 7) -> Path:
         (folder / name).write_text((diffusion / name).read_text())
     size = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size()
     config = LlamaConfig(
-        vocab_size=-(-size // 8) * 8,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        vocab_size=-(-size // 8) * 8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         tie_word_embeddings=False,
-    )
+    )  # fmt: skip
     model = LlamaForCausalLM(config).float()
     randomize(model, seed)
     with torch.no_grad():

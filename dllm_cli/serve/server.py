@@ -66,16 +66,10 @@ def build(runtime: Runtime, options: Options) -> tuple[Served, Worker]:
     metrics = Metrics(model_id(runtime))
     worker = Worker(runtime, options.slots, options.max_engines, metrics)
     served = Served(
-        model_id=model_id(runtime),
-        worker=worker,
-        metrics=metrics,
-        limit=options.slots + options.max_queue,
-        api_key=options.api_key,
-        created=int(time.time()),
-        score_samples=options.score_samples,
-        score_splits=options.score_splits,
-        ui=options.ui,
-    )
+        model_id(runtime), worker, metrics, limit=options.slots + options.max_queue,
+        api_key=options.api_key, created=int(time.time()), score_samples=options.score_samples,
+        score_splits=options.score_splits, ui=options.ui,
+    )  # fmt: skip
     return served, worker
 
 

@@ -101,10 +101,6 @@ class Worker:
         self.inbox.put(("exit", None))
         self.thread.join(timeout=10)
 
-    @property
-    def busy(self) -> int:
-        return self.count
-
     # --- the stepping thread ---------------------------------------------------------------
     def loop(self) -> None:
         try:
