@@ -288,17 +288,14 @@ def token_logprobs(runtime: Runtime, done: Finished, k: int) -> list[dict]:
     chosen, ids, values = done.token_logprobs(k)
     piece = runtime.loaded.tokenizer.decode
     answer = answer_tokens(done.tokens, runtime.loaded.special.stop)
-    return [
-        {
-            "token": piece([t], skip_special_tokens=False),
-            "logprob": chosen[i],
-            "top_logprobs": [
-                {"token": piece([a], skip_special_tokens=False), "logprob": v}
-                for a, v in zip(ids[i], values[i], strict=True)
-            ],
-        }
-        for i, t in enumerate(answer)
+
+    def entry(token: int, logprob: float) -> dict:
+        return {"token": piece([token], skip_special_tokens=False), "logprob": logprob}
+
+    tops = [
+        [entry(a, v) for a, v in zip(ids[i], values[i], strict=True)] for i in range(len(answer))
     ]
+    return [entry(t, chosen[i]) | {"top_logprobs": tops[i]} for i, t in enumerate(answer)]
 
 
 def check_logprobs(runtime: Runtime) -> None:

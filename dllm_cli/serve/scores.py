@@ -74,14 +74,11 @@ def token_entries(runtime: Runtime, buffers, k: int, tokens: list[int], lo: int,
     if buffers is None or hi <= lo:
         return []
     chosen, ids, values = buffers.read(k)
-    return [
-        TokenLogprob(
-            piece(runtime, tokens[i]),
-            chosen[i],
-            [(piece(runtime, a), v) for a, v in zip(ids[i], values[i], strict=True)],
-        )
-        for i in range(lo, hi)
-    ]
+
+    def top(i: int) -> list[tuple[str, float]]:
+        return [(piece(runtime, a), v) for a, v in zip(ids[i], values[i], strict=True)]
+
+    return [TokenLogprob(piece(runtime, tokens[i]), chosen[i], top(i)) for i in range(lo, hi)]
 
 
 def check_scoring(runtime: Runtime, ids: list[int], generate: bool) -> None:
@@ -125,16 +122,10 @@ class Split:
 
     def estimate(self, runtime: Runtime) -> float:
         """L(c): the estimate for context ids[:c] and continuation ids[c:]."""
-        loaded, ids, c, score, settings = (
-            runtime.loaded,
-            self.ids,
-            self.c,
-            self.score,
-            self.settings,
-        )
+        loaded, ids, c, score, s = runtime.loaded, self.ids, self.c, self.score, self.settings
         return scoring.estimate(
             loaded.model, loaded.special.mask, loaded.model.family, ids[:c], ids[c:],
-            samples=score.samples, batch=score.batch, seed=settings.seed, cfg=settings.cfg_scale,
+            samples=score.samples, batch=score.batch, seed=s.seed, cfg=s.cfg_scale,
             eos=loaded.special.eos,
         ).total  # fmt: skip
 
