@@ -260,11 +260,10 @@ def resolve(
     else:
         path = find_profile(name_or_path)
         profile, raw = _parse(path)
-    from_cli = set()
     decode = {k: v for k, (v, _) in found.items()}  # the folder's own values; flags override
     for key in sorted(given, key=lambda k: k != "guide.path"):  # a guide first, then its rules
         _apply(profile, key, given[key], decode)
-        from_cli.add(key)
+    from_cli = set(given)
     provenance = {}
     for key in keys:
         if key.startswith("guide.") and profile.guide is None:

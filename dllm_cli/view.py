@@ -92,16 +92,14 @@ class CanvasView:
         tail = next((ph.tail for ph in event.phases if ph.row == 0), 0)
         if self.event is None and tail:  # the prompt's tail opens the first answer block
             self.lay_out(tail)
-        for commit in event.commits:
-            if commit.row != 0:
+        for c in event.commits:
+            if c.row != 0:
                 continue
-            for pos, tok, conf in zip(
-                commit.positions, commit.tokens, commit.confidences, strict=True
-            ):
+            for pos, tok, conf in zip(c.positions, c.tokens, c.confidences, strict=True):
                 self.tokens[pos], self.steps[pos], self.confidence[pos] = tok, event.step, conf
-            fixed = commit.corrected or (False,) * len(commit.positions)
-            self.by_guide.update(p for p, c in zip(commit.positions, fixed, strict=True) if c)
-            self.committed += len(commit.positions)
+            fixed = c.corrected or (False,) * len(c.positions)
+            self.by_guide.update(p for p, by in zip(c.positions, fixed, strict=True) if by)
+            self.committed += len(c.positions)
         self.end = answer_end(self.tokens, self.stop_ids)
         # A guided step starts in the frontier's block and may commit past its end: the block
         # it committed into last is the one it left off in.
@@ -330,8 +328,7 @@ class CanvasView:
         tail += f", {past} columns past the answer in this block" if past > 0 else ""
         return (
             f"step {e.step + 1} block {self.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
-            f"{replaced}"
-            f"{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}"
+            f"{replaced}{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}"
             f"{guide_forwards(e)}{tail}"
         )
 
