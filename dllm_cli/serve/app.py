@@ -279,16 +279,9 @@ def scored_answer(served: Served, job: Job, outcomes: list[Scored]) -> dict:
 
 def summed(outcomes: list[Outcome]) -> Outcome:
     """One request's counts over its choices (seconds: the longest)."""
-    return Outcome(
-        text="",
-        finish_reason="",
-        prompt_tokens=sum(o.prompt_tokens for o in outcomes),
-        completion_tokens=sum(o.completion_tokens for o in outcomes),
-        forwards=sum(o.forwards for o in outcomes),
-        guide_forwards=sum(o.guide_forwards for o in outcomes),
-        steps=sum(o.steps for o in outcomes),
-        seconds=max(o.seconds for o in outcomes),
-    )
+    added = ("prompt_tokens", "completion_tokens", "forwards", "guide_forwards", "steps")
+    counts = {name: sum(getattr(o, name) for o in outcomes) for name in added}
+    return Outcome(text="", finish_reason="", **counts, seconds=max(o.seconds for o in outcomes))
 
 
 def usage(o: Outcome) -> dict:
