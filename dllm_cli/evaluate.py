@@ -208,15 +208,12 @@ def held_out(
             f"problems {start}..{start + n - 1} are outside the {split} split's "
             f"0..{len(problems) - 1}"
         )
-    return [
-        Task(
-            start + i,
-            encode(few_shot_prompt(p.question, builtin_shots(split, start + i, shots))),
-            int(p.answer),
-            p,
-        )
-        for i, p in enumerate(problems[start : start + n])
-    ]
+
+    def task(i: int, p: Problem) -> Task:
+        prompt = few_shot_prompt(p.question, builtin_shots(split, i, shots))
+        return Task(i, encode(prompt), int(p.answer), p)
+
+    return [task(start + i, p) for i, p in enumerate(problems[start : start + n])]
 
 
 def from_file(

@@ -7,6 +7,7 @@ docs/usage.md says how answers are read and what the records hold.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -194,14 +195,9 @@ def solve(
     else:
         tasks, bad = from_file(rt.encode, data, n, shots, start, shots_from)
     with progress_bar("[bold]solving[/]", leads()) as bar:
-        task = bar.add_task("eval", total=len(tasks))
-        score = evaluate(
-            rt,
-            tasks,
-            batch_size=batch_size,
-            warmup=warmup and bool(tasks),
-            on_batch=lambda done: bar.advance(task, done),
-        )
+        advance = partial(bar.advance, bar.add_task("eval", total=len(tasks)))
+        warm = warmup and bool(tasks)
+        score = evaluate(rt, tasks, batch_size=batch_size, warmup=warm, on_batch=advance)
     report = eval_report(rt, score, shots, batch_size, start, None if data else split)
     if data is not None:
         report |= {"data": str(data), "shots_from": str(shots_from or data)}
