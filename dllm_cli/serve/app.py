@@ -19,7 +19,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from dllm_cli.errors import DllmError
 from dllm_cli.serve import canvas, engines, ollama, page
 from dllm_cli.serve.metrics import CONTENT_TYPE
 from dllm_cli.serve.plumbing import (
@@ -103,15 +102,8 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
     """Validate, submit every prompt and choice together, then answer (or stream) them."""
     path = request.url.path
     body = await read_json(request)
-    worker = served.worker
-    job = parse(
-        body, kind, worker.runtime.settings, served.model_id, worker.runtime.guide is not None
-    )
-    try:
-        engines.check_settings(worker.runtime, job.settings)
-    except DllmError as e:
-        raise ApiError(400, str(e)) from None
-    job = engines.with_grammar(worker.runtime, job)
+    rt = served.worker.runtime
+    job = engines.checked(rt, parse(body, kind, rt.settings, served.model_id, rt.guide is not None))
     if job.kind == "score":
         job = replace(job, score=served_defaults(served, job.score))
     waiting = Waiting.submit(served, request, choices(job))

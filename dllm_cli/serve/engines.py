@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields, replace
 
 from dllm_cli.decoding import Engine, open_engine
 from dllm_cli.decoding.slots import static_reason
+from dllm_cli.errors import DllmError
 from dllm_cli.families import FAMILIES
 from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.runtime import Runtime, check_family
@@ -70,8 +71,13 @@ def add(pool: Pool, ids: list[int], job: Job, key) -> int:
     return rid
 
 
-def with_grammar(runtime: Runtime, job: Job) -> Job:
-    """The job with its response_format compiled (ApiError 400 naming what is wrong)."""
+def checked(runtime: Runtime, job: Job) -> Job:
+    """The job past its family's refusals, its response_format compiled (else an ApiError 400
+    saying what is wrong)."""
+    try:
+        check_settings(runtime, job.settings)
+    except DllmError as e:
+        raise ApiError(400, str(e)) from None
     if job.structure is None:
         return job
     from dllm_cli.decoding.grammar import GrammarError, compile_grammar, vocab_of
