@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING
 
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent
@@ -162,11 +163,8 @@ def plan(settings: DecodeSettings, window: tuple[int, int] | None) -> list[list[
     window's size from that window's end, the first one cut at the answer's start."""
     g = settings.gen_length
     if window is None:
-        start, blocks = 0, []
-        for length, _ in settings.block_plan():
-            blocks.append([start, start + length])
-            start += length
-        return blocks
+        edges = [0, *accumulate(length for length, _ in settings.block_plan())]
+        return [[a, b] for a, b in pairwise(edges)]
     size, end = window[1] - window[0], min(window[1], g)
     blocks = [[0, end]] if end > 0 else []
     while end < g:
