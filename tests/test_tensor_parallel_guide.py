@@ -1,7 +1,8 @@
 """--tensor-parallel 2 (torchrun, CPU gloo) with classifier-free guidance, the AR guide and a
 JSON schema, on the shipped pair: the records one process writes; the guide and the grammar
 cost the collectives the docs count (none for the guide, one small gather per masked token);
-so do `--unmask eb` and `klass` (their entropy and KL in the drafts' one gather)."""
+so do `--unmask eb` and `klass` (their entropy and KL in the drafts' one gather), and klass
+beside a grammar."""
 
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ CASES = {  # three prompts through two slots: the third joins a running decode
         *("-p", "tiny-gsm", "--unmask", "klass", "--threshold", "0.3", "--kl-threshold", "0.3"),
         *("--temperature", "0.8", "--top-k", "5"),
     ],
+    # a grammar's frontier window moves between steps: KLASS's shards follow its columns
+    "klass schema": ["--unmask", "klass", "--threshold", "0.3", "--kl-threshold", "0.5"],
 }
-SCHEMAS = ("schema", "sampled schema")
+SCHEMAS = ("schema", "sampled schema", "klass schema")
 MEASURED = ("eb", "sampled klass")
 STATS = re.compile(r"(\d+) forwards, (\d+) all-reduces, (\d+) all-gathers")
 
