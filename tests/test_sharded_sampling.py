@@ -387,3 +387,28 @@ def test_a_last_distribution_is_looked_up_by_id_and_its_slots_by_column():
     assert q.tolist() == [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
     q = shard_summaries.looked_up(last, ids[[1, 0]], by=1)
     assert q.tolist()[0] == [0.4, 0.6, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(("world", "size"), [(2, 64), (4, 30), (8, 70)])  # slices of 8, 6; 9, 7
+def test_echo_scores_alternatives_are_the_whole_tables_even_from_slices_narrower_than_k(
+    world, size
+):
+    from dllm_cli.scoring import CANDIDATES, VocabLogProbs
+
+    torch.manual_seed(4)
+    logits = torch.randn(3, size) * 4  # (N, V)
+    own = torch.tensor([0, size - 1, size // 2])
+    whole = logits.double().log_softmax(dim=-1)
+
+    def job(shards):
+        lo, hi = shards.vocabulary(size)
+        model = SimpleNamespace(shards=shards, vocab_start=lo, vocab_width=size)
+        return VocabLogProbs(model).table(logits[:, lo:hi].clone(), own)
+
+    for table in on_ranks(world, job):
+        k = min(CANDIDATES, size)
+        top = whole.topk(k, dim=-1).indices  # every one of the whole vocabulary's top k is there
+        torch.testing.assert_close(table.gather(1, top).double(), whole.gather(1, top))
+        torch.testing.assert_close(
+            table.gather(1, own[:, None]).double(), whole.gather(1, own[:, None])
+        )
