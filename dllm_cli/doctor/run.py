@@ -129,14 +129,12 @@ class Doctor:
 
 def timings(shape: speed.Shape, model, device, deadline):
     """(name, check) of every speed measurement of one built model, in run order."""
+    at = (device, deadline)
     for gen, v in speed.plan(shape):
-        yield (
-            f"gen {gen} {v.name}",
-            partial(speed.time_variant, model, shape, v, gen, device, deadline),
-        )
+        yield f"gen {gen} {v.name}", partial(speed.time_variant, model, shape, v, gen, *at)
     yield (
         f"{shape.slots} slots static vs continuous",
-        partial(speed.time_batching, model, shape, device, deadline),
+        partial(speed.time_batching, model, shape, *at),
     )
     yield "kernel share", partial(speed.profile_steps, model, shape, device)
 
