@@ -240,15 +240,9 @@ def bench_command(
             return
         names = choose_strategies(strategies, rt.guide is not None, rt.loaded.family)
         plan = BenchPlan.make(
-            names,
-            lengths,
-            shots=shots,
-            block_length=block_length,
-            batch_size=batch_size,
-            warmup=warmup,
-            reference=reference,
-            suffix_window=suffix_window,
-        )
+            names, lengths, shots=shots, block_length=block_length, batch_size=batch_size,
+            warmup=warmup, reference=reference, suffix_window=suffix_window,
+        )  # fmt: skip
         tasks, measure, what = bench_inputs(rt, n, shots, start, prompt_length)
 
         def report(r: dict) -> None:

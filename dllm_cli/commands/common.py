@@ -173,10 +173,6 @@ def cli_errors() -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort):
         raise
-    except DllmError as e:
-        if is_debug():
-            traceback.print_exc(file=sys.stderr)
-        raise fail(str(e), e.exit_code) from None
     except KeyboardInterrupt as e:  # batch mode says how far it got (generate_runs.interrupted_at)
         stderr.print(Text(f"dllm: interrupted: {e}" if str(e) else "dllm: interrupted"))
         raise typer.Exit(INTERRUPTED) from None
@@ -184,11 +180,12 @@ def cli_errors() -> Iterator[None]:
         with suppress(OSError, ValueError):  # no flush error at exit (stdout may be no file)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(BROKEN_PIPE) from None
-    except Exception as e:  # a bug of ours: still one line unless --debug
+    except Exception as e:  # ours (DllmError) or a bug: one line unless --debug
         if is_debug():
             traceback.print_exc(file=sys.stderr)
         message, code = describe_error(e)
-        raise fail(f"{message} (rerun with --debug for the traceback)", code) from None
+        bug = "" if isinstance(e, DllmError) else " (rerun with --debug for the traceback)"
+        raise fail(message + bug, code) from None
 
 
 def describe_error(e: BaseException) -> tuple[str, int]:
