@@ -75,7 +75,7 @@ def checked(runtime: Runtime, job: Job) -> Job:
     """The job past its family's refusals, its response_format compiled (else an ApiError 400
     saying what is wrong)."""
     try:
-        check_settings(runtime, job.settings)
+        check_family(runtime.loaded, job.settings)  # as open_runtime checks the CLI's flags
     except DllmError as e:
         raise ApiError(400, str(e)) from None
     if job.structure is None:
@@ -93,11 +93,6 @@ def checked(runtime: Runtime, job: Job) -> Job:
     except GrammarError as e:
         raise ApiError(400, f"response_format: {e}", "response_format") from None
     return replace(job, grammar=grammar)
-
-
-def check_settings(runtime: Runtime, settings: DecodeSettings) -> DecodeSettings:
-    """The family's own refusals, as `open_runtime` makes them for CLI flags."""
-    return check_family(runtime.loaded, settings)
 
 
 def check_length(runtime: Runtime, ids: list[int], settings: DecodeSettings) -> None:
