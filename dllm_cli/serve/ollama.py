@@ -128,8 +128,9 @@ def now() -> str:
 
 def head(served: Served, route: str, text: str) -> dict:
     """What every answer object starts with: the model, the time, the text."""
-    said = {"message": {"role": "assistant", "content": text}} if route == "chat" else None
-    return {"model": served_name(served), "created_at": now(), **(said or {"response": text})}
+    message = {"role": "assistant", "content": text}
+    said = {"message": message} if route == "chat" else {"response": text}
+    return {"model": served_name(served), "created_at": now(), **said}
 
 
 def piece(served: Served, route: str, text: str) -> dict:
