@@ -73,9 +73,7 @@ class Totals:
         """Another rank's totals: counts add up; seconds is the longest, as ranks run at once."""
         self.prompts += other.prompts
         self.tokens += other.tokens
-        self.forwards += other.forwards
-        self.guide_forwards += other.guide_forwards
-        self.steps += other.steps
+        self.add_run(other.forwards, other.guide_forwards, other.steps, 0.0)
         self.rows_served += getattr(other, "rows_served", 0)
         self.seconds = max(self.seconds, other.seconds)
 
@@ -123,7 +121,7 @@ class Pipeline:
         model, special = rt.loaded.model, rt.loaded.special
         engine = open_engine(
             model, special, rt.settings, rt.committer(),
-            slots=self.batch_size, admission=self.batching(),
+            slots=self.batch_size, admission=rt.admission(),
         )  # fmt: skip
         order = Order(done)
         lines = iter(numbered)
@@ -138,12 +136,8 @@ class Pipeline:
                     break
                 self.step(engine, order)
         except (KeyboardInterrupt, DllmError) as e:
-            order.rescue(
-                self,
-                "not decoded: interrupted"
-                if isinstance(e, KeyboardInterrupt)
-                else f"not decoded: {e}",
-            )
+            why = "interrupted" if isinstance(e, KeyboardInterrupt) else e
+            order.rescue(self, f"not decoded: {why}")
             raise
         finally:
             self.totals.add_run(
@@ -182,12 +176,6 @@ class Pipeline:
             self.finish(f.key, f)
         order.flush()
 
-    def batching(self) -> str:
-        return self.runtime.admission()
-
-    def static_reason(self) -> str | None:
-        return self.runtime.static_reason()
-
     def read(self, number: int, raw: bytes) -> Slot:
         """Decode, parse and encode one input line; any problem makes it an error record."""
         line = strip_line_end(raw)
@@ -216,9 +204,8 @@ class Pipeline:
     def fail(self, slot: Slot, reason: str) -> None:
         slot.error = reason
         shown = {"prompt": slot.prompt} if slot.raw is None else {"raw": slot.raw}
-        slot.output = (
-            json.dumps({"line": slot.line, **shown, "error": reason}) if self.json_out else ""
-        )
+        failed = {"line": slot.line, **shown, "error": reason}
+        slot.output = json.dumps(failed) if self.json_out else ""
 
     def finish(self, slot: Slot, done: Finished) -> None:
         """A decoded slot's record (text or --json)."""
@@ -301,17 +288,14 @@ def token_logprobs(runtime: Runtime, done: Finished, k: int) -> list[dict]:
     chosen, ids, values = done.token_logprobs(k)
     piece = runtime.loaded.tokenizer.decode
     answer = answer_tokens(done.tokens, runtime.loaded.special.stop)
-    return [
-        {
-            "token": piece([t], skip_special_tokens=False),
-            "logprob": chosen[i],
-            "top_logprobs": [
-                {"token": piece([a], skip_special_tokens=False), "logprob": v}
-                for a, v in zip(ids[i], values[i], strict=True)
-            ],
-        }
-        for i, t in enumerate(answer)
+
+    def entry(token: int, logprob: float) -> dict:
+        return {"token": piece([token], skip_special_tokens=False), "logprob": logprob}
+
+    tops = [
+        [entry(a, v) for a, v in zip(ids[i], values[i], strict=True)] for i in range(len(answer))
     ]
+    return [entry(t, chosen[i]) | {"top_logprobs": tops[i]} for i, t in enumerate(answer)]
 
 
 def check_logprobs(runtime: Runtime) -> None:

@@ -1,5 +1,6 @@
 """Domain errors: raised by the library, turned into one line + exit code by the CLI."""
 
+import json
 from pathlib import Path
 
 
@@ -53,3 +54,9 @@ def write_text(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as e:
         raise DllmError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def write_json(path: Path | None, records: list[dict]) -> None:
+    """--json FILE: the records as one JSON list (no path: nothing)."""
+    if path is not None:
+        write_text(path, json.dumps(records, indent=2) + "\n")

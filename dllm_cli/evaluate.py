@@ -38,7 +38,6 @@ from dllm_cli.errors import InputError, UsageError
 from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.loading import SpecialIds
 from dllm_cli.problems import (
-    BUILTIN,
     BadLine,
     Problem,
     builtin_problems,
@@ -202,24 +201,19 @@ def held_out(
     encode: Callable[[str], list[int]], n: int, shots: int, start: int = 0, split: str = "narrow"
 ) -> list[Task]:
     """Problems start .. start+n-1 of a built-in held-out set with K fixed shots each, encoded."""
-    if split not in BUILTIN:
-        raise UsageError(f"unknown split {split!r} (choose from {', '.join(BUILTIN)})")
+    problems = builtin_problems(split)  # an unknown split: UsageError naming the known ones
     check_counts(n, shots, start)
-    problems = builtin_problems(split)
     if start + n > len(problems):
         raise UsageError(
             f"problems {start}..{start + n - 1} are outside the {split} split's "
             f"0..{len(problems) - 1}"
         )
-    return [
-        Task(
-            start + i,
-            encode(few_shot_prompt(p.question, builtin_shots(split, start + i, shots))),
-            int(p.answer),
-            p,
-        )
-        for i, p in enumerate(problems[start : start + n])
-    ]
+
+    def task(i: int, p: Problem) -> Task:
+        prompt = few_shot_prompt(p.question, builtin_shots(split, i, shots))
+        return Task(i, encode(prompt), int(p.answer), p)
+
+    return [task(start + i, p) for i, p in enumerate(problems[start : start + n])]
 
 
 def from_file(
@@ -305,16 +299,8 @@ def evaluate(
     committer = runtime.committer()
     if warmup:
         warm_up(model, special, tasks[0], runtime.settings, committer)
-    return score(
-        model,
-        special,
-        tasks,
-        runtime.settings,
-        runtime.text,
-        committer=committer,
-        batch_size=batch_size,
-        on_batch=on_batch,
-    )
+    options = {"committer": committer, "batch_size": batch_size, "on_batch": on_batch}
+    return score(model, special, tasks, runtime.settings, runtime.text, **options)
 
 
 def details(score_: Score) -> list[dict]:

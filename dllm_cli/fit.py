@@ -256,16 +256,11 @@ def need(
 ) -> Need:
     """The bytes of a load of `a` with `slots` rows answering `answer` tokens."""
     canvas = PROMPT_TOKENS + answer
+    weights = math.ceil(weight_bytes(a, dtype, quantize) / shards)
+    kv = math.ceil(kv_bytes(a, slots, canvas, dtype) / shards)
+    activations = activation_bytes(a, slots, canvas, answer, dtype)
     precision = quantize if quantize != "none" else dtype
-    return Need(
-        weights=math.ceil(weight_bytes(a, dtype, quantize) / shards),
-        kv=math.ceil(kv_bytes(a, slots, canvas, dtype) / shards),
-        activations=activation_bytes(a, slots, canvas, answer, dtype),
-        free=free,
-        precision=precision,
-        slots=slots,
-        canvas=canvas,
-    )
+    return Need(weights, kv, activations, free, precision, slots, canvas)
 
 
 def gb(n: float) -> str:

@@ -61,69 +61,47 @@ def _guide(key: str, kind: type, help: str) -> Flag:
     return Flag(_option(kind, help, DECODE), "guide", f"guide.{key}")
 
 
+def _model(key: str | None, kind: type, help: str, *names: str) -> Flag:
+    """A [model] setting (group "model"); `key` None: a flag that sets no profile key."""
+    return Flag(_option(kind, help, MODEL, *names), "model", key and f"model.{key}")
+
+
 MODEL_FLAGS: dict[str, Flag] = {
-    "profile": Flag(
-        _option(str, "Profile NAME or path to a .toml file.", MODEL, "--profile", "-p"), "model"
+    "profile": _model(None, str, "Profile NAME or path to a .toml file.", "--profile", "-p"),
+    "model": _model(
+        "path",
+        str,
+        "Checkpoint folder, or ORG/NAME pulled with `dllm pull` (replaces the profile's; "
+        "without --profile, its family's reference settings).",
+        "--model",
     ),
-    "model": Flag(
-        _option(
-            str,
-            "Checkpoint folder, or ORG/NAME pulled with `dllm pull` (replaces the profile's; "
-            "without --profile, its family's reference settings).",
-            MODEL,
-            "--model",
-        ),
-        "model",
-        "model.path",
+    "device": _model("device", str, "auto | cpu | cuda | cuda:N."),
+    "force": _model(
+        None,
+        bool,
+        "Load even when the fit check says the model will not fit in free memory.",
+        "--force",
     ),
-    "device": Flag(_option(str, "auto | cpu | cuda | cuda:N.", MODEL), "model", "model.device"),
-    "force": Flag(
-        _option(
-            bool,
-            "Load even when the fit check says the model will not fit in free memory.",
-            MODEL,
-            "--force",
-        ),
-        "model",
+    "dtype": _model("dtype", str, "auto | float32 | bfloat16 | float16."),
+    "quantize": _model(
+        "quantize",
+        str,
+        "none | int8: weights quantized per output channel as they load (int8 x int8 "
+        "matmuls; about a quarter of float32's weight memory) | int4: 4-bit weights in "
+        "groups of 32 with a bfloat16 scale and zero each (about 1/7 of float32's).",
     ),
-    "dtype": Flag(
-        _option(str, "auto | float32 | bfloat16 | float16.", MODEL), "model", "model.dtype"
+    "chat": _model("chat_template", bool, "Wrap prompts in the chat template.", "--chat/--no-chat"),
+    "compile": _model(
+        "compile",
+        bool,
+        "Replay cached block steps as CUDA graphs (CUDA only; identical outputs).",
+        "--compile/--no-compile",
     ),
-    "quantize": Flag(
-        _option(
-            str,
-            "none | int8: weights quantized per output channel as they load (int8 x int8 "
-            "matmuls; about a quarter of float32's weight memory) | int4: 4-bit weights in "
-            "groups of 32 with a bfloat16 scale and zero each (about 1/7 of float32's).",
-            MODEL,
-        ),
-        "model",
-        "model.quantize",
-    ),
-    "chat": Flag(
-        _option(bool, "Wrap prompts in the chat template.", MODEL, "--chat/--no-chat"),
-        "model",
-        "model.chat_template",
-    ),
-    "compile": Flag(
-        _option(
-            bool,
-            "Replay cached block steps as CUDA graphs (CUDA only; identical outputs).",
-            MODEL,
-            "--compile/--no-compile",
-        ),
-        "model",
-        "model.compile",
-    ),
-    "threads": Flag(
-        _option(
-            int,
-            "CPU threads for torch, set before the first forward (0, the default: torch's "
-            "own, one per core or OMP_NUM_THREADS; a busy machine often runs faster on 1).",
-            MODEL,
-        ),
-        "model",
-        "model.threads",
+    "threads": _model(
+        "threads",
+        int,
+        "CPU threads for torch, set before the first forward (0, the default: torch's "
+        "own, one per core or OMP_NUM_THREADS; a busy machine often runs faster on 1).",
     ),
 }
 GUIDE_FLAGS: dict[str, Flag] = {
@@ -219,6 +197,16 @@ def shared(*wanted: str) -> Callable[[C], C]:
 
 # --- options of one or two commands ---------------------------------------------------------
 
+
+def in_panel(panel: str | None) -> Callable[..., Any]:
+    """`option(help, *names, **kw)`: a typer.Option shown under one command's `panel`."""
+
+    def option(help: str, *names: str, **kw: Any) -> Any:
+        return typer.Option(*names, help=help, rich_help_panel=panel, **kw)
+
+    return option
+
+
 BatchSize = Annotated[
     int,
     typer.Option(
@@ -226,38 +214,30 @@ BatchSize = Annotated[
         min=1,
     ),
 ]
+output, evaluation = in_panel(OUTPUT), in_panel(EVAL)
 Json = Annotated[
     bool,
-    typer.Option(
-        "--json",
-        help="One JSON object per prompt on stdout: prompt, text, token_ids (the answer's), "
+    output(
+        "One JSON object per prompt on stdout: prompt, text, token_ids (the answer's), "
         "forwards, guide_forwards, steps, seconds (static batches: the prompt's own steps and "
         "its share of the batch's seconds); a failed prompt: prompt, error.",
-        rich_help_panel=OUTPUT,
+        "--json",
     ),
 ]
 Stats = Annotated[
     bool,
-    typer.Option(
-        "--stats",
-        help="Answer tokens, forwards (diffusion, guide), steps, seconds and tok/s on stderr.",
-        rich_help_panel=OUTPUT,
+    output(
+        "Answer tokens, forwards (diffusion, guide), steps, seconds and tok/s on stderr.", "--stats"
     ),
 ]
 VerbosePrompt = Annotated[
     bool,
-    typer.Option(
-        "--verbose-prompt",
-        help="Show on stderr the exact prompt the model sees: each token's id and text "
+    output(
+        "Show on stderr the exact prompt the model sees: each token's id and text "
         "(to check a chat template or a profile).",
-        rich_help_panel=OUTPUT,
+        "--verbose-prompt",
     ),
 ]
-N = Annotated[
-    int, typer.Option("--n", "-n", help="Held-out problems to solve.", rich_help_panel=EVAL)
-]
-Shots = Annotated[int, typer.Option(help="Solved examples in each prompt.", rich_help_panel=EVAL)]
-Start = Annotated[
-    int,
-    typer.Option(help="First held-out problem (0..999; hand sets 0..99).", rich_help_panel=EVAL),
-]
+N = Annotated[int, evaluation("Held-out problems to solve.", "--n", "-n")]
+Shots = Annotated[int, evaluation("Solved examples in each prompt.")]
+Start = Annotated[int, evaluation("First held-out problem (0..999; hand sets 0..99).")]

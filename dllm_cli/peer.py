@@ -260,9 +260,7 @@ def compare(
 def comparability(pair_loads: list[float]) -> dict:
     """The load before each pair, and whether every pair was measured at or below LOAD_LIMIT."""
     high = [x for x in pair_loads if x > LOAD_LIMIT]
-    verdict = (
-        "yes" if not high else f"no: {len(high)} of {len(pair_loads)} pairs above {LOAD_LIMIT}"
-    )
+    verdict = f"no: {len(high)} of {len(pair_loads)} pairs above {LOAD_LIMIT}" if high else "yes"
     return {"pair_loads": pair_loads, "comparable": not high, "comparable_note": verdict}
 
 

@@ -59,7 +59,7 @@ def load_profile(name_or_path: str | os.PathLike | None = None) -> Profile:
 def _parse(path: Path) -> tuple[Profile, dict]:
     """The profile and the raw TOML it came from (provenance needs to know what was set)."""
     data = read_toml(path)
-    where = f"{path}"
+    where = str(path)
     for key in data:
         if key not in TOP_KEYS:
             hint = did_you_mean(key, TOP_KEYS)
@@ -75,9 +75,9 @@ def _parse(path: Path) -> tuple[Profile, dict]:
         tables[section] = data.get(section)
     model = build(ModelSection, tables["model"] or {}, "model", where)
     decode = build(DecodeSettings, tables["decode"] or {}, "decode", where)  # validated here
-    guide = None
-    if tables["guide"] is not None:
-        guide = build(GuideSection, tables["guide"], "guide", where)
+    guide = (
+        None if tables["guide"] is None else build(GuideSection, tables["guide"], "guide", where)
+    )
     name, description = data.get("name", path.stem), data.get("description", "")
     profile = Profile(name, description, model, decode, guide, source=path)
     _check_values(profile, where)
@@ -105,11 +105,9 @@ def _check_values(profile: Profile, where: str | None) -> None:
         raise bad("model", "path must not be empty")
     if m.architecture is not None:
         m.architecture = m.architecture.lower()
-        known = list(FAMILIES)
-        if m.architecture not in known:
-            raise bad(
-                "model", f"architecture must be one of {', '.join(known)} (got {m.architecture!r})"
-            )
+        if m.architecture not in FAMILIES:
+            known = ", ".join(FAMILIES)
+            raise bad("model", f"architecture must be one of {known} (got {m.architecture!r})")
     dtypes = ("auto", *DTYPES)
     if m.dtype not in dtypes:
         raise bad("model", f"dtype must be one of {', '.join(dtypes)} (got {m.dtype!r})")
@@ -262,11 +260,10 @@ def resolve(
     else:
         path = find_profile(name_or_path)
         profile, raw = _parse(path)
-    from_cli = set()
     decode = {k: v for k, (v, _) in found.items()}  # the folder's own values; flags override
     for key in sorted(given, key=lambda k: k != "guide.path"):  # a guide first, then its rules
         _apply(profile, key, given[key], decode)
-        from_cli.add(key)
+    from_cli = set(given)
     provenance = {}
     for key in keys:
         if key.startswith("guide.") and profile.guide is None:
@@ -297,7 +294,6 @@ def resolve(
         decode.setdefault("block_length", decode.get("gen_length", profile.decode.gen_length))
     if decode:  # the run's settings are built (and so validated) here, once
         profile.decode = dataclasses.replace(profile.decode, **decode)
-
     apply_family_defaults(profile, provenance)
     return profile, provenance
 

@@ -122,9 +122,8 @@ class Runtime:
 
     def admission(self) -> str:
         """continuous, unless the settings ask for static or the decode cannot be served so."""
-        if self.settings.batching == "static" or self.static_reason() is not None:
-            return "static"
-        return "continuous"
+        static = self.settings.batching == "static" or self.static_reason() is not None
+        return "static" if static else "continuous"
 
     def static_reason(self) -> str | None:
         """Why continuous batching falls back to static batches here (None: it does not)."""
@@ -261,13 +260,9 @@ def open_runtime(
     if not force and shards is None:  # (it sizes the whole model: a rank holds 1/N of it)
         check_fit(prof, device, slots)
     loaded = load_model(
-        prof.model.path,
-        dtype=prof.model.dtype,
-        device=device,
-        special_overrides=prof.special_overrides(),
-        quantize=prof.model.quantize,
-        shards=shards,
-    )
+        prof.model.path, dtype=prof.model.dtype, device=device,
+        special_overrides=prof.special_overrides(), quantize=prof.model.quantize, shards=shards,
+    )  # fmt: skip
     loaded = add_stop_tokens(loaded, prof.model.stop_tokens)
     wanted, family = prof.model.architecture, FAMILIES[loaded.family]
     if wanted and wanted.lower() != family.name:
@@ -283,12 +278,4 @@ def open_runtime(
     if prof.model.compile:
         why = enable_compile(loaded.model)  # None, or why the model stays eager
         notes = [*notes, why] if why else notes
-    return Runtime(
-        profile=prof,
-        provenance=provenance,
-        settings=settings,
-        loaded=loaded,
-        guide=guide,
-        chat=prof.model.chat_template,
-        notes=notes,
-    )
+    return Runtime(prof, provenance, settings, loaded, guide, prof.model.chat_template, notes)

@@ -158,17 +158,15 @@ def dream_masks(
     t = (u + torch.arange(batch).float() / batch) % 1
     ratio = (1 - eps) * t + eps  # (batch,)
     masked = torch.rand((batch, length), generator=g) < ratio[:, None]
-    masked[:, 0] = False
-    masked[:, -1] = False
+    masked[:, [0, -1]] = False
     masked[:, :context] = False  # ftb: only the target's masks are used
     return masked, ratio
 
 
+LLADA = Estimator(llada_masks, 0, 128, 16, False, True, "ML-GSAI/LLaDA get_log_likelihood.py")
 ESTIMATORS: dict[str, Estimator] = {
-    "llada": Estimator(llada_masks, 0, 128, 16, False, True, "ML-GSAI/LLaDA get_log_likelihood.py"),
-    "llada_moe": Estimator(
-        llada_masks, 0, 128, 16, False, True, "ML-GSAI/LLaDA get_log_likelihood.py"
-    ),
+    "llada": LLADA,
+    "llada_moe": LLADA,
     "dream": Estimator(dream_masks, 1, 128, 1, True, False, "DreamLM/Dream eval/eval.py (mc, ftb)"),
 }
 
@@ -202,13 +200,6 @@ def guided_logits(model, rows, context: int, cfg: float, mask: int, shift: int) 
     return un + (cfg + 1) * (cond - un)
 
 
-def check_pair(context: list[int], continuation: list[int]) -> None:
-    if not context:
-        raise InputError("scoring needs a context of at least one token")
-    if not continuation:
-        raise InputError("scoring needs a continuation of at least one token")
-
-
 def estimate(
     model,
     mask: int,
@@ -223,7 +214,10 @@ def estimate(
     eos: int | None = None,
 ) -> Estimate:
     """The reference estimate of log p(continuation | context) for the model's family."""
-    check_pair(context, continuation)
+    if not context:
+        raise InputError("scoring needs a context of at least one token")
+    if not continuation:
+        raise InputError("scoring needs a continuation of at least one token")
     rule = estimator_for(family)
     samples = samples or rule.samples
     batch = min(batch or rule.batch, samples)

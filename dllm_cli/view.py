@@ -92,16 +92,14 @@ class CanvasView:
         tail = next((ph.tail for ph in event.phases if ph.row == 0), 0)
         if self.event is None and tail:  # the prompt's tail opens the first answer block
             self.lay_out(tail)
-        for commit in event.commits:
-            if commit.row != 0:
+        for c in event.commits:
+            if c.row != 0:
                 continue
-            for pos, tok, conf in zip(
-                commit.positions, commit.tokens, commit.confidences, strict=True
-            ):
+            for pos, tok, conf in zip(c.positions, c.tokens, c.confidences, strict=True):
                 self.tokens[pos], self.steps[pos], self.confidence[pos] = tok, event.step, conf
-            fixed = commit.corrected or (False,) * len(commit.positions)
-            self.by_guide.update(p for p, c in zip(commit.positions, fixed, strict=True) if c)
-            self.committed += len(commit.positions)
+            fixed = c.corrected or (False,) * len(c.positions)
+            self.by_guide.update(p for p, by in zip(c.positions, fixed, strict=True) if by)
+            self.committed += len(c.positions)
         self.end = answer_end(self.tokens, self.stop_ids)
         # A guided step starts in the frontier's block and may commit past its end: the block
         # it committed into last is the one it left off in.
@@ -219,9 +217,7 @@ class CanvasView:
     def word_token(self, pos: int) -> int | None:
         """The committed answer token at `pos`, or None (a mask, a draft, the answer's end)."""
         tok = self.tokens[pos]
-        if tok is None or pos >= self.end or self.steps[pos] < 0:
-            return None
-        return tok
+        return None if tok is None or pos >= self.end or self.steps[pos] < 0 else tok
 
     def token_style(self, pos: int) -> Style:
         """Hue: commit step; underlined: this step's; inverse: the guide's own token; italic: an
@@ -332,8 +328,7 @@ class CanvasView:
         tail += f", {past} columns past the answer in this block" if past > 0 else ""
         return (
             f"step {e.step + 1} block {self.block + 1}/{len(self.blocks)}: +{e.committed} tokens, "
-            f"{replaced}"
-            f"{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}"
+            f"{replaced}{self.committed}/{self.s.gen_length} committed, forwards {e.forwards}"
             f"{guide_forwards(e)}{tail}"
         )
 

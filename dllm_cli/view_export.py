@@ -174,16 +174,9 @@ def run_headline(runtime: Runtime) -> str:
     if runtime.guide is not None and runtime.profile.guide is not None:
         g = runtime.profile.guide
         how = f"guided by {g.path} (accept {g.accept}): left to right"
-    return " · ".join(
-        (
-            f"profile {runtime.profile.name}",
-            f"{loaded.architecture} {runtime.profile.model.path}",
-            f"gen_length {s.gen_length}",
-            f"block_length {s.block_length}",
-            f"cache {s.cache}",
-            how,
-        )
-    )
+    model = f"{loaded.architecture} {runtime.profile.model.path}"
+    parts = [f"profile {runtime.profile.name}", model, f"gen_length {s.gen_length}"]
+    return " · ".join([*parts, f"block_length {s.block_length}", f"cache {s.cache}", how])
 
 
 def runs(line: list[Segment]) -> list[tuple[str, str]]:

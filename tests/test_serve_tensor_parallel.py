@@ -205,6 +205,6 @@ def test_a_follower_drops_an_engine_that_fails_as_rank_0_does():
     pools = {"bad": failing(ValueError("a bug")), "lost": failing(RankLost("rank 1 left"))}
     mirror.step(pools, "bad")
     assert list(pools) == ["lost"]
-    mirror.drop(pools, None, 1, "bad")  # rank 0's drop of it, next turn: nothing left to drop
+    mirror.apply(pools, None, 1, ("drop", "bad"))  # rank 0's drop of it, next turn: none left
     with pytest.raises(RankLost):
         mirror.step(pools, "lost")

@@ -14,10 +14,14 @@ from test_chat import TRIMMING_TEMPLATE
 
 from dllm_cli import chat
 from dllm_cli.errors import InputError
+from dllm_cli.models.collectives import RankLost
 from dllm_cli.models.loading import load_tokenizer
 from dllm_cli.serve import protocol
 from dllm_cli.serve.answers import Deltas, cut_at_stops
 from dllm_cli.serve.conversation import Message, encode_messages
+from dllm_cli.serve.metrics import Metrics
+from dllm_cli.serve.tickets import Ticket
+from dllm_cli.serve.worker import Worker
 from dllm_cli.settings import DecodeSettings
 
 WEIGHTS = Path(chat.__file__).parent / "tinygsm" / "weights"
@@ -175,3 +179,27 @@ def test_an_answer_nobody_reads_is_logged_as_499(path):
     assert asyncio.run(unless_gone(served, request, left())).status_code == 499
     assert asyncio.run(unless_gone(served, request, kept())).body == b"fine"
     assert served.metrics.requests == {(path, 499): 1}
+
+
+@pytest.mark.parametrize(
+    "error, status, message, ends",
+    [
+        (RankLost("rank 1 left"), 503, "rank 1 left", True),
+        (ValueError("a bug"), 500, "internal error: ValueError: a bug", False),
+    ],
+)
+def test_a_stepping_thread_failure_answers_every_request(error, status, message, ends):
+    """A lost rank answers 503 and ends the server; a bug answers 500 and leaves it up."""
+    worker = Worker(None, slots=1, max_engines=1, metrics=Metrics("m"))
+    posted, ended = [], []
+    worker.parked = [Ticket(protocol.Job("chat"), lambda kind, payload: posted.append(payload))]
+    worker.count = 1
+    worker.ended = lambda: ended.append(True)
+
+    def fail(block: bool) -> bool:
+        raise error
+
+    worker.drain = fail
+    worker.loop()
+    assert worker.failure is error and worker.count == 0 and bool(ended) == ends
+    assert [(e.status, e.message) for e in posted] == [(status, message)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
@@ -37,12 +36,13 @@ from dllm_cli.commands.bench_peer import (
 )
 from dllm_cli.commands.common import check_output, cli_errors, fail, note, stderr
 from dllm_cli.commands.split import ExpertParallel, leads, option, split_runtime
-from dllm_cli.errors import UsageError, write_text
+from dllm_cli.errors import UsageError, write_json, write_text
 from dllm_cli.families import FAMILIES
 from dllm_cli.frontier import SWEEPS
 from dllm_cli.peer import PEER_PROMPT
 
 BENCH = "Benchmark"
+bench = opt.in_panel(BENCH)
 SplitStrategies = Annotated[int, option("every rank runs every strategy, rank 0 prints")]
 
 
@@ -87,17 +87,6 @@ def choose_strategies(text: str | None, has_guide: bool, family: str = "") -> li
     return names
 
 
-def refuse_split_modes(peer, serve: bool) -> None:
-    """--tensor-parallel runs the strategy table, --frontier and --batching-compare; one line
-    for the modes that measure something else (a peer's binary, an HTTP server)."""
-    for flag, value in {"--peer": peer, "--serve": serve}.items():
-        if value:
-            raise UsageError(
-                f"--tensor-parallel runs the strategy table, --frontier and --batching-compare, "
-                f"not {flag}"
-            )
-
-
 def rich_table(records: list[dict], title: str) -> Table:
     table = Table(title=title)
     for heading, key, _ in MARKDOWN_COLUMNS:
@@ -121,9 +110,8 @@ def preflight(json_path, markdown_path, plot_path) -> None:
 
 def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> None:
     """JSON (a list of records), markdown beside it unless given elsewhere, optional plot."""
-    if json_path is not None:
-        write_text(json_path, json.dumps(records, indent=2) + "\n")
-        markdown_path = markdown_path or json_path.with_suffix(".md")
+    write_json(json_path, records)
+    markdown_path = markdown_path or (json_path and json_path.with_suffix(".md"))
     if markdown_path is not None:
         write_text(markdown_path, markdown_table(records))
     if plot_path is not None:
@@ -131,108 +119,63 @@ def write_outputs(records: list[dict], json_path, markdown_path, plot_path) -> N
 
 
 @opt.shared(
-    "profile",
-    "model",
-    "device",
-    "dtype",
-    "quantize",
-    "chat",
-    "compile",
-    "threads",
-    "accept",
-    "on_reject",
-    "verify_chunk",
-    "draft_window",
-    "temperature",
-    "seed",
-    "cache",
-    "early_stop",
-    "top_k",
-    "threshold",
-    "kl_history",
-    "wino_verify",
-    "jump_threshold",
-    "credit_alpha",
-    "credit_boost",
-    "credit_decay",
-    "edit_threshold",
-    "max_post_steps",
-)
+    "profile", "model", "device", "dtype", "quantize", "chat", "compile", "threads", "accept",
+    "on_reject", "verify_chunk", "draft_window", "temperature", "seed", "cache", "early_stop",
+    "top_k", "threshold", "kl_history", "wino_verify", "jump_threshold", "credit_alpha",
+    "credit_boost", "credit_decay", "edit_threshold", "max_post_steps",
+)  # fmt: skip
 def bench_command(
     shots: opt.Shots = 5,
-    gen_length: Annotated[
-        str, typer.Option(help="Comma-separated answer lengths.", rich_help_panel=BENCH)
-    ] = "256",
+    gen_length: Annotated[str, bench("Comma-separated answer lengths.")] = "256",
     strategies: Annotated[
-        str | None,
-        typer.Option(
-            help=f"Comma-separated: {', '.join(STRATEGIES)} (default: all).", rich_help_panel=BENCH
-        ),
+        str | None, bench(f"Comma-separated: {', '.join(STRATEGIES)} (default: all).")
     ] = None,
     reference: Annotated[
-        str,
-        typer.Option(
-            help="Strategy the speedups are measured against (run first).", rich_help_panel=BENCH
-        ),
+        str, bench("Strategy the speedups are measured against (run first).")
     ] = "baseline",
     n: opt.N = 20,
     batch_size: opt.BatchSize = 1,
     start: opt.Start = 0,
-    block_length: Annotated[
-        int, typer.Option(help="Block size for every strategy.", rich_help_panel=BENCH)
-    ] = 32,
+    block_length: Annotated[int, bench("Block size for every strategy.")] = 32,
     suffix_window: Annotated[
         int,
-        typer.Option(
-            help="W of the +prune strategies: columns kept past the current block (--frontier: "
+        bench(
+            "W of the +prune strategies: columns kept past the current block (--frontier: "
             "for every pass, 0: off).",
-            rich_help_panel=BENCH,
             min=0,
         ),
     ] = SUFFIX_WINDOW,
     frontier: Annotated[
         str | None,
-        typer.Option(
-            help="Instead: accuracy against answer tokens per forward (batch 1) of each rule "
+        bench(
+            "Instead: accuracy against answer tokens per forward (batch 1) of each rule "
             f"over a sweep of its parameter, after one token per step: {', '.join(SWEEPS)}, "
             "each optionally with values, e.g. threshold,eb=0.1/0.3 (cache, early stop, top-k, "
-            "klass's --threshold and --kl-history: the profile's or the flags').",
-            rich_help_panel=BENCH,
+            "klass's --threshold and --kl-history: the profile's or the flags')."
         ),
     ] = None,
     prompt_length: Annotated[
         int | None,
-        typer.Option(
-            help="Throughput mode: --n synthetic prompts of this many tokens instead of "
-            "TinyGSM problems (any checkpoint; no accuracy).",
-            rich_help_panel=BENCH,
+        bench(
+            "Throughput mode: --n synthetic prompts of this many tokens instead of "
+            "TinyGSM problems (any checkpoint; no accuracy)."
         ),
     ] = None,
-    warmup: Annotated[
-        bool, typer.Option(help="Untimed warm-up decode per strategy.", rich_help_panel=BENCH)
-    ] = True,
+    warmup: Annotated[bool, bench("Untimed warm-up decode per strategy.")] = True,
     json_path: Annotated[
-        Path | None,
-        typer.Option("--json", help="Write the records here (a JSON list).", rich_help_panel=BENCH),
+        Path | None, bench("Write the records here (a JSON list).", "--json")
     ] = None,
     markdown_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--markdown", help="Markdown table (default: beside --json).", rich_help_panel=BENCH
-        ),
+        Path | None, bench("Markdown table (default: beside --json).", "--markdown")
     ] = None,
     plot_path: Annotated[
-        Path | None,
-        typer.Option(
-            "--plot", help="Throughput vs accuracy figure (.png/.svg).", rich_help_panel=BENCH
-        ),
+        Path | None, bench("Throughput vs accuracy figure (.png/.svg).", "--plot")
     ] = None,
     batching_compare: Annotated[
         str | None,
-        typer.Option(
-            help="Instead: static vs continuous batching of --n prompts (problem i with i mod "
-            "(--shots + 1) shots) with this strategy, --batch-size slots, the first --gen-length.",
-            rich_help_panel=BENCH,
+        bench(
+            "Instead: static vs continuous batching of --n prompts (problem i with i mod "
+            "(--shots + 1) shots) with this strategy, --batch-size slots, the first --gen-length."
         ),
     ] = None,
     rounds: Annotated[
@@ -240,16 +183,13 @@ def bench_command(
     ] = 1,
     serve: Annotated[
         bool,
-        typer.Option(
-            "--serve",
-            help="Instead: start a server and send --n chat requests (hand-written questions; "
+        bench(
+            "Instead: start a server and send --n chat requests (hand-written questions; "
             "every other streamed) at --concurrency, after the same at concurrency 1.",
-            rich_help_panel=BENCH,
+            "--serve",
         ),
     ] = False,
-    concurrency: Annotated[
-        int, typer.Option(help="--serve: requests in flight at once.", min=1, rich_help_panel=BENCH)
-    ] = 8,
+    concurrency: Annotated[int, bench("--serve: requests in flight at once.", min=1)] = 8,
     peer: Peer = None,
     peer_binary: PeerBinary = None,
     peer_model: PeerModel = None,
@@ -257,11 +197,10 @@ def bench_command(
     peer_quant: PeerQuant = None,
     cancel: Annotated[
         float,
-        typer.Option(
-            help="--serve: fraction of the concurrent requests their client cancels mid-stream.",
+        bench(
+            "--serve: fraction of the concurrent requests their client cancels mid-stream.",
             min=0.0,
             max=1.0,
-            rich_help_panel=BENCH,
         ),
     ] = 0.0,
     tensor_parallel: SplitStrategies = 1,
@@ -277,8 +216,12 @@ def bench_command(
             raise UsageError("--plot draws accuracy, which --prompt-length runs do not measure")
         from dllm_cli.throughput import bench_inputs
 
-        if tensor_parallel > 1:
-            refuse_split_modes(peer, serve)
+        apart = [flag for flag, on in (("--peer", peer), ("--serve", serve)) if on]
+        if tensor_parallel > 1 and apart:  # they measure a peer's binary, an HTTP server
+            raise UsageError(
+                "--tensor-parallel runs the strategy table, --frontier and --batching-compare, "
+                f"not {apart[0]}"
+            )
         if peer is not None:
             run_peer(choices, peer, peer_binary, peer_model, peer_prompt, lengths, rounds,
                      json_path, peer_quant)  # fmt: skip
@@ -297,15 +240,9 @@ def bench_command(
             return
         names = choose_strategies(strategies, rt.guide is not None, rt.loaded.family)
         plan = BenchPlan.make(
-            names,
-            lengths,
-            shots=shots,
-            block_length=block_length,
-            batch_size=batch_size,
-            warmup=warmup,
-            reference=reference,
-            suffix_window=suffix_window,
-        )
+            names, lengths, shots=shots, block_length=block_length, batch_size=batch_size,
+            warmup=warmup, reference=reference, suffix_window=suffix_window,
+        )  # fmt: skip
         tasks, measure, what = bench_inputs(rt, n, shots, start, prompt_length)
 
         def report(r: dict) -> None:

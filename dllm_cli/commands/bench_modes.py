@@ -7,7 +7,6 @@ same collectives in the same order) and rank 0 alone reports them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import typer
@@ -16,7 +15,7 @@ from dllm_cli import frontier
 from dllm_cli.bench import STRATEGIES, settings_for
 from dllm_cli.commands.common import fail, stderr
 from dllm_cli.commands.split import leads
-from dllm_cli.errors import UsageError, write_text
+from dllm_cli.errors import UsageError, write_json, write_text
 from dllm_cli.frontier import parse_frontier, run_frontier
 
 
@@ -50,9 +49,8 @@ def run_frontier_mode(
     )
     typer.echo(title)
     typer.echo(frontier.markdown(records), nl=False)
-    if json_path is not None:
-        write_text(json_path, json.dumps(records, indent=2) + "\n")
-        markdown_path = markdown_path or json_path.with_suffix(".md")
+    write_json(json_path, records)
+    markdown_path = markdown_path or (json_path and json_path.with_suffix(".md"))
     if markdown_path is not None:
         write_text(markdown_path, title + "\n\n" + frontier.markdown(records))
     if plot_path is not None:
@@ -68,23 +66,21 @@ def run_batching_mode(
     """`--batching-compare`: static vs continuous batching with one strategy; table on stdout."""
     from dllm_cli.bench_batching import compare_batching, mixed_shots, table
 
-    strategy = STRATEGIES.get(name)
     usable = [k for k, v in STRATEGIES.items() if rt.guide is not None or not v.guided]
-    if strategy is None or name not in usable:
+    if name not in usable:
         raise UsageError(f"--batching-compare takes one of: {', '.join(usable)}")
     settings = settings_for(rt.settings, name, lengths[0], block_length, window)
     prompts = mixed_shots(rt.encode, n, shots, start)
     records = compare_batching(
         rt, prompts, settings, batch_size, rounds, report_pass if leads() else None,
-        strategy.guided,
+        STRATEGIES[name].guided,
     )  # fmt: skip
     if not leads():
         return
     for r in records:
         del r["tokens"]
     print(table(records), end="")
-    if json_path is not None:
-        write_text(json_path, json.dumps(records, indent=2) + "\n")
+    write_json(json_path, records)
 
 
 def report_pass(r: dict) -> None:
@@ -105,8 +101,7 @@ def bench_serve(rt, n: int, concurrency: int, cancel: float, slots: int, gen: in
 
     rt.settings = dataclasses.replace(rt.settings, gen_length=gen)
     records = load.run(rt, n, concurrency, cancel, max(slots, concurrency), report_serve)
-    if json_path is not None:
-        write_text(json_path, json.dumps(records, indent=2) + "\n")
+    write_json(json_path, records)
 
 
 def report_serve(r: dict) -> None:

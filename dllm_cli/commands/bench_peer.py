@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -10,8 +9,8 @@ from typing import Annotated
 import typer
 
 from dllm_cli.commands.common import load_runtime, stderr
-from dllm_cli.errors import UsageError, write_text
-from dllm_cli.options import Choices
+from dllm_cli.errors import UsageError, write_json
+from dllm_cli.options import Choices, in_panel
 from dllm_cli.peer import (
     LOAD_LIMIT,
     LOAD_QUIET,
@@ -29,37 +28,29 @@ from dllm_cli.peer import (
 PANEL = "Peer comparison"
 PEERS = ("llama-cpp",)  # the tools --peer can run
 
+peer_option = in_panel(PANEL)
 Peer = Annotated[
     str | None,
-    typer.Option(
-        help="Instead: the same no-cache, one-token-per-step work in llama.cpp's "
+    peer_option(
+        "Instead: the same no-cache, one-token-per-step work in llama.cpp's "
         "llama-diffusion-cli (--peer-binary) on a GGUF of --model's folder (--peer-model), "
-        "then in dllm, alternating --rounds times; both decode and wall times and their ratio.",
-        rich_help_panel=PANEL,
+        "then in dllm, alternating --rounds times; both decode and wall times and their ratio."
     ),
 ]
-PeerBinary = Annotated[
-    Path | None, typer.Option(help="--peer: the llama-diffusion-cli binary.", rich_help_panel=PANEL)
-]
+PeerBinary = Annotated[Path | None, peer_option("--peer: the llama-diffusion-cli binary.")]
 PeerModel = Annotated[
     Path | None,
-    typer.Option(
-        help="--peer: the GGUF of --model's folder (float32, or --peer-quant's precision).",
-        rich_help_panel=PANEL,
-    ),
+    peer_option("--peer: the GGUF of --model's folder (float32, or --peer-quant's precision)."),
 ]
 PeerQuant = Annotated[
     str | None,
-    typer.Option(
-        help=f"--peer: the GGUF's precision, {' | '.join(PRECISIONS)} (default f32); dllm runs "
+    peer_option(
+        f"--peer: the GGUF's precision, {' | '.join(PRECISIONS)} (default f32); dllm runs "
         "the matching --quantize (none, int8, int4). Quantize --peer-model to it with "
-        "llama-quantize.",
-        rich_help_panel=PANEL,
+        "llama-quantize."
     ),
 ]
-PeerPrompt = Annotated[
-    str, typer.Option(help="--peer: the prompt both decode (chat-wrapped).", rich_help_panel=PANEL)
-]
+PeerPrompt = Annotated[str, peer_option("--peer: the prompt both decode (chat-wrapped).")]
 
 
 def run_peer(
@@ -112,8 +103,7 @@ def run_peer(
         "seconds / dllm's (> 1: dllm faster)"
     )
     typer.echo(markdown(records), nl=False)
-    if json_path is not None:
-        write_text(json_path, json.dumps(records, indent=2) + "\n")
+    write_json(json_path, records)
 
 
 def chat_ids(rt, prompt: str) -> list[int]:

@@ -24,14 +24,7 @@ COMMANDS = {
     "/exit": "end the session (or Ctrl-D)",
 }
 
-Visual = Annotated[
-    bool,
-    typer.Option(
-        "--visual",
-        help="Show each answer's canvas unmasking (on stderr).",
-        rich_help_panel=o.OUTPUT,
-    ),
-]
+Visual = Annotated[bool, o.output("Show each answer's canvas unmasking (on stderr).", "--visual")]
 System = Annotated[
     str | None,
     typer.Option(
@@ -136,10 +129,8 @@ def ask(session, question: str, visual: bool) -> None:
         error_line(str(e))
         return
     if prompt.dropped:
-        note(
-            f"the conversation outgrew the context: dropped the oldest {prompt.dropped} "
-            f"exchange{'s' if prompt.dropped > 1 else ''}"
-        )
+        exchanges = f"{prompt.dropped} exchange{'s' if prompt.dropped > 1 else ''}"
+        note(f"the conversation outgrew the context: dropped the oldest {exchanges}")
     answer = session.answer(question, prompt)
     try:
         if visual:

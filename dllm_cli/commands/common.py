@@ -154,15 +154,9 @@ def load_runtime(
     show = not quiet and stderr_is_terminal()
     with stderr.status("loading model...") if show else nullcontext():
         runtime = open_runtime(
-            choices.profile,
-            overrides,
-            use_guide=use_guide,
-            require_guide=guide is True,
-            place=place,
-            slots=slots,
-            force=choices.force,
-            shards=shards,
-        )
+            choices.profile, overrides, use_guide=use_guide, require_guide=guide is True,
+            place=place, slots=slots, force=choices.force, shards=shards,
+        )  # fmt: skip
     if quiet:
         return runtime
     if swapped and runtime.profile.guide is not None:
@@ -179,10 +173,6 @@ def cli_errors() -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort):
         raise
-    except DllmError as e:
-        if is_debug():
-            traceback.print_exc(file=sys.stderr)
-        raise fail(str(e), e.exit_code) from None
     except KeyboardInterrupt as e:  # batch mode says how far it got (generate_runs.interrupted_at)
         stderr.print(Text(f"dllm: interrupted: {e}" if str(e) else "dllm: interrupted"))
         raise typer.Exit(INTERRUPTED) from None
@@ -190,14 +180,12 @@ def cli_errors() -> Iterator[None]:
         with suppress(OSError, ValueError):  # no flush error at exit (stdout may be no file)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(BROKEN_PIPE) from None
-    except Exception as e:  # a bug of ours: still one line unless --debug
+    except Exception as e:  # ours (DllmError) or a bug: one line unless --debug
         if is_debug():
             traceback.print_exc(file=sys.stderr)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise fail(
-            f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
-            INTERNAL,
-        ) from None
+        message, code = describe_error(e)
+        bug = "" if isinstance(e, DllmError) else " (rerun with --debug for the traceback)"
+        raise fail(message + bug, code) from None
 
 
 def describe_error(e: BaseException) -> tuple[str, int]:

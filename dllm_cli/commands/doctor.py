@@ -9,38 +9,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import typer
+from dllm_cli.options import in_panel
 
+option = in_panel(None)  # the default Options panel
 DEFAULT_BUDGET = 420.0  # seconds; with the watchdog's grace, under the 8 minutes of a lent GPU
 
 
 def doctor_command(
     gpu: Annotated[
         bool,
-        typer.Option(
-            "--gpu",
-            help="Check CUDA: the device against the CPU, CUDA graphs, bfloat16, speed at "
+        option(
+            "Check CUDA: the device against the CPU, CUDA graphs, bfloat16, speed at "
             "LLaDA-8B's shape. Without a CUDA device, runs the CPU-sized parts and lists the "
             "skipped checks.",
+            "--gpu",
         ),
     ] = False,
     out: Annotated[
-        Path,
-        typer.Option(
-            "--out", "-o", help="Folder for doctor.md and doctor.json (created if missing)."
-        ),
+        Path, option("Folder for doctor.md and doctor.json (created if missing).", "--out", "-o")
     ] = Path("dllm-doctor"),
     budget: Annotated[
-        float,
-        typer.Option(
-            help="Seconds for the whole run; checks not started by then are skipped.", min=1
-        ),
+        float, option("Seconds for the whole run; checks not started by then are skipped.", min=1)
     ] = DEFAULT_BUDGET,
     shapes: Annotated[
-        str,
-        typer.Option(
-            help="Comma-separated model shapes to time on CUDA: llada-8b, dream-7b, small."
-        ),
+        str, option("Comma-separated model shapes to time on CUDA: llada-8b, dream-7b, small.")
     ] = "llada-8b",
 ) -> None:
     """Prove and measure the device path: tiny folders decoded on the device, speed at 8B shape."""
@@ -51,12 +43,8 @@ def doctor_command(
         from dllm_cli.doctor.run import run_doctor
 
         def progress(check) -> None:
-            stderr.print(
-                f"dllm: doctor: [{check.status}] {check.section}: {check.name} "
-                f"({check.seconds:.1f} s): {check.detail}",
-                highlight=False,
-                markup=False,
-            )
+            said = f"[{check.status}] {check.section}: {check.name} ({check.seconds:.1f} s)"
+            stderr.print(f"dllm: doctor: {said}: {check.detail}", highlight=False, markup=False)
 
         names = [s.strip() for s in shapes.split(",") if s.strip()]
         flag = " --gpu" if gpu else ""

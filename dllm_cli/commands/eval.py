@@ -7,6 +7,7 @@ docs/usage.md says how answers are read and what the records hold.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -53,28 +54,24 @@ def eval_report(
 
 
 def print_summary(report: dict) -> None:
-    out = Console(highlight=False, soft_wrap=True)
-    s = report["settings"]
+    s, n = report["settings"], report["n"]
     guide = f"guide {report['guide']['accept']}" if report["guide"] else "no guide"
     what = f"held-out TinyGSM {report['split']}" if report["split"] else report["data"]
-    out.print(
-        f"accuracy  {report['accuracy']:.3f}  ({report['correct']}/{report['n']} "
-        f"{what}, {report['shots']}-shot)"
-    )
-    if report["restated"] is not None:
-        out.print(
-            f"restated  {report['restated']}/{report['n']} answers repeat every number and "
-            "name of their question"
-        )
-    out.print(  # answer tokens, as bench counts them (the padding past an answer is no output)
-        f"speed     {report['tokens_per_second']:.1f} tok/s (answer tokens up to their end)"
-    )
     guided = f" + {report['guide_forwards']} guide" if report["guide"] else ""
-    out.print(
+    lines = [f"accuracy  {report['accuracy']:.3f}  ({report['correct']}/{n} {what}, "
+             f"{report['shots']}-shot)"]  # fmt: skip
+    if report["restated"] is not None:
+        lines.append(f"restated  {report['restated']}/{n} answers repeat every number and name "
+                     "of their question")  # fmt: skip
+    lines += [  # answer tokens, as bench counts them (the padding past an answer is no output)
+        f"speed     {report['tokens_per_second']:.1f} tok/s (answer tokens up to their end)",
         f"forwards  {report['forwards']}{guided}  ({report['tokens_per_forward']:.2f} tokens "
-        f"per forward), {report['seconds']:.2f} s, batch {report['batch_size']}"
-    )
-    out.print(f"settings  {summary_line(FAMILIES[report['family']], s)} {guide}")
+        f"per forward), {report['seconds']:.2f} s, batch {report['batch_size']}",
+        f"settings  {summary_line(FAMILIES[report['family']], s)} {guide}",
+    ]
+    out = Console(highlight=False, soft_wrap=True)
+    for line in lines:
+        out.print(line)
     if report["mask_violations"]:
         out.print(f"{report['mask_violations']} answers still held a mask token", style="bold red")
 
@@ -101,11 +98,10 @@ def report_bad_lines(bad: list[BadLine]) -> None:
 def eval_command(
     n: Annotated[
         int | None,
-        typer.Option(
+        opt.evaluation(
+            "Problems to solve (default: 100 of a built-in set, every problem of --data).",
             "--n",
             "-n",
-            help="Problems to solve (default: 100 of a built-in set, every problem of --data).",
-            rich_help_panel=opt.EVAL,
         ),
     ] = None,
     shots: opt.Shots = 5,
@@ -113,52 +109,37 @@ def eval_command(
     start: opt.Start = 0,
     split: Annotated[
         str | None,
-        typer.Option(
-            help="Built-in held-out set: narrow (default) | wide | rich | hand | hand2"
+        opt.evaluation(
+            "Built-in held-out set: narrow (default) | wide | rich | hand | hand2"
             " (docs/models.md).",
-            rich_help_panel=opt.EVAL,
             show_default=False,
         ),
     ] = None,
     data: Annotated[
         Path | None,
-        typer.Option(
-            help='Score a JSONL file of {"question", "answer"} lines instead (GSM8K format).',
-            rich_help_panel=opt.EVAL,
+        opt.evaluation(
+            'Score a JSONL file of {"question", "answer"} lines instead (GSM8K format).'
         ),
     ] = None,
     shots_from: Annotated[
         Path | None,
-        typer.Option(
-            help="With --data: take the examples from this file (default: the data file's first"
-            " --shots problems, which are then not scored).",
-            rich_help_panel=opt.EVAL,
+        opt.evaluation(
+            "With --data: take the examples from this file (default: the data file's first"
+            " --shots problems, which are then not scored)."
         ),
     ] = None,
     records_to: Annotated[
         Path | None,
-        typer.Option(
-            "--records",
-            help="Write one JSON line per problem (question, gold, extracted, right, text).",
-            rich_help_panel=opt.OUTPUT,
+        opt.output(
+            "Write one JSON line per problem (question, gold, extracted, right, text).", "--records"
         ),
     ] = None,
-    warmup: Annotated[
-        bool, typer.Option(help="Untimed one-block decode before timing.", rich_help_panel=opt.EVAL)
-    ] = True,
+    warmup: Annotated[bool, opt.evaluation("Untimed one-block decode before timing.")] = True,
     as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            help="Print one JSON object instead of the summary.",
-            rich_help_panel=opt.OUTPUT,
-        ),
+        bool, opt.output("Print one JSON object instead of the summary.", "--json")
     ] = False,
     per_problem: Annotated[
-        bool,
-        typer.Option(
-            "--details", help="With --json: add every problem's answer.", rich_help_panel=opt.OUTPUT
-        ),
+        bool, opt.output("With --json: add every problem's answer.", "--details")
     ] = False,
     tensor_parallel: TensorParallel = 1,
     expert_parallel: ExpertParallel = False,
@@ -214,14 +195,9 @@ def solve(
     else:
         tasks, bad = from_file(rt.encode, data, n, shots, start, shots_from)
     with progress_bar("[bold]solving[/]", leads()) as bar:
-        task = bar.add_task("eval", total=len(tasks))
-        score = evaluate(
-            rt,
-            tasks,
-            batch_size=batch_size,
-            warmup=warmup and bool(tasks),
-            on_batch=lambda done: bar.advance(task, done),
-        )
+        advance = partial(bar.advance, bar.add_task("eval", total=len(tasks)))
+        warm = warmup and bool(tasks)
+        score = evaluate(rt, tasks, batch_size=batch_size, warmup=warm, on_batch=advance)
     report = eval_report(rt, score, shots, batch_size, start, None if data else split)
     if data is not None:
         report |= {"data": str(data), "shots_from": str(shots_from or data)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
@@ -35,7 +36,7 @@ from dllm_cli.commands.generate_runs import (
     run_split_prompt,
     tensor_shards,
 )
-from dllm_cli.commands.split import ExpertParallel, check_experts
+from dllm_cli.commands.split import ExpertParallel, check_experts, parallelism
 from dllm_cli.errors import InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.family_settings import refuse_feature
@@ -47,10 +48,8 @@ if TYPE_CHECKING:  # the decoding modules (torch) are imported by the command, n
 
 JsonInput = Annotated[
     bool,
-    typer.Option(
-        "--json-input",
-        help='Batch mode: each stdin line is a JSON object with a "prompt" field.',
-        rich_help_panel=o.INPUT,
+    o.in_panel(o.INPUT)(
+        'Batch mode: each stdin line is a JSON object with a "prompt" field.', "--json-input"
     ),
 ]
 Prompt = Annotated[
@@ -62,55 +61,50 @@ Prompt = Annotated[
 ]
 JsonCanvas = Annotated[
     bool,
-    typer.Option(
-        "--json-canvas",
-        help="Implies --json; each object also carries canvas_ids: every generated position "
+    o.output(
+        "Implies --json; each object also carries canvas_ids: every generated position "
         "(padding included), before the answer is cut.",
-        rich_help_panel=o.OUTPUT,
+        "--json-canvas",
     ),
 ]
 Logprobs = Annotated[
     int | None,
-    typer.Option(
-        "--logprobs",
-        metavar="K",
-        help="Implies --json; each object also carries logprobs: per answer token its "
+    o.output(
+        "Implies --json; each object also carries logprobs: per answer token its "
         "log-probability under the step that committed it and that step's K most likely "
         "tokens (unguided decodes; docs/scoring.md).",
-        rich_help_panel=o.OUTPUT,
+        "--logprobs",
+        metavar="K",
         show_default=False,
     ),
 ]
 TensorParallel = Annotated[
     int,
-    typer.Option(
-        "--tensor-parallel",
-        help="Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
+    parallelism(
+        "Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
         "every rank decodes every prompt, rank 0 writes them (docs/tensor-parallel.md). LLaDA, "
         "Dream, LLaDA-MoE, SDAR and LLaDA2.x; a multiple of N processes runs replicas of N "
         "ranks, each decoding its share of the stdin lines.",
-        rich_help_panel="Parallelism",
+        "--tensor-parallel",
     ),
 ]
 JsonSchema = Annotated[
     str | None,
-    typer.Option(
+    o.output(
+        "Every answer is JSON valid under this JSON schema (compact: no free whitespace), "
+        "decoded through the grammar engine llguidance (docs/structured-output.md).",
         "--json-schema",
         metavar="FILE",
-        help="Every answer is JSON valid under this JSON schema (compact: no free whitespace), "
-        "decoded through the grammar engine llguidance (docs/structured-output.md).",
-        rich_help_panel=o.OUTPUT,
         show_default=False,
     ),
 ]
 GrammarFile = Annotated[
     str | None,
-    typer.Option(
+    o.output(
+        "Every answer matches this grammar: llguidance's Lark dialect (start: the "
+        "answer), or a regular expression if FILE ends in .regex.",
         "--grammar",
         metavar="FILE",
-        help="Every answer matches this grammar: llguidance's Lark dialect (start: the "
-        "answer), or a regular expression if FILE ends in .regex.",
-        rich_help_panel=o.OUTPUT,
         show_default=False,
     ),
 ]
@@ -169,8 +163,8 @@ def generate_command(
             raise fail(f"--logprobs must be in 0..20 (got {logprobs})", USAGE)
         source = grammar_source(json_schema, grammar)
         defaulted = choices.guide is None  # the profile's guide would have been loaded
-        if source is not None:
-            choices = without_guide(choices)
+        if source is not None and defaulted:  # the grammar verifies the drafts: no guide
+            choices = replace(choices, guide=False)  # unless --guide (grammar_committer.py)
         if job is None:
             runtime = load_runtime(choices, slots=batch_size)
         else:
@@ -191,9 +185,8 @@ def generate_command(
             check_logprobs(runtime)
         if batch and leader:
             note_static(pipeline)
-        shown = runtime if verbose_prompt else None
+        shown, failed = runtime if verbose_prompt else None, 0
         if split_prompt:
-            failed = 0
             decode = partial(run_single, runtime, prompt, pipeline, verbose_prompt)
             run_split_prompt(job, shards, stats, decode)
         elif shards is not None and shards.replicas == 1:
@@ -203,15 +196,12 @@ def generate_command(
         elif batch:
             failed = run_batch(pipeline, shown)
         else:
-            failed = 0
             run_single(runtime, prompt, pipeline, verbose_prompt)
         if stats and leader:
             note(pipeline.totals.line())
         if failed:
-            raise fail(
-                f"{failed} of {pipeline.totals.prompts + failed} prompts failed",
-                InputError.exit_code,
-            )
+            total = pipeline.totals.prompts + failed
+            raise fail(f"{failed} of {total} prompts failed", InputError.exit_code)
 
 
 def grammar_source(schema: str | None, grammar: str | None) -> tuple[str, str] | None:
@@ -235,19 +225,11 @@ def grammar_source(schema: str | None, grammar: str | None) -> tuple[str, str] |
     return GRAMMAR_SUFFIXES.get(Path(path).suffix, "lark"), text
 
 
-def without_guide(choices: o.Choices) -> o.Choices:
-    """A grammar verifies the drafts itself: the profile's guide stays unloaded unless --guide
-    asks for it (then the guide verifies what the grammar allows: grammar_committer.py)."""
-    from dataclasses import replace
-
-    return replace(choices, guide=False) if choices.guide is None else choices
-
-
 def note_static(pipeline: Pipeline) -> None:
     """One line on stderr when continuous batching, asked for, falls back to static batches."""
     rt = pipeline.runtime
     asked = rt.provenance.get("decode.batching", "default") != "default"
-    reason = pipeline.static_reason()
+    reason = rt.static_reason()
     if asked and rt.settings.batching == "continuous" and reason is not None:
         note(f"continuous batching falls back to static batches: {reason}")
 
@@ -263,15 +245,15 @@ def run_single(
 
     json_out, totals = pipeline.json_out and shown, pipeline.totals
     put = write if shown else lambda text: None
+    said = None
     try:
         prompt = from_argv(arg)
-    except InputError as e:  # not UTF-8: the record shows its bytes
-        single_error({"raw": escape_bytes(os.fsencode(arg))}, e, json_out)
-        raise
-    try:
+        said = {"prompt": prompt}
         ids = runtime.prepare(prompt)
     except InputError as e:
-        single_error({"prompt": prompt}, e, json_out)
+        said = said or {"raw": escape_bytes(os.fsencode(arg))}  # not UTF-8: its bytes
+        if json_out:  # --json: the record says what failed; the error line follows
+            put(json.dumps({**said, "error": str(e)}) + "\n")
         raise
     if verbose and shown:
         show_prompt(runtime, ids)
@@ -312,9 +294,3 @@ def logprob_record(runtime: Runtime, prompt: str, ids: list[int], pipeline: Pipe
     pipeline.totals.add_run(engine.forwards, engine.guide_forwards, engine.steps, engine.seconds)
     shown = record(prompt, runtime.text(done.tokens), done, special.stop, pipeline.canvas)
     return shown | {"logprobs": token_logprobs(runtime, done, pipeline.logprobs)}
-
-
-def single_error(shown: dict[str, str], e: InputError, json_out: bool) -> None:
-    """--json: the record says what failed; the error line and exit code follow."""
-    if json_out:
-        write(json.dumps({**shown, "error": str(e)}) + "\n")

@@ -101,21 +101,19 @@ def show_command(
             Text(f"note: ${var} is not set; set it to the folder that holds your models "
                  "(or edit the path) before using this profile", style="yellow")
         )  # fmt: skip
-    notes = profile.decode.adjustments()
-    if own:
-        notes = gemma.notes(profile.decode, profile.decode.block_length)
+    decode, notes = profile.decode, []
     if uses and not own:
-        out.print(Text(f"note: {family.title} does not use {', '.join(uses)}", style="dim"))
+        notes.append(f"{family.title} does not use {', '.join(uses)}")
     if family is not None and any(o.startswith("family default") for o in provenance.values()):
-        for line in (f"{family.name} reference: {family.source}", *family.notes):
-            out.print(Text(f"note: {line}", style="dim"))
+        notes += [f"{family.name} reference: {family.source}", *family.notes]
+    notes += gemma.notes(decode, decode.block_length) if own else decode.adjustments()
+    if family is None:
+        notes.append(
+            "the model folder cannot be read, so its family is unknown here; family defaults "
+            "(Dream: top_k 50) apply when the model loads"
+        )
     for line in notes:
         out.print(Text(f"note: {line}", style="dim"))
-    if family is None:
-        out.print(
-            Text("note: the model folder cannot be read, so its family is unknown here; family "
-                 "defaults (Dream: top_k 50) apply when the model loads", style="dim")
-        )  # fmt: skip
 
 
 def weight_sizes(path: str) -> str:

@@ -8,81 +8,63 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import typer
-
 from dllm_cli import options as o
 from dllm_cli.commands.split import ExpertParallel, option
 
 TensorParallel = Annotated[int, option("rank 0 serves HTTP, every rank steps every request")]
 
 SERVER = "Server"
+server = o.in_panel(SERVER)
 
-Host = Annotated[
-    str,
-    typer.Option(
-        help="Address to listen on (127.0.0.1: this machine only).", rich_help_panel=SERVER
-    ),
-]
-Port = Annotated[
-    int, typer.Option(help="Port to listen on (0: any free port).", rich_help_panel=SERVER)
-]
+Host = Annotated[str, server("Address to listen on (127.0.0.1: this machine only).")]
+Port = Annotated[int, server("Port to listen on (0: any free port).")]
 ApiKey = Annotated[
     str | None,
-    typer.Option(
+    server(
+        "Require `Authorization: Bearer KEY` on every route but /health.",
         "--api-key",
         envvar="DLLM_API_KEY",
-        help="Require `Authorization: Bearer KEY` on every route but /health.",
-        rich_help_panel=SERVER,
         show_default=False,
     ),
 ]
-MaxQueue = Annotated[
-    int,
-    typer.Option(help="Requests that may wait for a slot; more get 429.", rich_help_panel=SERVER),
-]
+MaxQueue = Annotated[int, server("Requests that may wait for a slot; more get 429.")]
 MaxEngines = Annotated[
     int,
-    typer.Option(
-        help="Engines alive at once: requests with different decoding settings (max_tokens, "
-        "cache, ...) need one each.",
-        rich_help_panel=SERVER,
+    server(
+        "Engines alive at once: requests with different decoding settings (max_tokens, "
+        "cache, ...) need one each."
     ),
 ]
 ScoreSamples = Annotated[
     int | None,
-    typer.Option(
-        help="Monte-Carlo samples per likelihood estimate of echo scoring when a request gives "
+    server(
+        "Monte-Carlo samples per likelihood estimate of echo scoring when a request gives "
         "no score_samples (default: the family reference's, 128).",
-        rich_help_panel=SERVER,
         show_default=False,
     ),
 ]
 ScoreSplits = Annotated[
     int | None,
-    typer.Option(
-        help="Echo scoring estimates only the last N context/continuation splits of a prompt "
+    server(
+        "Echo scoring estimates only the last N context/continuation splits of a prompt "
         "(earlier positions get null logprobs) when a request gives no score_splits "
         "(default: every split; docs/scoring.md).",
-        rich_help_panel=SERVER,
         show_default=False,
     ),
 ]
 AbortOnExit = Annotated[
     bool,
-    typer.Option(
+    server(
+        "On SIGINT/SIGTERM abort the requests in flight (503) instead of finishing them.",
         "--abort-on-exit/--finish-on-exit",
-        help="On SIGINT/SIGTERM abort the requests in flight (503) instead of finishing them.",
-        rich_help_panel=SERVER,
     ),
 ]
-
 Ui = Annotated[
     bool,
-    typer.Option(
-        "--ui/--no-ui",
-        help="Serve the chat page at / that draws each answer's canvas as it decodes "
+    server(
+        "Serve the chat page at / that draws each answer's canvas as it decodes "
         "(docs/web.md); --no-ui: 404 there.",
-        rich_help_panel=SERVER,
+        "--ui/--no-ui",
     ),
 ]
 
@@ -112,15 +94,13 @@ def serve_command(
     from dllm_cli.commands.split import leads, split_runtime
 
     with cli_errors():
-        for name, value, low in (("--batch-size", batch_size, 1), ("--max-queue", max_queue, 0)):
-            if value < low:
+        at_least = [("--batch-size", batch_size, 1), ("--max-queue", max_queue, 0)]
+        at_least += [("--max-engines", max_engines, 1), ("--score-splits", score_splits, 1)]
+        for name, value, low in at_least:
+            if value is not None and value < low:
                 raise fail(f"{name} must be at least {low} (got {value})", USAGE)
-        if max_engines < 1:
-            raise fail(f"--max-engines must be at least 1 (got {max_engines})", USAGE)
         if score_samples is not None and not 1 <= score_samples <= 4096:
             raise fail(f"--score-samples must be in 1..4096 (got {score_samples})", USAGE)
-        if score_splits is not None and score_splits < 1:
-            raise fail(f"--score-splits must be at least 1 (got {score_splits})", USAGE)
         if not 0 <= port <= 65535:
             raise fail(f"--port must be in 0..65535 (got {port})", USAGE)
         if api_key is not None and not api_key.strip():
@@ -141,12 +121,8 @@ def serve_command(
                     return follow(runtime, batch_size, channel)
                 mirror = Leader(channel)
             try:
-                server.run(
-                    runtime,
-                    options,
-                    ready=lambda url: note(f"serving {server.model_id(runtime)} on {url}"),
-                    mirror=mirror,
-                )
+                serving = f"serving {server.model_id(runtime)} on "
+                server.run(runtime, options, ready=lambda url: note(serving + url), mirror=mirror)
             except OSError as e:  # the address is taken, or not this machine's
                 raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", 1) from None
         note("server stopped")

@@ -22,25 +22,26 @@ if TYPE_CHECKING:
     from dllm_cli.runtime import Runtime
 
 
+parallelism = o.in_panel("Parallelism")
+
+
 def option(what: str) -> object:
     """The --tensor-parallel option, its help saying what every rank does in this command."""
-    return typer.Option(
-        "--tensor-parallel",
-        help=f"Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
+    return parallelism(
+        f"Under torchrun: split the model over N ranks (heads, MLP columns, vocabulary); "
         f"{what} (docs/tensor-parallel.md). LLaDA, Dream and LLaDA-MoE, greedy.",
-        rich_help_panel="Parallelism",
+        "--tensor-parallel",
     )
 
 
 TensorParallel = Annotated[int, option("every rank decodes every problem, rank 0 prints")]
 ExpertParallel = Annotated[
     bool,
-    typer.Option(
-        "--expert-parallel",
-        help="With --tensor-parallel N: share LLaDA-MoE's or LLaDA2.x's experts out whole over "
+    parallelism(
+        "With --tensor-parallel N: share LLaDA-MoE's or LLaDA2.x's experts out whole over "
         "the N ranks (each holds E/N experts; attention stays split by heads) instead of "
         "splitting every expert's columns.",
-        rich_help_panel="Parallelism",
+        "--expert-parallel",
     ),
 ]
 

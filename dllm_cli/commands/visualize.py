@@ -31,27 +31,17 @@ if TYPE_CHECKING:  # torch and the models: imported by the command (cli.py)
     from dllm_cli.view import CanvasView
     from dllm_cli.view_export import Recorder
 
-VIEW = "View"
-Delay = Annotated[
-    float, typer.Option(help="Seconds to pause after each step, to watch it.", rich_help_panel=VIEW)
-]
-Replay = Annotated[
-    bool,
-    typer.Option(
-        "--replay", help="Decode first, then play the recorded steps.", rich_help_panel=VIEW
-    ),
-]
+view = o.in_panel("View")
+Delay = Annotated[float, view("Seconds to pause after each step, to watch it.")]
+Replay = Annotated[bool, view("Decode first, then play the recorded steps.", "--replay")]
 Save = Annotated[
     Path | None,
-    typer.Option(
-        help="Write FILE.svg (the final frame) or FILE.html (a step-by-step player; offline).",
-        rich_help_panel=VIEW,
+    view(
+        "Write FILE.svg (the final frame) or FILE.html (a step-by-step player; offline).",
         dir_okay=False,
     ),
 ]
-Width = Annotated[
-    int, typer.Option(min=40, help="Width of the --save export in columns.", rich_help_panel=VIEW)
-]
+Width = Annotated[int, view("Width of the --save export in columns.", min=40)]
 
 
 @o.shared("model", "decode", "guide")

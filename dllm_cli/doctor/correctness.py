@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from functools import partial
 from itertools import product
 
 import torch
@@ -124,11 +125,8 @@ def compare_devices(
         errors = [f for f in failures if "error" in f]
         if errors:
             return Outcome("fail", "; ".join(errors[:3]), data)
-        return Outcome(
-            "skip",
-            f"CPU run: decoded the {len(rows)} CPU references only, no CUDA to compare",
-            data,
-        )
+        why = f"CPU run: decoded the {len(rows)} CPU references only, no CUDA to compare"
+        return Outcome("skip", why, data)
     return verdict(failures, f"{len(rows)} cells token-identical on {target} and cpu", data)
 
 
@@ -192,10 +190,7 @@ def check_batching(fx: Fixture, target: str) -> Outcome:
     for cache, unmask, stop in DETERMINISTIC:
         s, name = settings(cache, unmask, stop), label(cache, unmask, stop)
         alone = singles(loaded, s, prompts)
-        for mode, run in (
-            ("batch", decode),
-            ("continuous", lambda m, s, p: continuous(m, s, p, 2)),
-        ):
+        for mode, run in (("batch", decode), ("continuous", partial(continuous, slots=2))):
             where = first_difference(alone, run(loaded, s, prompts))
             rows.append({"cell": name, "mode": mode, "result": where or "equal"})
             failures += [f"{name} {mode}: {where}"] if where else []
@@ -210,17 +205,15 @@ def check_bfloat16(fx: Fixture, target: str) -> Outcome:
     for cache, unmask, stop in (("dual", "threshold", True), ("none", "fixed", False)):
         s, name = settings(cache, unmask, stop), label(cache, unmask, stop)
         want, got = decode(full, s, fx.batch), decode(half, s, fx.batch)
-        same = sum(
-            a == b for x, y in zip(want, got, strict=True) for a, b in zip(x, y, strict=True)
-        )
+        pairs = zip(want, got, strict=True)
+        same = sum(a == b for x, y in pairs for a, b in zip(x, y, strict=True))
         total = sum(len(x) for x in want)
         left = masks_left(half, got)
         rows.append({"cell": name, "agreement": same / total, "masks_left": left})
         failures += [f"{name}: {left} mask tokens left in bfloat16 answers"] if left else []
     agree = ", ".join(f"{r['cell']} {r['agreement']:.0%}" for r in rows)
-    return verdict(
-        failures, f"bfloat16 ran on {target}; tokens equal to float32: {agree}", {"cells": rows}
-    )
+    passed = f"bfloat16 ran on {target}; tokens equal to float32: {agree}"
+    return verdict(failures, passed, {"cells": rows})
 
 
 # name -> check; the run makes one report row per (check, family)

@@ -54,13 +54,8 @@ def gpu_facts() -> dict:
 def nvidia_smi(field: str) -> str:
     """One `nvidia-smi --query-gpu` field of GPU 0, or why it is unknown."""
     try:
-        done = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
+        query = ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"]
+        done = subprocess.run(query, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.SubprocessError) as e:
         return f"unknown ({type(e).__name__})"
     lines = done.stdout.strip().splitlines()

@@ -60,15 +60,8 @@ def make_fixtures(root: Path) -> dict[str, Fixture]:
 
 def settings(cache: str, unmask: str, early_stop: bool, **extra) -> DecodeSettings:
     """The checks' settings: GEN tokens in blocks of BLOCK, greedy."""
-    return DecodeSettings(
-        gen_length=GEN,
-        block_length=BLOCK,
-        cache=cache,
-        unmask=unmask,
-        early_stop=early_stop,
-        threshold=THRESHOLD,
-        **extra,
-    )
+    rule = {"cache": cache, "unmask": unmask, "early_stop": early_stop, "threshold": THRESHOLD}
+    return DecodeSettings(gen_length=GEN, block_length=BLOCK, **rule, **extra)
 
 
 def committer(loaded: LoadedModel, guide: GuideModel, accept: str) -> GuidedCommitter:

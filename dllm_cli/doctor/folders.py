@@ -98,12 +98,7 @@ def write_tokenizer(folder: Path, family: Family) -> dict[str, int]:
 def tiny_config(kind: str, ids: dict[str, int]):
     """Two layers of width 32 (Dream with grouped-query attention), padded embedding rows."""
     size, family = ids["size"], FAMILIES[kind]
-    common = {
-        "mask_token_id": ids["mask"],
-        "eos_token_id": ids["eos"],
-        "pad_token_id": ids["pad"],
-        "bos_token_id": ids["bos"],
-    }
+    common = {f"{role}_token_id": ids[role] for role in ("mask", "eos", "pad", "bos")}
     if kind == "llada":
         shape = {"d_model": 32, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2}
         shape |= {"mlp_hidden_size": 48, "vocab_size": size, "embedding_size": size + 7}
@@ -167,15 +162,10 @@ def write_guide(folder: Path, diffusion: Path, seed: int = 7) -> Path:
         (folder / name).write_text((diffusion / name).read_text())
     size = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size()
     config = LlamaConfig(
-        vocab_size=-(-size // 8) * 8,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        vocab_size=-(-size // 8) * 8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         tie_word_embeddings=False,
-    )
+    )  # fmt: skip
     model = LlamaForCausalLM(config).float()
     randomize(model, seed)
     with torch.no_grad():

@@ -38,9 +38,7 @@ def skipped(gpus: int, cpu_reason: str | None) -> str | None:
     """The skip row's detail (None: the section runs)."""
     if cpu_reason:
         return f"skipped: {gpus} GPU(s) under test ({cpu_reason})"
-    if gpus < 2:
-        return f"skipped: {gpus} GPU(s)"
-    return None
+    return f"skipped: {gpus} GPU(s)" if gpus < 2 else None
 
 
 def write_wide(folder: Path) -> Path:

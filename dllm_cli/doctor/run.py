@@ -43,9 +43,7 @@ def why_cpu(gpu: bool) -> str | None:
     """Why the device under test is the CPU (None: it is CUDA)."""
     if not gpu:
         return "--gpu not given"
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    return None
+    return None if torch.cuda.is_available() else "no CUDA device"
 
 
 class Doctor:
@@ -131,14 +129,12 @@ class Doctor:
 
 def timings(shape: speed.Shape, model, device, deadline):
     """(name, check) of every speed measurement of one built model, in run order."""
+    at = (device, deadline)
     for gen, v in speed.plan(shape):
-        yield (
-            f"gen {gen} {v.name}",
-            partial(speed.time_variant, model, shape, v, gen, device, deadline),
-        )
+        yield f"gen {gen} {v.name}", partial(speed.time_variant, model, shape, v, gen, *at)
     yield (
         f"{shape.slots} slots static vs continuous",
-        partial(speed.time_batching, model, shape, device, deadline),
+        partial(speed.time_batching, model, shape, *at),
     )
     yield "kernel share", partial(speed.profile_steps, model, shape, device)
 
@@ -183,10 +179,8 @@ def watchdog(doc: Doctor, seconds: float) -> threading.Timer:
         try:
             doc.report.add(late, doc.deadline.elapsed())
         finally:
-            print(
-                f"dllm: error: doctor stopped by its watchdog after {seconds:.0f} s",
-                file=sys.stderr,
-            )
+            said = f"dllm: error: doctor stopped by its watchdog after {seconds:.0f} s"
+            print(said, file=sys.stderr)
             os._exit(WATCHDOG_EXIT)
 
     timer = threading.Timer(seconds, fire)

@@ -18,6 +18,7 @@ import torch
 
 from dllm_cli.decoding import Decoder
 from dllm_cli.doctor.checks import Outcome
+from dllm_cli.doctor.report import pct
 from dllm_cli.doctor.timing import PeakMemory, engine_events, kernel_share, sync, timed
 from dllm_cli.families import FAMILIES
 from dllm_cli.models.compiled import StepGraphs, enable_compile
@@ -186,12 +187,8 @@ def line(d: dict) -> str:
     rate = "-" if d.get("tok_per_s") is None else f"{d['tok_per_s']:.1f} tok/s"
     return (
         f"{d['forwards']} forwards, {rate}, full step {ms(d['full_step_ms'])}, cached step "
-        f"{ms(d['cached_step_ms'])}, outside model {share(d['outside_model'])}{cut}"
+        f"{ms(d['cached_step_ms'])}, outside model {pct(d['outside_model'])}{cut}"
     )
-
-
-def share(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
 
 
 def time_batching(model, shape: Shape, device, deadline) -> Outcome:
@@ -268,7 +265,7 @@ def profile_steps(model, shape: Shape, device) -> Outcome:
     data = kernel_share(lambda: next(events), device, PROFILED_BLOCKS * shape.block)
     if not data["kernel_s"]:
         return Outcome("error", "torch.profiler recorded no CUDA kernels (is CUPTI missing?)", data)
-    detail = f"GPU busy in kernels for {share(data['kernel_share'])} of {data['profiled_steps']}"
+    detail = f"GPU busy in kernels for {pct(data['kernel_share'])} of {data['profiled_steps']}"
     return Outcome("info", detail + " dual + threshold steps (torch.profiler)", data)
 
 

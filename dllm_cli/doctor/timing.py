@@ -60,13 +60,9 @@ class ForwardTimer:
 
     def take(self) -> list[float]:
         """Seconds of each forward since the last call (the caller has synchronised)."""
-        done = [s.elapsed_time(e) / 1000 if self.cuda else s for s, e in self._pairs()]
+        done = [s.elapsed_time(e) / 1000 for s, e in self.pending] if self.cuda else self.pending
         self.pending = []
         return done
-
-    def _pairs(self) -> Iterator:
-        for item in self.pending:
-            yield item if self.cuda else (item, None)
 
 
 @dataclass

@@ -73,6 +73,4 @@ class Deltas:
 
 def finish_reason(tokens: list[int], stop_ids: tuple[int, ...] | list[int], stopped: bool) -> str:
     """OpenAI's: "stop" for a stop string or an end-of-answer token, "length" when it ran out."""
-    if stopped or any(t in set(stop_ids) for t in tokens):
-        return "stop"
-    return "length"
+    return "stop" if stopped or not set(stop_ids).isdisjoint(tokens) else "length"

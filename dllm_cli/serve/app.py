@@ -8,7 +8,6 @@ stepping thread fills (accepted, text, done, error); a client that leaves aborts
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import time
@@ -20,16 +19,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from dllm_cli.errors import DllmError
 from dllm_cli.serve import canvas, engines, ollama, page
 from dllm_cli.serve.metrics import CONTENT_TYPE
 from dllm_cli.serve.plumbing import (
-    Gone,
     Served,
+    Waiting,
     answer_error,
     authorized,
-    next_event,
-    poster,
     read_json,
     route_error,
     unless_gone,
@@ -37,7 +33,6 @@ from dllm_cli.serve.plumbing import (
 from dllm_cli.serve.protocol import ApiError, Job, Score, choices, parse
 from dllm_cli.serve.scores import Scored, TokenLogprob
 from dllm_cli.serve.tickets import Outcome
-from dllm_cli.serve.worker import Worker
 
 
 def create_app(served: Served) -> FastAPI:
@@ -107,22 +102,11 @@ async def complete(served: Served, request: Request, kind: str) -> Response:
     """Validate, submit every prompt and choice together, then answer (or stream) them."""
     path = request.url.path
     body = await read_json(request)
-    worker = served.worker
-    job = parse(
-        body, kind, worker.runtime.settings, served.model_id, worker.runtime.guide is not None
-    )
-    try:
-        engines.check_settings(worker.runtime, job.settings)
-    except DllmError as e:
-        raise ApiError(400, str(e)) from None
-    job = engines.with_grammar(worker.runtime, job)
+    rt = served.worker.runtime
+    job = engines.checked(rt, parse(body, kind, rt.settings, served.model_id, rt.guide is not None))
     if job.kind == "score":
         job = replace(job, score=served_defaults(served, job.score))
-    parts = choices(job)
-    events: asyncio.Queue = asyncio.Queue()
-    posts = [(p, poster(events, i)) for i, p in enumerate(parts)]
-    tickets = worker.submit_all(posts, served.limit)
-    waiting = Waiting(events, request, worker, tickets)
+    waiting = Waiting.submit(served, request, choices(job))
     await waiting.accepted()
     if job.stream:
         served.metrics.request(path, 200)
@@ -141,51 +125,6 @@ def served_defaults(served: Served, score: Score) -> Score:
     batch = score.batch if samples is None or (score.batch or 0) <= samples else None
     splits = score.splits or served.score_splits
     return replace(score, samples=samples, batch=batch, splits=splits)
-
-
-class Waiting:
-    """A request's tickets and their tagged events; any failure aborts them all."""
-
-    def __init__(self, events: asyncio.Queue, request: Request, worker: Worker, tickets: list):
-        self.events, self.request, self.worker, self.tickets = events, request, worker, tickets
-        self.early: list[tuple[int, str, object]] = []  # text that came before every accept
-
-    async def next(self) -> tuple[int, str, object]:
-        if self.early:
-            return self.early.pop(0)
-        try:
-            return await next_event(self.events, self.request)
-        except Gone:
-            self.abort()
-            raise
-
-    def abort(self) -> None:
-        for ticket in self.tickets:
-            self.worker.abort(ticket)
-
-    async def accepted(self) -> None:
-        """Every part accepted, or the first refusal raised (the others aborted)."""
-        await self.every("accepted", keep=True)
-
-    async def outcomes(self) -> list[object]:
-        """Every part's outcome, in part order."""
-        done = await self.every("done", keep=False)
-        return [done[i] for i in range(len(self.tickets))]
-
-    async def every(self, wanted: str, keep: bool) -> dict[int, object]:
-        """Each part's `wanted` event's payload; an error raised (the others aborted), other
-        events kept for later where `keep` (text that came before every accept)."""
-        got: dict[int, object] = {}
-        while len(got) < len(self.tickets):
-            index, what, payload = await self.next()
-            if what == "error":
-                self.abort()
-                raise payload  # type: ignore[misc]
-            if what == wanted:
-                got[index] = payload
-            elif keep:
-                self.early.append((index, what, payload))
-        return got
 
 
 async def stream(served: Served, waiting: Waiting, kind: str) -> AsyncIterator[str]:
@@ -250,8 +189,7 @@ def chunk(
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": index, "text": text or "", "logprobs": logprobs}
-        choice["finish_reason"] = reason
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         obj = "text_completion"
     out = {"id": rid, "object": obj, "created": int(time.time()), "model": served.model_id}
     out["choices"] = [choice]
@@ -269,8 +207,7 @@ def whole(served: Served, outcomes: list[Outcome], kind: str) -> dict:
             message = {"role": "assistant", "content": outcome.text}
             choice = {"index": i, "message": message, "logprobs": logprobs}
         else:
-            choice = {"index": i, "text": outcome.prompt_text + outcome.text}
-            choice["logprobs"] = logprobs
+            choice = {"index": i, "text": outcome.prompt_text + outcome.text, "logprobs": logprobs}
         choice["finish_reason"] = outcome.finish_reason
         picked.append(choice)
     return envelope(served, kind, picked, usage(summed(outcomes)))
@@ -284,30 +221,24 @@ def rendered(outcome: Outcome, kind: str) -> dict | None:
 
 
 def shaped(entries: list[TokenLogprob], kind: str, start: int) -> dict:
-    """Token logprobs as chat's `content` list or completions' parallel lists (text offsets
-    counted from `start`)."""
+    """Token logprobs as chat's `content` list or completions' parallel lists."""
     if kind == "chat":
         return {"content": [chat_token(t) for t in entries], "refusal": None}
     tokens = [t.token for t in entries]
-    return {
-        "tokens": tokens,
-        "token_logprobs": [t.logprob for t in entries],
-        "top_logprobs": [dict(t.top) for t in entries],
-        "text_offset": text_offsets(tokens, start),
-    }
+    top = [dict(t.top) for t in entries]
+    return completion_logprobs(tokens, [t.logprob for t in entries], top, start)
 
 
-def text_offsets(pieces: list[str], start: int = 0) -> list[int]:
-    """Where each piece starts in their joined text, counted from `start` (OpenAI's
-    text_offset)."""
-    return list(accumulate((len(p) for p in pieces[:-1]), initial=start)) if pieces else []
+def completion_logprobs(tokens: list[str], values: list, top: list, start: int = 0) -> dict:
+    """Completions' parallel lists; text_offset: where each token starts, counted from `start`."""
+    offsets = list(accumulate((len(t) for t in tokens[:-1]), initial=start)) if tokens else []
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets}
 
 
 def chat_token(t: TokenLogprob) -> dict:
     top = [{"token": s, "logprob": v, "bytes": list(s.encode())} for s, v in t.top]
-    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())} | {
-        "top_logprobs": top
-    }
+    entry = {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())}
+    return entry | {"top_logprobs": top}
 
 
 def envelope(served: Served, kind: str, picked: list[dict], counts: dict) -> dict:
@@ -326,12 +257,7 @@ def scored_answer(served: Served, job: Job, outcomes: list[Scored]) -> dict:
     """Echo scoring in OpenAI's completions logprobs shape (see docs/scoring.md)."""
     picked = []
     for i, s in enumerate(outcomes):
-        logprobs = {
-            "tokens": s.tokens,
-            "token_logprobs": s.values,
-            "top_logprobs": s.top,
-            "text_offset": text_offsets(s.tokens),
-        }
+        logprobs = completion_logprobs(s.tokens, s.values, s.top)
         reason = "length" if job.score.generate else "stop"
         choice = {"index": i, "text": "".join(s.tokens), "logprobs": logprobs}
         picked.append(choice | {"finish_reason": reason})
@@ -345,16 +271,9 @@ def scored_answer(served: Served, job: Job, outcomes: list[Scored]) -> dict:
 
 def summed(outcomes: list[Outcome]) -> Outcome:
     """One request's counts over its choices (seconds: the longest)."""
-    return Outcome(
-        text="",
-        finish_reason="",
-        prompt_tokens=sum(o.prompt_tokens for o in outcomes),
-        completion_tokens=sum(o.completion_tokens for o in outcomes),
-        forwards=sum(o.forwards for o in outcomes),
-        guide_forwards=sum(o.guide_forwards for o in outcomes),
-        steps=sum(o.steps for o in outcomes),
-        seconds=max(o.seconds for o in outcomes),
-    )
+    added = ("prompt_tokens", "completion_tokens", "forwards", "guide_forwards", "steps")
+    counts = {name: sum(getattr(o, name) for o in outcomes) for name in added}
+    return Outcome(text="", finish_reason="", **counts, seconds=max(o.seconds for o in outcomes))
 
 
 def usage(o: Outcome) -> dict:

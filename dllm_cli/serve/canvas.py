@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING
 
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent
@@ -90,14 +91,9 @@ class Frames:
             out[key] = [cell for d in changed for cell in self.cells(d, flags=False)]
         if self.uniform and row in event.settled:
             out["settled"] = True
-        held = dict(event.revocable).get(row)
-        if held is not None:  # WINO may still mask commits from here on
-            out["revocable_from"] = held
-        pruned = self.pruned_from(out["block"])
-        if pruned is not None:
-            out["pruned_from"] = pruned
-        if layout is not None:
-            out["layout"] = layout
+        held = dict(event.revocable).get(row)  # WINO may still mask commits from here on
+        extra = {"revocable_from": held, "pruned_from": self.pruned_from(out["block"])}
+        out |= {k: v for k, v in (extra | {"layout": layout}).items() if v is not None}
         self.steps += 1
         return out
 
@@ -167,11 +163,8 @@ def plan(settings: DecodeSettings, window: tuple[int, int] | None) -> list[list[
     window's size from that window's end, the first one cut at the answer's start."""
     g = settings.gen_length
     if window is None:
-        start, blocks = 0, []
-        for length, _ in settings.block_plan():
-            blocks.append([start, start + length])
-            start += length
-        return blocks
+        edges = [0, *accumulate(length for length, _ in settings.block_plan())]
+        return [[a, b] for a, b in pairwise(edges)]
     size, end = window[1] - window[0], min(window[1], g)
     blocks = [[0, end]] if end > 0 else []
     while end < g:
@@ -197,9 +190,7 @@ def frozen(event: StepEvent, row: int) -> list[int] | None:
 def phase_of(event: StepEvent, row: int) -> RowPhase:
     """The row's own place this step (the event's head when it has no phases)."""
     found = next((p for p in event.phases if p.row == row), None)
-    if found is not None:
-        return found
-    return RowPhase(row, event.block, event.block_step, event.window, event.refresh)
+    return found or RowPhase(row, event.block, event.block_step, event.window, event.refresh)
 
 
 def chunk(model_id: str, rid: str, kind: str, frame: dict, index: int = 0) -> dict:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from dllm_cli.decoding import Engine, open_engine
-from dllm_cli.decoding.answer import answer_length
 from dllm_cli.decoding.slots import static_reason
+from dllm_cli.errors import DllmError
 from dllm_cli.families import FAMILIES
 from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.runtime import Runtime, check_family
@@ -65,17 +65,19 @@ def group_of(job: Job, per_request: bool = True, gen_length: int | None = None) 
 
 def add(pool: Pool, ids: list[int], job: Job, key) -> int:
     """The job into its group's engine, with its own sampling values (and grammar)."""
-    if job.logprobs is None:
-        rid = pool.engine.add(ids, key=key, settings=job.settings)
-    else:
-        rid = pool.engine.add(ids, key=key, settings=job.settings, logprobs=job.logprobs)
+    rid = pool.engine.add(ids, key=key, settings=job.settings, logprobs=job.logprobs)
     if job.grammar is not None:
         pool.engine.stepper.committer.bind(rid, job.grammar)
     return rid
 
 
-def with_grammar(runtime: Runtime, job: Job) -> Job:
-    """The job with its response_format compiled (ApiError 400 naming what is wrong)."""
+def checked(runtime: Runtime, job: Job) -> Job:
+    """The job past its family's refusals, its response_format compiled (else an ApiError 400
+    saying what is wrong)."""
+    try:
+        check_family(runtime.loaded, job.settings)  # as open_runtime checks the CLI's flags
+    except DllmError as e:
+        raise ApiError(400, str(e)) from None
     if job.structure is None:
         return job
     from dllm_cli.decoding.grammar import GrammarError, compile_grammar, vocab_of
@@ -91,11 +93,6 @@ def with_grammar(runtime: Runtime, job: Job) -> Job:
     except GrammarError as e:
         raise ApiError(400, f"response_format: {e}", "response_format") from None
     return replace(job, grammar=grammar)
-
-
-def check_settings(runtime: Runtime, settings: DecodeSettings) -> DecodeSettings:
-    """The family's own refusals, as `open_runtime` makes them for CLI flags."""
-    return check_family(runtime.loaded, settings)
 
 
 def check_length(runtime: Runtime, ids: list[int], settings: DecodeSettings) -> None:
@@ -125,8 +122,3 @@ def stop_early(engine: Engine, rid: int) -> tuple[list[int], Counts]:
     counts = Counts(request.forwards, request.guide_forwards, request.steps)
     engine.abort(rid)
     return tokens, counts
-
-
-def completion_tokens(tokens: list[int], stop: list[int] | tuple[int, ...]) -> int:
-    """Tokens the answer took (through its first stop token), as throughput counts them."""
-    return answer_length(tokens, stop)

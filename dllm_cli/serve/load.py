@@ -66,9 +66,8 @@ def send(url: str, index: int, question: str, stream: bool, cancel: bool) -> Rep
     body = {"messages": [{"role": "user", "content": question}], "stream": stream or cancel}
     reply, began = Reply(index, cancelled=cancel), time.perf_counter()
     try:
-        conn.request(
-            "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json"}
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
         answer = conn.getresponse()
         reply.status = answer.status
         if not body["stream"] or answer.status != 200:

@@ -107,11 +107,8 @@ class Metrics:
             ("prompt_tokens_total", "counter", self.prompt_tokens, "Prompt tokens answered."),
             ("completion_tokens_total", "counter", self.completion_tokens, "Answer tokens."),
         ):
-            out += [
-                f"# HELP dllm_{name} {what}",
-                f"# TYPE dllm_{name} {kind}",
-                f"dllm_{name} {value}",
-            ]
+            out += [f"# HELP dllm_{name} {what}", f"# TYPE dllm_{name} {kind}"]
+            out.append(f"dllm_{name} {value}")
         for name, hist, what in (
             ("request_seconds", self.latency, "Seconds from request to full answer."),
             ("time_to_first_token_seconds", self.ttft, "Seconds from request to first text."),

@@ -75,8 +75,8 @@ def follow(runtime: Runtime, slots: int, channel: Channel) -> None:
     pools: dict[engines.Group, engines.Pool] = {}
     while (message := channel.broadcast()) is not None:
         changes, stepped, split = message
-        for kind, group, *args in changes:
-            CHANGES[kind](pools, runtime, slots, group, *args)
+        for change in changes:
+            apply(pools, runtime, slots, change)
         for group in stepped:
             step(pools, group)
         if split is not None:
@@ -106,34 +106,26 @@ def score(runtime: Runtime, split: scores.Split) -> None:
         pass
 
 
-def build(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
-    pools[group] = engines.build(runtime, group, slots)
+def apply(pools: dict, runtime: Runtime, slots: int, change: tuple) -> None:
+    """One of rank 0's engine changes (`Leader.note`), made to this rank's engines."""
+    kind, group, *args = change
+    if kind == "build":
+        pools[group] = engines.build(runtime, group, slots)
+    elif kind == "drop":
+        pools.pop(group, None)  # (gone already when its step failed here too)
+    elif kind == "add":
+        add(pools[group].engine, *args)
+    elif kind == "abort":
+        pools[group].engine.abort(*args)
+    else:  # "stop": a stop string ended the request on rank 0
+        engines.stop_early(pools[group].engine, *args)
 
 
-def drop(pools, runtime: Runtime, slots: int, group: engines.Group) -> None:
-    pools.pop(group, None)  # (gone already when its step failed here too)
-
-
-def add(
-    pools, runtime: Runtime, slots: int, group: engines.Group, ids, settings, rid, logprobs,
-    grammar,
-) -> None:  # fmt: skip
+def add(engine, ids, settings, rid: int, logprobs, grammar) -> None:
     """Rank 0's request, with its logprobs (every rank gathers the candidates they read) and
     grammar."""
-    engine = pools[group].engine
     mine = engine.add(ids, settings=settings, logprobs=logprobs)
     if mine != rid:  # the engines are deterministic: this is a bug, not bad input
         raise RuntimeError(f"request {mine} on this rank is request {rid} on rank 0")
     if grammar is not None:  # response_format: its matcher here follows rank 0's
         engine.stepper.committer.bind(rid, grammar)
-
-
-def abort(pools, runtime: Runtime, slots: int, group: engines.Group, rid: int) -> None:
-    pools[group].engine.abort(rid)
-
-
-def stop(pools, runtime: Runtime, slots: int, group: engines.Group, rid: int) -> None:
-    engines.stop_early(pools[group].engine, rid)
-
-
-CHANGES = {"build": build, "drop": drop, "add": add, "abort": abort, "stop": stop}

@@ -12,7 +12,6 @@ ignored.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -33,9 +32,8 @@ from dllm_cli.serve.ollama_request import (
     served_name,
     to_job,
 )
-from dllm_cli.serve.plumbing import Gone, Served, next_event, poster, read_json, unless_gone
-from dllm_cli.serve.protocol import ApiError
-from dllm_cli.serve.tickets import Outcome, Ticket
+from dllm_cli.serve.plumbing import Served, Waiting, read_object, unless_gone
+from dllm_cli.serve.tickets import Outcome
 from dllm_cli.version import __version__
 
 PREFIX = "/api/"
@@ -64,9 +62,7 @@ def add_routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/api/show")
     async def show(request: Request):
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
+        body = await read_object(request)
         check_model(served, body.get("model", body.get("name")))
         served.metrics.request("/api/show", 200)
         return show_card(served)
@@ -85,57 +81,40 @@ def add_routes(app: FastAPI, served: Served) -> None:
 
 async def complete(served: Served, request: Request, route: str) -> Response:
     path = request.url.path
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
+    body = await read_object(request)
     check_fields(body, CHAT_FIELDS if route == "chat" else GENERATE_FIELDS)
     check_model(served, body.get("model"))
     if is_load_only(body, route):
         served.metrics.request(path, 200)
-        return JSONResponse(loaded_reply(served, route))
+        return JSONResponse(head(served, route, "") | {"done": True, "done_reason": "load"})
     job = to_job(served, body, route)
-    events: asyncio.Queue = asyncio.Queue()
-    ticket = served.worker.submit(job, poster(events), served.limit)
-    try:
-        what, payload = await next_event(events, request)
-        if what == "error":
-            raise payload  # type: ignore[misc]
-        if job.stream:
-            served.metrics.request(path, 200)
-            lines = stream(served, request, ticket, events, route)
-            return StreamingResponse(lines, media_type=NDJSON)
-        while what != "done":
-            what, payload = await next_event(events, request)
-            if what == "error":
-                raise payload  # type: ignore[misc]
-    except Gone:
-        served.worker.abort(ticket)
-        raise
+    waiting = Waiting.submit(served, request, [job])
+    await waiting.accepted()
+    if job.stream:
+        served.metrics.request(path, 200)
+        return StreamingResponse(stream(served, waiting, route), media_type=NDJSON)
+    outcome = (await waiting.outcomes())[0]
     served.metrics.request(path, 200)
-    return JSONResponse(final(served, route, payload, payload.text))  # type: ignore[arg-type]
+    return JSONResponse(final(served, route, outcome, outcome.text))  # type: ignore[arg-type]
 
 
-async def stream(
-    served: Served, request: Request, ticket: Ticket, events: asyncio.Queue, route: str
-) -> AsyncIterator[str]:
+async def stream(served: Served, waiting: Waiting, route: str) -> AsyncIterator[str]:
     """NDJSON: one object per committed piece of text, then the `done` object."""
     finished = False
     try:
-        while True:
-            what, payload = await next_event(events, request)
+        while not finished:
+            _, what, payload = await waiting.next()
             if what == "text":
                 yield line(piece(served, route, payload))  # type: ignore[arg-type]
             elif what == "error":
                 finished = True
                 yield line({"error": payload.message})  # type: ignore[union-attr]
-                break
             elif what == "done":
                 finished = True
                 yield line(final(served, route, payload, ""))  # type: ignore[arg-type]
-                break
     finally:
         if not finished:  # the client left: free its slot
-            served.worker.abort(ticket)
+            waiting.abort()
 
 
 def line(data: dict) -> str:
@@ -147,28 +126,21 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def text_field(route: str, text: str) -> dict:
-    if route == "chat":
-        return {"message": {"role": "assistant", "content": text}}
-    return {"response": text}
+def head(served: Served, route: str, text: str) -> dict:
+    """What every answer object starts with: the model, the time, the text."""
+    message = {"role": "assistant", "content": text}
+    said = {"message": message} if route == "chat" else {"response": text}
+    return {"model": served_name(served), "created_at": now(), **said}
 
 
 def piece(served: Served, route: str, text: str) -> dict:
-    return {
-        "model": served_name(served),
-        "created_at": now(),
-        **text_field(route, text),
-        "done": False,
-    }
+    return head(served, route, text) | {"done": False}
 
 
 def final(served: Served, route: str, o: Outcome, text: str) -> dict:
     """The last object: Ollama's counts and durations (nanoseconds), and dllm's own counts."""
     nanos = int(o.seconds * 1e9)
-    return {
-        "model": served_name(served),
-        "created_at": now(),
-        **text_field(route, text),
+    return head(served, route, text) | {
         "done": True,
         "done_reason": o.finish_reason,
         "total_duration": nanos,
@@ -181,11 +153,6 @@ def final(served: Served, route: str, o: Outcome, text: str) -> dict:
         "guide_forwards": o.guide_forwards,
         "steps": o.steps,
     }
-
-
-def loaded_reply(served: Served, route: str) -> dict:
-    body = {"model": served_name(served), "created_at": now(), **text_field(route, "")}
-    return body | {"done": True, "done_reason": "load"}
 
 
 # --- model cards --------------------------------------------------------------------------------
@@ -263,8 +230,7 @@ def loaded_card(served: Served) -> dict:
     facts = model_facts(served)
     on_gpu = served.worker.runtime.loaded.device.type == "cuda"
     card = {k: v for k, v in tag_card(served).items() if k != "modified_at"}
-    card["size"] = facts["memory"]
-    card["size_vram"] = facts["memory"] if on_gpu else 0
+    card |= {"size": facts["memory"], "size_vram": facts["memory"] if on_gpu else 0}
     card["expires_at"] = NEVER
     card["context_length"] = served.worker.runtime.loaded.model.context_length
     return card

@@ -7,7 +7,6 @@ accepted and ignored.
 
 from __future__ import annotations
 
-from dllm_cli.errors import DllmError
 from dllm_cli.serve import engines
 from dllm_cli.serve.plumbing import Served
 from dllm_cli.serve.protocol import SETTINGS, ApiError, Job, parse
@@ -143,9 +142,8 @@ def chat_messages(value: object) -> list[dict]:
         if not isinstance(m, dict):
             raise ApiError(400, f"messages[{i}] must be an object with a role and a content")
         for name, given in m.items():
-            if name not in MESSAGE_FIELDS:
-                raise ApiError(400, f"messages[{i}].{name} is not supported by dllm")
-            if name not in ("role", "content") and given not in (None, "", []):
+            used = name not in ("role", "content") and given not in (None, "", [])
+            if name not in MESSAGE_FIELDS or used:
                 raise ApiError(400, f"messages[{i}].{name} is not supported by dllm")
         out.append({"role": m.get("role"), "content": m.get("content", "")})
     return out
@@ -165,13 +163,9 @@ def to_job(served: Served, body: dict, route: str) -> Job:
     openai["stream"] = body.get("stream", True)  # Ollama streams unless told not to
     try:
         job = parse(openai, kind, runtime.settings, served.model_id, runtime.guide is not None)
-        engines.check_settings(runtime, job.settings)
-        job = engines.with_grammar(runtime, job)
+        return engines.checked(runtime, job)
     except ApiError as e:
         raise ApiError(e.status, ollama_names(e.message)) from None
-    except DllmError as e:
-        raise ApiError(400, ollama_names(str(e))) from None
-    return job
 
 
 def ollama_names(message: str) -> str:

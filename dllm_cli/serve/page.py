@@ -47,7 +47,8 @@ def add_routes(app: FastAPI, served) -> None:
 
     @app.get("/", response_class=HTMLResponse)
     async def index():
-        return HTMLResponse(render_index(served), headers=NO_STORE)
+        config = json.dumps(page_config(served)).replace("<", "\\u003c")  # safe in a <script>
+        return HTMLResponse(bundled("index.html").replace(CONFIG_MARK, config), headers=NO_STORE)
 
     @app.get("/web/{name}")
     async def asset(name: str):
@@ -59,26 +60,14 @@ def add_routes(app: FastAPI, served) -> None:
 NO_STORE = {"Cache-Control": "no-cache"}
 
 
-def render_index(served) -> str:
-    """index.html with the server's settings written in (JSON, safe inside a <script>)."""
-    text = json.dumps(page_config(served)).replace("<", "\\u003c")
-    return bundled("index.html").replace(CONFIG_MARK, text)
-
-
 def page_config(served) -> dict:
     """What the page shows and may send: the model, its settings and whether a key is needed."""
     runtime = served.worker.runtime
     settings: DecodeSettings = runtime.settings
     types = {f.name: str(f.type) for f in dataclasses.fields(DecodeSettings)}
-    names = list(SETTINGS)
     rows = [
-        {
-            "name": n,
-            "type": types[n],
-            "value": getattr(settings, n),
-            "choices": list(CHOICES.get(n, ())),
-        }
-        for n in names
+        dict(name=n, type=types[n], value=getattr(settings, n), choices=list(CHOICES.get(n, ())))
+        for n in SETTINGS
     ]
     return {
         "model": served.model_id,

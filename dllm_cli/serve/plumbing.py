@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from dllm_cli.serve.metrics import ROUTES, Metrics
-from dllm_cli.serve.protocol import ApiError
+from dllm_cli.serve.protocol import ApiError, Job
 from dllm_cli.serve.worker import Worker
 
 MAX_BODY = 4 * 1024 * 1024  # bytes: a request body past this is refused (413)
@@ -76,6 +76,13 @@ async def read_json(request: Request) -> object:
         raise ApiError(400, f"invalid JSON body: {str(e).splitlines()[0][:200]}") from None
 
 
+async def read_object(request: Request) -> dict:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
 def refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
 
@@ -108,3 +115,55 @@ async def unless_gone(served: Served, request: Request, answer: Awaitable[Respon
     except Gone:
         served.metrics.request(request.url.path, 499)
         return Response(status_code=499)
+
+
+class Waiting:
+    """A request's tickets and their tagged events; any failure aborts them all."""
+
+    def __init__(self, events: asyncio.Queue, request: Request, worker: Worker, tickets: list):
+        self.events, self.request, self.worker, self.tickets = events, request, worker, tickets
+        self.early: list[tuple[int, str, object]] = []  # text that came before every accept
+
+    @classmethod
+    def submit(cls, served: Served, request: Request, jobs: list[Job]) -> Waiting:
+        """Every job queued together (all or none), their events tagged by index."""
+        events: asyncio.Queue = asyncio.Queue()
+        posts = [(job, poster(events, i)) for i, job in enumerate(jobs)]
+        return cls(events, request, served.worker, served.worker.submit_all(posts, served.limit))
+
+    async def next(self) -> tuple[int, str, object]:
+        if self.early:
+            return self.early.pop(0)
+        try:
+            return await next_event(self.events, self.request)
+        except Gone:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        for ticket in self.tickets:
+            self.worker.abort(ticket)
+
+    async def accepted(self) -> None:
+        """Every part accepted, or the first refusal raised (the others aborted)."""
+        await self.every("accepted", keep=True)
+
+    async def outcomes(self) -> list[object]:
+        """Every part's outcome, in part order."""
+        done = await self.every("done", keep=False)
+        return [done[i] for i in range(len(self.tickets))]
+
+    async def every(self, wanted: str, keep: bool) -> dict[int, object]:
+        """Each part's `wanted` event's payload; an error raised (the others aborted), other
+        events kept for later where `keep` (text that came before every accept)."""
+        got: dict[int, object] = {}
+        while len(got) < len(self.tickets):
+            index, what, payload = await self.next()
+            if what == "error":
+                self.abort()
+                raise payload  # type: ignore[misc]
+            if what == wanted:
+                got[index] = payload
+            elif keep:
+                self.early.append((index, what, payload))
+        return got

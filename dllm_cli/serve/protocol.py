@@ -72,10 +72,8 @@ class ApiError(Exception):
         self.code = code or CODES.get(status)
 
     def body(self) -> dict:
-        code = self.code
-        return {
-            "error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}
-        }
+        error = {"message": self.message, "type": self.kind, "param": self.param}
+        return {"error": error | {"code": self.code}}
 
 
 KINDS = {
@@ -100,7 +98,6 @@ class Job:
     guide: bool = True  # decode with the loaded guide (if any)
     stop: tuple[str, ...] = ()
     stream: bool = False
-    include_usage: bool = False  # stream_options.include_usage: a usage chunk before [DONE]
     include_canvas: bool = False  # stream_options.include_canvas: a canvas chunk per step
     prompts: tuple[str | tuple[int, ...], ...] = ()  # completion: every prompt, in order
     n: int = 1  # choices per prompt
@@ -143,7 +140,7 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
         raise ApiError(
             400, "stream_options may only hold include_usage and include_canvas", "stream_options"
         )
-    usage = flag(options or {}, "include_usage", "stream_options.include_usage")
+    flag(options or {}, "include_usage", "stream_options.include_usage")  # usage comes anyway
     canvas = flag(options or {}, "include_canvas", "stream_options.include_canvas")
     if canvas and not stream:
         raise ApiError(400, "include_canvas needs stream: true", "stream_options.include_canvas")
@@ -161,14 +158,12 @@ def parse(body: object, kind: str, base: DecodeSettings, model_id: str, guided: 
         )  # fmt: skip
     settings, sampling = decode_settings(body, base)
     common = {"settings": settings, "sampling": sampling, "guide": guide, "stream": stream}
-    common |= {"stop": stops(body.get("stop")), "include_usage": usage, "n": n, "logprobs": top}
+    common |= {"stop": stops(body.get("stop")), "n": n, "logprobs": top, "structure": structure}
     common["include_canvas"] = canvas
-    common |= {"structure": structure}
     if kind == "chat":
         return Job("chat", messages=messages(body.get("messages")), **common)
     prompts = completion_prompts(body.get("prompt"))
-    echo = flag(body, "echo")
-    return Job("completion", prompt=prompts[0], prompts=prompts, echo=echo, **common)
+    return Job("completion", prompt=prompts[0], prompts=prompts, echo=flag(body, "echo"), **common)
 
 
 def answer_logprobs(body: dict, kind: str) -> int | None:

@@ -74,14 +74,11 @@ def token_entries(runtime: Runtime, buffers, k: int, tokens: list[int], lo: int,
     if buffers is None or hi <= lo:
         return []
     chosen, ids, values = buffers.read(k)
-    return [
-        TokenLogprob(
-            piece(runtime, tokens[i]),
-            chosen[i],
-            [(piece(runtime, a), v) for a, v in zip(ids[i], values[i], strict=True)],
-        )
-        for i in range(lo, hi)
-    ]
+
+    def top(i: int) -> list[tuple[str, float]]:
+        return [(piece(runtime, a), v) for a, v in zip(ids[i], values[i], strict=True)]
+
+    return [TokenLogprob(piece(runtime, tokens[i]), chosen[i], top(i)) for i in range(lo, hi)]
 
 
 def check_scoring(runtime: Runtime, ids: list[int], generate: bool) -> None:
@@ -100,16 +97,6 @@ def check_scoring(runtime: Runtime, ids: list[int], generate: bool) -> None:
 def first_split(length: int, splits: int | None) -> int:
     """The first context length scored: 1, or the last `splits` splits of the prompt."""
     return 1 if splits is None else max(1, length - splits)
-
-
-def split_estimate(runtime: Runtime, ids: list[int], c: int, score, settings) -> float:
-    """L(c): the estimate for context ids[:c] and continuation ids[c:]."""
-    loaded = runtime.loaded
-    return scoring.estimate(
-        loaded.model, loaded.special.mask, loaded.model.family, ids[:c], ids[c:],
-        samples=score.samples, batch=score.batch, seed=settings.seed, cfg=settings.cfg_scale,
-        eos=loaded.special.eos,
-    ).total  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -134,7 +121,13 @@ class Split:
         return self.c == len(self.ids) - 1
 
     def estimate(self, runtime: Runtime) -> float:
-        return split_estimate(runtime, self.ids, self.c, self.score, self.settings)
+        """L(c): the estimate for context ids[:c] and continuation ids[c:]."""
+        loaded, ids, c, score, s = runtime.loaded, self.ids, self.c, self.score, self.settings
+        return scoring.estimate(
+            loaded.model, loaded.special.mask, loaded.model.family, ids[:c], ids[c:],
+            samples=score.samples, batch=score.batch, seed=s.seed, cfg=s.cfg_scale,
+            eos=loaded.special.eos,
+        ).total  # fmt: skip
 
 
 def final_forwards(runtime: Runtime, ids: list[int], score):

@@ -66,16 +66,10 @@ def build(runtime: Runtime, options: Options) -> tuple[Served, Worker]:
     metrics = Metrics(model_id(runtime))
     worker = Worker(runtime, options.slots, options.max_engines, metrics)
     served = Served(
-        model_id=model_id(runtime),
-        worker=worker,
-        metrics=metrics,
-        limit=options.slots + options.max_queue,
-        api_key=options.api_key,
-        created=int(time.time()),
-        score_samples=options.score_samples,
-        score_splits=options.score_splits,
-        ui=options.ui,
-    )
+        model_id(runtime), worker, metrics, limit=options.slots + options.max_queue,
+        api_key=options.api_key, created=int(time.time()), score_samples=options.score_samples,
+        score_splits=options.score_splits, ui=options.ui,
+    )  # fmt: skip
     return served, worker
 
 
@@ -91,6 +85,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def prepare(runtime: Runtime, options: Options, **config) -> tuple[Server, socket.socket, str]:
+    """The worker's app under uvicorn, its listening socket and the address it serves."""
+    served, worker = build(runtime, options)
+    sock = bind(options.host, options.port)
+    host, port = sock.getsockname()[:2]
+    app = create_app(served)
+    config = uvicorn.Config(app, log_level=options.log_level, access_log=False, **config)
+    shown = f"[{host}]" if ":" in host else host
+    return Server(config, worker, options.abort_on_exit), sock, f"http://{shown}:{port}"
+
+
 def run(
     runtime: Runtime,
     options: Options,
@@ -100,23 +105,13 @@ def run(
     """Serve until a signal; `ready(url)` is called once the socket listens. `mirror`: the
     other ranks of --tensor-parallel follow the worker's engines; losing one ends the server
     (its RankLost raised here once the server stopped)."""
-    served, worker = build(runtime, options)
+    server, sock, url = prepare(runtime, options, timeout_graceful_shutdown=None, lifespan="off")
+    worker = server.worker
     worker.mirror = mirror
-    sock = bind(options.host, options.port)
-    host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(
-        create_app(served),
-        log_level=options.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=None,
-        lifespan="off",
-    )
-    server = Server(config, worker, options.abort_on_exit)
     worker.ended = lambda: setattr(server, "should_exit", True)
     worker.start()
     if ready is not None:
-        shown = f"[{host}]" if ":" in host else host
-        ready(f"http://{shown}:{port}")
+        ready(url)
     try:
         server.run(sockets=[sock])
     finally:
@@ -145,16 +140,10 @@ class Running:
 
 def start_in_thread(runtime: Runtime, options: Options) -> Running:
     """Serve on a background thread (no signal handling there); returns once it listens."""
-    served, worker = build(runtime, options)
-    sock = bind(options.host, options.port)
-    host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(
-        create_app(served), log_level=options.log_level, access_log=False, lifespan="off"
-    )
-    server = Server(config, worker, options.abort_on_exit)
-    worker.start()
+    server, sock, url = prepare(runtime, options, lifespan="off")
+    server.worker.start()
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started and thread.is_alive():
         time.sleep(0.01)
-    return Running(f"http://{host}:{port}", server, thread, worker)
+    return Running(url, server, thread, server.worker)

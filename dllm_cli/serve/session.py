@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, fields, replace
 from dllm_cli.decoding import decode_steps
 from dllm_cli.decoding.events import DecodeResult, StepEvent
 from dllm_cli.errors import InputError, SettingsError
-from dllm_cli.runtime import Runtime
+from dllm_cli.runtime import Runtime, check_family
 from dllm_cli.serve.conversation import Message, encode_messages
-from dllm_cli.serve.engines import check_length, check_settings
+from dllm_cli.serve.engines import check_length
 from dllm_cli.settings import DecodeSettings
 from dllm_cli.strict_toml import did_you_mean
 from dllm_cli.text_stream import TextStream
@@ -37,7 +37,6 @@ class Session:
     runtime: Runtime
     messages: list[Message] = field(default_factory=list)
     system: list[Message] = field(default_factory=list)  # kept through /reset and trimming
-
     guided: bool = True  # the guide verifies drafts (when the runtime has one)
 
     def reset(self) -> None:
@@ -56,10 +55,10 @@ class Session:
                 )
             self.guided = value
             return
-        if name not in {f.name for f in fields(DecodeSettings)} - {"batching"}:
+        if name not in setting_names():  # (guide: handled above)
             raise SettingsError(f"unknown setting {key!r}{did_you_mean(name, setting_names())}")
         settings = replace(self.runtime.settings, **{name: parse_value(text)})
-        self.runtime.settings = check_settings(self.runtime, settings)
+        self.runtime.settings = check_family(self.runtime.loaded, settings)
         self.runtime.provenance[f"decode.{name}"] = "/set"
 
     def prompt(self, question: str) -> Prompt:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dllm_cli.chat import encode_plain
+from dllm_cli.decoding.answer import answer_length
 from dllm_cli.errors import DllmError, InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.models.collectives import RankLost
@@ -100,10 +101,6 @@ class Worker:
         self.inbox.put(("exit", None))
         self.thread.join(timeout=10)
 
-    @property
-    def busy(self) -> int:
-        return self.count
-
     # --- the stepping thread ---------------------------------------------------------------
     def loop(self) -> None:
         try:
@@ -121,15 +118,13 @@ class Worker:
                 )
             if self.mirror is not None:
                 self.mirror.close()
-        except RankLost as e:  # the model cannot run without that rank: the server ends
-            self.failure = e
+        except BaseException as e:  # answer every request rather than hang them
+            self.failure, lost = e, isinstance(e, RankLost)  # lost: the model cannot run
+            bug = ApiError(500, f"internal error: {type(e).__name__}: {e}")
             for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
-                self.fail(ticket, ApiError(503, str(e)))
-            self.ended()
-        except BaseException as e:  # a bug: answer every request rather than hang them
-            self.failure = e
-            for ticket in [*self.tickets.values(), *self.parked, *self.scoring]:
-                self.fail(ticket, ApiError(500, f"internal error: {type(e).__name__}: {e}"))
+                self.fail(ticket, ApiError(503, str(e)) if lost else bug)
+            if lost:  # without that rank: the server ends
+                self.ended()
 
     def step_or_drop(self, group: engines.Group, pool: engines.Pool) -> None:
         """One step; an engine that fails (a bug) answers its requests 500 and is dropped,
@@ -327,7 +322,7 @@ class Worker:
             text=text,
             finish_reason=finish_reason(tokens, special.stop, ticket.deltas.stopped),
             prompt_tokens=len(ticket.ids),
-            completion_tokens=engines.completion_tokens(tokens, special.stop),
+            completion_tokens=answer_length(tokens, special.stop),  # through its first stop
             forwards=done.forwards,
             guide_forwards=done.guide_forwards,
             steps=done.steps,
