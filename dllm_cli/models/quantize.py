@@ -6,11 +6,9 @@ for an `Int8Linear`; the checkpoint folder is read as it is, nothing is written 
 symmetric int8 with one float scale per output channel (LLM.int8()'s vector-wise scheme without
 its outlier split, Dettmers et al. 2022); each forward quantizes its input per row (token) the
 same way and multiplies int8 x int8 -> int32 with `torch._int_mm`, then rescales (SmoothQuant's
-W8A8 arithmetic without the smoothing, Xiao et al. 2023). Measured on this project's 2-core CPU
-(one thread, 192 x 512 @ 512 x 1408): float32 2.1 ms, W8A8 1.0 ms, weight-only int8 through
-`aten._weight_int8pack_mm` 190 ms, so CPU runs W8A8 (docs/quantization.md has the tables).
-Embeddings, norms, MoE routers and the first block's MLP output projection stay in the load
-dtype.
+W8A8 arithmetic without the smoothing, Xiao et al. 2023; on CPU W8A8 beat weight-only int8:
+docs/quantization.md). Embeddings, norms, MoE routers and the first block's MLP output
+projection stay in the load dtype.
 
 `--quantize int4` stores the same layers in 4 bits, one bfloat16 scale and zero per group of 32
 inputs (tinygemm's format), and multiplies in bfloat16 (models/int4.py says why and how); the
@@ -47,32 +45,27 @@ MLP_OUT = ("down_proj", "ff_out")  # its linears' names in the families, fused o
 
 @dataclass(frozen=True)
 class Scheme:
-    """One `--quantize` value: what it stores, how a layer is made, or why it is refused."""
+    """One `--quantize` value: what it stores and how a layer is made."""
 
     name: str
     bits: int
     make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None
     group: int = 0  # inputs per scale (0: one scale per output channel)
-    refused: str | None = None  # None: it runs
     head: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None  # else `make`
 
 
 def scheme_for(name: str) -> Scheme:
-    """The scheme named, or a ModelLoadError naming the ones that run."""
+    """The scheme named, or a ModelLoadError naming the known ones."""
     scheme = SCHEMES.get(str(name).strip().lower())
     if scheme is None:
         known = ", ".join(SCHEMES)
         raise ModelLoadError(f"unknown quantization {name!r} (use {known})")
-    if scheme.refused:
-        raise ModelLoadError(scheme.refused)
     return scheme
 
 
 def row_peaks(x: torch.Tensor) -> torch.Tensor:
     """(N, K) -> float32 (N, 1): max |x| per row."""
-    x = x.float()
-    # max(-min, max): two reductions, no |x| buffer (the fastest measured here: 23 us against
-    # 30 for abs().amax() and 232 for aminmax at 192 x 512).
+    x = x.float()  # max(-min, max): two reductions, no |x| buffer (faster than abs().amax())
     return torch.maximum(x.amin(dim=-1, keepdim=True).neg_(), x.amax(dim=-1, keepdim=True))
 
 
@@ -155,14 +148,8 @@ class Int8Linear(nn.Module):
 
 SCHEMES: dict[str, Scheme] = {
     "none": Scheme("none", 0),
-    "int8": Scheme("int8", 8, lambda w, b: Int8Linear.of(w, b)),
-    "int4": Scheme(
-        "int4",
-        4,
-        lambda w, b: Int4Linear.of(w, b),
-        group=DEFAULT_GROUP,
-        head=lambda w, b: Int8Linear.of(w, b),
-    ),
+    "int8": Scheme("int8", 8, Int8Linear.of),
+    "int4": Scheme("int4", 4, Int4Linear.of, group=DEFAULT_GROUP, head=Int8Linear.of),
 }
 
 
@@ -280,8 +267,7 @@ def refuse_float_groups(model: DiffusionLM) -> None:
 
 def load_dtype(scheme: Scheme, dtype: torch.dtype, files: list[Path]) -> torch.dtype:
     """The dtype to read a folder in before quantizing: its stored bfloat16 when float32 is
-    asked for (the same values, half the peak memory: 14.9 GiB instead of 29.9 for LLaDA-8B),
-    else `dtype`. The model is cast to `dtype` after quantizing."""
+    asked for (the same values, half the peak memory), else `dtype` (cast to after quantizing)."""
     if not scheme.bits or dtype != torch.float32:
         return dtype
     from safetensors import safe_open
@@ -292,8 +278,7 @@ def load_dtype(scheme: Scheme, dtype: torch.dtype, files: list[Path]) -> torch.d
 
 
 def release_freed_memory() -> None:
-    """Hand the freed float weights back to the OS (glibc keeps freed heap pages otherwise:
-    measured at width 512, int8 held 189 MiB before and 128 MiB after, float32 192)."""
+    """Hand the freed float weights back to the OS (glibc keeps freed heap pages otherwise)."""
     try:
         import ctypes
 
