@@ -20,6 +20,7 @@ from dllm_cli.models.collectives import Shards
 from dllm_cli.models.layers import SwiGLU
 from dllm_cli.models.llada2 import LLaDA2MoE
 from dllm_cli.models.moe import each_expert
+from dllm_cli.models.sharding import split_inputs, split_rows, split_swiglu
 
 ROWS = "rows"  # a plan entry ("rows", ((lo, hi), ...)): these row ranges, concatenated
 
@@ -33,18 +34,14 @@ class SummedLLaDA2MoE(LLaDA2MoE):
         return self.shards.all_reduce(super().forward(x))
 
 
-def split_llada2_block(block, shards: Shards, plan: dict, prefix: str, ops) -> None:
-    """One LLaDA2 layer shrunk to this rank's pieces; `ops`: sharded_load's split_columns,
-    split_inputs and split_rows (passed in: that module imports this one)."""
-    split_columns, split_inputs, split_rows = ops
+def split_llada2_block(block, shards: Shards, plan: dict, prefix: str) -> None:
+    """One LLaDA2 layer shrunk to this rank's pieces."""
     attention = block.attention
     split_fused_qkv(attention, shards, plan, f"{prefix}.attention.query_key_value")
     split_rows(attention.dense, shards, plan, f"{prefix}.attention.dense")
     mlp, where = block.mlp, f"{prefix}.mlp"
     if isinstance(mlp, SwiGLU):
-        split_columns(mlp.gate_proj, shards, plan, f"{where}.gate_proj")
-        split_columns(mlp.up_proj, shards, plan, f"{where}.up_proj")
-        split_rows(mlp.down_proj, shards, plan, f"{where}.down_proj")
+        split_swiglu(mlp, shards, plan, where, split_rows)
         return
     named = [(f"experts.{i}", e) for i, e in enumerate(mlp.experts)]
     if shards.expert_parallel:  # whole experts: only the shared experts' columns split
@@ -53,9 +50,7 @@ def split_llada2_block(block, shards: Shards, plan: dict, prefix: str, ops) -> N
     if mlp.shared_experts is not None:
         named.append(("shared_experts", mlp.shared_experts))
     for name, expert in named:
-        split_columns(expert.gate_proj, shards, plan, f"{where}.{name}.gate_proj")
-        split_columns(expert.up_proj, shards, plan, f"{where}.{name}.up_proj")
-        split_inputs(expert.down_proj, shards, plan, f"{where}.{name}.down_proj")
+        split_swiglu(expert, shards, plan, f"{where}.{name}", split_inputs)
     if not shards.expert_parallel:
         mlp.__class__, mlp.shards = SummedLLaDA2MoE, shards
 

@@ -30,6 +30,11 @@ from dllm_cli.models.sharding import (
     VocabEmbedding,
     check_degree,
     layout_of,
+    narrow,
+    split_columns,
+    split_inputs,
+    split_rows,
+    split_swiglu,
 )
 from dllm_cli.models.weights import retie, tied_groups, weight_files
 
@@ -50,8 +55,7 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
         prefix = names[id(block)]
         columns, rows = list(layout.columns), list(layout.rows)
         if family in BLOCK_SPLITS:
-            ops = (split_columns, split_inputs, split_rows)
-            BLOCK_SPLITS[family](block, shards, plan, prefix, ops)
+            BLOCK_SPLITS[family](block, shards, plan, prefix)
         if layout.feed_forward is not None:
             columns, rows = split_feed_forward(block, layout.feed_forward, shards, plan, prefix)
             columns, rows = [*layout.columns, *columns], [*layout.rows, *rows]
@@ -68,7 +72,7 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
         table = module.weight.shape[0]
         lo, hi = shards.vocabulary(table)
         model.vocab_start, model.vocab_width = lo, table
-        _narrow(module, 0, lo, hi, plan, name)
+        narrow(module, 0, lo, hi, plan, name)
         if isinstance(module, nn.Embedding):
             module.__class__, module.shards, module.start = VocabEmbedding, shards, lo
         else:
@@ -77,28 +81,6 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
     model.__class__ = type(f"Sharded{cls.__name__}", (ShardedLM, cls), {})
     model.shards, model.local_kv = shards, kv // shards.world
     return plan
-
-
-def split_columns(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
-    """A column-parallel linear: this rank's share of the outputs (and of their biases)."""
-    lo, hi = shards.even(lin.out_features)
-    _narrow(lin, 0, lo, hi, plan, name)
-    lin.out_features = hi - lo
-
-
-def split_inputs(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
-    """This rank's share of a linear's inputs (the caller sums the partial outputs)."""
-    lo, hi = shards.even(lin.in_features)
-    _narrow(lin, 1, lo, hi, plan, name)
-    if lin.bias is not None and shards.rank:
-        plan[f"{name}.bias"] = ZERO
-    lin.in_features = hi - lo
-
-
-def split_rows(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
-    """A row-parallel linear: its partial output summed over ranks by one all-reduce."""
-    split_inputs(lin, shards, plan, name)
-    lin.__class__, lin.shards = RowLinear, shards
 
 
 def split_feed_forward(block, name: str, shards: Shards, plan: dict, prefix: str):
@@ -117,10 +99,7 @@ def split_feed_forward(block, name: str, shards: Shards, plan: dict, prefix: str
             split_inputs(block.get_submodule(part), shards, plan, f"{prefix}.{part}")
         return [], []
     for i, expert in enumerate(mlp.experts):
-        where = f"{prefix}.{name}.experts.{i}"
-        split_columns(expert.gate_proj, shards, plan, f"{where}.gate_proj")
-        split_columns(expert.up_proj, shards, plan, f"{where}.up_proj")
-        split_inputs(expert.down_proj, shards, plan, f"{where}.down_proj")
+        split_swiglu(expert, shards, plan, f"{prefix}.{name}.experts.{i}", split_inputs)
     mlp.__class__, mlp.shards = SummedExperts, shards
     return extra
 
@@ -130,18 +109,6 @@ def _find(model: nn.Module, name: str) -> nn.Module | None:
         return model.get_submodule(name)
     except AttributeError:
         return None
-
-
-def _narrow(module: nn.Module, dim: int, lo: int, hi: int, plan: dict, name: str) -> None:
-    """Replace `module`'s weight (and a column split's bias) by meta tensors of the piece."""
-    for kind in ("weight", "bias"):
-        p = getattr(module, kind, None)
-        if p is None or (kind == "bias" and dim == 1):  # a row split keeps the whole bias
-            continue
-        shape = list(p.shape)
-        shape[dim] = hi - lo
-        setattr(module, kind, nn.Parameter(torch.empty(shape, dtype=p.dtype, device="meta")))
-        plan[f"{name}.{kind}"] = (dim, lo, hi)
 
 
 def load_sharded(

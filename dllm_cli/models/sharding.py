@@ -175,6 +175,47 @@ class RowLinear(nn.Linear):
         return self.shards.all_reduce(super().forward(x))
 
 
+def split_columns(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
+    """A column-parallel linear: this rank's share of the outputs (and of their biases)."""
+    lo, hi = shards.even(lin.out_features)
+    narrow(lin, 0, lo, hi, plan, name)
+    lin.out_features = hi - lo
+
+
+def split_inputs(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
+    """This rank's share of a linear's inputs (the caller sums the partial outputs)."""
+    lo, hi = shards.even(lin.in_features)
+    narrow(lin, 1, lo, hi, plan, name)
+    if lin.bias is not None and shards.rank:
+        plan[f"{name}.bias"] = ZERO
+    lin.in_features = hi - lo
+
+
+def split_rows(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
+    """A row-parallel linear: its partial output summed over ranks by one all-reduce."""
+    split_inputs(lin, shards, plan, name)
+    lin.__class__, lin.shards = RowLinear, shards
+
+
+def split_swiglu(mlp, shards: Shards, plan: dict, where: str, down: Callable) -> None:
+    """A SwiGLU's gate and up projections split over their outputs, `down` splits its output."""
+    split_columns(mlp.gate_proj, shards, plan, f"{where}.gate_proj")
+    split_columns(mlp.up_proj, shards, plan, f"{where}.up_proj")
+    down(mlp.down_proj, shards, plan, f"{where}.down_proj")
+
+
+def narrow(module: nn.Module, dim: int, lo: int, hi: int, plan: dict, name: str) -> None:
+    """Replace `module`'s weight (and a column split's bias) by meta tensors of the piece."""
+    for kind in ("weight", "bias"):
+        p = getattr(module, kind, None)
+        if p is None or (kind == "bias" and dim == 1):  # a row split keeps the whole bias
+            continue
+        shape = list(p.shape)
+        shape[dim] = hi - lo
+        setattr(module, kind, nn.Parameter(torch.empty(shape, dtype=p.dtype, device="meta")))
+        plan[f"{name}.{kind}"] = (dim, lo, hi)
+
+
 class ShardedLM:
     """Mixed in before a DiffusionLM class: a KV cache of this rank's heads, forwards counted.
     Its `shards` (None on an unsplit model) makes the engine sample from vocabulary shards
