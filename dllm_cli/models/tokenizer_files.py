@@ -114,16 +114,8 @@ def qwen2_backend(folder: Path, file: Path | None, cfg: dict) -> tuple[Tokenizer
     return backend, processor
 
 
-QWEN2 = Recipe(
-    qwen2_backend,
-    needs_json=False,
-    defaults={
-        "unk_token": "<|endoftext|>",
-        "eos_token": "<|endoftext|>",
-        "pad_token": "<|endoftext|>",
-    },
-    readds_specials=True,
-)
+ENDOFTEXT = dict.fromkeys(("unk_token", "eos_token", "pad_token"), "<|endoftext|>")
+QWEN2 = Recipe(qwen2_backend, needs_json=False, defaults=ENDOFTEXT, readds_specials=True)
 RECIPES = {
     "PreTrainedTokenizerFast": Recipe(saved_backend, needs_json=True),
     "TokenizersBackend": Recipe(saved_backend, needs_json=True),
