@@ -1,34 +1,17 @@
 """Structured output's commit: a grammar (llguidance) verifies the drafts in front of it.
 
-A diffusion canvas commits out of order; a grammar reads left to right. The grammar therefore
-stands where guided decoding's AR guide stands (guided.py): every row walks its frontier, its
-first masked column, and each step
-
-1. the diffusion model drafts every masked column from the frontier on (sampled as the
-   request samples: argmax when greedy, its temperature / top-p / top-k otherwise);
-2. the row's matcher checks the drafts left to right: `a` = the longest run it accepts;
-   the unmask rule picks its own run from the frontier (`r`, at least one column);
-3. `min(a, r)` drafts are committed; when the rule wanted more than the grammar accepted,
-   the first rejected column takes the grammar-masked argmax of its distribution (a
-   grammar-masked sample when the request samples), one more token;
-4. the tokens the grammar then forces (it allows one token only) are committed too, as far
-   as the drafts reach (llguidance's fast-forward tokens); columns past the commit stay
-   masked drafts for the next step.
-
-A stop token (EOS, end of turn) is a token of the grammar: allowed only where the grammar
-accepts, and the only token left once the grammar is complete (so a complete grammar forces
-the stop). A committed stop ends the row; the engine fills the rest of its answer with EOS.
+The grammar stands where guided decoding's AR guide stands (guided.py): every row walks its
+frontier, its first masked column. Each step the row's matcher accepts the longest run `a` of
+its drafts; `min(a, r)` are committed (`r`: the unmask rule's run); where the rule wanted more,
+the first rejected column takes the grammar-masked argmax (or sample) of its distribution; then
+the tokens the grammar forces are committed as far as the drafts reach (fast-forward). A stop
+token is a grammar token: allowed only where the grammar accepts, forced once it is complete.
+docs/structured-output.md has the steps and their costs.
 
 Each row's matcher is keyed by its request id (the canvas's `rows`), made when the request
-first appears in a step and dropped when it no longer does: requests join a running decode
-(continuous batching) and leave it without any hook. `bind(rid, grammar)` gives a request its
-own grammar (the server), `default` serves every other row (the CLI); a row with neither is
-unconstrained but still walks its frontier.
-
-Costs: a frontier walk commits only a run from the first mask, so a rule that commits out of
-order commits fewer tokens per forward; each step reads the drafts to the host (one read)
-and, when some row needs a masked token, its masks go to the device and the chosen tokens
-come back (a second read).
+first appears in a step and dropped when it no longer does (no engine hook).
+`bind(rid, grammar)` gives a request its own grammar (the server), `default` serves every
+other row (the CLI); a row with neither is unconstrained but still walks its frontier.
 """
 
 from __future__ import annotations

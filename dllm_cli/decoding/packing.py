@@ -21,6 +21,7 @@ alone, so the output is the padded forwards' (tests/test_packing.py checks it ag
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -66,9 +67,7 @@ def pack(
     device = c.ids.device
     starts = [p.lead if p.refresh else p.start for p in plans]
     widths = [p.end - a for p, a in zip(plans, starts, strict=True)]
-    offsets = [0]
-    for w in widths:
-        offsets.append(offsets[-1] + w)
+    offsets = [0, *accumulate(widths)]
     n = offsets[-1]
     row = torch.repeat_interleave(  # (N,) canvas row of each packed column
         torch.arange(len(plans), device=device),
@@ -81,7 +80,7 @@ def pack(
     positions = c.positions()[row, columns][None]
     rows = row if cache_rows is None else cache_rows[row]
 
-    hosts = host_rows(cache_rows, hosts_known, len(plans))
+    hosts = tuple(range(len(plans))) if cache_rows is None else hosts_known  # host cache rows
     limits = [limit(c, p) for p in plans]
     groups, back_of, shapes, key_columns = [], [None] * len(plans), [], 0
     cost = GROUP_COST if device.type == "cpu" else CUDA_GROUP_COST
@@ -95,9 +94,7 @@ def pack(
         key_columns += len(members) * t * (g.hi - g.lo)
 
     # Each packed column's output among the groups' (R, T) outputs laid end to end.
-    bases = [0]
-    for rows_in, t in shapes:
-        bases.append(bases[-1] + rows_in * t)
+    bases = [0, *accumulate(rows_in * t for rows_in, t in shapes)]
     back = []
     for r, (gi, i) in enumerate(back_of):
         origin = bases[gi] + i * shapes[gi][1]
@@ -118,13 +115,6 @@ def pack(
         key_columns,
         bases[-1],
     )
-
-
-def host_rows(cache_rows, known, n: int) -> tuple[int, ...] | None:
-    """Each canvas row's cache row as a host int (None: only on the device)."""
-    if cache_rows is None:
-        return tuple(range(n))
-    return known
 
 
 def group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t) -> AttentionGroup:

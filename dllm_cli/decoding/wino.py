@@ -1,23 +1,17 @@
 """WINO: Wide-In, Narrow-Out revokable decoding (Hong et al., arXiv 2507.18578).
 
-Each step drafts wide and verifies narrow, in one forward. Wide in: every mask of the block
-above a low draft threshold is committed (at most `max_accept`, at least the best one). Narrow
-out: the forward also runs a shadow block, a masked copy of the current block placed at the
-block's positions, whose column j attends to the whole canvas except column j (and to the other
-shadows). The shadow's probability of the token committed at j is a leave-one-out check of it;
-a token committed in an earlier step of this block that falls below `wino_verify` is masked
-again, at most one fewer than the previous step committed, and only in a step that commits
-more than one. Public code: Feng-Hong/WINO-DLLM, `decoding_wino` in LLaDA/decoding.py.
+Each step commits every mask of the block above a low draft threshold (at most `max_accept`, at
+least the best one); the same forward runs a shadow block, a masked copy of the current block
+whose column j attends to the whole canvas except column j, and an earlier commit whose shadow
+probability falls below `wino_verify` is masked again (at most one fewer than the previous step
+committed, only in a step that commits more than one). Public code: Feng-Hong/WINO-DLLM,
+`decoding_wino` in LLaDA/decoding.py; docs/decoding-rules.md.
 
-The shadow block is one forward's extra L queries (models/layers.ShadowMask): canvas queries
-never attend them and their K/V never reach the cache, so every cache policy serves WINO with
-one forward per step (each a block's worth of queries wider). A shifted model (Dream) adds L
-readers, copies of column j - 1 that see shadow j in column j's place (see shadow_mask).
-Rows apart (continuous batching) pack as every other rule's do: the shadows follow the rows'
-own columns in the packed sequence, and attend in one more group whose extra keys are theirs
-(models/layers.AttentionGroup.extra). Under tensor parallelism a rank holds its vocabulary's
-shadow logits: each rank's (max, sum of exp, the token's logit) rides the drafts' one
-all-gather (shard_summaries.shadow_summary), and every rank reads the same probability.
+The shadows are one forward's extra L queries (models/layers.ShadowMask) whose K/V never reach
+the cache, so every cache policy serves WINO in one forward per step. A shifted model (Dream)
+adds L readers, copies of column j - 1 that see shadow j in column j's place (`shadow_mask`).
+Packed rows attend their shadows in one more group (models/layers.AttentionGroup.extra); under
+tensor parallelism each rank's shadow summaries ride the drafts' one all-gather.
 """
 
 from __future__ import annotations
