@@ -1,12 +1,10 @@
 """One step of the block-causal stepper (block_stepper.py): plan -> forward -> commit.
 
-`plan`: LLaDA2.1's settled blocks end, and a row whose block became final last step puts that
-block in front of its next one, so the same forward also writes the finished block's K/V into
-the cache: no forward of its own for a store. `forward`: one forward serves every live row's
-active block (its K/V written at its columns too: they are final once the block settles). `commit`: each row drafts its active block and the rule
-commits masks (and, for LLaDA2.1, edits tokens); rows whose answer is final go to the
-engine. Host reads per row and step are a few `.any()` checks (CPU decoding; a GPU would
-want them batched).
+`plan` settles LLaDA2.1's edited blocks and puts a row's just-finished block in front of its
+next one, so the same forward writes the finished block's K/V (no forward of its own).
+`forward`: one forward serves every live row's active block. `commit`: each row drafts its
+active block, the rule commits masks (LLaDA2.1: and edits tokens), final rows go to the engine.
+Host reads: a few `.any()` checks per row and step (a GPU would want them batched).
 """
 
 from __future__ import annotations

@@ -2,16 +2,12 @@
 
 Per request, as the references decode one prompt (SDAR generate.py `block_diffusion_generate`,
 LLaDA2.x `generate`): the canvas is the prompt then masks up to whole blocks; the prompt's
-whole blocks are prefilled once under the block-causal mask; the block holding the prompt's
-tail (or the next one) is active, and each step forwards only the active block against the
-cached K/V of every earlier block (exact: a finished block never sees later ones). When a
-block has no masks left (LLaDA2.1: and its edits have settled) one forward of its final
-tokens writes its K/V (LLaDA2.1's settling check is that forward), and the next block is
-active. A row ends after its last block, or at its first stop token once no mask is left
-before it (early_stop; LLaDA2.1: once its block has settled).
-
-Every row is at its own block, so continuous admission serves these models like the others:
-a step admits (and prefills) new rows, then one forward serves every live row's block.
+whole blocks are prefilled once under the block-causal mask; each step forwards only a row's
+active block against the cached K/V of every earlier block (exact: a finished block never sees
+later ones). A block with no masks left (LLaDA2.1: whose edits have settled) has its K/V
+written by one forward of its final tokens, riding with the next block's first step. A row
+ends after its last block, or at its first stop token with no mask before it (early_stop).
+Every row is at its own block, so continuous admission serves these models like the others.
 `cache = "none"` recomputes every earlier block each step instead (LLaDA2.x's own loop).
 """
 

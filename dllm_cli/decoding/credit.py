@@ -3,21 +3,15 @@
 dInfer's `CreditThresholdParallelDecoder` (inclusionAI/dInfer,
 python/dinfer/decoding/parallel_strategy.py) keeps, per block, a credit for every (slot,
 token): each step the credits decay by `decay` and every masked slot's top-1 token gains its
-probability raised to `boost` (p^0.2: even a shaky favourite earns nearly a full point). The
-step then runs Fast-dLLM's threshold rule on the fused logits `logits + alpha * log(1 +
-credit)`: a token that stayed the favourite over several steps is committed at a lower raw
-confidence, and the draft itself is the fused argmax (a long-held favourite may beat a
-one-step newcomer). A block's credits start at zero.
+probability raised to `boost`. The step runs Fast-dLLM's threshold rule on the fused logits
+`logits + alpha * log(1 + credit)`, whose argmax is the draft. A block's credits start at zero.
 
-Here the credits of a row live in its block's slots as the top-1 token and its decayed gain
-of each of the block's last `depth` steps (a step commits at least one mask, so a block of L
-slots takes at most L steps: depth = block length keeps every step). A token's credit is the
-sum of its entries, which is dInfer's running `credit = decay * credit + gain`. State is
-matched to the canvas rows by request id and block start on the device, so rows join, leave
-and move through blocks at their own pace without the step reading the device.
-
-Under tensor parallelism (`sharded_fused_drafts`) a rank holds its vocabulary's part of each
-slot's distribution; the fused softmax's summaries come from one all-gather a step, and the
+Here a row's credits live in its block's slots as the top-1 token and its decayed gain of each
+of the block's last `depth` steps (depth = block length keeps every step: a step commits at
+least one mask); their sum is dInfer's running `credit = decay * credit + gain`. State is
+matched to the canvas rows by request id and block start on the device, so rows move through
+blocks at their own pace without a device read. Under tensor parallelism
+(`sharded_fused_drafts`) the fused softmax's summaries come from one all-gather a step, and the
 credits, which depend only on gathered values, are the same on every rank.
 """
 

@@ -8,14 +8,11 @@
     engine.abort(rid)                     # waiting or running; its slot is free next step
 
 The shape is nano-vllm's LLMEngine / Scheduler / Sequence: a `Request` (request.py) holds a
-prompt's ids and all its progress, an admission policy (slots.py: static | continuous, one
-code path) decides when a waiting request takes a free slot, and a step is three calls on
-the family's stepper (stepper.py; masked.py, block_stepper.py, gemma_stepper.py): `plan`
-(host data), `forward` (the model), `commit` (drafts become tokens, rows final). The engine
-owns everything the kinds share: the queue, slots, admission, one prompt check, per-request
-sampling (a stepper declares what it cannot take per request), counters, and finishing (EOS
-after an answer's end, stop ids, Finished records). The engine prints nothing; a step's
-`StepEvent` is built only when a consumer asks for it. One thread owns an engine.
+prompt's ids and progress, an admission policy (slots.py) decides when it takes a free slot,
+and a step is the family's stepper's `plan`, `forward` and `commit` (stepper.py). The engine
+owns what the kinds share: the queue, slots, admission, the prompt check, per-request
+sampling, counters and finishing. It prints nothing; a step's `StepEvent` is built only when
+a consumer asks for it. One thread owns an engine.
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
 transformers' sampler decodes a whole batch with one generation config, so this stepper takes
 static batches only (`whole_batches`) and no per-request sampling (`batch_wide`). Placing a
-batch starts its decode (gemma_loop.denoise, with gemma_stream's per-row sampler, stopping
-observer and event streamer); each step runs one denoising step of it in the caller's thread,
-and a row's answer is final on the step its last canvas is (a stop token, or its last canvas),
-not when the batch ends. Rows that leave (finished, aborted) stay in transformers' batch; when
-none is left the decode is closed where it is.
+batch starts its decode (gemma_loop.denoise with gemma_stream's sampler, observer and
+streamer); a row's answer is final on the step its last canvas is, not when the batch ends.
+Rows that leave stay in transformers' batch; when none is left the decode is closed.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """One forward for rows at different places of their decode: their columns packed end to end.
 
-Under continuous batching one step may hold a new row's prefill (its whole canvas) beside the
-cached rows' windows, which differ in width too. Padded to one (B, T) layout they would cost
-the windowed rows a prefill each; run as separate forwards, each pays a forward's fixed cost.
-Packed (vLLM's and SGLang's varlen batching), every row's own columns follow one another in
-a single sequence (B = 1): embeddings, projections and MLPs compute only real columns, in
-one GEMM per weight. Attention is the one part that needs rows apart: every column's K/V are
-written at its row and column of the KV cache, then each group of rows attends its cached
-keys in one SDPA call (models/layers.attend_packed), its queries padded to the group's
-widest, masked where their keys differ. Which rows share a call is a cost model
-(`attention_groups`): on CPU, where pairs cost more than calls, most rows attend alone,
-exactly their own keys read in place and unmasked; rows whose queries and keys nearly
-coincide share one. No prefill ever pads another row. CPU SDPA has no varlen kernel, which is
-why groups exist at all.
-
-Every row computes exactly the columns its plan names and attends exactly the keys it would
-alone, so the output is the padded forwards' (tests/test_packing.py checks it against them).
+Under continuous batching a step may hold a new row's prefill beside cached rows' windows of
+other widths. Packed (vLLM's and SGLang's varlen batching), every row's own columns follow one
+another in one sequence (B = 1), so embeddings, projections and MLPs compute only real columns,
+one GEMM per weight. Attention needs rows apart: every column's K/V are written at its row of
+the KV cache, then each group of rows attends its cached keys in one SDPA call
+(models/layers.attend_packed), queries padded to the group's widest and masked where keys
+differ. Which rows share a call is a cost model (`attention_groups`: CPU SDPA has no varlen
+kernel). Every row computes exactly its plan's columns and attends exactly its own keys, so the
+output is the padded forwards' (tests/test_packing.py).
 """
 
 from __future__ import annotations

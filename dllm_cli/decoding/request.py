@@ -1,11 +1,9 @@
 """A request: one prompt on its way through the engine, with everything it has done so far.
 
-The engine keeps one `Request` per prompt from `add` to the step its answer is final (or it
-is aborted): its prompt ids, its place in its decode (`RowState`: block, step in block, masks
-at block start, frozen K/V extent), its slot, and what it cost (steps, forwards, seconds).
-When it finishes it becomes a `Finished`, the record every client reads (batch mode's --json,
-eval, bench, a server's reply), so `forwards`, `steps` and `seconds` are always the request's
-own, whatever shared its batch.
+The engine keeps one `Request` per prompt from `add` until its answer is final (or it is
+aborted): its ids, its place in its decode (`RowState`), its slot and what it cost. It ends as
+a `Finished`, the record every client reads, whose counts are the request's own whatever
+shared its batch.
 """
 
 from __future__ import annotations

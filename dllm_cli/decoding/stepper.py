@@ -1,17 +1,15 @@
 """What a decoding kind plugs into the one Engine (engine.py): the `Stepper` protocol.
 
 The engine owns requests, slots, admission, counters and finishing; a stepper owns the rows'
-device state (a canvas and KV cache, per-row block canvases, or transformers' denoising loop)
-and decodes them one step at a time, as nano-vllm's schedule -> run -> postprocess:
+device state and decodes them one step at a time, as nano-vllm's schedule -> run -> postprocess:
 
     plan = stepper.plan(live, step)     # host data: what each row computes this step
     pred = stepper.forward(plan)        # the model's forward(s)
     out = stepper.commit(plan, pred)    # drafts become tokens; which rows are final (Commit)
 
 A stepper is built as `cls(model, special, settings, committer, admission, slots, *,
-lockstep=None, ...)` (the masked stepper's own knobs after it). Steppers are named in the
-family table (families.py `Family.stepper`) and built by
-`STEPPERS` (imported on first use, so DiffusionGemma's transformers code loads only for it).
+lockstep=None, ...)`; families.py's `Family.stepper` names it in `STEPPERS` (imported on first
+use, so DiffusionGemma's transformers code loads only for it).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """`--compile`: cached block steps replayed as CUDA graphs (the eager kernels, recorded once).
 
-Within a block, every cached step runs the same kernels on the same buffers: only the token ids
-change. On CUDA the first step of a block (per shape, columns and cache) runs eagerly (its result
-is used) and is recorded into a CUDA graph; the following steps copy their inputs into the
-recorded buffers and replay it, which removes the per-kernel launch cost that dominates small
-batches. A replay runs exactly the recorded kernels, so outputs are bit-identical to eager
-decoding. Full-canvas forwards (block-start refreshes, `--cache none`) stay eager.
-
-Elsewhere the model stays eager and `enable_compile` says why: CPUs and MPS have no CUDA
-graphs, and torch.compile was measured on CPU and not adopted (docs/decoding.md, "Speed":
-slower block steps and minutes of compiling, and bit-identical only with the norms left
-uncompiled).
+Within a block every cached step runs the same kernels on the same buffers; only the token ids
+change. On CUDA the first such step (per shape, columns and cache) runs eagerly and is recorded;
+the following ones copy their inputs into the recorded buffers and replay it (no per-kernel
+launch cost), bit-identical to eager decoding. Full-canvas forwards stay eager. Elsewhere the
+model stays eager and `enable_compile` says why (torch.compile was slower on CPU:
+docs/decoding.md, "Speed").
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""LLaDA2.x's pieces under tensor parallelism (the model side; the block stepper drafts from
-the vocabulary shards: decoding/sharded_sampling.py).
+"""LLaDA2.x's pieces under tensor parallelism (the model side).
 
-Its attention has one fused `query_key_value` projection whose rows are every query head, then
-every KV head's key, then its value: a rank reads three row ranges of it (its query heads, its
-keys, its values) and concatenates them, which is its own fused projection. `dense` (the output)
-is row-parallel. A dense layer's MLP splits as LLaDA's; a sparse layer splits every routed
-expert and the shared experts over their columns, the router replicated (every rank routes the
-same hidden states), and the layer's whole output (routed sum plus shared experts, each rank's
-partial) is summed by one all-reduce. Under --expert-parallel a rank keeps E/N whole routed
-experts instead (`LocalLLaDA2MoE`), the shared experts still split over their columns.
+The fused `query_key_value` projection's rows are every query head, then every KV head's key,
+then its value: a rank reads its three row ranges and concatenates them (its own fused
+projection); `dense` is row-parallel. A dense MLP splits as LLaDA's; a sparse layer splits its
+routed and shared experts over their columns (router replicated), its whole output summed by
+one all-reduce. Under --expert-parallel a rank keeps E/N whole routed experts instead
+(`LocalLLaDA2MoE`), the shared experts still split over their columns.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Tensor parallelism's model side: where a family's pieces split (Megatron's layout), a rank's
-place in its group (`Shards`, its collectives), and the modules that sum partial products.
+place in its group (`Shards`), and the modules that sum partial products.
 
-Each block's query, key and value projections and its MLP's gate and up projections are split
-over their outputs (column-parallel: a rank holds its share of the heads and of the MLP's
-columns), the attention output and the MLP's down projection over their inputs (row-parallel:
-each rank's partial product is summed by one all-reduce). The embedding and the LM head are
-split over the vocabulary: a rank looks up only the ids in its range (one all-reduce sums the
-rows) and computes only its range of the logits. The KV cache holds only the rank's KV heads.
-LLaDA-MoE's experts are split as dense MLPs are (the router replicated), their routed sum
-reduced once per layer. Per forward: two all-reduces per layer plus one for the embedding (a
-shared expert adds one per layer). Splitting and reading a rank's slices: sharded_load.py;
-sampling from vocabulary shards: decoding/sharded_sampling.py; which rank holds which replica
-(torchrun): distributed/tensor.py.
+q/k/v and the MLP's gate and up projections split over their outputs (column-parallel), the
+attention output and the MLP's down projection over their inputs (row-parallel: partial
+products summed by one all-reduce); the embedding and the LM head split over the vocabulary;
+the KV cache holds only the rank's KV heads; experts split as dense MLPs, the router
+replicated. docs/tensor-parallel.md counts the collectives. Reading a rank's slices:
+sharded_load.py; sampling from vocabulary shards: decoding/sharded_sampling.py.
 """
 
 from __future__ import annotations

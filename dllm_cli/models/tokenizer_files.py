@@ -2,19 +2,12 @@
 
 The steps are transformers' (tokenization_utils_base `_from_pretrained`, tokenization_utils_tokenizers
 `TokenizersBackend.__init__`, models/qwen2 `Qwen2Tokenizer.__init__`), in its order and with
-the same calls into the `tokenizers` backend: read tokenizer_config.json (chat_template.jinja
-wins over its template), turn named special tokens that are added tokens into those tokens,
-build the backend, drop padding and truncation (transformers turns both off for every
-unpadded call), add every declared added token and any named special token the backend lacks
-in one `add_tokens`, and write transformers' post-processor where it would.
-
-How the backend is built is the tokenizer class's, a declared record per class (`RECIPES`):
-the plain backend (`PreTrainedTokenizerFast`, `TokenizersBackend`: tokenizer.json as saved) and
-Qwen2's byte-level BPE (`Qwen2Tokenizer`, and Dream's remote `DreamTokenizer`, which dllm loads
-as Qwen2's since it runs no folder code: vocabulary and merges from tokenizer.json or
-vocab.json + merges.txt, Qwen2's own normalizer, pre-tokenizer and decoder). Any other class,
-a remote class, several templates, legacy token files or `fix_mistral_regex` raise `NotFast`
-with the reason, and models/loading.py loads transformers' tokenizer instead.
+the same calls into the `tokenizers` backend. How the backend is built is the tokenizer
+class's (`RECIPES`): the plain backend (`PreTrainedTokenizerFast`, `TokenizersBackend`:
+tokenizer.json as saved) and Qwen2's byte-level BPE (`Qwen2Tokenizer`, and Dream's remote
+`DreamTokenizer`, loaded as Qwen2's since no folder code runs). Any other class, a remote
+class, several templates, legacy token files or `fix_mistral_regex` raise `NotFast` with the
+reason, and models/loading.py loads transformers' tokenizer instead.
 """
 
 from __future__ import annotations
