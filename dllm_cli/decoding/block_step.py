@@ -197,14 +197,10 @@ def columns(r, b: int) -> torch.Tensor:
 
 
 def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
-    """The model's arguments for this forward: ids and positions (N, T), the cache rows, the
-    block-causal key mask, the canvas columns written and the logits' columns.
-
-    Cached: each row's active block, its K/V written into its cache row and attended with
-    every earlier block's; rows in `previous` (index -> the finished block's tokens) put that
-    block before it, so the forward also writes its final K/V (block-causal: the finished
-    block never sees the new one); the others' first B queries are padding aimed at the
-    scratch column. Recompute: each row's whole window [0, end of its block), no cache.
+    """The model's arguments: ids and positions (N, T), the cache rows, the block-causal key
+    mask, the canvas columns written and the logits' columns. Cached: each row's active block,
+    after the finished block of rows in `previous` (its final K/V written by the same forward;
+    other rows' first B queries aim at the scratch column). Recompute: each row's whole window.
     """
     b, n = e.rule.block, len(rows)
     cols = torch.stack([columns(r, b) for r in rows])  # (N, B)

@@ -17,21 +17,15 @@ if TYPE_CHECKING:
 
 
 class DiffusionLM(nn.Module):
-    """Base of LLaDA and Dream: embeddings -> blocks -> final norm -> LM head.
+    """Base of the families: embeddings -> blocks -> final norm -> LM head, a plain torch
+    module (no transformers model classes: about 2 s of imports off a decode's start).
 
-    A plain torch module holding its `config` (models/config.py); loading.py fills it from a
-    folder's safetensors by parameter name, so transformers' model classes (about 2 s of
-    imports) stay off the start of a decode.
-
-    `forward(input_ids, positions, cache, key_mask, columns)` computes only the given (active)
-    canvas columns, writes their K/V into `cache` at those columns, and attends over every
-    cached column the key mask allows. `columns` is one slice for every row, or a (B, T) long
-    tensor of each row's own columns (padding aimed at the cache's scratch column). RoPE sees
-    `positions` (true positions, i.e. canvas column minus the row's left padding, in [0,
-    context_length): padding columns sit at 0, as the canvas puts them). Returns raw
-    logits (B, T, V) for the active columns, or only those `logits_slice` picks (a slice, or
-    (B, T') per-row indices into T); `logit_shift` says whether they predict their own column
-    (0, LLaDA) or the next one (1, Dream), which the decoder resolves.
+    `forward` computes only the active canvas `columns` (one slice, or (B, T) per-row columns
+    whose padding aims at the cache's scratch column), writes their K/V into `cache` there and
+    attends every cached column the key mask allows; RoPE sees `positions` (canvas column minus
+    the row's left padding; padding at 0). It returns raw logits (B, T, V), or those
+    `logits_slice` picks; `logit_shift` says whether they predict their own column (0) or the
+    next one (1, Dream).
     """
 
     logit_shift: int = 0

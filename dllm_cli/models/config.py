@@ -66,6 +66,11 @@ class QwenConfig(ModelConfig):
         if "head_dim" in self.__dataclass_fields__:  # declared (SDAR, LLaDA2): null is d / H
             self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
 
+    @property
+    def head_dim(self) -> int:
+        """d / H, where a subclass declares no head_dim field (Dream, LLaDA-MoE)."""
+        return self.hidden_size // self.num_attention_heads
+
 
 def model_config(cls: type[ModelConfig]) -> type[ModelConfig]:
     """`cls` as a dataclass whose constructor takes a whole config.json: the keys it does not

@@ -62,10 +62,6 @@ class LLaDAMoEConfig(QwenConfig):
             self.moe_layer_freq = [1] * self.num_hidden_layers
         self.moe_router_enable_expert_bias = bool(self.moe_router_enable_expert_bias)
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None (what the reference would do otherwise)."""
         sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")

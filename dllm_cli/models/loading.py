@@ -250,10 +250,8 @@ def load_model(
     quantize: str = "none",
     shards: Shards | None = None,
 ) -> LoadedModel:
-    """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included).
-
-    `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load;
-    `shards` (tensor parallelism, models/sharding.py) loads only this rank's slices."""
+    """Load a local model folder; `quantize` (models/quantize.py) converts the projections as
+    they load, `shards` (tensor parallelism, models/sharding.py) loads only this rank's slices."""
     scheme = quant.scheme_for(quantize)
     folder = resolve_path(path)
     dev = resolve_device(device)
