@@ -261,7 +261,8 @@ def next_tokens(matcher, vocab: GrammarVocab) -> np.ndarray:
         mask = np.zeros(vocab.words * 32, dtype=bool)
         mask[list(vocab.stops)] = True
         return mask
-    mask = allowed(matcher, vocab.words)
+    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)  # stops only where it accepts
+    mask = np.unpackbits(raw, bitorder="little")[: vocab.words * 32].astype(bool)
     mask[vocab.known :] = False
     if not vocab.spells(matcher.compute_ff_bytes()):  # forced bytes no token writes: dead
         mask[:] = False
@@ -296,28 +297,15 @@ def forced_tokens(matcher, room: int) -> list[int]:
     return run
 
 
-def allowed(matcher, words: int) -> np.ndarray:
-    """(V,) bool: tokens the matcher allows next (stop tokens only where it accepts)."""
-    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-    return np.unpackbits(raw, bitorder="little")[: words * 32].astype(bool)
-
-
-def refusal(runtime) -> str | None:
-    """Why this runtime cannot decode under a grammar (None: it can)."""
-    family = family_of_model(runtime.loaded.model)
-    if not family.traits.grammar:
-        return f"structured output is not supported for {family.title} (no frontier walk)"
-    return None
-
-
 def runtime_committer(
     runtime, default: Grammar | None = None, guided: bool = True, fast_forward: bool = True
 ) -> GrammarCommitter:
     """A GrammarCommitter for this runtime's model and settings (GrammarError: it cannot)."""
-    reason = refusal(runtime)
-    if reason is not None:
-        raise GrammarError(reason)
     model = runtime.loaded.model
+    if not (kind := family_of_model(model)).traits.grammar:
+        raise GrammarError(
+            f"structured output is not supported for {kind.title} (no frontier walk)"
+        )
     settings = with_family_defaults(runtime.settings, model.family)
     family = family_of(model)
     rule = RuleCommitter(settings, family.schedule)

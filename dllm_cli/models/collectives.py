@@ -57,23 +57,18 @@ class Shards:
 
     @cached_property
     def group(self) -> dist.ProcessGroup:
-        """The group collectives run in, made at the first one (every rank reaches it there)."""
-        return self.connect()
-
-    def join(self) -> dist.ProcessGroup:
-        """Make this rank's group now, before any rank decodes (every rank makes every
-        replica's group, in the same order)."""
-        return self.group
-
-    def connect(self) -> dist.ProcessGroup:
-        """Every replica's group, made by every rank in the same order (as new_group needs),
-        with the collective timeout; this rank's own."""
+        """This rank's group, made at the first collective: every replica's group is made by
+        every rank in the same order (as new_group needs), with the collective timeout."""
         n, timeout = self.world, timedelta(seconds=self.timeout)
         groups = [
             dist.new_group(list(range(r * n, (r + 1) * n)), timeout=timeout, backend=self.backend)
             for r in range(self.replicas)
         ]
         return groups[self.replica]
+
+    def join(self) -> dist.ProcessGroup:
+        """Make this rank's group now, before any rank decodes."""
+        return self.group
 
     def even(self, size: int) -> tuple[int, int]:
         """This rank's equal piece [start, stop) of `size` (the size divides by the world)."""

@@ -105,11 +105,8 @@ def graphable(input_ids, positions, cache, key_mask, columns, logits_slice) -> b
     """A lockstep cached step over part of the canvas; full-canvas refreshes (of the whole
     canvas, or of the part a suffix window keeps: every column attended is computed) and
     per-row steps ((B, T) columns, row subsets of the cache, per-row logit picks) run eagerly."""
-    if not isinstance(cache, KVCache) or not cache.whole or not isinstance(columns, slice):
-        return False
-    if positions is None:
-        return False
-    if isinstance(logits_slice, torch.Tensor):
+    lockstep = isinstance(columns, slice) and not isinstance(logits_slice, torch.Tensor)
+    if not lockstep or not isinstance(cache, KVCache) or not cache.whole or positions is None:
         return False
     attended = cache.width if key_mask is None else min(cache.width, key_mask.shape[1])
     return (columns.start or 0) > 0 or columns.stop < attended
