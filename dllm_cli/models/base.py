@@ -50,7 +50,6 @@ class DiffusionLM(nn.Module):
         return next(p for p in self.parameters() if p.is_floating_point()).dtype
 
     def _init_weights(self, module: nn.Module) -> None:
-        """Random init for fresh models (tests, training); loading overwrites every weight."""
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=0.02)
             if module.bias is not None:

@@ -229,16 +229,11 @@ class Int4Linear(nn.Module):
         packed = self.packed[start:stop]
         return Int4Linear(packed, pairs, bias, self.in_features, self.group, self.kernel)
 
-    def scales_and_zeros(self) -> torch.Tensor:
-        """The bfloat16 (out, in / group, 2) scale and zero pairs (dequant layout)."""
-        pairs = self.pairs.view(torch.bfloat16)
-        return pairs if self.kernel == "dequant" else pairs.transpose(0, 1)
-
     def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The (out, in) weight this layer multiplies by, in `dtype` (dequant kernel only):
         scaled in float32 (bfloat16 elementwise ops are slower), rounded to `dtype` once."""
         out_features, g = self.out_features, self.in_features // self.group
-        pairs = self.scales_and_zeros().float()  # (out, G, 2)
+        pairs = self.pairs.view(torch.bfloat16).float()  # (out, G, 2)
         scale, zero = pairs[..., :1], pairs[..., 1:]
         offset = zero - MID * scale  # (out, G, 1): small next to the weight
         codes = unpack_halves(self.packed, self.group).view(out_features, g, self.group)

@@ -66,8 +66,9 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
         holder = block.get_submodule(layout.attention) if layout.attention else block
         holder.n_heads, holder.n_kv = heads // shards.world, kv // shards.world
     for name in layout.vocabulary:
-        module = _find(model, name)
-        if module is None:  # a tied head (LLaDA's weight_tying) reads the embedding
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:  # a tied head (LLaDA's weight_tying) reads the embedding
             continue
         table = module.weight.shape[0]
         lo, hi = shards.vocabulary(table)
@@ -102,13 +103,6 @@ def split_feed_forward(block, name: str, shards: Shards, plan: dict, prefix: str
         split_swiglu(expert, shards, plan, f"{prefix}.{name}.experts.{i}", split_inputs)
     mlp.__class__, mlp.shards = SummedExperts, shards
     return extra
-
-
-def _find(model: nn.Module, name: str) -> nn.Module | None:
-    try:
-        return model.get_submodule(name)
-    except AttributeError:
-        return None
 
 
 def load_sharded(

@@ -1,11 +1,9 @@
 """A checkpoint's tokenizer on the `tokenizers` library: transformers' tokenizer surface.
 
 `AutoTokenizer` costs transformers' package import (0.7-1.1 s of a start-up, issue 30) for a
-tokenizer.json that the `tokenizers` library reads by itself. `FastTokenizer` is the part of
-transformers 5.24's `TokenizersBackend` that dllm uses (call, encode, decode, vocabulary, added
-and special tokens, chat templates), each a call into the same `tokenizers.Tokenizer` that
-transformers would make; models/tokenizer_files.py builds that backend from a folder exactly as
-transformers does (tests/test_fast_tokenizer.py compares the two family by family).
+tokenizer.json `tokenizers` reads by itself. `FastTokenizer` is the part of transformers 5.24's
+`TokenizersBackend` dllm uses, each a call into the same `tokenizers.Tokenizer` transformers
+would make (models/tokenizer_files.py builds it; tests/test_fast_tokenizer.py compares them).
 """
 
 from __future__ import annotations

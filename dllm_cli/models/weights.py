@@ -1,10 +1,9 @@
 """A folder's safetensors -> a model's parameters, by name, without transformers.
 
-The model is built on the meta device (no memory, no random init), every tensor is read from
-its shard in the stored dtype and cast to the asked one, and assigned to the parameter of the
-same name; tied parameters (an output head sharing the embedding) are tied again to what was
-read. Names and shapes are checked against the model first (`check_weights`), so a folder
-loads completely or not at all, and each failure is one ModelLoadError line.
+The model is built on the meta device (no memory, no random init); every tensor is read in its
+stored dtype, cast, and assigned to the parameter of its name; tied parameters are tied again.
+Names and shapes are checked first (`check_weights`), so a folder loads completely or not at
+all, each failure one ModelLoadError line.
 """
 
 from __future__ import annotations
