@@ -5,7 +5,8 @@ rank loads each folder twice, its tensor-parallel shard and the whole model (bot
 with the SCHEME named before the folder), and decodes the same prompts with each under every cache policy; it also drafts
 random logits with the sharded sampler and the one-process Sampler. Rank 0 writes what it saw
 to OUT as JSON; the test compares. `--compile`: the first folder's shard also decodes through
-`enable_compile` (`recorded`).
+`enable_compile` (`recorded`). `--klass-tracks`: only KLASS's memory on the first folder's
+shard through a continuous engine (`klass_tracks`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import torch
 import torch.distributed as dist
 
 from dllm_cli.decoding import decode
+from dllm_cli.decoding.engine import Engine
 from dllm_cli.decoding.sampling import FAMILIES, Sampler
+from dllm_cli.decoding.shard_summaries import Last
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.models.collectives import Counts, Shards
 from dllm_cli.models.compiled import enable_compile
@@ -136,6 +139,29 @@ def recorded(folder: str, shards: Shards) -> dict:
     return seen
 
 
+def klass_tracks(folder: str, shards: Shards) -> dict:
+    """KLASS on the shard through a continuous engine (four prompts, two slots, one aborted
+    mid-decode): the tracks its memory held at a step and what stays once every request
+    left (the sampler keeps each row's shard in the rule's memory, freed with it)."""
+    split = load_model(folder, dtype="float32", device="cpu", shards=shards)
+    settings = DecodeSettings(
+        gen_length=16, block_length=8, steps=4, cache="dual", unmask="klass", threshold=0.02
+    )
+    engine = Engine(split.model, split.special, settings, slots=2, admission="continuous")
+    memory = engine.stepper.committer.params.memory
+    rids = [engine.add(p) for p in [*PROMPTS, [4, 6, 8], [11, 13, 15, 17]]]
+    held, shared, shards_kept, steps = [], engine.stepper.sampler.memory is memory, True, 0
+    while engine.has_work:
+        engine.step()
+        steps += 1
+        if steps == 3:  # the second request leaves mid-decode (a client gone)
+            engine.abort(rids[1])
+        held.append(sorted(memory.tracks))
+        shards_kept &= all(isinstance(t.last, Last) for t in memory.tracks.values())
+    left = sorted(memory.tracks)
+    return {"rids": rids, "held": held, "left": left, "shared": shared, "parts": shards_kept}
+
+
 def expert_bytes(model) -> int:
     """Bytes of the routed experts' weights this model holds."""
     held = (p for name, p in model.named_parameters() if ".mlp.experts." in name)
@@ -187,14 +213,17 @@ def main(out: str, *args: str) -> None:
     shards = Shards(dist.get_rank(), dist.get_world_size(), counts=Counts())
     shards.expert_parallel = experts
     results, quantize = {}, "none"
+    only_klass = "--klass-tracks" in args  # that check alone
     for arg in args:
         if arg.startswith("--quantize="):
             quantize = arg.removeprefix("--quantize=")
-        elif not arg.startswith("--"):
+        elif not arg.startswith("--") and not only_klass:
             results[Path(arg).name] = decodes(arg, shards, quantize)
     if "--compile" in args:
         results["compiled"] = recorded(folders_of(args)[0], shards)
-    if not experts and quantize == "none":
+    if only_klass:
+        results["klass"] = klass_tracks(folders_of(args)[0], shards)
+    elif not experts and quantize == "none":
         results["drafts"] = drafts(shards)
     if shards.rank == 0:
         Path(out).write_text(json.dumps(results))

@@ -16,7 +16,7 @@ from block_reference import sample
 
 from dllm_cli.decoding import shard_summaries, sharded_sampling
 from dllm_cli.decoding.row_sampling import RowDraws
-from dllm_cli.decoding.rules import entropy, step_kl
+from dllm_cli.decoding.rules import KlassMemory, entropy, step_kl
 from dllm_cli.decoding.sampling import FAMILIES, Reads, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler, block_drafter
 from dllm_cli.lifetimes import Sampling
@@ -218,6 +218,22 @@ def test_a_grammar_reads_each_shards_part_of_the_one_process_distribution(family
         torch.testing.assert_close(top, want.values)
 
 
+@pytest.mark.parametrize(("vocab", "world"), [(10, 4), (40, 3)])  # slices 3, 3, 3, 1; 14, 14, 12
+def test_logprobs_pick_the_whole_vocabularys_largest_from_slices_narrower_than_k(vocab, world):
+    g = torch.Generator().manual_seed(5)
+    lp = torch.randn(2, 3, vocab, dtype=torch.float64, generator=g).log_softmax(dim=-1)
+    tokens = torch.randint(0, vocab, (2, 3), generator=g)
+    want, k = lp.topk(5, dim=-1), 5
+
+    def job(shards):
+        lo, hi = shards.vocabulary(vocab)
+        return shard_summaries.VocabPart(lo, vocab, shards).pick(lp[..., lo:hi], tokens, k)
+
+    for chosen, values, ids in on_ranks(world, job):
+        assert torch.equal(chosen, lp.gather(-1, tokens[..., None])[..., 0])
+        assert torch.equal(values, want.values) and torch.equal(ids, want.indices)
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_winos_shadow_probability_rides_the_drafts_one_gather(world):
     logits, shadows = logits_for(7), logits_for(8, shape=(2, 4, V))  # a shadow block's own L
@@ -329,6 +345,7 @@ def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, set
     def job(shards):
         lo, hi = shards.vocabulary(V)
         s = ShardedSampler(shards, lo, V, settings, FAMILIES[family], VOCAB, MASK)
+        s.memory = memory = KlassMemory()  # (RuleCommitter.shard hands it the rule's)
         seen = []
         for i, x in enumerate(steps):
             keys = [10, 11] if i < 2 else [10, None]  # row 1's third step: neither read nor kept
@@ -336,9 +353,9 @@ def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, set
             before = shards.counts.all_gather
             *_, h, kl = s.measured(x[..., lo:hi], g, i == 1, keys, reads)  # (2nd: logprobs)
             seen.append((h, kl, shards.counts.all_gather - before))
-        kept = sorted(s.last)
-        s.forget([11, 12])  # requests that left (12: never kept)
-        return seen, kept, sorted(s.last)
+        kept = sorted(memory.tracks)
+        memory.forget([11, 12])  # requests that left (12: never kept)
+        return seen, kept, sorted(memory.tracks)
 
     for seen, kept, left in on_ranks(2, job):
         assert kept == [10, 11] and left == [10]

@@ -262,6 +262,21 @@ def test_eb_and_klass_answers_and_their_logprobs_are_the_one_process_ones(folder
 
 
 @pytest.mark.slow
+def test_klass_under_tensor_parallelism_frees_a_requests_shards_when_it_leaves(folders, tmp_path):
+    out = tmp_path / "seen.json"
+    script = str(HERE / "tensor_parallel_rank.py")
+    result = launch([script, str(out), "--klass-tracks", str(folders["llada"])])
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(out.read_text())["klass"]
+    assert seen["shared"] and seen["parts"]  # the sampler's shards kept in the rule's memory
+    assert max(map(len, seen["held"])) == 2  # two slots: two requests' tracks at a time
+    held, aborted = seen["held"], seen["rids"][1]  # (aborted after the third step)
+    assert {key for step in held for key in step} == set(seen["rids"])
+    assert aborted in held[2] and not any(aborted in step for step in held[3:])
+    assert seen["left"] == []  # every request finished or aborted: nothing kept
+
+
+@pytest.mark.slow
 def test_two_replicas_of_two_ranks_share_the_lines_and_write_the_one_process_answers(folders):
     result = generate_twice(folders["dream"], 4, [*LINES, "ann has 5 cats", "sam buys 4 books"])
     for replica in (0, 1):

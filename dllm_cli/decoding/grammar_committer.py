@@ -67,6 +67,9 @@ class GrammarCommitter(Committer):
     def leave(self, requests: list[int]) -> None:
         self.rule.leave(requests)  # (its matchers go when their rows no longer appear)
 
+    def shard(self, sampler) -> None:
+        self.rule.shard(sampler)  # (a KLASS rule's sampler keeps its shards in its memory)
+
     def bind(self, rid: int, grammar: Grammar) -> None:
         """Request `rid` decodes under `grammar` (call before its first step)."""
         self.bound[rid] = grammar

@@ -171,7 +171,6 @@ class MaskedStepper:
         self.committer.select(keep)
         staying = set(kept)
         left = [r.id for i, r in enumerate(live) if i not in staying]
-        self.sampler.forget(left)
         self.committer.leave(left)
         self.canvas = self.canvas.select(keep)
         self.counts = [self.counts[i] for i in kept] if self.counts else []

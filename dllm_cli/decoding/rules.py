@@ -20,10 +20,14 @@ engine works (block_length = gen_length is the reference's single pass).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from dllm_cli.decoding.ranking import top_columns
+
+if TYPE_CHECKING:
+    from dllm_cli.decoding.shard_summaries import Last
 
 KL_EPS = 1e-12  # the reference's: log(p + eps) on both sides
 
@@ -58,18 +62,34 @@ def eb_rule(p, ctx) -> torch.Tensor:
 
 @dataclass
 class Track:
-    """One row's KLASS history in its current block: last distributions, recent KLs."""
+    """One request's KLASS history in its current block: last distribution, recent KLs."""
 
-    block_start: int  # canvas column of the block's first slot
-    probs: torch.Tensor | None  # (L, V) float64, last step's distribution (None: TP's sampler's)
-    kls: torch.Tensor  # (L, H) float64, the last H step-to-step KLs (inf: not seen yet)
+    block_start: int | None  # canvas column of the block's first slot (None: no step yet)
+    # last step's distribution: (L, V) float64 on one process; a tensor-parallel rank's
+    # shard of it (`Last`, kept by its sampler, which measures the KL)
+    last: torch.Tensor | Last | None
+    kls: torch.Tensor | None  # (L, H) float64, the last H step-to-step KLs (inf: not seen yet)
 
 
 class KlassMemory:
-    """Per-decode KLASS state, keyed by the row's index in the original batch."""
+    """Every request's KLASS history, keyed by request id: its one owner on one process and on
+    a tensor-parallel rank (whose sampler keeps its shard here), freed by `forget` alone."""
 
     def __init__(self) -> None:
         self.tracks: dict[int, Track] = {}
+
+    def last(self, key: int | None) -> torch.Tensor | Last | None:
+        """A request's last step's distribution (None: no step yet)."""
+        track = self.tracks.get(key)
+        return None if track is None else track.last
+
+    def keep(self, key: int, last: Last) -> None:
+        """A tensor-parallel sampler's shard of this step's distribution, for the next KL."""
+        track = self.tracks.get(key)
+        if track is None:
+            self.tracks[key] = Track(None, last, None)
+        else:
+            track.last = last
 
     def stable(self, ctx, history: int) -> torch.Tensor:
         """(B, L, H) each slot's last H step-to-step KLs (inf before the block's H+1-th step),
@@ -85,19 +105,21 @@ class KlassMemory:
             step = ctx.block_step if isinstance(ctx.block_step, int) else int(ctx.block_step[r])
             p = None if probs is None else probs[r]  # (L, V)
             track = self.tracks.get(key)
+            last = None if track is None else track.last  # (the sampler's, under TP: kept)
             if step == 0 or track is None or track.block_start != start:
                 # A new block (or a new prompt in this slot): no history yet.
                 slots, where = ctx.drafts.shape[1], "cpu" if p is None else p.device
                 kls = torch.full((slots, history), float("inf"), dtype=torch.float64, device=where)
             else:
-                kl = measured[r] if p is None else step_kl(p, track.probs)
+                kl = measured[r] if p is None else step_kl(p, last)
                 kls = torch.cat([track.kls[:, 1:], kl[:, None]], dim=1)
-            self.tracks[key] = Track(start, p, kls)
+            self.tracks[key] = Track(start, last if p is None else p, kls)
             out.append(kls)
         return torch.stack(out).to(ctx.drafts.device)  # (B, L, H)
 
     def forget(self, requests: list[int]) -> None:
-        """Requests that left: their tracks (a slot's (L, V) distributions) go."""
+        """Requests that left (finished, aborted, dropped: `Committer.leave`): their tracks go,
+        a slot's (L, V) distributions or a rank's shard of them."""
         for key in requests:
             self.tracks.pop(key, None)
 

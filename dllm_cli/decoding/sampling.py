@@ -237,9 +237,6 @@ class Sampler:
         h = entropy(probs.to(torch.float64)) if reads.entropy else None
         return tokens, confidence, probs, h, None
 
-    def forget(self, requests: list[int]) -> None:
-        """Requests that left (one process's sampler keeps nothing of them)."""
-
     def values(self, rows: RowDraws | None) -> tuple:
         """(temperature, top-p, top-k, confidence, all greedy): the run's (a greedy run's
         filters off where the family's reference skips them), or the rows' (scalars where

@@ -294,10 +294,14 @@ class VocabPart:
     def pick(self, lp: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
         """(R, L, V_part) log-probabilities and (R, L) tokens -> each token's (R, L) and the
         whole vocabulary's k largest (R, L, k) with their ids: one all-gather of 2k + 1
-        numbers a slot (every rank's slice holds more than k ids)."""
+        numbers a slot (a slice narrower than k sends all it holds, -inf fillers after)."""
         chosen = held(lp, tokens, self.start)  # the holder's alone
-        values, ids = lp.topk(k, dim=-1)
-        packed = torch.cat([chosen[..., None], values, (ids + self.start).double()], dim=-1)
+        n = min(k, lp.shape[-1])  # a narrow slice: every id it holds
+        values, ids = lp.topk(n, dim=-1)
+        pad = (*values.shape[:-1], k - n)  # one shape on every rank: -inf fillers, id -1
+        values = torch.cat([values, values.new_full(pad, -math.inf)], dim=-1)
+        ids = torch.cat([ids + self.start, ids.new_full(pad, -1)], dim=-1)
+        packed = torch.cat([chosen[..., None], values, ids.double()], dim=-1)
         every = self.shards.all_gather(packed)  # (world, R, L, 1 + 2k)
         rows, cols = tokens.shape
         values = every[..., 1 : 1 + k].permute(1, 2, 0, 3).reshape(rows, cols, -1)

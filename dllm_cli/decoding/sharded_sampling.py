@@ -16,8 +16,8 @@ reads distributions (a grammar's, the credit rule's) gets the shard's part of th
 (credit: credit.sharded_fused_drafts). WINO's shadow check rides the same gather (`ride`,
 `shadow_summary`): each rank's (max, sum of exp, the token's logit if it holds it) per
 shadow column. EB's entropy comes from the gathered sums; KLASS's KL from each rank's shard of
-the row's last distribution (`Last`): one more number per column in the same gather, or the
-gathered candidates of a filtered one.
+the row's last distribution (`Last`, kept in the rule's `KlassMemory` with the row's history):
+one more number per column in the same gather, or the gathered candidates of a filtered one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 from dllm_cli.decoding.block_rules import Drafter
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
-from dllm_cli.decoding.rules import KL_EPS
+from dllm_cli.decoding.rules import KL_EPS, KlassMemory
 from dllm_cli.decoding.sampling import FAMILIES, NO_READS, Reads, row_confidence
 from dllm_cli.decoding.shard_summaries import (
     EPS,
@@ -96,7 +96,9 @@ class ShardedSampler:
         self.drawing = family  # its draw: noise, width, filter order (sampling.FAMILIES)
         self.largest = max(shards.widths(width))
         self.riders: list[tuple[torch.Tensor, dict]] = []  # sent with the next gather (`ride`)
-        self.last: dict[int, Last] = {}  # request id -> its last step's distribution (KLASS)
+        # KLASS's memory (the rule's: `RuleCommitter.shard`): each request's last step's
+        # shard, kept there with its history, freed with it when the request leaves
+        self.memory: KlassMemory | None = None
 
     @property
     def kept_part(self) -> VocabPart | None:
@@ -150,11 +152,6 @@ class ShardedSampler:
             return tokens, confidence.to(dtype), part(view, raw, scores).to(dtype), h, kl
         return tokens, confidence.to(dtype), self.kept(view, dtype) if keep else None, h, kl
 
-    def forget(self, requests: list[int]) -> None:
-        """Requests that left: their last distributions go."""
-        for key in requests:
-            self.last.pop(key, None)
-
     def cross(self, basis: torch.Tensor, keys) -> torch.Tensor:
         """(B, L) this shard's sum of exp(x - best) log(q + eps) over the row's last step's
         distribution q (KLASS's cross term, before the gather gives the denominator; 0: no
@@ -164,14 +161,15 @@ class ShardedSampler:
         e = (x - torch.where(torch.isfinite(best), best, 0.0)[..., None]).exp()
         q = torch.ones_like(x)  # log(1 + eps): about 0 (a row with no last step)
         for r, key in enumerate(keys):
-            last = self.last.get(key)
+            last = self.memory.last(key)
             if last is not None:
                 q[r] = fitted(last.part, x.shape[1])
         return (e * torch.log(q + KL_EPS)).sum(dim=-1)
 
     def step_kl(self, view: View, raw, scores, keys, dtype) -> torch.Tensor:
         """(B, L) KL(p || q) of each slot's distribution from its last step's, the last
-        step's then replaced by this one (the shard's part, and every rank's candidates)."""
+        step's then replaced by this one in the memory (the shard's part, and every rank's
+        candidates)."""
         s = view.s
         bests, totals = (s.bests, s.totals) if view.tempered else (s.raw_bests, s.raw_totals)
         top = bests.max(dim=0).values
@@ -182,7 +180,7 @@ class ShardedSampler:
         p = p.to(dtype).double()  # as one process's distribution, in the sampler's dtype
         q = torch.zeros_like(p)
         for r, key in enumerate(keys):
-            last = self.last.get(key)
+            last = self.memory.last(key)
             if last is not None:
                 q[r] = looked_up(last, ids[r])
         sparse = (p * (torch.log(p + KL_EPS) - torch.log(q + KL_EPS))).sum(dim=-1)
@@ -192,7 +190,7 @@ class ShardedSampler:
         mine = part(view, raw, scores).to(dtype).double()  # (B, L, V_r)
         for r, key in enumerate(keys):
             if key is not None:
-                self.last[key] = Last(mine[r].clone(), ids[r].clone(), p[r].clone())
+                self.memory.keep(key, Last(mine[r].clone(), ids[r].clone(), p[r].clone()))
         return torch.where(filtered, sparse, dense)
 
     def kept(self, view: View, dtype: torch.dtype) -> torch.Tensor:

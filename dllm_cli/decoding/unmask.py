@@ -303,12 +303,17 @@ class RuleCommitter(Committer):
         self.reads_entropy, self.reads_kl = entry.reads_entropy, entry.reads_kl
 
     def leave(self, requests: list[int]) -> None:
-        if self.params.memory is not None:  # a rule's state per request (KLASS's tracks)
+        """The one release of a rule's state per request (KLASS's tracks, a tensor-parallel
+        rank's shards in them too)."""
+        if self.params.memory is not None:
             self.params.memory.forget(requests)
 
     def shard(self, sampler) -> None:
-        """The rule gathers what it reads of the distributions through `sampler` (credit)."""
+        """The rule gathers what it reads of the distributions through `sampler` (credit); a
+        KL-reading rule's sampler keeps each row's shard in the rule's memory (KLASS)."""
         self.params = replace(self.params, shard=sampler)
+        if self.reads_kl:
+            sampler.memory = self.params.memory
 
     def __call__(self, ctx: StepContext) -> Decision:
         if self.needs_shadow:
