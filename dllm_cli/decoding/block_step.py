@@ -74,7 +74,7 @@ class BlockPlan:
     final: list[BlockRow] = field(default_factory=list)
 
 
-def plan(e: BlockStepper, at: int) -> BlockPlan:
+def plan(e: BlockStepper, live: list[Request], at: int) -> BlockPlan:
     """Settle LLaDA2.1's edited blocks; rows with a finished block store it in this forward."""
     rule, b = e.rule, e.rule.block
     editing = rule.edit_threshold is not None

@@ -28,7 +28,6 @@ from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.shard_summaries import VocabPart
 from dllm_cli.decoding.sharded_sampling import block_drafter
 from dllm_cli.decoding.slots import Admission
-from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
 from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
@@ -101,14 +100,7 @@ class BlockStepper:
         self.forwards += forwards
         return forwards
 
-    def plan(self, live: list[Request], at: int) -> block_step.BlockPlan:
-        return block_step.plan(self, at)
-
-    def forward(self, plan: block_step.BlockPlan):
-        return block_step.forward(self, plan)
-
-    def commit(self, plan: block_step.BlockPlan, pred) -> Commit:
-        return block_step.commit(self, plan, pred)
+    plan, forward, commit = block_step.plan, block_step.forward, block_step.commit  # `e`: self
 
     def keep(self, live: list[Request], kept: list[int]) -> None:
         self.rows = [self.rows[i] for i in kept]

@@ -31,7 +31,6 @@ from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Reads, Sampler, family_of
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_canvas
-from dllm_cli.decoding.stepper import Commit
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
 from dllm_cli.decoding.wino import ShadowForwards
 from dllm_cli.errors import InputError
@@ -145,14 +144,7 @@ class MaskedStepper:
         self.slot_rows = torch.tensor([r.slot for r in rows], device=self.device)
         return 0
 
-    def plan(self, live: list[Request], at: int) -> step.Plan:
-        return step.plan(self, live, at)
-
-    def forward(self, plan: step.Plan):
-        return step.forward(self, plan)
-
-    def commit(self, plan: step.Plan, pred) -> Commit:
-        return step.commit(self, plan, pred)
+    plan, forward, commit = step.plan, step.forward, step.commit  # this stepper as their `m`
 
     def keep(self, live: list[Request], kept: list[int]) -> None:
         """Only live rows `kept` (indices) go on: canvas rows, cache rows, the guide's rows."""
