@@ -18,6 +18,7 @@ a consumer asks for it. One thread owns an engine.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,11 +165,9 @@ class Engine(RequestQueue):
     def step(self) -> StepOutput:
         """Admit waiting requests into free slots, then one decoding step of every live row."""
         began = time.perf_counter()
-        if torch.is_inference_mode_enabled():  # (a caller's: no second context per step)
+        held = torch.is_inference_mode_enabled()  # (a caller's: no second context per step)
+        with nullcontext() if held else torch.inference_mode():
             out = self._step()
-        else:
-            with torch.inference_mode():
-                out = self._step()
         self.seconds += time.perf_counter() - began
         return out
 

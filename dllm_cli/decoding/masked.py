@@ -1,14 +1,11 @@
 """The masked-diffusion stepper (LLaDA, Dream, LLaDA-MoE): one canvas, one KV cache, rules.
 
-Every live row is a row of one `Canvas` (prompts left-padded to a shared width, answers of
-each row's own gen_length: a shorter one's canvas ends at its own end, its blocks planned from
-its own length) and, under a cache policy, of one `KVCache` with `slots` rows per guidance
-branch. A step (step.py): each row's cache policy plans its columns from the row's own place
-(rows.py), forwards.py serves all rows (one windowed forward; refreshes over their own
-columns), a committer picks which drafts become tokens, and the rows move on. Rows walk their
-blocks in lockstep under static admission (as LLaDA and Fast-dLLM decode a batch) and each on
-its own otherwise; a committer with `frontier = True` (guided decoding) makes every row walk
-its own first mask.
+Every live row is a row of one `Canvas` (prompts left-padded to a shared width, each row's
+answer of its own gen_length) and, under a cache policy, of one `KVCache` with `slots` rows per
+guidance branch. A step (step.py): each row's policy plans its columns from its own place
+(rows.py), forwards.py serves all rows in one forward, a committer picks which drafts become
+tokens, and the rows move on: in lockstep under static admission (as LLaDA and Fast-dLLM
+decode a batch), each on its own otherwise, each at its first mask under a frontier committer.
 """
 
 from __future__ import annotations

@@ -27,10 +27,8 @@ class RowDraws:
 
     def subset(self, rows: list[int]) -> RowDraws:
         """Only rows `rows` (a forward that serves some rows)."""
-        pick = lambda xs: tuple(xs[r] for r in rows)  # noqa: E731
-        return RowDraws(
-            pick(self.generators), pick(self.samplings), pick(self.lengths), pick(self.on)
-        )
+        every = (self.generators, self.samplings, self.lengths, self.on)
+        return RowDraws(*(tuple(xs[r] for r in rows) for xs in every))
 
     def without(self, rows: list[int]) -> RowDraws:
         """The same rows, `rows` drawing nothing (their drafts are replaced by a later forward)."""

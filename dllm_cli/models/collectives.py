@@ -1,11 +1,9 @@
 """A tensor-parallel rank's place in its group and its collectives, each bounded by a timeout.
 
-Every collective of a split model runs in the group `Shards` makes, with the collective timeout
-(DLLM_COLLECTIVE_TIMEOUT, distributed/job.py): a rank that exits, is killed or hangs makes the
-others' next collective fail (a closed connection at once, a silent rank after the timeout), and
-that failure becomes one `RankLost` line naming the rank, never a hang or a gloo traceback.
-Which rank went silent: with two ranks, the other; with more, the ranks that did not sign the
-torchrun store's roll of survivors within a couple of seconds.
+A rank that exits, is killed or hangs makes the others' next collective fail (at once, or after
+DLLM_COLLECTIVE_TIMEOUT: distributed/job.py), and that failure becomes one `RankLost` line
+naming the rank (with two ranks, the other; with more, those that did not sign the torchrun
+store's roll of survivors within a couple of seconds), never a hang or a gloo traceback.
 """
 
 from __future__ import annotations

@@ -91,10 +91,7 @@ class LLaDAMoESparseBlock(nn.Module):
         self.top_k = top_k
         self.gate = nn.Linear(d, experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(d, hidden) for _ in range(experts))
-        if expert_bias:
-            self.register_buffer("expert_bias", torch.zeros(experts))
-        else:
-            self.expert_bias = None
+        self.register_buffer("expert_bias", torch.zeros(experts) if expert_bias else None)
         self.stack: ExpertStack | None = None  # after stack_experts()
 
     def stack_experts(self) -> None:
