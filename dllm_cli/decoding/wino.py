@@ -222,7 +222,7 @@ def shadow_mask(keys, shape, span, valid, shift: int, cache, device) -> torch.Te
     m = span.shape[1]
     n = m * (2 if shift else 1)
     if keys is None:
-        width = t if cache is None else cache_width(cache)
+        width = t if cache is None else cache.width + int(cache.scratch)  # (its scratch key)
         keys = torch.ones(r, width, dtype=torch.bool, device=device)
     width = keys.shape[1]
     canvas = keys[:, None, :].expand(r, t + n, width).clone()  # (R, T + n, K)
@@ -234,8 +234,3 @@ def shadow_mask(keys, shape, span, valid, shift: int, cache, device) -> torch.Te
         canvas[:, t + m :] &= ~own
         tails[:, t + m :, :m] = torch.eye(m, dtype=torch.bool, device=device)  # reader j -> j
     return torch.cat([canvas, tails], dim=2)
-
-
-def cache_width(cache) -> int:
-    """Keys a cache holds (with its scratch column)."""
-    return cache.width + int(cache.scratch)

@@ -145,10 +145,6 @@ class DiffusionLM(nn.Module):
         rope = self.rope_at(positions, self.rope_dtype(h.dtype))  # one for every layer
         for i, block in enumerate(self.blocks()):  # (forward directly: no hooks on blocks)
             h = block.forward(h, rope, cache=cache, layer=i, columns=columns, key_mask=key_mask)
-        return self.logits_of(h, logits_slice)
-
-    def logits_of(self, h: torch.Tensor, logits_slice: slice | torch.Tensor | None) -> torch.Tensor:
-        """The head on the columns kept: a slice of them, (B, T') picks per row, or all."""
         if isinstance(logits_slice, torch.Tensor):  # (B, T') per-row picks
             h = h.gather(1, logits_slice[..., None].expand(-1, -1, h.shape[-1]))
         elif logits_slice is not None and logits_slice != slice(0, h.shape[1]):  # (all: as is)

@@ -166,7 +166,9 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme, make: Maker | None 
     scheme = scheme if isinstance(scheme, Scheme) else scheme_for(scheme)
     if scheme.bits == 0:
         return 0
-    check_groups(model, scheme)
+    for name, child in model.named_modules() if scheme.group else ():  # refused before changes
+        if isinstance(child, nn.Linear):
+            check_group(scheme.group, child.in_features, name)
     make = make or (lambda linears, weight, bias: scheme.make(weight, bias))
     count = 0
     kept: set[int] = set()  # the first block's MLP output linears
@@ -204,7 +206,12 @@ def quantize_loaded(
     quantize_model(model, scheme, make)
     model.to(dtype)
     refuse_float_groups(model)
-    release_freed_memory()
+    try:  # hand the freed float weights back to the OS (glibc keeps freed heap pages otherwise)
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def output_heads(model: DiffusionLM) -> list[nn.Linear]:
@@ -216,15 +223,6 @@ def output_heads(model: DiffusionLM) -> list[nn.Linear]:
         for m in model.modules()
         if isinstance(m, nn.Linear) and id(m) not in inside and m.out_features in vocab
     ]
-
-
-def check_groups(model: nn.Module, scheme: Scheme) -> None:
-    """Refuse (before any layer changes) a group size that does not divide a layer's inputs."""
-    if not scheme.group:
-        return
-    for name, child in model.named_modules():
-        if isinstance(child, nn.Linear):
-            check_group(scheme.group, child.in_features, name)
 
 
 def quantize_fusion(owner: nn.Module, fusion: Fusion, skip: tuple[str, ...], make: Maker) -> int:
@@ -275,16 +273,6 @@ def load_dtype(scheme: Scheme, dtype: torch.dtype, files: list[Path]) -> torch.d
     with safe_open(str(files[0]), framework="pt") as st:
         stored = {st.get_slice(name).get_dtype() for name in st.keys()}  # noqa: SIM118
     return torch.bfloat16 if stored == {"BF16"} else dtype
-
-
-def release_freed_memory() -> None:
-    """Hand the freed float weights back to the OS (glibc keeps freed heap pages otherwise)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 def weight_bytes(model: nn.Module) -> int:
