@@ -24,10 +24,8 @@ from dllm_cli.lifetimes import Sampling
 from dllm_cli.setting_spec import RULES
 from dllm_cli.settings import DecodeSettings, even_split
 
-# The block stepper's drafting: (N, B, V) logits, each row's request's sampling and generator,
-# whether to keep the distribution -> tokens (N, B), p (N, B), the distribution (N, B, V) or
-# None. sampling.Sampler.drafts drafts from whole logits; a tensor-parallel model's from its
-# vocabulary shard (sharded_sampling.block_drafter: kept on the gathered candidates).
+# (N, B, V) logits, each row's sampling and generator, keep the distribution? -> tokens (N, B),
+# p (N, B), the distribution or None: sampling.Sampler.drafts, sharded_sampling.block_drafter.
 Drafter = Callable[
     [torch.Tensor, Sequence[Sampling], Sequence[torch.Generator | None], bool],
     tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],

@@ -163,15 +163,13 @@ def load_with_transformers(folder: Path, config=None) -> PreTrainedTokenizerBase
     """transformers' AutoTokenizer (no remote code), else Qwen2's BPE for vocab.json + merges."""
     from transformers import AutoTokenizer
 
-    bpe = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
-
     quiet_transformers()
     try:
         extra = {"config": config} if config is not None else {}
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, **extra)
     except Exception as e:  # transformers raises ValueError/OSError/KeyError here
         error = e
-    if bpe:
+    if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
         from transformers import Qwen2Tokenizer
 
         try:
