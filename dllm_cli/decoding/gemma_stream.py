@@ -104,11 +104,8 @@ class CanvasPlan:
 
 
 class EventStreamer:
-    """transformers' streamer protocol -> StepEvents (one per denoising step), handed to `send`.
-
-    A step's event waits for the next call: a `put` (the canvas is final) adds the canvas's
-    commits and the rows it finished; a driver that knows the canvas goes on calls `flush`.
-    """
+    """transformers' streamer protocol -> StepEvents (one per denoising step), handed to `send`;
+    a step's event waits for a `put` (the canvas is final: its commits) or a `flush`."""
 
     def __init__(self, plan: CanvasPlan, rows: int, observer: Callable[[], StopObserver | None],
                  send: Callable[[StepEvent], None]):  # fmt: skip

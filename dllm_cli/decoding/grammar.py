@@ -130,12 +130,8 @@ def require_library() -> None:
 
 
 class GrammarVocab:
-    """The model's vocabulary as llguidance sees it: token bytes, and the stop tokens.
-
-    A byte-level or SentencePiece tokenizer.json is read by llguidance itself; any other
-    (e.g. a word-level one) is described token by token: its bytes are what the tokenizer
-    decodes after an anchor token (so a leading space survives), special tokens are named.
-    """
+    """The model's vocabulary as llguidance sees it: token bytes, and the stop tokens (a
+    tokenizer.json llguidance cannot read, e.g. word-level, is spelled token by token)."""
 
     def __init__(self, tokenizer, vocab_size: int, stops: tuple[int, ...]):
         require_library()

@@ -115,12 +115,9 @@ class DualCache:
 
 
 class FreeCache:
-    """FlashDLM FreeCache (arXiv 2505.21467): prompt and finished blocks never recomputed.
-
-    A block's last forward wrote K/V that still show masks, so the next block's first step
-    recomputes the finished blocks not yet frozen once, from their final tokens, and freezes
-    them; the prompt is frozen by the one full forward at the start.
-    """
+    """FlashDLM FreeCache (arXiv 2505.21467): prompt and finished blocks never recomputed. A
+    block's last forward wrote K/V that still show masks, so the next block's first step
+    recomputes the unfrozen finished blocks once, from their final tokens, and freezes them."""
 
     uses_cache = True
 

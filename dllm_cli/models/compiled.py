@@ -38,11 +38,9 @@ def record_cuda_graph(run: Callable[[], torch.Tensor]):
 
 
 class StepGraphs:
-    """A model forward that replays recorded cached block steps and runs the rest eagerly.
-
-    `agree` (tensor parallelism: `Shards.agree`, one MIN all-reduce of a flag per recording)
-    says whether every rank recorded: one rank's failed recording leaves every rank eager, so
-    every rank runs the same collectives (a replay's NCCL kernels, or the eager calls)."""
+    """A model forward that replays recorded cached block steps and runs the rest eagerly;
+    `agree` (tensor parallelism: `Shards.agree`) makes one rank's failed recording leave every
+    rank eager, so every rank runs the same collectives."""
 
     def __init__(
         self,
@@ -121,11 +119,9 @@ def recording_key(input_ids, positions, cache, key_mask, columns, logits_slice) 
 
 
 def enable_compile(model, record: Recorder | None = None) -> str | None:
-    """Turn on CUDA-graph replay of cached block steps; None, or why the model stays eager.
-
-    A tensor-parallel shard records its NCCL all-reduces with the step (torch captures NCCL
-    collectives, NCCL >= 2.9.6); every rank records the same steps, as every rank takes the
-    same decisions, and the ranks agree on each recording (`StepGraphs.agree`)."""
+    """Turn on CUDA-graph replay of cached block steps; None, or why the model stays eager. A
+    tensor-parallel shard records its NCCL all-reduces with the step (NCCL >= 2.9.6): every
+    rank records the same steps, and the ranks agree on each recording."""
     from dllm_cli.models.sharding import ShardedLM
 
     device = next(model.parameters()).device

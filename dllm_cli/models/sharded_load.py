@@ -149,10 +149,8 @@ def split_inputs_linears(model: nn.Module, plan: dict) -> dict[str, nn.Linear]:
 
 
 def check_split_groups(inputs: dict[str, nn.Linear], scheme: quant.Scheme, shards: Shards):
-    """Refuse, naming the numbers, a split whose share of a layer's inputs is not a whole
-    number of int4 groups (a group must not straddle two ranks); and int4 experts split over
-    their columns (summed after their block's weighted sum: each rank's part would be
-    rounded to bfloat16 first, unlike one process's whole expert output)."""
+    """Refuse, naming the numbers, int4 groups that would straddle two ranks, and int4 experts
+    split over their columns (their parts would round before the block's sum)."""
     for name, lin in inputs.items():
         if scheme.group and not isinstance(lin, RowLinear):
             raise SettingsError(
@@ -170,10 +168,8 @@ def check_split_groups(inputs: dict[str, nn.Linear], scheme: quant.Scheme, shard
 def quantized_layers(
     scheme: quant.Scheme, shards: Shards, inputs: dict[int, torch.Tensor | None]
 ) -> quant.Maker:
-    """The quantized layer of a group of this rank's linears: a linear holding some of its
-    inputs (`inputs`: its id -> int8's peaks of its whole rows) is quantized with one
-    process's per-row scales and reduces its activations' peaks (QuantizedInputs); a
-    row-parallel one sums its products too."""
+    """The quantized layer of a group of this rank's linears; one holding some of its inputs
+    (`inputs`: id -> int8's whole-row peaks) is a QuantizedInputs layer of one process's scales."""
 
     def make(linears, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         first = linears[0]
@@ -189,12 +185,10 @@ def quantized_layers(
 
 
 class QuantizedInputs:
-    """Mixed in before a quantized layer (models/quantize.py, int4.py) holding this rank's
-    share of its inputs. int8 quantizes each row of x by its whole row's max |x| (one MAX
-    all-reduce of a number a row), as one process does. `summed` (a row-parallel layer; the
-    experts' are summed by their block): the partial products are summed over ranks; int4's
-    are float32 products of the same bfloat16 values, rounded to bfloat16 once after the sum,
-    as one process's bfloat16 GEMM rounds its float32 sums once."""
+    """Mixed in before a quantized layer holding this rank's share of its inputs: int8 scales
+    each row of x by its whole row's max |x| (one MAX all-reduce); `summed` (row-parallel) sums
+    the partial products over ranks, int4's in float32, rounded to bfloat16 once after the sum
+    as one process's GEMM rounds once (docs/tensor-parallel.md)."""
 
     shards: Shards
     summed: bool
