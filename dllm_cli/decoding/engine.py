@@ -234,8 +234,7 @@ class Engine(RequestQueue):
 
     def _records(self, out: Commit) -> list[Finished]:
         """Finished records of the final rows: EOS after each answer's end (a stop token, a
-        request's own stop id), commit steps counted from admission (tokens stay on the
-        device until read)."""
+        request's own stop id), commit steps from admission (tokens on the device until read)."""
         answer, cut = out.answers, out.cut  # (R, G), (R,)
         rows = [self.live[i] for i in out.final]
         if cut is None:

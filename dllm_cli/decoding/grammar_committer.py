@@ -135,9 +135,8 @@ class GrammarCommitter(Committer):
                 self.forced += len(run)
 
     def _matchers(self, rids: list[int]) -> list:
-        """Each row's matcher (None: unconstrained); those of departed requests are dropped,
-        and grammars bound to requests older than every live one (admission is first come,
-        first served: they were aborted before they ran)."""
+        """Each row's matcher (None: unconstrained); departed requests' are dropped, and grammars
+        bound to requests older than every live one (first come, first served: aborted)."""
         live, oldest = set(rids), min(rids)
         for rid in [r for r in self.matchers if r not in live]:
             del self.matchers[rid]
@@ -273,9 +272,8 @@ def next_tokens(matcher, vocab: GrammarVocab) -> np.ndarray:
 
 
 def verify(matcher, drafts: list[int], wanted: int) -> tuple[int, bool]:
-    """(drafts committed, whether the next slot takes a masked token) for one row.
-
-    The matcher consumes the committed drafts; the caller consumes the masked token."""
+    """(drafts committed, whether the next slot takes a masked token) for one row; the matcher
+    consumes the committed drafts, the caller the masked token."""
     if not drafts:
         return 0, False
     if matcher is None:  # unconstrained: the rule's run

@@ -52,9 +52,8 @@ def record(canvas, live, probs: torch.Tensor | None, commit, tokens, columns, pa
 
 
 def write(requests, probs: torch.Tensor, commit, tokens, positions, part=None) -> None:
-    """Row i of (N, L) `commit`, `tokens` and answer `positions` (and (N, L, V) `probs`) into
-    `requests[i]`'s buffers, for the requests that asked; `part` (a VocabPart): `probs` are a
-    tensor-parallel rank's slice of the vocabulary."""
+    """Row i of (N, L) `commit`, `tokens`, answer `positions` and (N, L, V) `probs` into the
+    buffers of `requests[i]` if it asked; `part` (a VocabPart): `probs` are a rank's slice."""
     asking = [i for i, r in enumerate(requests) if r.logprobs is not None]
     for i in asking:
         r = requests[i]

@@ -244,8 +244,7 @@ class MaskedStepper:
 
     def cache_view(self, live: list[Request]) -> KVCache | None:
         """The cache as this step's canvas rows see it: canvas row r (branch b) is cache row
-        `slot_rows[r] + b * slots`; the cache itself when every slot is busy (rows are kept in
-        slot order, so the mapping is then the identity)."""
+        `slot_rows[r] + b * slots`; the cache itself when every slot is busy (the identity)."""
         if self.cache is None:
             return None
         n = self.cache.k[0].shape[0] // self.branches

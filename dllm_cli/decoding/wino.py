@@ -47,8 +47,7 @@ def wide_in(confidence, candidates, threshold: float) -> torch.Tensor:
 
 def last_accepted(ctx, committed: torch.Tensor) -> torch.Tensor:
     """(B,) tokens the row's previous step committed in this block (the reference's
-    `last_accept`): the committed columns carrying the block's latest commit mark. Read from the
-    canvas's commit marks (re-masked columns lose theirs), so it needs no state between steps."""
+    `last_accept`), from the canvas's commit marks (re-masked columns lose theirs): no state."""
     c = ctx.canvas
     marks = c.steps.gather(1, (ctx.columns - c.prompt_width).clamp(min=0))  # (B, L)
     marks = marks.masked_fill(~committed, -1)
@@ -120,9 +119,8 @@ class ShadowForwards(Forwards):
         self._verified.append((rows, earlier, lambda: p))
 
     def _packed(self, c, cache, plans, spans, generator, columns, valid):
-        """The rows packed (packing.py), each row's shadows after every row's own columns:
-        one more attention group, over each row's cached keys from column 0 then its
-        shadows' (shadow_mask), whose K/V are written nowhere."""
+        """The rows packed (packing.py), their shadows after every row's own columns in one more
+        attention group over each row's cached keys then its shadows' (K/V written nowhere)."""
         device, shift = c.ids.device, self.model.logit_shift
         p = pack(c, cache.row_ids, cache.hosts, plans, spans, shift)
         span, real = span_slots(spans, device)  # (B, L)

@@ -112,8 +112,7 @@ class DiffusionLM(nn.Module):
 
     def rope_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """cos, sin and signed sin (B, 1, T, D) at `positions` (signed: apply_rope's one roll),
-        gathered from one stacked table per model, device and dtype (as Fast-dLLM keeps one),
-        computed by `rope_tables` so a row equals the directly computed values."""
+        gathered from one `rope_tables` table per model, device and dtype (as Fast-dLLM's)."""
         table = getattr(self, "_rope_table", None)
         if table is None or table.device != positions.device or table.dtype != dtype:
             every = torch.arange(self.context_length, device=positions.device)[None]
@@ -180,9 +179,8 @@ def output_head(embeddings: nn.Embedding, tied: bool) -> nn.Linear:
 
 
 class QwenLayout:
-    """The accessors of models laid out as `model.embed_tokens / model.layers / model.norm`
-    plus `lm_head` (Dream's Qwen2 names, SDAR's Qwen3 names, LLaDA-MoE); list it before the
-    DiffusionLM base so these override the base's."""
+    """The accessors of `model.embed_tokens / model.layers / model.norm` plus `lm_head` (Dream,
+    SDAR, LLaDA-MoE, LLaDA2); listed before the DiffusionLM base so these override its own."""
 
     embeddings_name: ClassVar[str] = "embed_tokens"  # LLaDA2 calls them `word_embeddings`
     layer: ClassVar[Callable]  # (config, index) -> that layer (a staticmethod)

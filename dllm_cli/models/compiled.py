@@ -100,9 +100,8 @@ class StepGraphs:
 
 
 def graphable(input_ids, positions, cache, key_mask, columns, logits_slice) -> bool:
-    """A lockstep cached step over part of the canvas; full-canvas refreshes (of the whole
-    canvas, or of the part a suffix window keeps: every column attended is computed) and
-    per-row steps ((B, T) columns, row subsets of the cache, per-row logit picks) run eagerly."""
+    """A lockstep cached step over part of the canvas; full-canvas refreshes (every column
+    attended is computed) and per-row steps (columns, cache rows, logit picks) run eagerly."""
     lockstep = isinstance(columns, slice) and not isinstance(logits_slice, torch.Tensor)
     if not lockstep or not isinstance(cache, KVCache) or not cache.whole or positions is None:
         return False

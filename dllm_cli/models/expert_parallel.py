@@ -21,9 +21,8 @@ from dllm_cli.models.qwen_layers import QwenLayer
 
 
 class LocalExperts(LLaDAMoESparseBlock):
-    """A sparse block holding experts [first, first + count) only (an nn.ModuleDict keyed by
-    their global indices, so checkpoint names stay `experts.{i}.*`); its output is this rank's
-    part of the routed sum, unreduced (the layer sums it with the shared expert's part)."""
+    """A sparse block holding experts [first, first + count) only (keyed by their global
+    indices: names stay `experts.{i}.*`); its output is this rank's part, unreduced."""
 
     first: int
     count: int

@@ -55,9 +55,8 @@ def check_group(group: int, in_features: int, name: str = "a layer") -> None:
 def quantize_groups(
     weight: torch.Tensor, group: int, search: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, in) float -> codes uint8 (out, in) in 0..15 and bfloat16 (out, in / group, 2)
-    scale and zero per group, chosen by `fit_groups` (or min/max with search off); the codes
-    are rounded against the bfloat16 values."""
+    """(out, in) float -> uint8 codes (out, in) and bfloat16 (out, in / group, 2) scale and zero
+    pairs, by `fit_groups` (min/max with search off), codes rounded against the bfloat16 pairs."""
     in_features = weight.shape[1]
     rows = max(1, SEARCH_CHUNK // in_features)  # a slice of rows at a time: scratch in cache
     codes, pairs = [], []

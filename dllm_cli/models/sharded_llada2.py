@@ -53,10 +53,9 @@ def split_llada2_block(block, shards: Shards, plan: dict, prefix: str) -> None:
 
 
 class LocalLLaDA2MoE(SummedLLaDA2MoE):
-    """A sparse layer holding routed experts [first, first + count) whole (an nn.ModuleDict
-    keyed by their global indices: checkpoint names stay `experts.{i}.*`): the reference's
-    routing, sort and float32 weighted sum with other ranks' pairs 0, plus this rank's
-    shared-expert columns; the ranks' parts summed by one all-reduce (SummedLLaDA2MoE)."""
+    """A sparse layer holding routed experts [first, first + count) whole (names stay
+    `experts.{i}.*`): the reference's routing, sort and weighted sum with other ranks' pairs 0,
+    plus this rank's shared-expert columns, summed over ranks (SummedLLaDA2MoE)."""
 
     first: int
     count: int

@@ -212,9 +212,8 @@ def narrow(module: nn.Module, dim: int, lo: int, hi: int, plan: dict, name: str)
 
 
 class ShardedLM:
-    """Mixed in before a DiffusionLM class: a KV cache of this rank's heads, forwards counted.
-    Its `shards` (None on an unsplit model) makes the engine sample from vocabulary shards
-    (decoding/sharded_sampling.py)."""
+    """Mixed in before a DiffusionLM class: a KV cache of this rank's heads, forwards counted;
+    its `shards` make the engine sample from vocabulary shards (decoding/sharded_sampling.py)."""
 
     shards: Shards
     local_kv: int

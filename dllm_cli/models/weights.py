@@ -104,9 +104,8 @@ def check_weights(folder: Path, model: nn.Module) -> None:
 
 
 def read_weights(folder: Path, model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """`model` (built on the meta device) holding the folder's tensors, floating ones cast to
-    `dtype`, read shard by shard; tensors the model has no place for are ignored, as
-    transformers does (e.g. rotary caches some checkpoints store)."""
+    """`model` (meta-built) holding the folder's tensors, floating ones cast to `dtype`, shard by
+    shard; tensors it has no place for (e.g. stored rotary caches) are ignored, as transformers."""
     from safetensors import safe_open
 
     wanted = set(model.state_dict(keep_vars=True))
