@@ -160,10 +160,9 @@ def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
 
 
 def grammar_runs(e: BlockStepper, rows, fill, x0, dist, active) -> tuple[torch.Tensor, ...]:
-    """The grammar's commits (grammar_committer.py): each row's run from its first mask in
-    the active block (the masks after it are its drafts, as a masked row's frontier walk),
-    the rule's own run from there (its fills' leading run, at least one) as the most it
-    takes; the fills (N, B) and tokens (N, B) it leaves."""
+    """The grammar's commits (grammar_committer.py): each row's run from its first mask in the
+    active block, at most the rule's leading run of fills there (at least one); the fills
+    (N, B) and tokens (N, B) it leaves."""
     n, b = active.shape
     slots = torch.arange(b, device=active.device)[None]  # (1, B)
     first = torch.where(active.any(dim=1), active.long().argmax(dim=1), b)[:, None]  # (N, 1)

@@ -158,10 +158,9 @@ class EventStreamer:
 
     def _step_event(self, draft: torch.Tensor) -> StepEvent:
         observed = self.observer()
-        confidence = observed.confidence if observed and observed.confidence is not None else None
-        changed = torch.ones_like(draft, dtype=torch.bool)  # (B, L) vs. the random start
-        if self.previous is not None:
-            changed = draft != self.previous
+        confidence = observed.confidence if observed else None
+        fresh = self.previous is None  # (B, L) changed: against the random start, everything
+        changed = torch.ones_like(draft, dtype=torch.bool) if fresh else draft != self.previous
         start, end = self._span()
         width = end - start
         drafts = []
@@ -196,7 +195,7 @@ class EventStreamer:
         start, end = self._span()
         last = len(self.canvas_step) + 1 == self.plan.canvases
         observed = self.observer()
-        conf = observed.confidence if observed and observed.confidence is not None else None
+        conf = observed.confidence if observed else None
         commits, finished = [], []
         for r in range(self.rows):
             if r in self.done:

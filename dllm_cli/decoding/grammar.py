@@ -97,10 +97,9 @@ def compile_grammar(kind: str, source: Any, vocab: GrammarVocab | None = None) -
 
 
 def check_writable(grammar: Grammar, vocab: GrammarVocab) -> None:
-    """GrammarError when the vocabulary cannot begin an answer the grammar accepts: the bytes
-    it forces first have no tokens (JSON's `{` under a vocabulary with no token for it), or
-    no token may come first (an integer under a vocabulary whose every word starts with a
-    space). Every answer would otherwise end empty and invalid, without a word of warning."""
+    """GrammarError when the vocabulary cannot begin an answer the grammar accepts (no tokens
+    spell the bytes it forces first, or none may come first), which would otherwise end every
+    answer empty and invalid without a word of warning."""
     m = vocab.matcher(grammar)
     if m.is_error():
         return

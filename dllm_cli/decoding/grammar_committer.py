@@ -87,11 +87,9 @@ class GrammarCommitter(Committer):
         return Decision(commit, accepted=accepted, tokens=tokens, corrected=corrected & commit)
 
     def walk(self, rids, counts, wanted, drafts, probs, draws: RowDraws | None):
-        """Each row's run from its frontier, as the grammar allows: `drafts` (B, L) and their
-        distributions `probs` (B, L, V) start at the row's frontier, `counts` (B,) of them are
-        masks, the unmask rule wanted a run of `wanted` (B,). Returns the tokens (B, L), the
-        columns the grammar chose (B, L), each row's committed run (B,) and the drafts the
-        grammar accepted. The masked stepper and the block stepper (block_step.py) call it."""
+        """Each row's run from its frontier as the grammar allows (`drafts` (B, L) and `probs`
+        (B, L, V) from the frontier, `counts` (B,) of them masks, the rule's run `wanted` (B,)):
+        tokens (B, L), the columns the grammar chose, each row's run (B,), the drafts accepted."""
         host = torch.cat([rids[:, None], counts[:, None], wanted[:, None], drafts], 1)
         table = host.tolist()  # the step's read of the drafts
         matchers = self._matchers([row[0] for row in table])
@@ -175,13 +173,9 @@ class GrammarCommitter(Committer):
 
 
 class GuidedGrammarCommitter(Committer):
-    """The grammar filters what the AR guide verifies (guided.py, FlashDLM).
-
-    Each step a row's drafts are cut at the first one its grammar rejects, which is replaced
-    by an id no token has (the guide must reject it); the guide judges and chooses among the
-    grammar's tokens only (each slot's mask), so its accepted run and its token on a rejection
-    both follow the grammar. The forced run follows, as in GrammarCommitter.
-    """
+    """The grammar filters what the AR guide verifies (guided.py, FlashDLM): a row's drafts are
+    cut at the first its grammar rejects (replaced by an id no token has, which the guide must
+    reject), the guide chooses among the grammar's tokens only, then the forced run follows."""
 
     frontier = True
 

@@ -61,12 +61,8 @@ def pad_canvas(c: Canvas, pad_id: int, left: int = 0, right: int = 0) -> Canvas:
 
 def cat_canvases(a: Canvas, b: Canvas) -> Canvas:
     """Rows of `a` then rows of `b` (same prompt width)."""
-    parts = [torch.cat([x, y]) for x, y in zip(fields(a), fields(b), strict=True)]
+    parts = [torch.cat([getattr(a, f), getattr(b, f)]) for f in ("ids", "pad", "rows", "steps")]
     return Canvas(*parts, a.prompt_width, a.mask_id)
-
-
-def fields(c: Canvas) -> tuple[torch.Tensor, ...]:
-    return c.ids, c.pad, c.rows, c.steps
 
 
 def static_reason(model, guided: bool = False) -> str | None:

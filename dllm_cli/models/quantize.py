@@ -159,10 +159,9 @@ Maker = Callable[[Sequence[nn.Linear], torch.Tensor, torch.Tensor | None], nn.Mo
 
 
 def quantize_model(model: DiffusionLM, scheme: str | Scheme, make: Maker | None = None) -> int:
-    """Replace the model's projections in place (instead of `fuse_projections`); returns how
-    many were quantized. Each fused group (q/k/v, gate/up) becomes one layer: its input quantized
-    once, one GEMM, the separate layers' integers and scales. A tied head stays the embedding's
-    float view; `make` (else the scheme's) makes the layers but the output head."""
+    """Replace the model's projections in place (instead of `fuse_projections`): how many. Each
+    fused group (q/k/v, gate/up) becomes one layer; a tied head stays the embedding's float
+    view; `make` (else the scheme's) makes the layers but the output head."""
     scheme = scheme if isinstance(scheme, Scheme) else scheme_for(scheme)
     if scheme.bits == 0:
         return 0

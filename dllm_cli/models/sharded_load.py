@@ -120,7 +120,11 @@ def load_sharded(
     whole = sum(p.numel() for p in model.parameters()) * itemsize  # tied ones counted once
     groups = tied_groups(model)
     plan = split(model, family, shards)
-    inputs = split_inputs_linears(model, plan)  # name -> a linear holding part of its inputs
+    inputs = {  # name -> a linear of which this rank holds some inputs (weight split on dim 1)
+        name.removesuffix(".weight"): model.get_submodule(name.removesuffix(".weight"))
+        for name, piece in plan.items()
+        if name.endswith(".weight") and isinstance(piece, tuple) and piece[0] == 1
+    }
     check_split_groups(inputs, scheme, shards)
     per_row = scheme.bits and not scheme.group  # one scale a row: the whole row's peak
     peaks: dict[str, torch.Tensor] | None = {} if per_row else None
@@ -137,15 +141,6 @@ def load_sharded(
     sum_fused_rows(model)
     model.weight_bytes = (quant.weight_bytes(model), whole)
     return model
-
-
-def split_inputs_linears(model: nn.Module, plan: dict) -> dict[str, nn.Linear]:
-    """The linears of which this rank holds some inputs (their weights split over dim 1)."""
-    return {
-        name.removesuffix(".weight"): model.get_submodule(name.removesuffix(".weight"))
-        for name, piece in plan.items()
-        if name.endswith(".weight") and isinstance(piece, tuple) and piece[0] == 1
-    }
 
 
 def check_split_groups(inputs: dict[str, nn.Linear], scheme: quant.Scheme, shards: Shards):
