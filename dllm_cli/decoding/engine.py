@@ -108,12 +108,10 @@ class Engine(RequestQueue):
         sampling: Sampling | dict | None = None,
         logprobs: int | None = None,
     ) -> int:
-        """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError).
-
-        `sampling` (or whole `settings`) gives the request its own gen_length, temperature,
-        top_p, top_k, seed and stop ids (lifetimes.py) where the stepper takes them; any other
-        setting differing from the engine's is refused (SettingsError naming it). `logprobs`
-        (k >= 0) records each answer token's log-probability and k alternatives (logprobs.py)."""
+        """Queue a prompt; its id (InputError: it cannot decode). `sampling` (or whole `settings`)
+        gives it its own Sampling values (lifetimes.py) where the stepper takes them, any other
+        setting differing from the engine's refused; `logprobs` k: each answer token's
+        log-probability and k alternatives (logprobs.py)."""
         own = self.sampling
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)

@@ -22,12 +22,9 @@ from dllm_cli.decoding.events import RowCommit, StepEvent
 
 
 class RowSampler(EntropyBoundSampler):
-    """transformers' entropy-bound sampler; row r draws its noise and samples from generators[r].
-
-    Only the randomness differs from the reference (torch's global generator, so a row's draws
-    depend on the rows before it): each row has its own seeded generator, and a row whose canvas
-    the stopping rule froze draws nothing, so its later canvases see the numbers of a run alone.
-    """
+    """transformers' entropy-bound sampler; row r draws its noise and samples from generators[r]
+    (the reference's global generator makes a row's draws depend on the rows before it), and a
+    row the stopping rule froze draws nothing, so its later canvases see a run alone's numbers."""
 
     def __init__(self, config, canvas_length, vocab_size, max_denoising_steps, generators, frozen):
         super().__init__(config, canvas_length, vocab_size, max_denoising_steps)

@@ -7,11 +7,9 @@ scale and zero are searched for the least squared error (`fit_groups`: llama.cpp
 search), never worse than min/max's. At the default group of 32: 5 bits a weight on average
 (GGUF's Q4_0 stores 4.5: one float16 scale per 32, no zero).
 
-Kernels (`kernel_for`): "dequant" (CPU; the codes packed two a byte by `pack_halves`, each call
-unpacks one layer's weight to bfloat16 for one bfloat16 GEMM); "tinygemm" (CUDA, where the
-layer's shape fits its tiles; not run on a GPU by this project: the same layout is checked on
-CPU through the `_for_cpu` twin); "tinygemm-cpu" (by name only, `Int4Linear.of(kernel=)`;
-benchmarks/int4_kernels.py and docs/quantization.md compare it with dequant).
+Kernels (`kernel_for`): "dequant" (CPU: each call unpacks one layer's weight to bfloat16 for
+one bfloat16 GEMM), "tinygemm" (CUDA where the shape fits its tiles; its layout is checked on
+CPU through the `_for_cpu` twin) and "tinygemm-cpu" (by name only; docs/quantization.md).
 
 The scale and zero tensor is held as int16 (the bfloat16 bits): a model's `.to(dtype)` casts
 floating buffers, which would double it to float32; the bits are read back as bfloat16 free.

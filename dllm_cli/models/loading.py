@@ -197,10 +197,9 @@ def special_ids(
     family: Family | None = None,
 ) -> SpecialIds:
     """Special ids: the profile's overrides, else config.json, else the tokenizer, else (the
-    mask) the family table (LLaDA-MoE's config.json names no mask id). `present` (config.json's
-    keys) keeps our config classes' defaults (the 8B models' ids) from posing as the folder's;
-    `table_size` (embedding rows) turns an out-of-range id into a load error, not a mid-decode
-    index error."""
+    mask) the family table. `present` (config.json's keys) keeps our config classes' defaults
+    from posing as the folder's; `table_size` (embedding rows) makes an out-of-range id a load
+    error, not a mid-decode index error."""
     over = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = sorted(set(over) - set(ROLES))
     if unknown:

@@ -2,13 +2,11 @@
 int4 group-wise (models/int4.py).
 
 `quantize_model` swaps each projection (attention, MLP, experts, output head) of a loaded model
-for an `Int8Linear`; the checkpoint folder is read as it is, nothing is written back. Weights are
-symmetric int8 with one float scale per output channel (LLM.int8()'s vector-wise scheme without
-its outlier split, Dettmers et al. 2022); each forward quantizes its input per row (token) the
-same way and multiplies int8 x int8 -> int32 with `torch._int_mm`, then rescales (SmoothQuant's
-W8A8 arithmetic without the smoothing, Xiao et al. 2023; on CPU W8A8 beat weight-only int8:
-docs/quantization.md). Embeddings, norms, MoE routers and the first block's MLP output
-projection stay in the load dtype.
+for an `Int8Linear` (nothing is written back): symmetric int8 with one float scale per output
+channel (LLM.int8()'s vector-wise scheme without its outlier split, Dettmers et al. 2022), each
+input row quantized the same way and multiplied int8 x int8 -> int32 by `torch._int_mm`
+(SmoothQuant's W8A8 without the smoothing, Xiao et al. 2023; docs/quantization.md). Embeddings,
+norms, MoE routers and the first block's MLP output projection stay in the load dtype.
 
 `--quantize int4` stores the same layers in 4 bits, one bfloat16 scale and zero per group of 32
 inputs (tinygemm's format), and multiplies in bfloat16 (models/int4.py says why and how); the
