@@ -263,10 +263,6 @@ def decide(e: BlockStepper, r, fill, edit, x0, active, final, at: int) -> None:
         settle(e, r, final)
 
 
-def last(r) -> bool:
-    return r.block == r.blocks - 1
-
-
 def stops(e: BlockStepper, r) -> bool:
     """Early stop: a stop token with no mask before it in the answer (its text is final)."""
     if not e.settings.early_stop:
@@ -277,7 +273,7 @@ def stops(e: BlockStepper, r) -> bool:
 
 def settle(e: BlockStepper, r, final: list, stored: bool = False) -> None:
     """The active block is final: the row ends, or its K/V get written and it moves on."""
-    if last(r) or stops(e, r):
+    if r.block == r.blocks - 1 or stops(e, r):  # its last block, or an early stop
         final.append(r)
     elif stored or not e.cached:
         advance(e, r)

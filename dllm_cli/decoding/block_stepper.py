@@ -111,12 +111,9 @@ class BlockStepper:
     def progress(self, live: list[Request], i: int) -> list[int]:
         """Row i's committed answer so far, up to its first mask or stop token (LLaDA2.1:
         before its active block, which edits may still change)."""
-        row = self.rows[i]
-        end = row.block * self.rule.block
-        tokens = self.answer(row)[
-            : None if self.rule.edit_threshold is None else max(0, end - row.prompt)
-        ]
-        tokens = tokens.tolist()
+        row, editing = self.rows[i], self.rule.edit_threshold is not None
+        end = max(0, row.block * self.rule.block - row.prompt) if editing else None
+        tokens = self.answer(row)[:end].tolist()
         first = tokens.index(self.special.mask) if self.special.mask in tokens else len(tokens)
         return answer_tokens(tokens[:first], self.special.stop)
 

@@ -2,8 +2,7 @@
 
 We never execute code from a model folder: `auto_map` entries are ignored, the architecture is
 picked from config.json's `architectures`, then `model_type`, in our own table (families.py),
-and the tokenizer is loaded with
-`trust_remote_code=False` (Dream's remote tokenizer class is Qwen2's BPE, which transformers has).
+and the tokenizer is loaded with `trust_remote_code=False` (Dream's is Qwen2's BPE).
 """
 
 from __future__ import annotations
