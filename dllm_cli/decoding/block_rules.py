@@ -47,8 +47,7 @@ class BlockRule:
 
 
 def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") -> BlockRule:
-    """The settings as a BlockRule; anything that does not apply is refused in one line
-    (cache, unmask and confidence by the family's `only` table)."""
+    """The settings as a BlockRule; what does not apply is refused in one line (families.py)."""
     check_refused(family, s, where)
     block = s.block_length
     # steps over the answer -> per block, the references' `steps` (both rules' schedule); the

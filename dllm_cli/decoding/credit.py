@@ -191,8 +191,7 @@ def sharded_fused_drafts(ctx, memory: CreditMemory, sampler) -> tuple[torch.Tens
 
 
 def credit_rule(p, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-    """dInfer's credit step: the threshold rule on credit-fused confidences, with the fused
-    drafts; returns (commit, tokens)."""
+    """dInfer's credit step: the threshold rule on credit-fused confidences, (commit, tokens)."""
     memory = p.memory
     if p.shard is not None:  # a tensor-parallel rank: ctx.probs is its vocabulary's part
         tokens, confidence = sharded_fused_drafts(ctx, memory, p.shard)

@@ -106,8 +106,7 @@ class GrammarCommitter(Committer):
         return tokens, corrected, torch.tensor(lengths, device=drafts.device), accepted
 
     def _fix(self, probs, draws, plans, matchers, tokens, corrected) -> list[int]:
-        """Rows whose run stopped at a rejection take the masked token there; each row's
-        committed length so far."""
+        """Rows whose run stopped at a rejection take the masked token there; each row's run."""
         fixes = [r for r, (_, fix) in enumerate(plans) if fix]
         if fixes:
             slots = [plans[r][0] for r in fixes]

@@ -114,8 +114,7 @@ class Finished:
 
 
 class RequestQueue:
-    """The requests an engine holds (every engine's: masked, block-causal, DiffusionGemma):
-    queued in arrival order, found by id, aborted; `__init__` sets them up."""
+    """The requests an engine holds: queued in arrival order, found by id, aborted."""
 
     def __init__(self) -> None:
         self.queue: deque[Request] = deque()  # waiting, in arrival order

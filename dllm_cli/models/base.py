@@ -186,8 +186,7 @@ class QwenLayout:
     layer: ClassVar[Callable]  # (config, index) -> that layer (a staticmethod)
 
     def __init__(self, config) -> None:
-        """`model` (embeddings, `layer(config, i)` for every layer, final norm), the LM head
-        (tied where config.json says), then random weights."""
+        """`model` (embeddings, each `layer(config, i)`, final norm), the head, random weights."""
         super().__init__(config)
         c = self.config
         sizes = (c.vocab_size, c.hidden_size, c.rms_norm_eps, c.num_hidden_layers)

@@ -48,8 +48,7 @@ class LocalExperts(LLaDAMoESparseBlock):
 
 
 class ExpertSummedLayer(QwenLayer):
-    """A sparse layer whose feed-forward output (this rank's experts plus its columns of the
-    shared expert) is summed over the ranks once."""
+    """A sparse layer whose feed-forward output (experts and shared expert) is summed once."""
 
     shards: Shards
 

@@ -136,8 +136,8 @@ def least_squares(
 
 
 def rounded(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(codes, scale, zero, squared error per group) with scale and zero rounded to bfloat16
-    and each weight's nearest code against them."""
+    """(codes, scale, zero, squared error per group): each weight's nearest code against the
+    bfloat16-rounded scale and zero."""
     scale = scale.clamp(min=1e-8).bfloat16().float()
     zero = zero.bfloat16().float()
     codes = ((w - zero) / scale + MID).round_().clamp_(0, LEVELS)
@@ -203,8 +203,8 @@ class Int4Linear(nn.Module):
         group: int = DEFAULT_GROUP,
         kernel: str | None = None,
     ) -> Int4Linear:
-        """Quantize a float (out, in) weight on its device (and keep its bias in float32);
-        `kernel` names one of KERNELS instead of the device's choice (`kernel_for`)."""
+        """Quantize a float (out, in) weight on its device (its bias kept in float32); `kernel`
+        names a kernel instead of the device's choice (`kernel_for`)."""
         out_features, in_features = weight.shape
         check_group(group, in_features)
         kernel = kernel or kernel_for(weight.device, out_features, in_features, group)

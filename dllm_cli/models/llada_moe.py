@@ -87,8 +87,7 @@ class LLaDAMoEConfig(QwenConfig):
 
 
 def llada_moe_layer(cfg: LLaDAMoEConfig, index: int) -> QwenLayer:
-    """A sparse MoE layer (plus the shared expert when sized) or, where moe_layer_freq says 0,
-    a dense SwiGLU one."""
+    """A sparse MoE layer (plus the shared expert when sized), dense where moe_layer_freq is 0."""
     d, heads, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
     bias, eps = cfg.attention_bias, cfg.rms_norm_eps
     attention = QwenAttention(

@@ -98,10 +98,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             n = torch.cuda.device_count()
             raise DeviceError(f"device {device!r} asked for, but this machine has {n} GPU(s)")
-    elif dev.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise DeviceError("device 'mps' asked for, but MPS is not available here")
-    elif dev.type != "cpu":
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError("device 'mps' asked for, but MPS is not available here")
+    elif dev.type not in ("cpu", "mps"):
         raise SettingsError(f"unsupported device {device!r} (use auto, cpu, cuda or cuda:N)")
     return dev
 

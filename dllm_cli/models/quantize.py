@@ -223,8 +223,7 @@ def output_heads(model: DiffusionLM) -> list[nn.Linear]:
 
 
 def quantize_fusion(owner: nn.Module, fusion: Fusion, skip: tuple[str, ...], make: Maker) -> int:
-    """One quantized layer per fused group but those in `skip` (kept float); the owner's
-    linears become views of it (no float copy left)."""
+    """One quantized layer per fused group but those in `skip`; the owner's linears view it."""
     names = {id(child): name for name, child in owner.named_children()}
     views: list[nn.Module] = []
     kept = 0
