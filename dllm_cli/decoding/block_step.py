@@ -225,8 +225,7 @@ def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
 
 
 def windows(e: BlockStepper, rows, ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ids (N, W) of each row's columns [0, end) padded to the longest, and their
-    block-causal key mask (N, W, W): a prefill's or a recompute's whole windows."""
+    """Ids (N, W) of each row's columns [0, end), padded, and their block-causal mask (N, W, W)."""
     width = max(ends)
     ids = torch.full((len(rows), width), e.special.pad, dtype=torch.long, device=e.device)
     for i, (r, end) in enumerate(zip(rows, ends, strict=True)):

@@ -72,16 +72,15 @@ class CreditMemory:
         return tokens, gains
 
     def update(self, ctx, top: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
-        """(B, L, V) each slot's credit after this step: decay, then the masks' top-1 tokens
-        gain top^boost (dInfer's `_apply_credit_fusion`)."""
+        """(B, L, V) each slot's credit after this step (dInfer's `_apply_credit_fusion`)."""
         probs = ctx.probs
         tokens, gains = self.advance(ctx, top, best)
         credit = torch.zeros(probs.shape, dtype=torch.float32, device=probs.device)
         return credit.scatter_add_(2, tokens, gains)  # (B, L, V)
 
     def advance(self, ctx, top: torch.Tensor, best: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(B, L, S) tokens and gains after this step, kept for the next: the older steps'
-        decayed, the masks' top-1 `best` gaining top^boost."""
+        """(B, L, S) tokens and gains after this step, kept for the next: older steps' decayed,
+        the masks' top-1 `best` gaining top^boost."""
         starts = block_starts(ctx)
         tokens, gains = self.carried(ctx, starts, top.shape[1])
         gain = top.float().pow(self.boost) * ctx.candidates  # (B, L): masked slots only

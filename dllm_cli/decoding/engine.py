@@ -84,10 +84,8 @@ class Engine(RequestQueue):
             raise SettingsError(f"admission must be one of {', '.join(ADMISSIONS)}")
         # Unset values take the family's reference defaults (Dream: top_k 50; families.py).
         settings = with_family_defaults(settings, model.family)
-        family = family_of_model(model)
-        kind = stepper_class(family.stepper)
-        self.family = family
-        policy = ADMISSIONS[admission]
+        self.family = family_of_model(model)
+        kind, policy = stepper_class(self.family.stepper), ADMISSIONS[admission]
         self.stepper: Stepper = kind(model, special, settings, committer, policy, slots, **options)
         self.admission = ADMISSIONS["static"] if self.stepper.whole_batches else policy
         self.settings = self.stepper.settings
@@ -124,8 +122,7 @@ class Engine(RequestQueue):
         return rid
 
     def check_prompts(self, prompts: list[list[int]], gen_length: int | None = None) -> None:
-        """Prompts that cannot decode here (answers of `gen_length`, a request's own; None: the
-        engine's) are refused (InputError naming the first)."""
+        """Refuse prompts that cannot decode (answers of `gen_length`; None: the engine's)."""
         own = gen_length not in (None, self.settings.gen_length)
         room = gen_length if own else self.stepper.answer_room  # (DiffusionGemma: whole canvases)
         check_prompts(prompts, room, self.model.context_length)

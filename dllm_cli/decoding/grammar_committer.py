@@ -120,8 +120,7 @@ class GrammarCommitter(Committer):
         return [n + bool(fix) for n, fix in plans]
 
     def _forced(self, matchers, rooms, lengths, tokens, corrected) -> None:
-        """After each row's commit, the tokens its grammar forces (no other token allowed)
-        are committed too, as far as its drafts reach; `lengths` grows by them."""
+        """After each row's commit, the tokens its grammar forces, as far as its drafts reach."""
         for r, (m, room) in enumerate(zip(matchers, rooms, strict=True)):
             run = forced_tokens(m, room)
             if run:

@@ -106,8 +106,8 @@ class MaskedStepper:
     # --- the Stepper protocol ----------------------------------------------------------------
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
         """New rows into the canvas (allocated, or widened for a longer prompt) and the cache."""
-        longest = max(len(r.prompt) for r in new)
-        lengths = [r.sampling.gen_length for r in new]
+        prompts, lengths = [r.prompt for r in new], [r.sampling.gen_length for r in new]
+        longest = max(map(len, prompts))
         if self.admission.whole_batches:
             self._allocate(longest, max(lengths), len(new), mixed=len(set(lengths)) > 1)
             self.committer.start(len(new))  # the committer learns that a decode begins
@@ -120,12 +120,9 @@ class MaskedStepper:
                 self._lengthen(self._answer_for(max(lengths)))
             if longest > self.canvas.prompt_width:
                 self._widen(live, self._width_for(longest, self.answer_width))
-        c, special = self.canvas, self.special
-        prompts = [r.prompt for r in new]
-        fresh = Canvas.build(
-            prompts, self.answer_width, special.mask, special.pad, c.ids.device, lengths
-        )
-        fresh = pad_canvas(fresh, special.pad, left=c.prompt_width - fresh.prompt_width)
+        c, mask, pad = self.canvas, self.special.mask, self.special.pad
+        fresh = Canvas.build(prompts, self.answer_width, mask, pad, c.ids.device, lengths)
+        fresh = pad_canvas(fresh, pad, left=c.prompt_width - fresh.prompt_width)
         fresh.rows = torch.tensor([r.id for r in new], device=self.device)
         for r in new:
             r.row.first = c.prompt_width  # its first mask: the answer's first column
@@ -134,7 +131,7 @@ class MaskedStepper:
         ranks = torch.tensor(order, dtype=torch.long, device=self.device)
         self.canvas = cat_canvases(c, fresh).select(ranks)
         if not self.admission.whole_batches:
-            self.committer.admit([r.prompt for r in new], ranks)
+            self.committer.admit(prompts, ranks)
         merged = live + new
         rows = [merged[i] for i in order]
         self._note_padding(rows)
@@ -203,8 +200,7 @@ class MaskedStepper:
         return max(longest, min(-(-longest // self.quantum) * self.quantum, self.answer_room))
 
     def _blocks(self, gen_length: int) -> tuple:
-        """A row's blocks for its own gen_length (steps split as its settings alone split
-        them), in this canvas's columns."""
+        """A row's blocks for its own gen_length (steps split as its own settings split them)."""
         if gen_length not in self.plans:
             own = replace(self.settings, gen_length=gen_length)
             width, size, steps = self.canvas.prompt_width, own.block_length, own.total_steps

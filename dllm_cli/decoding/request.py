@@ -94,8 +94,7 @@ class Finished:
     logprobs: Any = None  # logprobs.Buffers of a request that asked (read with `token_logprobs`)
 
     def token_logprobs(self, k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
-        """Per answer column: the committed token's log-probability, the step's k most likely
-        tokens and theirs (logprobs.py); empty lists when it asked for none."""
+        """Per answer column: the token's log-probability, the step's k most likely and theirs."""
         if self.logprobs is None:
             return [], [], []
         return self.logprobs.read(k)

@@ -26,8 +26,7 @@ ROLL_WAIT = 2.0  # seconds survivors wait for each other to sign the roll
 
 
 class RankLost(DllmError):
-    """A rank of this tensor-parallel group exited, was killed or stopped answering: the
-    others cannot compute their share without it, so the job ends."""
+    """A rank of this group exited, was killed or stopped answering: the job ends without it."""
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """A config.json as attributes: the base of our architectures' configs, without transformers.
 
 transformers' `PretrainedConfig` costs its package import (about 1 s of a start-up) for what
-these configs use of it: the shared token-id and tying fields, every other config.json key kept
-as an attribute, and `to_dict` / `save_pretrained` for writing a folder.
+these configs use of it: the shared token-id and tying fields, the other keys as attributes,
+and `to_dict` / `save_pretrained`.
 """
 
 from __future__ import annotations

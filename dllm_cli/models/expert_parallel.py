@@ -57,8 +57,7 @@ class ExpertSummedLayer(QwenLayer):
 
 
 def keep_experts(layer: QwenLayer, shards: Shards) -> None:
-    """Shrink a meta-built sparse layer to this rank's experts, in place (the checkpoint's
-    other experts are then not read: their names are not in the model)."""
+    """Shrink a meta-built sparse layer to this rank's experts, in place (others are not read)."""
     mlp = layer.mlp
     lo, hi = shards.even(len(mlp.experts))
     mlp.experts = nn.ModuleDict({str(i): mlp.experts[i] for i in range(lo, hi)})

@@ -198,8 +198,7 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme, make: Maker | None 
 def quantize_loaded(
     model: DiffusionLM, scheme: Scheme, dtype: torch.dtype, make: Maker | None = None
 ) -> None:
-    """A model read in `load_dtype`'s dtype: its projections quantized (fused groups joined),
-    the rest cast to `dtype`, the freed float weights handed back."""
+    """Quantize a model read in `load_dtype`'s dtype, cast the rest to `dtype`, free the floats."""
     quantize_model(model, scheme, make)
     model.to(dtype)
     refuse_float_groups(model)

@@ -75,8 +75,7 @@ class LocalLLaDA2MoE(SummedLLaDA2MoE):
 
 
 def keep_llada2_experts(mlp: LLaDA2MoE, shards: Shards) -> None:
-    """Shrink a meta-built sparse layer to this rank's routed experts, in place (the other
-    experts' tensors are then not read: their names are not in the model)."""
+    """Shrink a meta-built sparse layer to this rank's routed experts, in place (others unread)."""
     lo, hi = shards.even(len(mlp.experts))
     mlp.experts = nn.ModuleDict({str(i): mlp.experts[i] for i in range(lo, hi)})
     mlp.__class__, mlp.shards, mlp.first, mlp.count = LocalLLaDA2MoE, shards, lo, hi - lo

@@ -236,8 +236,7 @@ def read_slices(
     peaks: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Each tensor's slice for this rank, read from its shard file (never the whole tensor);
-    with `peaks` (int8) a weight split over its inputs is read a few whole rows at a time,
-    and the max |w| of its whole rows is kept there (the scale one process gives each row)."""
+    with `peaks` (int8) an input-split weight's whole rows' max |w| is kept there too."""
     from safetensors import safe_open
 
     wanted = model.state_dict(keep_vars=True)
@@ -284,8 +283,7 @@ def _read(st, name: str, piece: Slice | str, like: torch.Tensor) -> torch.Tensor
 
 
 def sum_fused_rows(model: nn.Module) -> None:
-    """After fusing: a fused group of row-parallel linears sums its output too (blocks call
-    the fused group, not the linear)."""
+    """After fusing: a fused group of row-parallel linears sums its output (blocks call it)."""
     for module in model.modules():
         fusion = getattr(module, "fusion", None)
         if fusion is None:

@@ -148,8 +148,7 @@ def expert_sizes(family: str, config, sizes: dict[str, int]) -> dict[str, int]:
 
 
 class VocabEmbedding(nn.Embedding):
-    """An embedding holding ids [start, stop) of the table; other ids' rows come from other
-    ranks through one all-reduce. `num_embeddings` stays the whole table's size."""
+    """Ids [start, stop) of the table (`num_embeddings` stays whole); others': an all-reduce."""
 
     shards: Shards
     start: int
@@ -231,8 +230,7 @@ class ShardedLM:
 
 
 class SummedExperts(LLaDAMoESparseBlock):
-    """A sparse block whose experts hold this rank's share of their columns: the routed sum of
-    partial expert outputs is summed over ranks once (not once per expert)."""
+    """A sparse block of column-split experts: their routed sum is summed over ranks once."""
 
     shards: Shards
 

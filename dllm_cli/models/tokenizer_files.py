@@ -2,12 +2,10 @@
 
 The steps are transformers' (tokenization_utils_base `_from_pretrained`, tokenization_utils_tokenizers
 `TokenizersBackend.__init__`, models/qwen2 `Qwen2Tokenizer.__init__`), in its order and with
-the same calls into the `tokenizers` backend. How the backend is built is the tokenizer
-class's (`RECIPES`): the plain backend (`PreTrainedTokenizerFast`, `TokenizersBackend`:
-tokenizer.json as saved) and Qwen2's byte-level BPE (`Qwen2Tokenizer`, and Dream's remote
-`DreamTokenizer`, loaded as Qwen2's since no folder code runs). Any other class, a remote
-class, several templates, legacy token files or `fix_mistral_regex` raise `NotFast` with the
-reason, and models/loading.py loads transformers' tokenizer instead.
+the same calls into the `tokenizers` backend; each tokenizer class's backend is a `RECIPES`
+record. Any other class, a remote class (but Dream's, loaded as Qwen2's), several templates,
+legacy token files or `fix_mistral_regex` raise `NotFast` with the reason, and
+models/loading.py loads transformers' tokenizer instead.
 """
 
 from __future__ import annotations
