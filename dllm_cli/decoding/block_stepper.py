@@ -121,8 +121,7 @@ class BlockStepper:
         return row.x[row.prompt : row.prompt + row.request.sampling.gen_length]
 
     def rule_for(self, gen_length: int) -> block_rules.BlockRule:
-        """The rule of rows of this gen_length: their own steps per block (the request's
-        settings, validated as it was added, refuse too few steps)."""
+        """The rule of rows of this gen_length: their own steps per block (checked at `add`)."""
         if gen_length not in self.rules:
             own = replace(self.settings, gen_length=gen_length)
             self.rules[gen_length] = block_rules.check_block_settings(own, self.family)

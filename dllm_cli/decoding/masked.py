@@ -280,8 +280,7 @@ class MaskedStepper:
         return done, cut
 
     def own_stops(self, live: list[Request]) -> torch.Tensor | None:
-        """(B, K) each live row's stop ids (the model's and its own, -1 padded); None when no
-        request has its own (the model's `stop_ids` serve every row)."""
+        """(B, K) each live row's stop ids (the model's and its own, -1 padded); None: none has."""
         if not any(r.sampling.stop for r in live):
             return None
         rows = [(*self.special.stop, *r.sampling.stop) for r in live]

@@ -173,7 +173,9 @@ def pack(codes: torch.Tensor, group: int, kernel: str) -> torch.Tensor:
     if kernel == "tinygemm":
         inner_tiles = next(t for t in (8, 4, 2) if codes.shape[1] % (16 * t) == 0)
         return torch.ops.aten._convert_weight_to_int4pack(pack_nibbles(codes), inner_tiles)
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    if kernel == "tinygemm-cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    raise KeyError(kernel)  # (a kernel name of none of the three)
 
 
 class Int4Linear(nn.Module):
