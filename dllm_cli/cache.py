@@ -9,7 +9,8 @@ tensor of canvas columns per row (rows at different places of their decode). A p
 pads short rows with queries aimed at the scratch column: one extra column after the canvas
 that every key mask leaves out, so padding writes land where nothing reads. The block-causal
 models (models/block.py) keep their rows here too: a block-causal row is a row of per-row
-columns whose key mask is block-causal (per query).
+columns whose key mask is block-causal (per query). So does dllm's AR guide (models/causal.py):
+one column per cached slot, widened when a forward lacks room (decoding/guide_cache.py).
 """
 
 from __future__ import annotations

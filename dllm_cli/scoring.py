@@ -105,7 +105,9 @@ class VocabLogProbs:
             return logits.log_softmax(dim=-1).cpu()
         lse, mine, values, ids = self.gathered(logits, own, CANDIDATES)
         out = torch.full((logits.shape[0], self.model.vocab_width), -torch.inf)  # (N, V) float32
-        out.scatter_(1, ids.cpu(), (values - lse[:, None]).float().cpu())
+        real = (ids >= 0).cpu()  # (a slice narrower than k pads with id -1)
+        rows = torch.arange(out.shape[0])[:, None].expand_as(real)
+        out[rows[real], ids.cpu()[real]] = (values - lse[:, None]).float().cpu()[real]
         if own is not None:
             out.scatter_(1, own.cpu()[:, None], (mine - lse).float().cpu()[:, None])
         return out
@@ -118,11 +120,12 @@ class VocabLogProbs:
         x = logits.double()  # (N, V_r)
         absent = torch.full(x.shape[:1], -torch.inf, dtype=x.dtype, device=x.device)
         mine = absent if own is None else held(x, own, start)
-        k = min(k, *shards.widths(self.model.vocab_width))  # one shape on every rank
-        values, ids = x.topk(k, dim=-1)  # (N, k)
-        packed = torch.cat(
-            [x.logsumexp(dim=-1)[:, None], mine[:, None], values, (ids + start).double()], dim=1
-        )
+        n = min(k, x.shape[-1])  # a slice narrower than k sends every id it holds ...
+        values, ids = x.topk(n, dim=-1)  # (N, n)
+        pad = (x.shape[0], k - n)  # ... and -inf fillers of id -1: one shape on every rank
+        values = torch.cat([values, values.new_full(pad, -torch.inf)], dim=1)  # (N, k)
+        ids = torch.cat([ids + start, ids.new_full(pad, -1)], dim=1)
+        packed = torch.cat([x.logsumexp(dim=-1)[:, None], mine[:, None], values, ids.double()], 1)
         every = shards.all_gather(packed)  # (world, N, 2 + 2k)
         lse = every[..., 0].logsumexp(dim=0)  # (N,)
         own_logit = every[..., 1].max(dim=0).values  # the holder's; -inf from the others

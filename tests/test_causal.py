@@ -15,6 +15,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from dllm_cli.cache import KVCache
 from dllm_cli.decoding.guide_cache import GuideCache
 from dllm_cli.errors import ModelLoadError
 from dllm_cli.models.causal import CausalLM, guide_config
@@ -96,22 +97,30 @@ def test_logits_equal_transformers(tmp_path, case):
 @pytest.mark.parametrize("case", ["llama", "qwen3"])
 def test_cached_incremental_logits_equal_the_full_forward(tmp_path, case):
     """Feeding a sequence in chunks through the cache (cropping one slot on the way, as the
-    guide cache does) gives the full forward's logits."""
+    guide cache does) gives the full forward's logits; a forward the cache has room for
+    writes into it (no copy of the cache), the attention mask saying how much is cached."""
     write_folder(tmp_path, case)
     model = ours(tmp_path)
-    ids = torch.randint(0, 50, (1, 12))
+    ids = torch.randint(0, 50, (1, 14))
     with torch.no_grad():
         full = model(input_ids=ids).logits
         first = model(input_ids=ids[:, :5])
         kv = first.past_key_values
-        kv.crop(-1)  # the last slot is fed again
-        rest = model(input_ids=ids[:, 4:], past_key_values=kv, logits_to_keep=8).logits
+        kv = KVCache([k[:, :, :-1] for k in kv.k], [v[:, :, :-1] for v in kv.v])  # fed again
+        rest = model(input_ids=ids[:, 4:12], past_key_values=kv, logits_to_keep=8).logits
+        assert kv.width == 15  # 12 slots and a quarter more room
+        store = kv.k[0].data_ptr()
+        mask = torch.ones((1, 14), dtype=torch.long)
+        last = model(input_ids=ids[:, 12:], attention_mask=mask, past_key_values=kv).logits
+        assert kv.k[0].data_ptr() == store
     torch.testing.assert_close(first.logits, full[:, :5], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rest, full[:, 4:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rest, full[:, 4:12], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(last, full[:, 12:], rtol=1e-5, atol=1e-5)
 
 
 def test_guide_cache_drives_ours_like_transformers(tmp_path):
-    """GuideCache (admission, forward, keep, compact) gives the same logits on both models."""
+    """GuideCache (admission, forward, keep, compact's crop and repack, a row dropped) gives
+    the same logits on both models (ours on a KVCache, transformers' on its DynamicCache)."""
     ref = write_folder(tmp_path, "qwen2")
     model = ours(tmp_path)
     outs = []
@@ -123,15 +132,21 @@ def test_guide_cache_drives_ours_like_transformers(tmp_path):
             feed = torch.tensor([[8, 10, 11], [9, 12, 0]])
             positions = torch.tensor([[3, 4, 5], [0, 1, 2]])
             first = cache.forward(feed, positions, pad_id=0, last=3)
-            cache.keep(torch.tensor([2, 1]), fed=3)
+            cache.keep(torch.tensor([2, 1]), fed=3)  # a hole in row 1, the last slot cropped
             cache.compact()
             second = cache.forward(
                 torch.tensor([[11, 13], [12, 14]]), positions[:, :2] + 2, 0, last=2
             )
-        outs.append((first, second))
+            cache.keep(torch.tensor([0, 2]), fed=2)
+            cache.compact()  # 2 of 7 slots are holes: repacked
+            assert cache.valid.tolist() == [[True] * 5, [True] * 3 + [False] * 2]
+            cache.select(torch.tensor([1]))  # row 0 leaves: dropped at the next forward
+            third = cache.forward(torch.tensor([[15, 16]]), torch.tensor([[4, 5]]), 0, last=2)
+            assert len(cache.valid) == 1
+        outs.append((first, second, third))
     torch.testing.assert_close(outs[1][0][0], outs[0][0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[1][0][1, :2], outs[0][0][1, :2], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[1][1:], outs[0][1:], rtol=1e-5, atol=1e-5)
 
 
 def test_other_types_and_rope_scalings_go_to_transformers(tmp_path):

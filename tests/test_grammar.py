@@ -80,6 +80,34 @@ def test_every_answer_validates_under_every_cache(runtime, cache, temperature):
             valid(rt.text(tokens), schema)
 
 
+RULES = [
+    ("threshold", {}),
+    ("factor", {}),
+    ("fixed", {}),
+    ("prefix", {}),
+    ("eb", {"eb_gamma": 0.5}),
+    ("klass", {"threshold": 0.3, "kl_threshold": 0.5, "kl_history": 1}),
+]
+
+
+@pytest.mark.parametrize(("unmask", "extra"), RULES, ids=[r for r, _ in RULES])
+def test_every_rule_a_grammar_follows_validates_and_batch_equals_alone(runtime, unmask, extra):
+    """The frontier window moves and narrows between steps: KLASS's history follows columns."""
+    settings = replace(runtime.settings, unmask=unmask, block_length=8, **extra)
+    rt = replace(runtime, settings=settings)
+    ids = [rt.prepare(q) for q in QUESTIONS]
+    model, special = rt.loaded.model, rt.loaded.special
+
+    def run(prompts):
+        committer = GC.runtime_committer(rt, grammar(rt, OP))
+        return decode(model, special, prompts, settings, committer=committer).tokens
+
+    together = run(ids)
+    for i, tokens in enumerate(together):
+        valid(rt.text(tokens), OP)
+        assert run([ids[i]])[0] == tokens
+
+
 @pytest.mark.slow
 def test_forced_tokens_are_committed_in_the_step_that_forces_them(runtime):
     rt, ids = runtime, [runtime.prepare(QUESTIONS[0])]

@@ -348,7 +348,9 @@ def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, set
         s.memory = memory = KlassMemory()  # (RuleCommitter.shard hands it the rule's)
         seen = []
         for i, x in enumerate(steps):
-            keys = [10, 11] if i < 2 else [10, None]  # row 1's third step: neither read nor kept
+            # (id, first column); row 1's third step: neither read nor kept; row 0's window
+            # moves one column right there (a grammar's frontier): its slot j was slot j + 1
+            keys = [(10, 0), (11, 4)] if i < 2 else [(10, 1), None]
             g = torch.Generator().manual_seed(3)
             before = shards.counts.all_gather
             *_, h, kl = s.measured(x[..., lo:hi], g, i == 1, keys, reads)  # (2nd: logprobs)
@@ -362,17 +364,51 @@ def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, set
         for i, (h, kl, gathers) in enumerate(seen):
             assert gathers == 1  # entropy and KL ride in the drafts' gather
             torch.testing.assert_close(h, entropies[i], rtol=1e-5, atol=1e-5)
-            if i:  # (the first step has no last one: the rule reads no KL there)
-                torch.testing.assert_close(kl[0], kls[i - 1][0], rtol=1e-5, atol=1e-6)
+            if i == 1:  # (the first step has no last one: the rule reads no KL there)
+                torch.testing.assert_close(kl[0], kls[0][0], rtol=1e-5, atol=1e-6)
+        moved = step_kl(probs[2][0, :-1], probs[1][0, 1:])  # (the last slot: not seen before)
+        torch.testing.assert_close(seen[2][1][0, :-1], moved, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(seen[1][1][1], kls[0][1], rtol=1e-5, atol=1e-6)
 
 
-def test_a_last_distribution_is_looked_up_by_id_and_its_slots_fitted():
+def test_a_last_distribution_is_looked_up_by_id_and_its_slots_by_column():
     last = shard_summaries.Last(
         torch.zeros(2, 3),
         torch.tensor([[9, -1, 4], [5, 2, -1]]),
         torch.tensor([[0.3, 0.0, 0.7], [0.6, 0.4, 0.0]], dtype=torch.float64),
+        first=20,
     )
     ids = torch.tensor([[4, 8, -1, 9], [2, 5, 7, -1], [4, 9, 5, 2]])  # a third slot: none last
     q = shard_summaries.looked_up(last, ids)
     assert q.tolist() == [[0.7, 0.0, 0.0, 0.3], [0.4, 0.6, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    # A window one column to the right (a grammar's frontier moved): slot 0 is the last
+    # step's slot 1, and the last step had nothing at the new slots 1 and 2.
+    q = shard_summaries.looked_up(last, ids, by=1)
+    assert q.tolist() == [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    q = shard_summaries.looked_up(last, ids[[1, 0]], by=1)
+    assert q.tolist()[0] == [0.4, 0.6, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(("world", "size"), [(2, 64), (4, 30), (8, 70)])  # slices of 8, 6; 9, 7
+def test_echo_scores_alternatives_are_the_whole_tables_even_from_slices_narrower_than_k(
+    world, size
+):
+    from dllm_cli.scoring import CANDIDATES, VocabLogProbs
+
+    torch.manual_seed(4)
+    logits = torch.randn(3, size) * 4  # (N, V)
+    own = torch.tensor([0, size - 1, size // 2])
+    whole = logits.double().log_softmax(dim=-1)
+
+    def job(shards):
+        lo, hi = shards.vocabulary(size)
+        model = SimpleNamespace(shards=shards, vocab_start=lo, vocab_width=size)
+        return VocabLogProbs(model).table(logits[:, lo:hi].clone(), own)
+
+    for table in on_ranks(world, job):
+        k = min(CANDIDATES, size)
+        top = whole.topk(k, dim=-1).indices  # every one of the whole vocabulary's top k is there
+        torch.testing.assert_close(table.gather(1, top).double(), whole.gather(1, top))
+        torch.testing.assert_close(
+            table.gather(1, own[:, None]).double(), whole.gather(1, own[:, None])
+        )

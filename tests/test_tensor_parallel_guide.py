@@ -1,7 +1,8 @@
 """--tensor-parallel 2 (torchrun, CPU gloo) with classifier-free guidance, the AR guide and a
 JSON schema, on the shipped pair: the records one process writes; the guide and the grammar
 cost the collectives the docs count (none for the guide, one small gather per masked token);
-so do `--unmask eb` and `klass` (their entropy and KL in the drafts' one gather)."""
+so do `--unmask eb` and `klass` (their entropy and KL in the drafts' one gather), and klass
+beside a grammar."""
 
 from __future__ import annotations
 
@@ -30,14 +31,15 @@ CASES = {  # three prompts through two slots: the third joins a running decode
     # sampled rows: the grammar reads the tempered, filtered distribution, noise drawn alike
     "sampled schema": ["--temperature", "0.8", "--top-k", "5", "--top-p", "0.9"],
     "eb": ["-p", "tiny-gsm", "--unmask", "eb", "--eb-gamma", "0.3"],
-    # (Dream's filtered distribution: its KL from the gathered candidates)
-    "sampled klass": [
-        *("-p", "tiny-gsm", "--unmask", "klass", "--threshold", "0.3", "--kl-threshold", "0.3"),
+    # Dream's filtered distribution: its KL from the gathered candidates; beside a grammar,
+    # whose frontier window moves between steps (KLASS's shards follow its columns)
+    "sampled klass schema": [
+        *("--unmask", "klass", "--threshold", "0.3", "--kl-threshold", "0.5"),
         *("--temperature", "0.8", "--top-k", "5"),
     ],
 }
-SCHEMAS = ("schema", "sampled schema")
-MEASURED = ("eb", "sampled klass")
+SCHEMAS = ("schema", "sampled schema", "sampled klass schema")
+MEASURED = ("eb",)
 STATS = re.compile(r"(\d+) forwards, (\d+) all-reduces, (\d+) all-gathers")
 
 

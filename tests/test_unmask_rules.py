@@ -357,3 +357,31 @@ def test_klass_drops_a_finished_requests_distributions():
         engine.step()
         seen = max(seen, len(tracks))
     assert seen == 2 and tracks == {}  # two rows at a time, none kept once they left
+
+
+def test_klass_history_follows_canvas_columns_as_a_frontier_window_moves():
+    """A grammar's frontier walk drafts from each row's first mask: its window moves right and
+    narrows between steps, and each column's KLs stay that column's (slots are not columns)."""
+    from dllm_cli.decoding.rules import KlassMemory
+
+    gen = torch.Generator().manual_seed(2)
+    by_step = [torch.softmax(torch.randn(16, 5, generator=gen), -1).double() for _ in range(3)]
+    windows = [range(10, 16), range(11, 16), range(11, 15)]  # canvas columns of the slots
+    memory, got = KlassMemory(), []
+    for step, cols in enumerate(windows):
+        columns = torch.tensor([list(cols)])
+        ctx = SimpleNamespace(
+            kl=None, probs=by_step[step][columns], drafts=columns, block=None,
+            columns=columns, block_step=torch.tensor([step]),
+            canvas=SimpleNamespace(rows=torch.tensor([7])),
+        )  # fmt: skip
+        got.append(memory.stable(ctx, history=2)[0])  # (L, 2)
+    inf = float("inf")
+    for step, cols in enumerate(windows):
+        for slot, col in enumerate(cols):
+            kls = [
+                step_kl(by_step[t][col], by_step[t - 1][col]).item() if t >= 1 else inf
+                for t in (step - 1, step)
+            ]
+            assert got[step][slot].tolist() == pytest.approx(kls), (step, col)
+    assert got[2][:, 0].isfinite().all()  # (both earlier steps drafted every column still here)

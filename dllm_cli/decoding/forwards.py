@@ -173,7 +173,7 @@ class Forwards:
     def _packed(self, c: Canvas, cache: KVCache, plans, spans, generator, columns, valid):
         """One forward over every row's own columns, packed (packing.py); under guidance the
         prompt-masked branch's rows follow (cache rows B.. of the view, as padded)."""
-        keys = self._row_keys(c, None)
+        keys = self._row_keys(c, None, spans)
         if self.branches == 2:
             c = both_branches(c)
             plans, spans = plans * 2, spans * 2
@@ -204,7 +204,7 @@ class Forwards:
         return self._buffers[1]
 
     def _group(self, canvas, cache, plans, spans, rows, generator, skip=()):
-        keys = self._row_keys(canvas, rows, skip)
+        keys = self._row_keys(canvas, rows, spans, skip)
         return self._draft(self._logits(canvas, cache, plans, spans, rows), generator, keys)
 
     def _draft(self, logits: torch.Tensor, generator, keys=None):
@@ -217,14 +217,18 @@ class Forwards:
         )
         return tokens, confidence, probs if self.probs else None, h, kl
 
-    def _row_keys(self, c: Canvas, rows, skip=()) -> list[int | None] | None:
-        """The drafted rows' request ids, which a tensor-parallel KLASS keeps each row's last
-        distribution shard by (None: nothing reads them); `skip` rows' None (their drafts are
-        a full forward's, which follows)."""
+    def _row_keys(self, c: Canvas, rows, spans, skip=()) -> list[tuple[int, int] | None] | None:
+        """Each drafted row's (request id, first drafted column): a tensor-parallel KLASS keeps
+        each row's last distribution shard by request and lines its slots up by column (None:
+        nothing reads them); `skip` rows' None (their drafts are a full forward's, which
+        follows)."""
         if not self.reads.kl:
             return None
         ids = (c.rows if rows is None else c.rows[rows]).tolist()
-        return [None if r in skip else key for r, key in enumerate(ids)]
+        return [
+            None if r in skip else (key, span[0])
+            for r, (key, span) in enumerate(zip(ids, spans, strict=True))
+        ]
 
     def _logits(self, c: Canvas, cache, plans, spans, rows) -> torch.Tensor:
         """One forward for `rows` (None: every row), logits for each row's span.

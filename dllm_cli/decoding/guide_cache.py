@@ -7,6 +7,9 @@ attention mask hides. Trailing slots no row keeps are cropped at once; at the en
 the cache is repacked (every row's tokens left-aligned) once holes would otherwise widen it
 by a quarter, so they never pile up (a repack copies the whole cache).
 Positions are explicit, so a row's tokens keep their true positions wherever they sit.
+The cache is the model's own: our guide's (models/causal.py) is a `KVCache` (cache.py), a
+transformers causal LM's its DynamicCache; both are reshaped here a tensor at a time (`_map`),
+and only the DynamicCache is cropped (our forward writes over the columns past `valid`).
 
 Continuous batching: a request keeps one cache row for its whole life (`rows` maps canvas
 rows to cache rows), so rows joining or the canvas reordering never move cached tokens; a
@@ -17,21 +20,24 @@ request takes is dropped just before the next forward.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import torch
+
+from dllm_cli.cache import KVCache
 
 HOLES = 4  # repack once that narrows the cache by over 1/HOLES of its width
 
 
 class GuideCache:
-    """Per-row committed-token cache of a transformers causal LM (DynamicCache underneath)."""
+    """Per-row committed-token cache of our guide or a transformers causal LM."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.keyword = cache_keyword(model)
         self.trims = accepts(model, "logits_to_keep")
         self.table = model.get_input_embeddings().num_embeddings
-        self.kv = None  # the transformers Cache, one row per cache row
+        self.kv = None  # the model's cache (KVCache or a transformers Cache), a row per cache row
         self.valid: torch.Tensor | None = None  # (R, T) bool: slots holding a row's token
         self.rows: list[int] = []  # canvas row -> cache row (fixed for a request's life)
         self.forwards = 0
@@ -89,13 +95,13 @@ class GuideCache:
         self.valid = torch.cat([self.valid, slots], dim=1)
         drop = fed - int(counts.max()) if counts.numel() else fed
         if drop > 0:
-            self.kv.crop(-drop)  # negative: remove that many slots from the end
             self.valid = self.valid[:, :-drop]
+            self._crop()
 
     def compact(self) -> None:
         """Move every row's cached tokens to the front once that narrows the cache by a
-        quarter (a repack copies it all, as a forward's append does; until then holes cost
-        only the attention over them, which the mask zeroes)."""
+        quarter (a repack copies it all, as a transformers forward's append does; until then
+        holes cost only the attention over them, which the mask zeroes)."""
         v = self.valid
         if v.numel() == 0:
             return
@@ -105,14 +111,12 @@ class GuideCache:
             return
         if bool((v[:, :width] == (torch.arange(width, device=v.device)[None] < n[:, None])).all()):
             if width < v.shape[1]:  # already packed: only trailing holes to drop
-                self.kv.crop(-(v.shape[1] - width))
                 self.valid = v[:, :width]
+                self._crop()
             return
         order = torch.sort((~v).to(torch.int8), dim=1, stable=True).indices[:, :width]  # (R, W)
-        for layer in self.kv.layers:
-            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            layer.keys = layer.keys.gather(2, index)
-            layer.values = layer.values.gather(2, index)
+        order = order[:, None, :, None]  # (R, 1, W, 1)
+        self._map(lambda t, j: t.gather(2, order.expand(-1, t.shape[1], -1, t.shape[3])))
         self.valid = torch.arange(width, device=v.device)[None] < n[:, None]
 
     def admit(self, prompts: list[list[int]], order: torch.Tensor, pad_id: int) -> None:
@@ -148,19 +152,40 @@ class GuideCache:
     def _write(self, row: int, fresh, width: int) -> None:
         """Cache row `row` starts with `fresh`'s one row (the cache widened to `width` slots,
         grown to every row `valid` has, when it is narrower or shorter)."""
-        rows = len(self.valid)
-        for i, layer in enumerate((fresh if self.kv is None else self.kv).layers):
-            for name in ("keys", "values"):
-                x = getattr(fresh.layers[i], name)  # (1, H, L, D)
-                if self.kv is None:  # nothing cached before: every other row empty
-                    t = x.new_zeros((rows, x.shape[1], width, x.shape[3]))
-                else:
-                    t = getattr(layer, name)
-                    t = pad_to(pad_rows(t, rows - t.shape[0]), width, dim=2)
-                t[row, :, : x.shape[2]] = x[0]
-                setattr(layer, name, t)
-        if self.kv is None:
+        rows, new, first = len(self.valid), tensors(fresh), self.kv is None
+        if first:  # nothing cached before: every other row empty
             self.kv = fresh
+
+        def place(t: torch.Tensor, j: int) -> torch.Tensor:
+            x = new[j]  # (1, H_kv, L, D)
+            if first:
+                t = x.new_zeros((rows, x.shape[1], width, x.shape[3]))
+            else:
+                t = pad_to(pad_rows(t, rows - t.shape[0]), width, dim=2)
+            t[row, :, : x.shape[2]] = x[0]
+            return t
+
+        self._map(place)
+
+    def _crop(self) -> None:
+        """A transformers cache loses the slots past `valid` (ours keeps its columns: the next
+        forward writes over them, attending only the columns the attention mask covers)."""
+        if not isinstance(self.kv, KVCache):
+            width = self.valid.shape[1]
+            self._map(lambda t, j: t[:, :, :width])
+
+    def _map(self, fn: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+        """Tensor j of `tensors(self.kv)` becomes fn(it, j), one at a time (one tensor's copy
+        in memory at once, as transformers' own cache calls reshape it)."""
+        kv = self.kv
+        n = len(kv.k) if isinstance(kv, KVCache) else len(kv.layers)
+        for j in range(2 * n):
+            if isinstance(kv, KVCache):
+                store = kv.v if j >= n else kv.k
+                store[j % n] = fn(store[j % n], j)
+            else:
+                layer, name = kv.layers[j % n], "values" if j >= n else "keys"
+                setattr(layer, name, fn(getattr(layer, name), j))
 
     def select(self, keep: torch.Tensor) -> None:
         """Only canvas rows `keep` go on; the cache rows of the others wait for a new
@@ -176,7 +201,14 @@ class GuideCache:
         index = torch.tensor(live, dtype=torch.long, device=self.valid.device)
         self.valid = self.valid[index]
         if self.kv is not None:
-            self.kv.batch_select_indices(index)
+            self._map(lambda t, j: t[index])
+
+
+def tensors(kv) -> list[torch.Tensor]:
+    """Every layer's keys, then every layer's values (R, H_kv, S, D), of either cache type."""
+    if isinstance(kv, KVCache):
+        return [*kv.k, *kv.v]
+    return [layer.keys for layer in kv.layers] + [layer.values for layer in kv.layers]
 
 
 def scatter_rows(t: torch.Tensor, at: list[int]) -> torch.Tensor:

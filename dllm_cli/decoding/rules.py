@@ -20,16 +20,14 @@ engine works (block_length = gen_length is the reference's single pass).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from dllm_cli.decoding.ranking import top_columns
-
-if TYPE_CHECKING:
-    from dllm_cli.decoding.shard_summaries import Last
+from dllm_cli.decoding.shard_summaries import Last, realigned
 
 KL_EPS = 1e-12  # the reference's: log(p + eps) on both sides
+INF = float("inf")
 
 
 def entropy_bounded_counts(
@@ -64,7 +62,7 @@ def eb_rule(p, ctx) -> torch.Tensor:
 class Track:
     """One request's KLASS history in its current block: last distribution, recent KLs."""
 
-    block_start: int | None  # canvas column of the block's first slot (None: no step yet)
+    first: int | None  # canvas column of slot 0 at its last step (None: no step yet)
     # last step's distribution: (L, V) float64 on one process; a tensor-parallel rank's
     # shard of it (`Last`, kept by its sampler, which measures the KL)
     last: torch.Tensor | Last | None
@@ -94,26 +92,28 @@ class KlassMemory:
     def stable(self, ctx, history: int) -> torch.Tensor:
         """(B, L, H) each slot's last H step-to-step KLs (inf before the block's H+1-th step),
         after recording this step's distributions (or, under tensor parallelism, the step's KLs
-        the sampler measured from its shards: `ctx.kl`)."""
+        the sampler measured from its shards: `ctx.kl`). History follows canvas columns: a
+        frontier walk's window (a grammar) moves and narrows between steps."""
         measured = None if ctx.kl is None else ctx.kl.cpu()  # (B, L) None: from the distributions
         probs = None if measured is not None else ctx.probs.to(torch.float64)  # (B, L, V)
-        starts = ctx.block.start if ctx.block is not None else None
-        rows = ctx.canvas.rows.tolist()
+        slots = ctx.drafts.shape[1]
         out = []
-        for r, key in enumerate(rows):
-            start = starts if starts is not None else int(ctx.columns[r, 0])
+        for r, key in enumerate(ctx.canvas.rows.tolist()):
+            first = ctx.block.start if ctx.block is not None else int(ctx.columns[r, 0])
             step = ctx.block_step if isinstance(ctx.block_step, int) else int(ctx.block_step[r])
             p = None if probs is None else probs[r]  # (L, V)
             track = self.tracks.get(key)
             last = None if track is None else track.last  # (the sampler's, under TP: kept)
-            if step == 0 or track is None or track.block_start != start:
-                # A new block (or a new prompt in this slot): no history yet.
-                slots, where = ctx.drafts.shape[1], "cpu" if p is None else p.device
-                kls = torch.full((slots, history), float("inf"), dtype=torch.float64, device=where)
+            if step == 0 or track is None or track.kls is None:
+                # A new block (or the request's first step): no history yet.
+                where = "cpu" if p is None else p.device
+                kls = torch.full((slots, history), INF, dtype=torch.float64, device=where)
             else:
-                kl = measured[r] if p is None else step_kl(p, last)
-                kls = torch.cat([track.kls[:, 1:], kl[:, None]], dim=1)
-            self.tracks[key] = Track(start, last if p is None else p, kls)
+                by = first - track.first  # slot i was slot i + by at the last step
+                kl = measured[r] if p is None else step_kl(p, realigned(last, by, slots, 1.0))
+                kl = torch.where(seen(by, track.kls.shape[0], slots, kl.device), kl, INF)
+                kls = torch.cat([realigned(track.kls, by, slots, INF)[:, 1:], kl[:, None]], dim=1)
+            self.tracks[key] = Track(first, last if p is None else p, kls)
             out.append(kls)
         return torch.stack(out).to(ctx.drafts.device)  # (B, L, H)
 
@@ -122,6 +122,12 @@ class KlassMemory:
         a slot's (L, V) distributions or a rank's shard of them."""
         for key in requests:
             self.tracks.pop(key, None)
+
+
+def seen(by: int, before: int, slots: int, device) -> torch.Tensor:
+    """(slots,) bool: which of this step's slots the last step's `before` slots covered."""
+    at = torch.arange(slots, device=device) + by
+    return (at >= 0) & (at < before)
 
 
 def step_kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -221,19 +221,31 @@ class Last:
     part: torch.Tensor  # (L, V_r) float64
     ids: torch.Tensor  # (L, n) long, the candidates' ids (-1: a shard's filler)
     probs: torch.Tensor  # (L, n) float64
+    first: int  # canvas column of slot 0 (a grammar's frontier window moves)
 
 
-def fitted(x: torch.Tensor, slots: int) -> torch.Tensor:
-    """(L', ...) -> (slots, ...): a last step's slots cut or padded with 0 to this step's."""
-    if x.shape[0] >= slots:
-        return x[:slots]
-    return torch.cat([x, x.new_zeros((slots - x.shape[0], *x.shape[1:]))])
+def realigned(x: torch.Tensor, by: int, slots: int, fill: float) -> torch.Tensor:
+    """(L', ...) a last step's slots -> (slots, ...) this step's, slot i taking slot i + by's
+    value (the same canvas column) and `fill` where the last step had no such slot."""
+    if by == 0 and x.shape[0] == slots:
+        return x
+    out = x.new_full((slots, *x.shape[1:]), fill)
+    lo, hi = max(by, 0), min(x.shape[0], slots + by)  # the last step's slots still here
+    if hi > lo:
+        out[lo - by : hi - by] = x[lo:hi]
+    return out
 
 
-def looked_up(last: Last, ids: torch.Tensor) -> torch.Tensor:
+def rows_of(keys) -> list[tuple[int, tuple[int, int]]]:
+    """(row, (request id, first column)) of each drafted row a KLASS step measures."""
+    return [(r, key) for r, key in enumerate(keys) if key is not None]
+
+
+def looked_up(last: Last, ids: torch.Tensor, by: int = 0) -> torch.Tensor:
     """(L, n) the last step's probability of each of this step's candidate ids (0: not among
-    its candidates, so outside a filtered distribution)."""
-    known, probs = fitted(last.ids, ids.shape[0]), fitted(last.probs, ids.shape[0])  # (L, n')
+    its candidates, so outside a filtered distribution); slot i was the last step's i + by."""
+    known = realigned(last.ids, by, ids.shape[0], -1)  # (L, n')
+    probs = realigned(last.probs, by, ids.shape[0], 0.0)
     order = known.argsort(dim=-1)
     known, probs = known.gather(-1, order), probs.gather(-1, order)
     at = torch.searchsorted(known, ids).clamp(max=known.shape[-1] - 1)  # (L, n)

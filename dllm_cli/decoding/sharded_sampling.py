@@ -38,8 +38,9 @@ from dllm_cli.decoding.shard_summaries import (
     Needs,
     Summaries,
     VocabPart,
-    fitted,
     looked_up,
+    realigned,
+    rows_of,
     summarize,
 )  # fmt: skip
 from dllm_cli.lifetimes import Sampling
@@ -160,10 +161,10 @@ class ShardedSampler:
         best = x.max(dim=-1).values  # (as summarize's)
         e = (x - torch.where(torch.isfinite(best), best, 0.0)[..., None]).exp()
         q = torch.ones_like(x)  # log(1 + eps): about 0 (a row with no last step)
-        for r, key in enumerate(keys):
+        for r, (key, first) in rows_of(keys):
             last = self.memory.last(key)
             if last is not None:
-                q[r] = fitted(last.part, x.shape[1])
+                q[r] = realigned(last.part, first - last.first, x.shape[1], 1.0)
         return (e * torch.log(q + KL_EPS)).sum(dim=-1)
 
     def step_kl(self, view: View, raw, scores, keys, dtype) -> torch.Tensor:
@@ -179,18 +180,17 @@ class ShardedSampler:
         ids, p = candidates(view)  # (B, L, world k)
         p = p.to(dtype).double()  # as one process's distribution, in the sampler's dtype
         q = torch.zeros_like(p)
-        for r, key in enumerate(keys):
+        for r, (key, first) in rows_of(keys):
             last = self.memory.last(key)
             if last is not None:
-                q[r] = looked_up(last, ids[r])
+                q[r] = looked_up(last, ids[r], first - last.first)
         sparse = (p * (torch.log(p + KL_EPS) - torch.log(q + KL_EPS))).sum(dim=-1)
         at = torch.exp(view.cut - s.best) / s.mass(view.cut)  # each unsent tie's (q unknown: 0)
         sparse = sparse + s.ties(view.cut) * at * (torch.log(at + KL_EPS) - math.log(KL_EPS))
         filtered = (view.cut > -math.inf) if view.tempered else torch.zeros_like(top, dtype=bool)
         mine = part(view, raw, scores).to(dtype).double()  # (B, L, V_r)
-        for r, key in enumerate(keys):
-            if key is not None:
-                self.memory.keep(key, Last(mine[r].clone(), ids[r].clone(), p[r].clone()))
+        for r, (key, first) in rows_of(keys):
+            self.memory.keep(key, Last(mine[r].clone(), ids[r].clone(), p[r].clone(), first))
         return torch.where(filtered, sparse, dense)
 
     def kept(self, view: View, dtype: torch.dtype) -> torch.Tensor:

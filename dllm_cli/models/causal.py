@@ -4,8 +4,8 @@ transformers' AutoModelForCausalLM costs `transformers.modeling_utils` at start-
 on one core) for a model of a dozen lines. This one is laid out as theirs
 (model.embed_tokens / layers / norm + lm_head), so a folder's safetensors load by name
 (models/weights.py), and it takes the call `guide_cache.GuideCache` makes of a transformers
-causal LM: a 2-D attention mask over cached + fed slots, explicit positions, a KV cache with
-`layers[i].keys/values`, `crop` and `batch_select_indices`, and `logits_to_keep`.
+causal LM: a 2-D attention mask over cached + fed slots, explicit positions, a KV cache (ours:
+cache.py's `KVCache`, one column per slot, with room for more) and `logits_to_keep`.
 Folders this module does not cover (other types, RoPE scalings not written here, sliding
 windows) return None from `guide_config` and load through transformers.
 """
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dllm_cli.cache import KVCache
 from dllm_cli.models.base import Backbone, output_head
 from dllm_cli.models.layers import RMSNorm, SwiGLU, apply_rope, sdpa
 from dllm_cli.models.qwen_layers import PreNormLayer
@@ -128,45 +129,10 @@ def guide_config(raw: dict[str, Any]) -> GuideConfig | None:
     )
 
 
-class CacheLayer:
-    """One layer's cached keys and values, (B, H_kv, S, D) each."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-        self.keys, self.values = keys, values
-
-
-class GuideKV:
-    """The guide's KV cache, with the methods GuideCache uses of a transformers DynamicCache."""
-
-    def __init__(self, n_layers: int):
-        self.layers: list[CacheLayer | None] = [None] * n_layers
-
-    def update(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Append the fed slots' K/V to layer i; all of its K/V so far."""
-        layer = self.layers[i]
-        if layer is None:
-            self.layers[i] = CacheLayer(k, v)
-        else:
-            layer.keys = torch.cat([layer.keys, k], dim=2)
-            layer.values = torch.cat([layer.values, v], dim=2)
-        return self.layers[i].keys, self.layers[i].values
-
-    def crop(self, length: int) -> None:
-        """Keep the first `length` slots (negative: drop that many from the end)."""
-        for layer in self.layers:
-            width = layer.keys.shape[2]
-            keep = width + length if length < 0 else min(length, width)
-            layer.keys, layer.values = layer.keys[:, :, :keep], layer.values[:, :, :keep]
-
-    def batch_select_indices(self, rows: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.keys, layer.values = layer.keys[rows], layer.values[rows]
-
-
 @dataclass
 class GuideOutput:
     logits: torch.Tensor  # (B, T', V)
-    past_key_values: GuideKV
+    past_key_values: KVCache  # one column per cached then fed slot
 
     def get(self, name: str, default=None):
         return getattr(self, name, default)
@@ -194,11 +160,11 @@ class Attention(nn.Module):
             h = getattr(self, norm)(h)
         return h.transpose(1, 2)
 
-    def forward(self, x, rope, mask, kv: GuideKV, i: int) -> torch.Tensor:
+    def forward(self, x, rope, mask, kv: KVCache, fed: slice, i: int) -> torch.Tensor:
         cos, sin = rope
         q = apply_rope(self.heads_of(self.q_proj, x, "q_norm"), cos, sin, full_precision=False)
         k = apply_rope(self.heads_of(self.k_proj, x, "k_norm"), cos, sin, full_precision=False)
-        k, v = kv.update(i, k, self.heads_of(self.v_proj, x, None))  # (B, H_kv, S, D)
+        k, v = kv.update(i, fed, k, self.heads_of(self.v_proj, x, None))  # (B, H_kv, S + T, D)
         # mask None: a prompt fed alone, causal attention by the kernel's own rule
         return self.o_proj(sdpa(q, k, v, mask, causal=mask is None))
 
@@ -215,6 +181,14 @@ def causal_mask(attention_mask: torch.Tensor | None, past: int, t: int, device) 
     own = slots == past + torch.arange(t, device=device)[:, None]  # (T, S + T)
     mask = mask | (own & ~mask.any(dim=-1, keepdim=True))
     return mask[:, None] if mask.dim() == 3 else mask[None, None]
+
+
+def grow(kv: KVCache, width: int) -> None:
+    """Widen `kv` to `width` columns in place, a tensor at a time (one tensor's copy in memory
+    at once); the room past a forward's slots spares the next forwards a copy of the cache."""
+    for store in (kv.k, kv.v):
+        for i, old in enumerate(store):
+            store[i] = nn.functional.pad(old, (0, 0, 0, width - old.shape[2]))
 
 
 def guide_layer(c: GuideConfig) -> PreNormLayer:
@@ -248,7 +222,7 @@ class CausalLM(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        past_key_values: GuideKV | None = None,
+        past_key_values: KVCache | None = None,
         use_cache: bool = True,
         logits_to_keep: int = 0,
     ) -> GuideOutput:
@@ -257,18 +231,25 @@ class CausalLM(nn.Module):
         attention_mask: (B, S + T) over cached then fed slots, True where a key may be attended,
         causal by slot as transformers builds it; with neither a mask nor a cache SDPA's own
         causal rule runs (no mask tensor: the flash kernel skips the blocks above the diagonal).
+        The cache's first S columns are the cached slots (every column without a mask); the fed
+        slots' K/V are written after them, the cache grown in place first when it lacks room.
         """
-        b, t = input_ids.shape
-        kv = past_key_values if past_key_values is not None else GuideKV(self.config.layers)
-        past = 0 if kv.layers[0] is None else kv.layers[0].keys.shape[2]
-        device = input_ids.device
+        (b, t), c, device = input_ids.shape, self.config, input_ids.device
+        x = self.model.embed_tokens(input_ids)  # (B, T, C)
+        kv = past_key_values
+        if kv is None:
+            kv, past = KVCache.empty(c.layers, b, c.kv_heads, t, c.head_dim, x.dtype, device), 0
+        else:  # the mask's cached slots (the cache may hold more columns), else every column
+            past = kv.width if attention_mask is None else attention_mask.shape[1] - t
+            if kv.width < past + t:  # room for a quarter more
+                grow(kv, (past + t) * 5 // 4)
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=device)[None].expand(b, t)
         alone = attention_mask is None and past == 0
         mask = None if alone else causal_mask(attention_mask, past, t, device)
-        x = self.model.embed_tokens(input_ids)  # (B, T, C)
         rope = self.rope(position_ids, x.dtype)
+        view = kv.view(hi=past + t)  # the cached slots', then the fed slots' columns
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, mask, kv, i)
+            x = layer(x, rope, mask, view, slice(past, past + t), i)
         x = self.model.norm(x[:, -logits_to_keep:] if logits_to_keep > 0 else x)
         return GuideOutput(logits=self.lm_head(x), past_key_values=kv)
