@@ -6,20 +6,13 @@
     for event in run: ...
     result = run.result()                  # or: decode(model, special, prompts, settings)
 
-Choices worth knowing (details in each module):
+Choices worth knowing (details in each module and docs/decoding.md):
 - Blocks and steps that do not divide are adjusted, not refused (settings.py, canvas.py).
 - Every policy predicts the block from fresh hidden states (one column early for Dream); no
-  block's first token is ever force-committed (Fast-dLLM issue #61); FreeCache recomputes a
-  finished block once from its final tokens (policies.py).
-- Classifier-free guidance decodes the prompt-masked branch as extra rows with their own cache
-  rows, so it composes with every cache policy (step.py, forwards.py).
+  block's first token is ever force-committed (Fast-dLLM issue #61).
+- Classifier-free guidance's prompt-masked branch is extra rows with their own cache rows.
 - [MASK] is never a draft; logits past the real vocabulary are ignored (sampling.py).
-- Every request keeps its own place (request.py, rows.py); admission (slots.py) is `static`
-  (whole batches in lockstep) or `continuous` (a new request takes a finished one's slot and
-  cache row); answers equal single-prompt decodes under greedy decoding.
-- Guided diffusion (FlashDLM, guided.py) is a frontier-walking committer passed as `committer=`.
-- DiffusionGemma runs transformers' own `generate` loop one step per engine step (gemma_loop.py,
-  gemma_stepper.py: static batches); its events carry `drafts` as well as commits.
+- Answers equal single-prompt decodes under greedy decoding, static or continuous admission.
 - Dream's `fixed` schedule counts each row's own masks (Dream averages over the batch);
   confidence ties go to the leftmost column.
 """

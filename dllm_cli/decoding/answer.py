@@ -1,13 +1,8 @@
 """Where an answer ends, defined once: at its first stop token (EOS, or end-of-turn).
 
-Generated positions past the first stop token are not part of the answer, whatever they hold.
-Two forms of the one rule: lists for finished answers (text, token counts, the live view) and
-a tensor test for rows still being decoded (early stop: is the end already final?).
-
-Throughput counts `answer_length` tokens per answer: everything up to AND including the stop
-token (the model had to produce it for the answer to end; the EOS filling after it does not
-count), or every position when the answer never ends. `dllm generate --stats`, `dllm eval` and
-`dllm bench` all divide this count by decoding seconds.
+Lists for finished answers (text, token counts, the live view), a tensor test for rows still
+being decoded (early stop). Throughput counts `answer_length` tokens: up to and including the
+stop token (the EOS filling after it does not count), or every position when there is none.
 """
 
 from __future__ import annotations

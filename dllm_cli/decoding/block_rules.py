@@ -1,16 +1,12 @@
 """Drafts and commit decisions of the block-causal decode (SDAR, LLaDA2.0, LLaDA2.1).
 
-One block of B columns per row. A draft is every column's token and its probability
-(sampling.Sampler, the "block" family); which masks become tokens is the references' rule
-(`fills`):
-- `threshold` (SDAR's `low_confidence_dynamic`, LLaDA2.0's generate, LLaDA2.1's M2T): the
-  one threshold rule of every family (ranking.confident_columns), strictly past the threshold;
-- `fixed` (SDAR's `low_confidence_static`): the k most confident, the same rule with a
-  threshold no mask passes;
-k is the step's share of the block (an even split of B over the block's steps, remainder
-first); no step commits more than the masks left. LLaDA2.1 adds token-to-token editing (T2T):
-a committed, non-prompt column whose new draft differs and passes `edit_threshold` is
-replaced, in the same step as the mask fills.
+One block of B columns per row; a draft is every column's token and probability (sampling.py,
+the "block" family). `fills`: `threshold` (SDAR's `low_confidence_dynamic`, LLaDA2.x's
+generate and M2T: ranking.confident_columns, strictly past the threshold) or `fixed` (SDAR's
+`low_confidence_static`: the same rule with a threshold no mask passes), at least k, the step's
+share of the block (remainder first), never more than the masks left. LLaDA2.1's T2T editing
+(`edits`): a committed non-prompt column whose new draft differs and passes `edit_threshold`
+is replaced in the same step.
 """
 
 from __future__ import annotations
@@ -28,10 +24,8 @@ from dllm_cli.lifetimes import Sampling
 from dllm_cli.setting_spec import RULES
 from dllm_cli.settings import DecodeSettings, even_split
 
-# The block stepper's drafting: (N, B, V) logits, each row's request's sampling and generator,
-# whether to keep the distribution -> tokens (N, B), p (N, B), the distribution (N, B, V) or
-# None. sampling.Sampler.drafts drafts from whole logits; a tensor-parallel model's from its
-# vocabulary shard (sharded_sampling.block_drafter: kept on the gathered candidates).
+# (N, B, V) logits, each row's sampling and generator, keep the distribution? -> tokens (N, B),
+# p (N, B), the distribution or None: sampling.Sampler.drafts, sharded_sampling.block_drafter.
 Drafter = Callable[
     [torch.Tensor, Sequence[Sampling], Sequence[torch.Generator | None], bool],
     tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
@@ -53,8 +47,7 @@ class BlockRule:
 
 
 def check_block_settings(s: DecodeSettings, family: Family, where=lambda k: "") -> BlockRule:
-    """The settings as a BlockRule; anything that does not apply is refused in one line
-    (cache, unmask and confidence by the family's `only` table)."""
+    """The settings as a BlockRule; what does not apply is refused in one line (families.py)."""
     check_refused(family, s, where)
     block = s.block_length
     # steps over the answer -> per block, the references' `steps` (both rules' schedule); the

@@ -1,12 +1,10 @@
 """One step of the block-causal stepper (block_stepper.py): plan -> forward -> commit.
 
-`plan`: LLaDA2.1's settled blocks end, and a row whose block became final last step puts that
-block in front of its next one, so the same forward also writes the finished block's K/V into
-the cache: no forward of its own for a store. `forward`: one forward serves every live row's
-active block (its K/V written at its columns too: they are final once the block settles). `commit`: each row drafts its active block and the rule
-commits masks (and, for LLaDA2.1, edits tokens); rows whose answer is final go to the
-engine. Host reads per row and step are a few `.any()` checks (CPU decoding; a GPU would
-want them batched).
+`plan` settles LLaDA2.1's edited blocks and puts a row's just-finished block in front of its
+next one, so the same forward writes the finished block's K/V (no forward of its own).
+`forward`: one forward serves every live row's active block. `commit`: each row drafts its
+active block, the rule commits masks (LLaDA2.1: and edits tokens), final rows go to the engine.
+Host reads: a few `.any()` checks per row and step (a GPU would want them batched).
 """
 
 from __future__ import annotations
@@ -76,7 +74,7 @@ class BlockPlan:
     final: list[BlockRow] = field(default_factory=list)
 
 
-def plan(e: BlockStepper, at: int) -> BlockPlan:
+def plan(e: BlockStepper, live: list[Request], at: int) -> BlockPlan:
     """Settle LLaDA2.1's edited blocks; rows with a finished block store it in this forward."""
     rule, b = e.rule, e.rule.block
     editing = rule.edit_threshold is not None
@@ -162,10 +160,9 @@ def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
 
 
 def grammar_runs(e: BlockStepper, rows, fill, x0, dist, active) -> tuple[torch.Tensor, ...]:
-    """The grammar's commits (grammar_committer.py): each row's run from its first mask in
-    the active block (the masks after it are its drafts, as a masked row's frontier walk),
-    the rule's own run from there (its fills' leading run, at least one) as the most it
-    takes; the fills (N, B) and tokens (N, B) it leaves."""
+    """The grammar's commits (grammar_committer.py): each row's run from its first mask in the
+    active block, at most the rule's leading run of fills there (at least one); the fills
+    (N, B) and tokens (N, B) it leaves."""
     n, b = active.shape
     slots = torch.arange(b, device=active.device)[None]  # (1, B)
     first = torch.where(active.any(dim=1), active.long().argmax(dim=1), b)[:, None]  # (N, 1)
@@ -199,14 +196,10 @@ def columns(r, b: int) -> torch.Tensor:
 
 
 def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
-    """The model's arguments for this forward: ids and positions (N, T), the cache rows, the
-    block-causal key mask, the canvas columns written and the logits' columns.
-
-    Cached: each row's active block, its K/V written into its cache row and attended with
-    every earlier block's; rows in `previous` (index -> the finished block's tokens) put that
-    block before it, so the forward also writes its final K/V (block-causal: the finished
-    block never sees the new one); the others' first B queries are padding aimed at the
-    scratch column. Recompute: each row's whole window [0, end of its block), no cache.
+    """The model's arguments: ids and positions (N, T), the cache rows, the block-causal key
+    mask, the canvas columns written and the logits' columns. Cached: each row's active block,
+    after the finished block of rows in `previous` (its final K/V written by the same forward;
+    other rows' first B queries aim at the scratch column). Recompute: each row's whole window.
     """
     b, n = e.rule.block, len(rows)
     cols = torch.stack([columns(r, b) for r in rows])  # (N, B)
@@ -232,8 +225,7 @@ def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
 
 
 def windows(e: BlockStepper, rows, ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ids (N, W) of each row's columns [0, end) padded to the longest, and their
-    block-causal key mask (N, W, W): a prefill's or a recompute's whole windows."""
+    """Ids (N, W) of each row's columns [0, end), padded, and their block-causal mask (N, W, W)."""
     width = max(ends)
     ids = torch.full((len(rows), width), e.special.pad, dtype=torch.long, device=e.device)
     for i, (r, end) in enumerate(zip(rows, ends, strict=True)):
@@ -270,10 +262,6 @@ def decide(e: BlockStepper, r, fill, edit, x0, active, final, at: int) -> None:
         settle(e, r, final)
 
 
-def last(r) -> bool:
-    return r.block == r.blocks - 1
-
-
 def stops(e: BlockStepper, r) -> bool:
     """Early stop: a stop token with no mask before it in the answer (its text is final)."""
     if not e.settings.early_stop:
@@ -284,7 +272,7 @@ def stops(e: BlockStepper, r) -> bool:
 
 def settle(e: BlockStepper, r, final: list, stored: bool = False) -> None:
     """The active block is final: the row ends, or its K/V get written and it moves on."""
-    if last(r) or stops(e, r):
+    if r.block == r.blocks - 1 or stops(e, r):  # its last block, or an early stop
         final.append(r)
     elif stored or not e.cached:
         advance(e, r)

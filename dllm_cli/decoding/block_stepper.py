@@ -2,16 +2,12 @@
 
 Per request, as the references decode one prompt (SDAR generate.py `block_diffusion_generate`,
 LLaDA2.x `generate`): the canvas is the prompt then masks up to whole blocks; the prompt's
-whole blocks are prefilled once under the block-causal mask; the block holding the prompt's
-tail (or the next one) is active, and each step forwards only the active block against the
-cached K/V of every earlier block (exact: a finished block never sees later ones). When a
-block has no masks left (LLaDA2.1: and its edits have settled) one forward of its final
-tokens writes its K/V (LLaDA2.1's settling check is that forward), and the next block is
-active. A row ends after its last block, or at its first stop token once no mask is left
-before it (early_stop; LLaDA2.1: once its block has settled).
-
-Every row is at its own block, so continuous admission serves these models like the others:
-a step admits (and prefills) new rows, then one forward serves every live row's block.
+whole blocks are prefilled once under the block-causal mask; each step forwards only a row's
+active block against the cached K/V of every earlier block (exact: a finished block never sees
+later ones). A block with no masks left (LLaDA2.1: whose edits have settled) has its K/V
+written by one forward of its final tokens, riding with the next block's first step. A row
+ends after its last block, or at its first stop token with no mask before it (early_stop).
+Every row is at its own block, so continuous admission serves these models like the others.
 `cache = "none"` recomputes every earlier block each step instead (LLaDA2.x's own loop).
 """
 
@@ -32,7 +28,6 @@ from dllm_cli.decoding.sampling import Sampler, family_of
 from dllm_cli.decoding.shard_summaries import VocabPart
 from dllm_cli.decoding.sharded_sampling import block_drafter
 from dllm_cli.decoding.slots import Admission
-from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
 from dllm_cli.families import family_of_model
 from dllm_cli.settings import DecodeSettings
@@ -105,14 +100,7 @@ class BlockStepper:
         self.forwards += forwards
         return forwards
 
-    def plan(self, live: list[Request], at: int) -> block_step.BlockPlan:
-        return block_step.plan(self, at)
-
-    def forward(self, plan: block_step.BlockPlan):
-        return block_step.forward(self, plan)
-
-    def commit(self, plan: block_step.BlockPlan, pred) -> Commit:
-        return block_step.commit(self, plan, pred)
+    plan, forward, commit = block_step.plan, block_step.forward, block_step.commit  # `e`: self
 
     def keep(self, live: list[Request], kept: list[int]) -> None:
         self.rows = [self.rows[i] for i in kept]
@@ -123,12 +111,9 @@ class BlockStepper:
     def progress(self, live: list[Request], i: int) -> list[int]:
         """Row i's committed answer so far, up to its first mask or stop token (LLaDA2.1:
         before its active block, which edits may still change)."""
-        row = self.rows[i]
-        end = row.block * self.rule.block
-        tokens = self.answer(row)[
-            : None if self.rule.edit_threshold is None else max(0, end - row.prompt)
-        ]
-        tokens = tokens.tolist()
+        row, editing = self.rows[i], self.rule.edit_threshold is not None
+        end = max(0, row.block * self.rule.block - row.prompt) if editing else None
+        tokens = self.answer(row)[:end].tolist()
         first = tokens.index(self.special.mask) if self.special.mask in tokens else len(tokens)
         return answer_tokens(tokens[:first], self.special.stop)
 
@@ -136,8 +121,7 @@ class BlockStepper:
         return row.x[row.prompt : row.prompt + row.request.sampling.gen_length]
 
     def rule_for(self, gen_length: int) -> block_rules.BlockRule:
-        """The rule of rows of this gen_length: their own steps per block (the request's
-        settings, validated as it was added, refuse too few steps)."""
+        """The rule of rows of this gen_length: their own steps per block (checked at `add`)."""
         if gen_length not in self.rules:
             own = replace(self.settings, gen_length=gen_length)
             self.rules[gen_length] = block_rules.check_block_settings(own, self.family)

@@ -60,8 +60,7 @@ def check_token_ids(prompts: list[list[int]], table: int) -> None:
 @dataclass
 class Canvas:
     """Token ids of the rows still decoding, left-padded (`pad[r]` columns) so every answer
-    starts at one column; RoPE counts from a row's first real token and padding is never
-    attended to, so a row decodes as if it were alone."""
+    starts at one column; RoPE skips the padding and no key reads it: a row decodes as alone."""
 
     ids: torch.Tensor  # (B, S) long
     pad: torch.Tensor  # (B,) long: left padding per row

@@ -3,21 +3,15 @@
 dInfer's `CreditThresholdParallelDecoder` (inclusionAI/dInfer,
 python/dinfer/decoding/parallel_strategy.py) keeps, per block, a credit for every (slot,
 token): each step the credits decay by `decay` and every masked slot's top-1 token gains its
-probability raised to `boost` (p^0.2: even a shaky favourite earns nearly a full point). The
-step then runs Fast-dLLM's threshold rule on the fused logits `logits + alpha * log(1 +
-credit)`: a token that stayed the favourite over several steps is committed at a lower raw
-confidence, and the draft itself is the fused argmax (a long-held favourite may beat a
-one-step newcomer). A block's credits start at zero.
+probability raised to `boost`. The step runs Fast-dLLM's threshold rule on the fused logits
+`logits + alpha * log(1 + credit)`, whose argmax is the draft. A block's credits start at zero.
 
-Here the credits of a row live in its block's slots as the top-1 token and its decayed gain
-of each of the block's last `depth` steps (a step commits at least one mask, so a block of L
-slots takes at most L steps: depth = block length keeps every step). A token's credit is the
-sum of its entries, which is dInfer's running `credit = decay * credit + gain`. State is
-matched to the canvas rows by request id and block start on the device, so rows join, leave
-and move through blocks at their own pace without the step reading the device.
-
-Under tensor parallelism (`sharded_fused_drafts`) a rank holds its vocabulary's part of each
-slot's distribution; the fused softmax's summaries come from one all-gather a step, and the
+Here a row's credits live in its block's slots as the top-1 token and its decayed gain of each
+of the block's last `depth` steps (depth = block length keeps every step: a step commits at
+least one mask); their sum is dInfer's running `credit = decay * credit + gain`. State is
+matched to the canvas rows by request id and block start on the device, so rows move through
+blocks at their own pace without a device read. Under tensor parallelism
+(`sharded_fused_drafts`) the fused softmax's summaries come from one all-gather a step, and the
 credits, which depend only on gathered values, are the same on every rank.
 """
 
@@ -78,16 +72,15 @@ class CreditMemory:
         return tokens, gains
 
     def update(self, ctx, top: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
-        """(B, L, V) each slot's credit after this step: decay, then the masks' top-1 tokens
-        gain top^boost (dInfer's `_apply_credit_fusion`)."""
+        """(B, L, V) each slot's credit after this step (dInfer's `_apply_credit_fusion`)."""
         probs = ctx.probs
         tokens, gains = self.advance(ctx, top, best)
         credit = torch.zeros(probs.shape, dtype=torch.float32, device=probs.device)
         return credit.scatter_add_(2, tokens, gains)  # (B, L, V)
 
     def advance(self, ctx, top: torch.Tensor, best: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(B, L, S) tokens and gains after this step, kept for the next: the older steps'
-        decayed, the masks' top-1 `best` gaining top^boost."""
+        """(B, L, S) tokens and gains after this step, kept for the next: older steps' decayed,
+        the masks' top-1 `best` gaining top^boost."""
         starts = block_starts(ctx)
         tokens, gains = self.carried(ctx, starts, top.shape[1])
         gain = top.float().pow(self.boost) * ctx.candidates  # (B, L): masked slots only
@@ -197,8 +190,7 @@ def sharded_fused_drafts(ctx, memory: CreditMemory, sampler) -> tuple[torch.Tens
 
 
 def credit_rule(p, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-    """dInfer's credit step: the threshold rule on credit-fused confidences, with the fused
-    drafts; returns (commit, tokens)."""
+    """dInfer's credit step: the threshold rule on credit-fused confidences, (commit, tokens)."""
     memory = p.memory
     if p.shard is not None:  # a tensor-parallel rank: ctx.probs is its vocabulary's part
         tokens, confidence = sharded_fused_drafts(ctx, memory, p.shard)

@@ -8,19 +8,17 @@
     engine.abort(rid)                     # waiting or running; its slot is free next step
 
 The shape is nano-vllm's LLMEngine / Scheduler / Sequence: a `Request` (request.py) holds a
-prompt's ids and all its progress, an admission policy (slots.py: static | continuous, one
-code path) decides when a waiting request takes a free slot, and a step is three calls on
-the family's stepper (stepper.py; masked.py, block_stepper.py, gemma_stepper.py): `plan`
-(host data), `forward` (the model), `commit` (drafts become tokens, rows final). The engine
-owns everything the kinds share: the queue, slots, admission, one prompt check, per-request
-sampling (a stepper declares what it cannot take per request), counters, and finishing (EOS
-after an answer's end, stop ids, Finished records). The engine prints nothing; a step's
-`StepEvent` is built only when a consumer asks for it. One thread owns an engine.
+prompt's ids and progress, an admission policy (slots.py) decides when it takes a free slot,
+and a step is the family's stepper's `plan`, `forward` and `commit` (stepper.py). The engine
+owns what the kinds share: the queue, slots, admission, the prompt check, per-request
+sampling, counters and finishing. It prints nothing; a step's `StepEvent` is built only when
+a consumer asks for it. One thread owns an engine.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,10 +84,8 @@ class Engine(RequestQueue):
             raise SettingsError(f"admission must be one of {', '.join(ADMISSIONS)}")
         # Unset values take the family's reference defaults (Dream: top_k 50; families.py).
         settings = with_family_defaults(settings, model.family)
-        family = family_of_model(model)
-        kind = stepper_class(family.stepper)
-        self.family = family
-        policy = ADMISSIONS[admission]
+        self.family = family_of_model(model)
+        kind, policy = stepper_class(self.family.stepper), ADMISSIONS[admission]
         self.stepper: Stepper = kind(model, special, settings, committer, policy, slots, **options)
         self.admission = ADMISSIONS["static"] if self.stepper.whole_batches else policy
         self.settings = self.stepper.settings
@@ -110,12 +106,10 @@ class Engine(RequestQueue):
         sampling: Sampling | dict | None = None,
         logprobs: int | None = None,
     ) -> int:
-        """Queue a prompt; its id. A prompt that cannot decode is refused here (InputError).
-
-        `sampling` (or whole `settings`) gives the request its own gen_length, temperature,
-        top_p, top_k, seed and stop ids (lifetimes.py) where the stepper takes them; any other
-        setting differing from the engine's is refused (SettingsError naming it). `logprobs`
-        (k >= 0) records each answer token's log-probability and k alternatives (logprobs.py)."""
+        """Queue a prompt; its id (InputError: it cannot decode). `sampling` (or whole `settings`)
+        gives it its own Sampling values (lifetimes.py) where the stepper takes them, any other
+        setting differing from the engine's refused; `logprobs` k: each answer token's
+        log-probability and k alternatives (logprobs.py)."""
         own = self.sampling
         if settings is not None or sampling is not None:
             own = request_sampling(self.settings, self.model.family, settings, sampling)
@@ -128,8 +122,7 @@ class Engine(RequestQueue):
         return rid
 
     def check_prompts(self, prompts: list[list[int]], gen_length: int | None = None) -> None:
-        """Prompts that cannot decode here (answers of `gen_length`, a request's own; None: the
-        engine's) are refused (InputError naming the first)."""
+        """Refuse prompts that cannot decode (answers of `gen_length`; None: the engine's)."""
         own = gen_length not in (None, self.settings.gen_length)
         room = gen_length if own else self.stepper.answer_room  # (DiffusionGemma: whole canvases)
         check_prompts(prompts, room, self.model.context_length)
@@ -167,11 +160,9 @@ class Engine(RequestQueue):
     def step(self) -> StepOutput:
         """Admit waiting requests into free slots, then one decoding step of every live row."""
         began = time.perf_counter()
-        if torch.is_inference_mode_enabled():  # (a caller's: no second context per step)
+        held = torch.is_inference_mode_enabled()  # (a caller's: no second context per step)
+        with nullcontext() if held else torch.inference_mode():
             out = self._step()
-        else:
-            with torch.inference_mode():
-                out = self._step()
         self.seconds += time.perf_counter() - began
         return out
 
@@ -238,8 +229,7 @@ class Engine(RequestQueue):
 
     def _records(self, out: Commit) -> list[Finished]:
         """Finished records of the final rows: EOS after each answer's end (a stop token, a
-        request's own stop id), commit steps counted from admission (tokens stay on the
-        device until read)."""
+        request's own stop id), commit steps from admission (tokens on the device until read)."""
         answer, cut = out.answers, out.cut  # (R, G), (R,)
         rows = [self.live[i] for i in out.final]
         if cut is None:

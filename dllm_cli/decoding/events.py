@@ -53,14 +53,11 @@ class StepEvent:
     guide_forwards: int = 0  # the AR guide's forwards so far, this step included
     corrected: int | None = None  # tokens the guide chose instead of a draft (None: no guide)
     phases: tuple[RowPhase, ...] = ()  # each live row's place this step
-    # Uniform-state diffusion (DiffusionGemma) replaces tokens instead of unmasking them: the
-    # positions whose draft token changed this step (not final until committed), and the rows
-    # whose draft the stopping rule declared stable and confident this step.
-    drafts: tuple[RowCommit, ...] = ()
-    settled: tuple[int, ...] = ()
-    # A revoking rule (WINO) may mask a row's commits again from its block's start on, and
-    # LLaDA2.1's edits replace committed tokens of the active block: (row, answer position)
-    # for each live row not finished this step; text is final only before it.
+    # Uniform-state diffusion (DiffusionGemma) replaces tokens instead of unmasking them:
+    drafts: tuple[RowCommit, ...] = ()  # positions whose draft changed (final once committed)
+    settled: tuple[int, ...] = ()  # rows the stopping rule found stable and confident
+    # (row, answer position) of each live row from which WINO's revocations or LLaDA2.1's
+    # edits may still change its text (final only before it)
     revocable: tuple[tuple[int, int], ...] = ()
 
     @property

@@ -1,18 +1,12 @@
 """DiffusionGemma decoding by transformers' own `generate` loop, stepped (gemma_loop.py).
 
 dllm's settings map onto its generation config where they mean the same thing (`USED`):
-gen_length -> max_new_tokens (whole canvases are denoised, the answer is cut at gen_length),
-steps -> max_denoising_steps (per canvas; the stopping rule may end a canvas sooner),
-early_stop -> eos_token_id (a row stops at the canvas holding its first stop token), seed ->
-one generator per row (gemma_stream.RowSampler), and the family's own knobs under their
-transformers names (t_min, t_max, entropy_bound, stability_threshold, confidence_threshold).
-Unset knobs take the checkpoint's generation_config.json, then transformers' defaults.
-block_length is the canvas length, fixed by the checkpoint. Every other setting means nothing
-here (families.py `GEMMA_REFUSES`) and is refused when it differs from its default, never
-silently ignored.
-
-This module imports transformers' DiffusionGemma code only when a run starts, so the checks
-cost nothing for the other families.
+gen_length -> max_new_tokens (the answer is cut at gen_length), steps -> max_denoising_steps
+(per canvas), early_stop -> eos_token_id, seed -> one generator per row
+(gemma_stream.RowSampler), and the family's own knobs under their transformers names. Unset
+knobs take the checkpoint's generation_config.json, then transformers' defaults; block_length
+is the checkpoint's canvas length. Any other setting that differs from its default is refused
+(families.py `GEMMA_REFUSES`), never silently ignored. transformers is imported at run start.
 """
 
 from __future__ import annotations

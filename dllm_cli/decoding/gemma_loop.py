@@ -1,22 +1,15 @@
 """transformers' DiffusionGemma `generate` loop as a generator: one denoising step per `next`.
 
 transformers runs a whole decode inside `generate` and reports through a streamer, which can
-watch the loop but not pause it; dllm's engine advances a decode one step per `step()`. So this
-is the loop of `DiffusionGemmaGenerationMixin.generate` (transformers 5.24,
-models/diffusion_gemma/generation_diffusion_gemma.py, its steps 0.b-2) driving the model's own
-pieces in the same order with the same arguments: `_prepare_generated_length`,
-`_prepare_cache_for_generation`, `_prepare_logits_processor`, `_prepare_ar_stopping_criteria`,
-then per canvas `_prepare_encoder_inputs` + the encoder, `_prepare_denoiser_inputs`,
-`_denoising_step` per step, `_finalize_canvas`, `_prepare_kwargs_for_next_canvas`, and the
-streamer's `put` / `put_draft` / `end` where generate calls them. Only the control flow is
-dllm's: it suspends after each denoising step, so no worker thread is needed.
+watch the loop but not pause it. So this is the loop of `DiffusionGemmaGenerationMixin.generate`
+(transformers 5.24, models/diffusion_gemma/generation_diffusion_gemma.py, its steps 0.b-2)
+calling the model's own `_prepare_*`, encoder, `_denoising_step` and `_finalize_canvas` pieces
+and the streamer in the same order with the same arguments; only the control flow is dllm's
+(it suspends after each denoising step, so no worker thread is needed).
 
-Left out, because dllm never passes them (gemma.py refuses or never sets them): a cache passed
-in (multi-turn reuse), compiled static caches (`cache_implementation` is None: a DynamicCache,
-which generate does not compile either), images, a caller's starting canvas or
-self-conditioning logits, caller-supplied logits processors and stopping criteria, and the
-`tokens_per_forward` output (dllm counts forwards itself). After the last canvas the loop
-ends without preparing masks for a canvas that never comes (generate computes them unused).
+Left out, because dllm never passes them (gemma.py): a cache passed in, compiled static caches,
+images, a caller's starting canvas or self-conditioning logits, caller-supplied processors and
+stopping criteria, `tokens_per_forward`; nor are masks prepared for a canvas that never comes.
 """
 
 from __future__ import annotations

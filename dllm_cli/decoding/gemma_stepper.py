@@ -2,18 +2,15 @@
 
 transformers' sampler decodes a whole batch with one generation config, so this stepper takes
 static batches only (`whole_batches`) and no per-request sampling (`batch_wide`). Placing a
-batch starts its decode (gemma_loop.denoise, with gemma_stream's per-row sampler, stopping
-observer and event streamer); each step runs one denoising step of it in the caller's thread,
-and a row's answer is final on the step its last canvas is (a stop token, or its last canvas),
-not when the batch ends. Rows that leave (finished, aborted) stay in transformers' batch; when
-none is left the decode is closed where it is.
+batch starts its decode (gemma_loop.denoise with gemma_stream's sampler, observer and
+streamer); a row's answer is final on the step its last canvas is, not when the batch ends.
+Rows that leave stay in transformers' batch; when none is left the decode is closed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
 import torch
@@ -30,11 +27,6 @@ from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.settings import DecodeSettings
 
 _ONE_CONFIG = "one generation config decodes its whole static batch"
-
-
-@dataclass
-class GemmaPlan:
-    at: int
 
 
 class GemmaStepper:
@@ -101,10 +93,10 @@ class GemmaStepper:
         self.batch_rows, self.first = list(range(len(new))), at
         return 0
 
-    def plan(self, live: list[Request], at: int) -> GemmaPlan:
-        return GemmaPlan(at)
+    def plan(self, live: list[Request], at: int) -> int:
+        return at  # (transformers' loop holds the rest)
 
-    def forward(self, plan: GemmaPlan) -> StepEvent:
+    def forward(self, plan: int) -> StepEvent:
         """One denoising step of the batch (one decoder forward); its StepEvent."""
         try:
             next(self.steps_left)
@@ -118,7 +110,7 @@ class GemmaStepper:
         self.outbox.clear()
         return event
 
-    def commit(self, plan: GemmaPlan, event: StepEvent) -> Commit:
+    def commit(self, plan: int, event: StepEvent) -> Commit:
         """The rows whose last canvas ended this step: their answers and commit steps."""
         rows = {b: i for i, b in enumerate(self.batch_rows)}
         final = [rows[b] for b in event.finished if b in rows]

@@ -22,12 +22,9 @@ from dllm_cli.decoding.events import RowCommit, StepEvent
 
 
 class RowSampler(EntropyBoundSampler):
-    """transformers' entropy-bound sampler; row r draws its noise and samples from generators[r].
-
-    Only the randomness differs from the reference (torch's global generator, so a row's draws
-    depend on the rows before it): each row has its own seeded generator, and a row whose canvas
-    the stopping rule froze draws nothing, so its later canvases see the numbers of a run alone.
-    """
+    """transformers' entropy-bound sampler; row r draws its noise and samples from generators[r]
+    (the reference's global generator makes a row's draws depend on the rows before it), and a
+    row the stopping rule froze draws nothing, so its later canvases see a run alone's numbers."""
 
     def __init__(self, config, canvas_length, vocab_size, max_denoising_steps, generators, frozen):
         super().__init__(config, canvas_length, vocab_size, max_denoising_steps)
@@ -104,11 +101,8 @@ class CanvasPlan:
 
 
 class EventStreamer:
-    """transformers' streamer protocol -> StepEvents (one per denoising step), handed to `send`.
-
-    A step's event waits for the next call: a `put` (the canvas is final) adds the canvas's
-    commits and the rows it finished; a driver that knows the canvas goes on calls `flush`.
-    """
+    """transformers' streamer protocol -> StepEvents (one per denoising step), handed to `send`;
+    a step's event waits for a `put` (the canvas is final: its commits) or a `flush`."""
 
     def __init__(self, plan: CanvasPlan, rows: int, observer: Callable[[], StopObserver | None],
                  send: Callable[[StepEvent], None]):  # fmt: skip
@@ -161,10 +155,9 @@ class EventStreamer:
 
     def _step_event(self, draft: torch.Tensor) -> StepEvent:
         observed = self.observer()
-        confidence = observed.confidence if observed and observed.confidence is not None else None
-        changed = torch.ones_like(draft, dtype=torch.bool)  # (B, L) vs. the random start
-        if self.previous is not None:
-            changed = draft != self.previous
+        confidence = observed.confidence if observed else None
+        fresh = self.previous is None  # (B, L) changed: against the random start, everything
+        changed = torch.ones_like(draft, dtype=torch.bool) if fresh else draft != self.previous
         start, end = self._span()
         width = end - start
         drafts = []
@@ -199,7 +192,7 @@ class EventStreamer:
         start, end = self._span()
         last = len(self.canvas_step) + 1 == self.plan.canvases
         observed = self.observer()
-        conf = observed.confidence if observed and observed.confidence is not None else None
+        conf = observed.confidence if observed else None
         commits, finished = [], []
         for r in range(self.rows):
             if r in self.done:

@@ -97,10 +97,9 @@ def compile_grammar(kind: str, source: Any, vocab: GrammarVocab | None = None) -
 
 
 def check_writable(grammar: Grammar, vocab: GrammarVocab) -> None:
-    """GrammarError when the vocabulary cannot begin an answer the grammar accepts: the bytes
-    it forces first have no tokens (JSON's `{` under a vocabulary with no token for it), or
-    no token may come first (an integer under a vocabulary whose every word starts with a
-    space). Every answer would otherwise end empty and invalid, without a word of warning."""
+    """GrammarError when the vocabulary cannot begin an answer the grammar accepts (no tokens
+    spell the bytes it forces first, or none may come first), which would otherwise end every
+    answer empty and invalid without a word of warning."""
     m = vocab.matcher(grammar)
     if m.is_error():
         return
@@ -130,12 +129,8 @@ def require_library() -> None:
 
 
 class GrammarVocab:
-    """The model's vocabulary as llguidance sees it: token bytes, and the stop tokens.
-
-    A byte-level or SentencePiece tokenizer.json is read by llguidance itself; any other
-    (e.g. a word-level one) is described token by token: its bytes are what the tokenizer
-    decodes after an anchor token (so a leading space survives), special tokens are named.
-    """
+    """The model's vocabulary as llguidance sees it: token bytes, and the stop tokens (a
+    tokenizer.json llguidance cannot read, e.g. word-level, is spelled token by token)."""
 
     def __init__(self, tokenizer, vocab_size: int, stops: tuple[int, ...]):
         require_library()

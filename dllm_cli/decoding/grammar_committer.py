@@ -1,34 +1,17 @@
 """Structured output's commit: a grammar (llguidance) verifies the drafts in front of it.
 
-A diffusion canvas commits out of order; a grammar reads left to right. The grammar therefore
-stands where guided decoding's AR guide stands (guided.py): every row walks its frontier, its
-first masked column, and each step
-
-1. the diffusion model drafts every masked column from the frontier on (sampled as the
-   request samples: argmax when greedy, its temperature / top-p / top-k otherwise);
-2. the row's matcher checks the drafts left to right: `a` = the longest run it accepts;
-   the unmask rule picks its own run from the frontier (`r`, at least one column);
-3. `min(a, r)` drafts are committed; when the rule wanted more than the grammar accepted,
-   the first rejected column takes the grammar-masked argmax of its distribution (a
-   grammar-masked sample when the request samples), one more token;
-4. the tokens the grammar then forces (it allows one token only) are committed too, as far
-   as the drafts reach (llguidance's fast-forward tokens); columns past the commit stay
-   masked drafts for the next step.
-
-A stop token (EOS, end of turn) is a token of the grammar: allowed only where the grammar
-accepts, and the only token left once the grammar is complete (so a complete grammar forces
-the stop). A committed stop ends the row; the engine fills the rest of its answer with EOS.
+The grammar stands where guided decoding's AR guide stands (guided.py): every row walks its
+frontier, its first masked column. Each step the row's matcher accepts the longest run `a` of
+its drafts; `min(a, r)` are committed (`r`: the unmask rule's run); where the rule wanted more,
+the first rejected column takes the grammar-masked argmax (or sample) of its distribution; then
+the tokens the grammar forces are committed as far as the drafts reach (fast-forward). A stop
+token is a grammar token: allowed only where the grammar accepts, forced once it is complete.
+docs/structured-output.md has the steps and their costs.
 
 Each row's matcher is keyed by its request id (the canvas's `rows`), made when the request
-first appears in a step and dropped when it no longer does: requests join a running decode
-(continuous batching) and leave it without any hook. `bind(rid, grammar)` gives a request its
-own grammar (the server), `default` serves every other row (the CLI); a row with neither is
-unconstrained but still walks its frontier.
-
-Costs: a frontier walk commits only a run from the first mask, so a rule that commits out of
-order commits fewer tokens per forward; each step reads the drafts to the host (one read)
-and, when some row needs a masked token, its masks go to the device and the chosen tokens
-come back (a second read).
+first appears in a step and dropped when it no longer does (no engine hook).
+`bind(rid, grammar)` gives a request its own grammar (the server), `default` serves every
+other row (the CLI); a row with neither is unconstrained but still walks its frontier.
 """
 
 from __future__ import annotations
@@ -104,11 +87,9 @@ class GrammarCommitter(Committer):
         return Decision(commit, accepted=accepted, tokens=tokens, corrected=corrected & commit)
 
     def walk(self, rids, counts, wanted, drafts, probs, draws: RowDraws | None):
-        """Each row's run from its frontier, as the grammar allows: `drafts` (B, L) and their
-        distributions `probs` (B, L, V) start at the row's frontier, `counts` (B,) of them are
-        masks, the unmask rule wanted a run of `wanted` (B,). Returns the tokens (B, L), the
-        columns the grammar chose (B, L), each row's committed run (B,) and the drafts the
-        grammar accepted. The masked stepper and the block stepper (block_step.py) call it."""
+        """Each row's run from its frontier as the grammar allows (`drafts` (B, L) and `probs`
+        (B, L, V) from the frontier, `counts` (B,) of them masks, the rule's run `wanted` (B,)):
+        tokens (B, L), the columns the grammar chose, each row's run (B,), the drafts accepted."""
         host = torch.cat([rids[:, None], counts[:, None], wanted[:, None], drafts], 1)
         table = host.tolist()  # the step's read of the drafts
         matchers = self._matchers([row[0] for row in table])
@@ -125,8 +106,7 @@ class GrammarCommitter(Committer):
         return tokens, corrected, torch.tensor(lengths, device=drafts.device), accepted
 
     def _fix(self, probs, draws, plans, matchers, tokens, corrected) -> list[int]:
-        """Rows whose run stopped at a rejection take the masked token there; each row's
-        committed length so far."""
+        """Rows whose run stopped at a rejection take the masked token there; each row's run."""
         fixes = [r for r, (_, fix) in enumerate(plans) if fix]
         if fixes:
             slots = [plans[r][0] for r in fixes]
@@ -140,8 +120,7 @@ class GrammarCommitter(Committer):
         return [n + bool(fix) for n, fix in plans]
 
     def _forced(self, matchers, rooms, lengths, tokens, corrected) -> None:
-        """After each row's commit, the tokens its grammar forces (no other token allowed)
-        are committed too, as far as its drafts reach; `lengths` grows by them."""
+        """After each row's commit, the tokens its grammar forces, as far as its drafts reach."""
         for r, (m, room) in enumerate(zip(matchers, rooms, strict=True)):
             run = forced_tokens(m, room)
             if run:
@@ -152,9 +131,8 @@ class GrammarCommitter(Committer):
                 self.forced += len(run)
 
     def _matchers(self, rids: list[int]) -> list:
-        """Each row's matcher (None: unconstrained); those of departed requests are dropped,
-        and grammars bound to requests older than every live one (admission is first come,
-        first served: they were aborted before they ran)."""
+        """Each row's matcher (None: unconstrained); departed requests' are dropped, and grammars
+        bound to requests older than every live one (first come, first served: aborted)."""
         live, oldest = set(rids), min(rids)
         for rid in [r for r in self.matchers if r not in live]:
             del self.matchers[rid]
@@ -193,13 +171,9 @@ class GrammarCommitter(Committer):
 
 
 class GuidedGrammarCommitter(Committer):
-    """The grammar filters what the AR guide verifies (guided.py, FlashDLM).
-
-    Each step a row's drafts are cut at the first one its grammar rejects, which is replaced
-    by an id no token has (the guide must reject it); the guide judges and chooses among the
-    grammar's tokens only (each slot's mask), so its accepted run and its token on a rejection
-    both follow the grammar. The forced run follows, as in GrammarCommitter.
-    """
+    """The grammar filters what the AR guide verifies (guided.py, FlashDLM): a row's drafts are
+    cut at the first its grammar rejects (replaced by an id no token has, which the guide must
+    reject), the guide chooses among the grammar's tokens only, then the forced run follows."""
 
     frontier = True
 
@@ -281,7 +255,8 @@ def next_tokens(matcher, vocab: GrammarVocab) -> np.ndarray:
         mask = np.zeros(vocab.words * 32, dtype=bool)
         mask[list(vocab.stops)] = True
         return mask
-    mask = allowed(matcher, vocab.words)
+    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)  # stops only where it accepts
+    mask = np.unpackbits(raw, bitorder="little")[: vocab.words * 32].astype(bool)
     mask[vocab.known :] = False
     if not vocab.spells(matcher.compute_ff_bytes()):  # forced bytes no token writes: dead
         mask[:] = False
@@ -289,9 +264,8 @@ def next_tokens(matcher, vocab: GrammarVocab) -> np.ndarray:
 
 
 def verify(matcher, drafts: list[int], wanted: int) -> tuple[int, bool]:
-    """(drafts committed, whether the next slot takes a masked token) for one row.
-
-    The matcher consumes the committed drafts; the caller consumes the masked token."""
+    """(drafts committed, whether the next slot takes a masked token) for one row; the matcher
+    consumes the committed drafts, the caller the masked token."""
     if not drafts:
         return 0, False
     if matcher is None:  # unconstrained: the rule's run
@@ -316,28 +290,15 @@ def forced_tokens(matcher, room: int) -> list[int]:
     return run
 
 
-def allowed(matcher, words: int) -> np.ndarray:
-    """(V,) bool: tokens the matcher allows next (stop tokens only where it accepts)."""
-    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-    return np.unpackbits(raw, bitorder="little")[: words * 32].astype(bool)
-
-
-def refusal(runtime) -> str | None:
-    """Why this runtime cannot decode under a grammar (None: it can)."""
-    family = family_of_model(runtime.loaded.model)
-    if not family.traits.grammar:
-        return f"structured output is not supported for {family.title} (no frontier walk)"
-    return None
-
-
 def runtime_committer(
     runtime, default: Grammar | None = None, guided: bool = True, fast_forward: bool = True
 ) -> GrammarCommitter:
     """A GrammarCommitter for this runtime's model and settings (GrammarError: it cannot)."""
-    reason = refusal(runtime)
-    if reason is not None:
-        raise GrammarError(reason)
     model = runtime.loaded.model
+    if not (kind := family_of_model(model)).traits.grammar:
+        raise GrammarError(
+            f"structured output is not supported for {kind.title} (no frontier walk)"
+        )
     settings = with_family_defaults(runtime.settings, model.family)
     family = family_of(model)
     rule = RuleCommitter(settings, family.schedule)

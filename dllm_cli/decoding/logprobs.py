@@ -1,19 +1,12 @@
 """Per-token log-probabilities of a request's answer, for the requests that ask (opt-in).
 
-A diffusion decode commits tokens out of order, each from the distribution of the step that
-committed it: that distribution's log-probability of the token, and its `k` most likely
-tokens with theirs, are what a request asking for logprobs gets (not an autoregressive
-model's left-to-right probability). The distribution is the sampler's (sampling.py): LLaDA's
-softmax of the raw logits, Dream's of its tempered and filtered logits (what it samples from);
-a token a filter removed has log-probability -9999.0, as OpenAI writes one.
-
-The engine calls `record` after a step's commits only when a live request asked, so a decode
-where none did computes nothing more. Values go into the request's own device buffers at the
-committed answer columns (by scatter, reading nothing from the device); they are read with the
-answer's tokens. Under --tensor-parallel a step that keeps each rank's slice of the
-distributions (a grammar's, the credit rule's) records through its `part`
-(shard_summaries.VocabPart.pick): one all-gather of each token's value and each rank's top
-ones. Any other step's distribution already holds the gathered candidates.
+Each token's log-probability, and its `k` most likely alternatives, come from the distribution
+of the step that committed it (not an autoregressive left-to-right probability): the sampler's
+(LLaDA's softmax of the raw logits, Dream's of its tempered and filtered logits); a token a
+filter removed has -9999.0, as OpenAI writes one. Nothing is computed unless a live request
+asked; values are scattered into the request's own device buffers and read with its tokens.
+Under --tensor-parallel a step that keeps each rank's slice of the distributions records
+through its `part` (shard_summaries.VocabPart.pick: one all-gather).
 """
 
 from __future__ import annotations
@@ -59,9 +52,8 @@ def record(canvas, live, probs: torch.Tensor | None, commit, tokens, columns, pa
 
 
 def write(requests, probs: torch.Tensor, commit, tokens, positions, part=None) -> None:
-    """Row i of (N, L) `commit`, `tokens` and answer `positions` (and (N, L, V) `probs`) into
-    `requests[i]`'s buffers, for the requests that asked; `part` (a VocabPart): `probs` are a
-    tensor-parallel rank's slice of the vocabulary."""
+    """Row i of (N, L) `commit`, `tokens`, answer `positions` and (N, L, V) `probs` into the
+    buffers of `requests[i]` if it asked; `part` (a VocabPart): `probs` are a rank's slice."""
     asking = [i for i, r in enumerate(requests) if r.logprobs is not None]
     for i in asking:
         r = requests[i]

@@ -1,14 +1,11 @@
 """The masked-diffusion stepper (LLaDA, Dream, LLaDA-MoE): one canvas, one KV cache, rules.
 
-Every live row is a row of one `Canvas` (prompts left-padded to a shared width, answers of
-each row's own gen_length: a shorter one's canvas ends at its own end, its blocks planned from
-its own length) and, under a cache policy, of one `KVCache` with `slots` rows per guidance
-branch. A step (step.py): each row's cache policy plans its columns from the row's own place
-(rows.py), forwards.py serves all rows (one windowed forward; refreshes over their own
-columns), a committer picks which drafts become tokens, and the rows move on. Rows walk their
-blocks in lockstep under static admission (as LLaDA and Fast-dLLM decode a batch) and each on
-its own otherwise; a committer with `frontier = True` (guided decoding) makes every row walk
-its own first mask.
+Every live row is a row of one `Canvas` (prompts left-padded to a shared width, each row's
+answer of its own gen_length) and, under a cache policy, of one `KVCache` with `slots` rows per
+guidance branch. A step (step.py): each row's policy plans its columns from its own place
+(rows.py), forwards.py serves all rows in one forward, a committer picks which drafts become
+tokens, and the rows move on: in lockstep under static admission (as LLaDA and Fast-dLLM
+decode a batch), each on its own otherwise, each at its first mask under a frontier committer.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
 from dllm_cli.decoding.sampling import Reads, Sampler, family_of
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_canvas
-from dllm_cli.decoding.stepper import Commit
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
 from dllm_cli.decoding.wino import ShadowForwards
 from dllm_cli.errors import InputError
@@ -110,8 +106,8 @@ class MaskedStepper:
     # --- the Stepper protocol ----------------------------------------------------------------
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
         """New rows into the canvas (allocated, or widened for a longer prompt) and the cache."""
-        longest = max(len(r.prompt) for r in new)
-        lengths = [r.sampling.gen_length for r in new]
+        prompts, lengths = [r.prompt for r in new], [r.sampling.gen_length for r in new]
+        longest = max(map(len, prompts))
         if self.admission.whole_batches:
             self._allocate(longest, max(lengths), len(new), mixed=len(set(lengths)) > 1)
             self.committer.start(len(new))  # the committer learns that a decode begins
@@ -124,12 +120,9 @@ class MaskedStepper:
                 self._lengthen(self._answer_for(max(lengths)))
             if longest > self.canvas.prompt_width:
                 self._widen(live, self._width_for(longest, self.answer_width))
-        c, special = self.canvas, self.special
-        prompts = [r.prompt for r in new]
-        fresh = Canvas.build(
-            prompts, self.answer_width, special.mask, special.pad, c.ids.device, lengths
-        )
-        fresh = pad_canvas(fresh, special.pad, left=c.prompt_width - fresh.prompt_width)
+        c, mask, pad = self.canvas, self.special.mask, self.special.pad
+        fresh = Canvas.build(prompts, self.answer_width, mask, pad, c.ids.device, lengths)
+        fresh = pad_canvas(fresh, pad, left=c.prompt_width - fresh.prompt_width)
         fresh.rows = torch.tensor([r.id for r in new], device=self.device)
         for r in new:
             r.row.first = c.prompt_width  # its first mask: the answer's first column
@@ -138,21 +131,14 @@ class MaskedStepper:
         ranks = torch.tensor(order, dtype=torch.long, device=self.device)
         self.canvas = cat_canvases(c, fresh).select(ranks)
         if not self.admission.whole_batches:
-            self.committer.admit([r.prompt for r in new], ranks)
+            self.committer.admit(prompts, ranks)
         merged = live + new
         rows = [merged[i] for i in order]
         self._note_padding(rows)
         self.slot_rows = torch.tensor([r.slot for r in rows], device=self.device)
         return 0
 
-    def plan(self, live: list[Request], at: int) -> step.Plan:
-        return step.plan(self, live, at)
-
-    def forward(self, plan: step.Plan):
-        return step.forward(self, plan)
-
-    def commit(self, plan: step.Plan, pred) -> Commit:
-        return step.commit(self, plan, pred)
+    plan, forward, commit = step.plan, step.forward, step.commit  # this stepper as their `m`
 
     def keep(self, live: list[Request], kept: list[int]) -> None:
         """Only live rows `kept` (indices) go on: canvas rows, cache rows, the guide's rows."""
@@ -214,8 +200,7 @@ class MaskedStepper:
         return max(longest, min(-(-longest // self.quantum) * self.quantum, self.answer_room))
 
     def _blocks(self, gen_length: int) -> tuple:
-        """A row's blocks for its own gen_length (steps split as its settings alone split
-        them), in this canvas's columns."""
+        """A row's blocks for its own gen_length (steps split as its own settings split them)."""
         if gen_length not in self.plans:
             own = replace(self.settings, gen_length=gen_length)
             width, size, steps = self.canvas.prompt_width, own.block_length, own.total_steps
@@ -255,8 +240,7 @@ class MaskedStepper:
 
     def cache_view(self, live: list[Request]) -> KVCache | None:
         """The cache as this step's canvas rows see it: canvas row r (branch b) is cache row
-        `slot_rows[r] + b * slots`; the cache itself when every slot is busy (rows are kept in
-        slot order, so the mapping is then the identity)."""
+        `slot_rows[r] + b * slots`; the cache itself when every slot is busy (the identity)."""
         if self.cache is None:
             return None
         n = self.cache.k[0].shape[0] // self.branches
@@ -296,8 +280,7 @@ class MaskedStepper:
         return done, cut
 
     def own_stops(self, live: list[Request]) -> torch.Tensor | None:
-        """(B, K) each live row's stop ids (the model's and its own, -1 padded); None when no
-        request has its own (the model's `stop_ids` serve every row)."""
+        """(B, K) each live row's stop ids (the model's and its own, -1 padded); None: none has."""
         if not any(r.sampling.stop for r in live):
             return None
         rows = [(*self.special.stop, *r.sampling.stop) for r in live]

@@ -1,26 +1,20 @@
 """One forward for rows at different places of their decode: their columns packed end to end.
 
-Under continuous batching one step may hold a new row's prefill (its whole canvas) beside the
-cached rows' windows, which differ in width too. Padded to one (B, T) layout they would cost
-the windowed rows a prefill each; run as separate forwards, each pays a forward's fixed cost.
-Packed (vLLM's and SGLang's varlen batching), every row's own columns follow one another in
-a single sequence (B = 1): embeddings, projections and MLPs compute only real columns, in
-one GEMM per weight. Attention is the one part that needs rows apart: every column's K/V are
-written at its row and column of the KV cache, then each group of rows attends its cached
-keys in one SDPA call (models/layers.attend_packed), its queries padded to the group's
-widest, masked where their keys differ. Which rows share a call is a cost model
-(`attention_groups`): on CPU, where pairs cost more than calls, most rows attend alone,
-exactly their own keys read in place and unmasked; rows whose queries and keys nearly
-coincide share one. No prefill ever pads another row. CPU SDPA has no varlen kernel, which is
-why groups exist at all.
-
-Every row computes exactly the columns its plan names and attends exactly the keys it would
-alone, so the output is the padded forwards' (tests/test_packing.py checks it against them).
+Under continuous batching a step may hold a new row's prefill beside cached rows' windows of
+other widths. Packed (vLLM's and SGLang's varlen batching), every row's own columns follow one
+another in one sequence (B = 1), so embeddings, projections and MLPs compute only real columns,
+one GEMM per weight. Attention needs rows apart: every column's K/V are written at its row of
+the KV cache, then each group of rows attends its cached keys in one SDPA call
+(models/layers.attend_packed), queries padded to the group's widest and masked where keys
+differ. Which rows share a call is a cost model (`attention_groups`: CPU SDPA has no varlen
+kernel). Every row computes exactly its plan's columns and attends exactly its own keys, so the
+output is the padded forwards' (tests/test_packing.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -66,9 +60,7 @@ def pack(
     device = c.ids.device
     starts = [p.lead if p.refresh else p.start for p in plans]
     widths = [p.end - a for p, a in zip(plans, starts, strict=True)]
-    offsets = [0]
-    for w in widths:
-        offsets.append(offsets[-1] + w)
+    offsets = [0, *accumulate(widths)]
     n = offsets[-1]
     row = torch.repeat_interleave(  # (N,) canvas row of each packed column
         torch.arange(len(plans), device=device),
@@ -81,7 +73,7 @@ def pack(
     positions = c.positions()[row, columns][None]
     rows = row if cache_rows is None else cache_rows[row]
 
-    hosts = host_rows(cache_rows, hosts_known, len(plans))
+    hosts = tuple(range(len(plans))) if cache_rows is None else hosts_known  # host cache rows
     limits = [limit(c, p) for p in plans]
     groups, back_of, shapes, key_columns = [], [None] * len(plans), [], 0
     cost = GROUP_COST if device.type == "cpu" else CUDA_GROUP_COST
@@ -95,9 +87,7 @@ def pack(
         key_columns += len(members) * t * (g.hi - g.lo)
 
     # Each packed column's output among the groups' (R, T) outputs laid end to end.
-    bases = [0]
-    for rows_in, t in shapes:
-        bases.append(bases[-1] + rows_in * t)
+    bases = [0, *accumulate(rows_in * t for rows_in, t in shapes)]
     back = []
     for r, (gi, i) in enumerate(back_of):
         origin = bases[gi] + i * shapes[gi][1]
@@ -118,13 +108,6 @@ def pack(
         key_columns,
         bases[-1],
     )
-
-
-def host_rows(cache_rows, known, n: int) -> tuple[int, ...] | None:
-    """Each canvas row's cache row as a host int (None: only on the device)."""
-    if cache_rows is None:
-        return tuple(range(n))
-    return known
 
 
 def group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t) -> AttentionGroup:

@@ -1,35 +1,18 @@
 """Cache policies: each step, which canvas columns are recomputed (the active window).
 
-Every other column's K/V come from the KVCache as they were last written. A full forward
-(refresh) recomputes the whole canvas, from the row's first real column (its left padding is
-never computed: a ragged row, see forwards.py). Windows start one column early for models whose output
-at column i predicts column i + 1 (Dream), so the block's first column gets a fresh prediction.
+Every other column's K/V come from the KVCache as they were last written; a refresh recomputes
+the row's whole canvas from its first real column (its left padding is never computed).
+Windows start one column early for models whose output at column i predicts column i + 1
+(Dream). The policies (none, prefix, dual: Fast-dLLM; freecache: FlashDLM) are tabled in
+docs/decoding.md; `refresh_interval` N > 0 adds a full refresh every N steps of a block.
 
-| policy    | refresh                  | window on other steps                              |
-|-----------|--------------------------|----------------------------------------------------|
-| none      | every step               | (whole canvas)                                     |
-| prefix    | block start (Fast-dLLM)  | block start .. canvas end                          |
-| dual      | block start (Fast-dLLM)  | current block; suffix K/V frozen from the refresh  |
-| freecache | first step only (FlashDLM)| block start .. canvas end; on a block's first step |
-|           |                          | from the end of the frozen part, so the finished   |
-|           |                          | blocks' K/V are computed once from their final     |
-|           |                          | tokens and frozen from then on                     |
-
-`refresh_interval` N > 0 adds a full refresh every N steps within a block, counted from its
-first step (N = 1: every step, which makes every policy compute exactly what `none` computes).
-
-A policy plans one row at a time from the row's own place (its block, its step in it, how far
-its K/V are frozen), so rows at different places of their decode each get their own window;
-under guided decoding a row's block is the one holding its first mask, and a row may skip
-blocks (FreeCache then freezes everything between the frozen part and the new block). A guided
-row with a draft window needs no prediction past the window's end, so Prefix and FreeCache
-windows stop there (`reach`); the masked columns beyond keep the K/V they last got, as
-DualCache's suffix does.
-
-Suffix pruning (`suffix_window` W > 0; DPad, Streaming-dLLM; docs/decoding.md) cuts what a row
-sees at `limit`, W columns past its current block; columns first in reach (past `seen`) are
-computed by that step's forward whatever `reach` says. A row whose own gen_length is shorter
-than the canvas's answer columns is cut the same way, for good, at its own answer's end.
+A policy plans one row at a time from its own place (`StepPlace`: its block, its step in it,
+how far its K/V are frozen), so rows at different places each get their own window. A guided
+row needs no prediction past its draft window, so Prefix and FreeCache windows stop there
+(`reach`). Suffix pruning (`suffix_window` W > 0; DPad, Streaming-dLLM) cuts what a row sees at
+`limit`, W columns past its current block (and, for a row whose own gen_length is shorter than
+the canvas's answer, at its own answer's end); columns first in reach (past `seen`) are
+computed whatever `reach` says.
 """
 
 from __future__ import annotations
@@ -132,12 +115,9 @@ class DualCache:
 
 
 class FreeCache:
-    """FlashDLM FreeCache (arXiv 2505.21467): prompt and finished blocks never recomputed.
-
-    A block's last forward wrote K/V that still show masks, so the next block's first step
-    recomputes the finished blocks not yet frozen once, from their final tokens, and freezes
-    them; the prompt is frozen by the one full forward at the start.
-    """
+    """FlashDLM FreeCache (arXiv 2505.21467): prompt and finished blocks never recomputed. A
+    block's last forward wrote K/V that still show masks, so the next block's first step
+    recomputes the unfrozen finished blocks once, from their final tokens, and freezes them."""
 
     uses_cache = True
 

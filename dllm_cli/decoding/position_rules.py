@@ -1,16 +1,14 @@
 """Position-aware parallel unmasking: rules that look at where a mask sits, not only how sure.
 
-The diagnosis in docs/decoding-rules.md found the threshold rule's wrong commits far from the
-decoded left context (block columns 16-31) and at confidence 0.90-0.95; a block's first
-masked column was never wrong. So this rule commits left to right first.
+The threshold rule's wrong commits sat far from the decoded left context, and a block's first
+masked column was never wrong (docs/decoding-rules.md), so this rule commits left to right.
 
 `prefix`: SDLM's longest-prefix decoding (Liu et al., "Sequential Diffusion Language Models",
-arXiv 2509.24007; public code OpenGVLab/SDLM, `find_longest_sequence` in
+arXiv 2509.24007; OpenGVLab/SDLM, `find_longest_sequence` in
 sdlm/model/sdlm_qwen2_5/generate_utils.py): commit the longest run of the window's leftmost
-slots whose confidence is above a threshold, at least the first. Here the window is the
-current block's masks from its leftmost one (already committed columns inside the run are
-passed over), and, dllm's own addition, any mask past the run whose confidence is above a
-second, high bar (`jump_threshold`; 1 turns it off and leaves SDLM's rule).
+slots above a threshold, at least the first. Here the window is the current block's masks from
+its leftmost one (committed columns inside the run are passed over), and, dllm's own addition,
+any mask past the run above a second bar (`jump_threshold`; 1 leaves SDLM's rule).
 """
 
 from __future__ import annotations

@@ -27,12 +27,9 @@ def confident_columns(
 ) -> torch.Tensor:
     """(B, L) bool: the one threshold rule (Fast-dLLM, arXiv 2505.22618; SDAR's
     low_confidence_dynamic; LLaDA2.x's generate): every candidate past `threshold` when at
-    least `counts[r]` pass, else the `counts[r]` most confident.
-
-    `counts` None is k = 1 everywhere: the passing candidates and at least the best, taken by
-    argmax instead of a ranking (the same columns). `inclusive`: a confidence equal to the
-    threshold passes (Fast-dLLM's `>=`; SDAR's and LLaDA2.x's `>` otherwise). `confidence` is
-    -inf off the candidates.
+    least `counts[r]` pass, else the `counts[r]` most confident (None: k = 1, by argmax).
+    `inclusive`: Fast-dLLM's `>=` (SDAR's and LLaDA2.x's `>` otherwise). `confidence` is -inf
+    off the candidates.
     """
     passed = confidence >= threshold if inclusive else confidence > threshold  # (B, L)
     if counts is None:

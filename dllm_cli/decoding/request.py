@@ -1,11 +1,9 @@
 """A request: one prompt on its way through the engine, with everything it has done so far.
 
-The engine keeps one `Request` per prompt from `add` to the step its answer is final (or it
-is aborted): its prompt ids, its place in its decode (`RowState`: block, step in block, masks
-at block start, frozen K/V extent), its slot, and what it cost (steps, forwards, seconds).
-When it finishes it becomes a `Finished`, the record every client reads (batch mode's --json,
-eval, bench, a server's reply), so `forwards`, `steps` and `seconds` are always the request's
-own, whatever shared its batch.
+The engine keeps one `Request` per prompt from `add` until its answer is final (or it is
+aborted): its ids, its place in its decode (`RowState`), its slot and what it cost. It ends as
+a `Finished`, the record every client reads, whose counts are the request's own whatever
+shared its batch.
 """
 
 from __future__ import annotations
@@ -96,8 +94,7 @@ class Finished:
     logprobs: Any = None  # logprobs.Buffers of a request that asked (read with `token_logprobs`)
 
     def token_logprobs(self, k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
-        """Per answer column: the committed token's log-probability, the step's k most likely
-        tokens and theirs (logprobs.py); empty lists when it asked for none."""
+        """Per answer column: the token's log-probability, the step's k most likely and theirs."""
         if self.logprobs is None:
             return [], [], []
         return self.logprobs.read(k)
@@ -116,8 +113,7 @@ class Finished:
 
 
 class RequestQueue:
-    """The requests an engine holds (every engine's: masked, block-causal, DiffusionGemma):
-    queued in arrival order, found by id, aborted; `__init__` sets them up."""
+    """The requests an engine holds: queued in arrival order, found by id, aborted."""
 
     def __init__(self) -> None:
         self.queue: deque[Request] = deque()  # waiting, in arrival order

@@ -1,16 +1,10 @@
 """Per-row sampling: every request samples with its own values and draws from its own generator.
 
-A request's `Sampling` (lifetimes.py: temperature, top-p, top-k, seed, stop ids) travels with
-it; each step the engine hands the sampler and the rules a `RowDraws` for its live rows. Row r
-draws its random numbers from its request's generator (seeded from the request's seed when it
-is admitted), exactly `lengths[r]` slots of its own span and only on steps where it has
-something to decode, so the numbers a request sees do not depend on what shares its batch: a
-sampled answer is the same alone, in a static batch, or beside other traffic. Alone, a request
-draws what one generator seeded with its seed draws for the whole (1, L, ...) batch, so batch
-size 1 is exactly the engine's earlier single-generator decode (and the references' replays).
-
-Values are host data, so nothing here reads the device: per-row temperatures, top-p and top-k
-become small tensors (B, 1, 1) only when rows differ; equal rows keep the scalar path.
+Row r draws from its request's generator (seeded at admission) exactly `lengths[r]` slots of its
+own span, and only on steps where it has something to decode, so a sampled answer is the same
+alone, in a static batch or beside other traffic; alone it draws what one generator draws for
+the whole (1, L, ...) batch (the references' replays). Values are host data: per-row
+temperatures, top-p and top-k become (B, 1, 1) tensors only when rows differ.
 """
 
 from __future__ import annotations
@@ -33,10 +27,8 @@ class RowDraws:
 
     def subset(self, rows: list[int]) -> RowDraws:
         """Only rows `rows` (a forward that serves some rows)."""
-        pick = lambda xs: tuple(xs[r] for r in rows)  # noqa: E731
-        return RowDraws(
-            pick(self.generators), pick(self.samplings), pick(self.lengths), pick(self.on)
-        )
+        every = (self.generators, self.samplings, self.lengths, self.on)
+        return RowDraws(*(tuple(xs[r] for r in rows) for xs in every))
 
     def without(self, rows: list[int]) -> RowDraws:
         """The same rows, `rows` drawing nothing (their drafts are replaced by a later forward)."""

@@ -1,17 +1,10 @@
 """Per-row progress: where each row (batch slot) is in its own decode.
 
-Every row keeps its block, its step within that block, the masks the block held when the row
-entered it, how far its K/V are frozen (FreeCache) and whether any forward has served it yet.
-How a row moves on depends on how its tokens are committed:
-
-- block walk (the unmasking rules): a row leaves its block once the block has no masks left;
-  in lockstep (a static batch, as LLaDA and Fast-dLLM decode) every row waits until no row
-  has masks left in the shared block, so the batch steps through the blocks together;
-- frontier walk (guided decoding, FlashDLM): a row's block is the block holding its first
-  masked column, wherever the last verification left it; it may skip blocks.
-
-The engine plans one forward per row from this state (policies.py), so a step can serve rows
-at different places, and a row's decode never depends on what else is in its batch.
+A row keeps its block, its step in it, the masks the block held when the row entered it, how
+far its K/V are frozen (FreeCache) and whether a forward has served it yet. Block walk (the
+unmasking rules): a row leaves a block with no masks left, in lockstep (a static batch, as LLaDA
+and Fast-dLLM decode) once no row has masks left in it. Frontier walk (guided decoding,
+FlashDLM): a row's block is the one holding its first mask, so it may skip blocks.
 """
 
 from __future__ import annotations

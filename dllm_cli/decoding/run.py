@@ -3,10 +3,8 @@
     run = decode_steps(model, special, prompts, settings)  # iterate for StepEvents
     result = run.result()                                  # or decode(...) in one call
 
-A `DecodeRun` adds every prompt to an engine with as many slots (static admission: the rows
-walk the blocks in lockstep, as LLaDA and Fast-dLLM decode) and steps it to the end; its
-`DecodeResult` lists the answers in prompt order. `Decoder(...).run(prompts, lockstep=False)`
-lets each row move on by itself.
+The rows walk the blocks in lockstep, as LLaDA and Fast-dLLM decode; `Decoder(...).run(prompts,
+lockstep=False)` lets each row move on by itself. Answers come back in prompt order.
 """
 
 from __future__ import annotations

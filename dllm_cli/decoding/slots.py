@@ -1,24 +1,16 @@
 """Slots: the rows decoding side by side, their canvas and KV cache, and who may take one.
 
-An admission policy decides when a waiting request takes a free slot:
-
-| policy     | admits                                   | rows walk blocks | canvas, cache        |
+| admission  | admits                                   | rows walk blocks | canvas, cache        |
 |------------|------------------------------------------|------------------|----------------------|
 | static     | only when every slot is free (a batch)   | in lockstep      | per batch, exact     |
 | continuous | into any free slot, on the next step     | each on its own  | once, for the slots  |
 
-Static is how LLaDA and Fast-dLLM decode a batch: the batch moves through the blocks together
-and a new batch starts when the last row of the previous one is done; its canvas is exactly
-as wide as its longest prompt, finished rows' cache rows are dropped, and each batch draws from
-a freshly seeded generator (a static batch is a decode of its own). Continuous batching keeps
-one canvas and one KV cache of B slots: its prompt width P is the longest prompt seen, rounded
-up to `quantum` columns (a longer prompt widens it, shifting every row right: at most once per
-quantum), its answer width likewise the longest gen_length (a longer one adds columns on the
-right; a shorter row's canvas ends at its own length, policies.py); a finished row leaves the canvas and the next prompt is written over its cache row
-(the engine maps live canvas rows to their slots' cache rows). Rows are left-padded to P and
-RoPE positions count from each row's first token, so a row decodes as it would alone; its
-padding is never computed or attended where it can be left out (ragged rows: a refresh
-computes only the row's own columns, forwards.py).
+Static is how LLaDA and Fast-dLLM decode a batch: a canvas exactly as wide as its longest
+prompt, a freshly seeded generator per batch. Continuous batching keeps one canvas and one KV
+cache of B slots: its prompt width is the longest prompt seen, rounded up to `quantum` columns
+(a longer prompt shifts every row right), its answer width likewise the longest gen_length; a
+finished row's cache row takes the next prompt. Rows are left-padded and RoPE positions count
+from each row's first token, so a row decodes as it would alone.
 """
 
 from __future__ import annotations
@@ -69,15 +61,11 @@ def pad_canvas(c: Canvas, pad_id: int, left: int = 0, right: int = 0) -> Canvas:
 
 def cat_canvases(a: Canvas, b: Canvas) -> Canvas:
     """Rows of `a` then rows of `b` (same prompt width)."""
-    parts = [torch.cat([x, y]) for x, y in zip(fields(a), fields(b), strict=True)]
+    parts = [torch.cat([getattr(a, f), getattr(b, f)]) for f in ("ids", "pad", "rows", "steps")]
     return Canvas(*parts, a.prompt_width, a.mask_id)
-
-
-def fields(c: Canvas) -> tuple[torch.Tensor, ...]:
-    return c.ids, c.pad, c.rows, c.steps
 
 
 def static_reason(model, guided: bool = False) -> str | None:
     """Why a decode must run as static batches (None: continuous batching serves it): the family
-    says (DiffusionGemma); `guided` does not, as the guide's cache takes rows as they come."""
+    says (DiffusionGemma); `guided` never does (the guide's cache takes rows as they come)."""
     return batching_reason(family_of_model(model))

@@ -1,17 +1,15 @@
 """What a decoding kind plugs into the one Engine (engine.py): the `Stepper` protocol.
 
 The engine owns requests, slots, admission, counters and finishing; a stepper owns the rows'
-device state (a canvas and KV cache, per-row block canvases, or transformers' denoising loop)
-and decodes them one step at a time, as nano-vllm's schedule -> run -> postprocess:
+device state and decodes them one step at a time, as nano-vllm's schedule -> run -> postprocess:
 
     plan = stepper.plan(live, step)     # host data: what each row computes this step
     pred = stepper.forward(plan)        # the model's forward(s)
     out = stepper.commit(plan, pred)    # drafts become tokens; which rows are final (Commit)
 
 A stepper is built as `cls(model, special, settings, committer, admission, slots, *,
-lockstep=None, ...)` (the masked stepper's own knobs after it). Steppers are named in the
-family table (families.py `Family.stepper`) and built by
-`STEPPERS` (imported on first use, so DiffusionGemma's transformers code loads only for it).
+lockstep=None, ...)`; families.py's `Family.stepper` names it in `STEPPERS` (imported on first
+use, so DiffusionGemma's transformers code loads only for it).
 """
 
 from __future__ import annotations
@@ -37,12 +35,8 @@ STEPPERS: dict[str, str] = {
 
 @dataclass
 class Commit:
-    """What a step's commit hands the engine: the rows served, the rows final, and the event.
-
-    `answers`, `marks` and `cut` describe the final rows only (in `final` order): their
-    answers (G: the longest row's gen_length; the engine keeps each row's own), the engine
-    step that wrote each column (-1: never), and where each answer ends (EOS is filled after
-    it; None: nothing cuts them)."""
+    """What a step's commit hands the engine: the rows served, the rows final, and the event;
+    `answers`, `marks` and `cut` describe the final rows only (in `final` order)."""
 
     stepped: bool = True  # a forward ran (the engine's step counter moves on)
     served: list[int] | None = None  # live rows the step's forwards served (None: all)
@@ -50,9 +44,9 @@ class Commit:
     guide_forwards: int = 0
     guide_seconds: float = 0.0
     final: list[int] = field(default_factory=list)  # live rows whose answer is final
-    answers: torch.Tensor | None = None  # (R, G)
-    marks: torch.Tensor | None = None  # (R, G)
-    cut: torch.Tensor | None = None  # (R,)
+    answers: torch.Tensor | None = None  # (R, G): G the longest row's gen_length
+    marks: torch.Tensor | None = None  # (R, G): the engine step that wrote each column, -1
+    cut: torch.Tensor | None = None  # (R,) where each answer ends (EOS after it; None: no cut)
     event: Callable[[tuple[int, ...]], StepEvent] | None = None  # finished ids -> StepEvent
 
 

@@ -1,23 +1,17 @@
 """WINO: Wide-In, Narrow-Out revokable decoding (Hong et al., arXiv 2507.18578).
 
-Each step drafts wide and verifies narrow, in one forward. Wide in: every mask of the block
-above a low draft threshold is committed (at most `max_accept`, at least the best one). Narrow
-out: the forward also runs a shadow block, a masked copy of the current block placed at the
-block's positions, whose column j attends to the whole canvas except column j (and to the other
-shadows). The shadow's probability of the token committed at j is a leave-one-out check of it;
-a token committed in an earlier step of this block that falls below `wino_verify` is masked
-again, at most one fewer than the previous step committed, and only in a step that commits
-more than one. Public code: Feng-Hong/WINO-DLLM, `decoding_wino` in LLaDA/decoding.py.
+Each step commits every mask of the block above a low draft threshold (at most `max_accept`, at
+least the best one); the same forward runs a shadow block, a masked copy of the current block
+whose column j attends to the whole canvas except column j, and an earlier commit whose shadow
+probability falls below `wino_verify` is masked again (at most one fewer than the previous step
+committed, only in a step that commits more than one). Public code: Feng-Hong/WINO-DLLM,
+`decoding_wino` in LLaDA/decoding.py; docs/decoding-rules.md.
 
-The shadow block is one forward's extra L queries (models/layers.ShadowMask): canvas queries
-never attend them and their K/V never reach the cache, so every cache policy serves WINO with
-one forward per step (each a block's worth of queries wider). A shifted model (Dream) adds L
-readers, copies of column j - 1 that see shadow j in column j's place (see shadow_mask).
-Rows apart (continuous batching) pack as every other rule's do: the shadows follow the rows'
-own columns in the packed sequence, and attend in one more group whose extra keys are theirs
-(models/layers.AttentionGroup.extra). Under tensor parallelism a rank holds its vocabulary's
-shadow logits: each rank's (max, sum of exp, the token's logit) rides the drafts' one
-all-gather (shard_summaries.shadow_summary), and every rank reads the same probability.
+The shadows are one forward's extra L queries (models/layers.ShadowMask) whose K/V never reach
+the cache, so every cache policy serves WINO in one forward per step. A shifted model (Dream)
+adds L readers, copies of column j - 1 that see shadow j in column j's place (`shadow_mask`).
+Packed rows attend their shadows in one more group (models/layers.AttentionGroup.extra); under
+tensor parallelism each rank's shadow summaries ride the drafts' one all-gather.
 """
 
 from __future__ import annotations
@@ -53,8 +47,7 @@ def wide_in(confidence, candidates, threshold: float) -> torch.Tensor:
 
 def last_accepted(ctx, committed: torch.Tensor) -> torch.Tensor:
     """(B,) tokens the row's previous step committed in this block (the reference's
-    `last_accept`): the committed columns carrying the block's latest commit mark. Read from the
-    canvas's commit marks (re-masked columns lose theirs), so it needs no state between steps."""
+    `last_accept`), from the canvas's commit marks (re-masked columns lose theirs): no state."""
     c = ctx.canvas
     marks = c.steps.gather(1, (ctx.columns - c.prompt_width).clamp(min=0))  # (B, L)
     marks = marks.masked_fill(~committed, -1)
@@ -126,9 +119,8 @@ class ShadowForwards(Forwards):
         self._verified.append((rows, earlier, lambda: p))
 
     def _packed(self, c, cache, plans, spans, generator, columns, valid):
-        """The rows packed (packing.py), each row's shadows after every row's own columns:
-        one more attention group, over each row's cached keys from column 0 then its
-        shadows' (shadow_mask), whose K/V are written nowhere."""
+        """The rows packed (packing.py), their shadows after every row's own columns in one more
+        attention group over each row's cached keys then its shadows' (K/V written nowhere)."""
         device, shift = c.ids.device, self.model.logit_shift
         p = pack(c, cache.row_ids, cache.hosts, plans, spans, shift)
         span, real = span_slots(spans, device)  # (B, L)
@@ -228,7 +220,7 @@ def shadow_mask(keys, shape, span, valid, shift: int, cache, device) -> torch.Te
     m = span.shape[1]
     n = m * (2 if shift else 1)
     if keys is None:
-        width = t if cache is None else cache_width(cache)
+        width = t if cache is None else cache.width + int(cache.scratch)  # (its scratch key)
         keys = torch.ones(r, width, dtype=torch.bool, device=device)
     width = keys.shape[1]
     canvas = keys[:, None, :].expand(r, t + n, width).clone()  # (R, T + n, K)
@@ -240,8 +232,3 @@ def shadow_mask(keys, shape, span, valid, shift: int, cache, device) -> torch.Te
         canvas[:, t + m :] &= ~own
         tails[:, t + m :, :m] = torch.eye(m, dtype=torch.bool, device=device)  # reader j -> j
     return torch.cat([canvas, tails], dim=2)
-
-
-def cache_width(cache) -> int:
-    """Keys a cache holds (with its scratch column)."""
-    return cache.width + int(cache.scratch)

@@ -1,15 +1,10 @@
 """Batch work under torchrun: input lines shared out over ranks, rank 0 writes it all in order.
 
-Rank 0 reads the input and broadcasts the lines. Line n belongs to rank (n - 1) % world, so each
-rank runs the same batch pipeline on every world-th line and reports its finished records to
-rank 0 after every batch; rank 0 writes record n as soon as it holds records 1..n. Only small
-pickled records cross ranks (no model tensors), so the group is gloo on every device: it can take
-whichever rank's report comes first, and time out: rank 0 gives up on ranks that sent nothing
-for DLLM_DIST_TIMEOUT seconds (default 1800). A rank that fails reports why; rank 0 writes an
-error record for each line it held and never finished.
-
-Nothing here prints or exits: `run` returns an Outcome (the failed ranks and their lines), and
-the command turns it into stderr lines and an exit code.
+Rank 0 broadcasts the input lines; line n belongs to rank (n - 1) % world, which reports its
+finished records to rank 0 after every batch, and rank 0 writes record n once it holds 1..n.
+Only small pickled records cross ranks, so the group is gloo on every device (any rank's report
+first, with a timeout: DLLM_DIST_TIMEOUT seconds, default 1800). A failed rank's unfinished lines
+get error records. Nothing here prints or exits: `run` returns an Outcome for the command.
 
     job.py       the launch, this rank's device, the process group, the input lines
     exchange.py  reports from ranks to rank 0 (gloo point-to-point, a listener thread)

@@ -81,9 +81,8 @@ def _number(env: Mapping[str, str], name: str, default: str, kind: type) -> int 
 
 
 def rank_device(job: Job, flag: str | None, configured: str) -> str:
-    """This rank's device: cuda:LOCAL_RANK unless the run asks for the CPU. `flag`: --device as
-    given (None: not), `configured`: with the profile; --device cuda:N (every rank on one GPU)
-    is refused."""
+    """This rank's device: cuda:LOCAL_RANK unless the run asks for the CPU (`flag`: --device as
+    given, else None; `configured`: with the profile); --device cuda:N is refused."""
     if flag is not None and flag.strip().lower().startswith("cuda:"):
         raise SettingsError(
             f"--device {flag} would put every rank on one GPU: under torchrun rank r uses "

@@ -63,12 +63,10 @@ def run(
     advance: Callable[[int], None],
     describe: Describe,
 ) -> Outcome:
-    """This rank's part: `work` decodes the shard and passes finished records on in order.
-
-    Rank 0 `emit`s every rank's records in input order (`lost(line, reason)`: the error record
-    of a line a failed rank never finished), `advance`s the progress and merges every rank's
-    `totals`. `describe`: a rank's error -> its report's line and exit code (may print a trace).
-    """
+    """This rank's part: `work` decodes the shard and passes finished records on in order; rank
+    0 `emit`s every rank's records in input order (`lost(line, reason)`: a failed rank's
+    unfinished line), `advance`s the progress and merges every rank's `totals`. `describe`: an
+    error -> its report's line and exit code (may print a trace)."""
     if job.rank != 0:
         return _follow(job, lines, work, totals, describe)
     # rank 0: decode its own shard while a listener thread takes the others' reports

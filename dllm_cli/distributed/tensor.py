@@ -23,8 +23,7 @@ class Placement:
 
 
 def place(rank: int, world: int, degree: int) -> Placement:
-    """Rank `rank` of `world` processes under --tensor-parallel `degree`: ranks r N .. r N + N
-    - 1 hold replica r."""
+    """Rank `rank` of `world` processes under --tensor-parallel `degree` (N): replica r's."""
     if degree < 1:
         raise SettingsError(f"--tensor-parallel must be at least 1 (got {degree})")
     if world % degree:

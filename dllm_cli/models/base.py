@@ -17,21 +17,15 @@ if TYPE_CHECKING:
 
 
 class DiffusionLM(nn.Module):
-    """Base of LLaDA and Dream: embeddings -> blocks -> final norm -> LM head.
+    """Base of the families: embeddings -> blocks -> final norm -> LM head, a plain torch
+    module (no transformers model classes: about 2 s of imports off a decode's start).
 
-    A plain torch module holding its `config` (models/config.py); loading.py fills it from a
-    folder's safetensors by parameter name, so transformers' model classes (about 2 s of
-    imports) stay off the start of a decode.
-
-    `forward(input_ids, positions, cache, key_mask, columns)` computes only the given (active)
-    canvas columns, writes their K/V into `cache` at those columns, and attends over every
-    cached column the key mask allows. `columns` is one slice for every row, or a (B, T) long
-    tensor of each row's own columns (padding aimed at the cache's scratch column). RoPE sees
-    `positions` (true positions, i.e. canvas column minus the row's left padding, in [0,
-    context_length): padding columns sit at 0, as the canvas puts them). Returns raw
-    logits (B, T, V) for the active columns, or only those `logits_slice` picks (a slice, or
-    (B, T') per-row indices into T); `logit_shift` says whether they predict their own column
-    (0, LLaDA) or the next one (1, Dream), which the decoder resolves.
+    `forward` computes only the active canvas `columns` (one slice, or (B, T) per-row columns
+    whose padding aims at the cache's scratch column), writes their K/V into `cache` there and
+    attends every cached column the key mask allows; RoPE sees `positions` (canvas column minus
+    the row's left padding; padding at 0). It returns raw logits (B, T, V), or those
+    `logits_slice` picks; `logit_shift` says whether they predict their own column (0) or the
+    next one (1, Dream).
     """
 
     logit_shift: int = 0
@@ -56,7 +50,6 @@ class DiffusionLM(nn.Module):
         return next(p for p in self.parameters() if p.is_floating_point()).dtype
 
     def _init_weights(self, module: nn.Module) -> None:
-        """Random init for fresh models (tests, training); loading overwrites every weight."""
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=0.02)
             if module.bias is not None:
@@ -119,8 +112,7 @@ class DiffusionLM(nn.Module):
 
     def rope_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """cos, sin and signed sin (B, 1, T, D) at `positions` (signed: apply_rope's one roll),
-        gathered from one stacked table per model, device and dtype (as Fast-dLLM keeps one),
-        computed by `rope_tables` so a row equals the directly computed values."""
+        gathered from one `rope_tables` table per model, device and dtype (as Fast-dLLM's)."""
         table = getattr(self, "_rope_table", None)
         if table is None or table.device != positions.device or table.dtype != dtype:
             every = torch.arange(self.context_length, device=positions.device)[None]
@@ -152,10 +144,6 @@ class DiffusionLM(nn.Module):
         rope = self.rope_at(positions, self.rope_dtype(h.dtype))  # one for every layer
         for i, block in enumerate(self.blocks()):  # (forward directly: no hooks on blocks)
             h = block.forward(h, rope, cache=cache, layer=i, columns=columns, key_mask=key_mask)
-        return self.logits_of(h, logits_slice)
-
-    def logits_of(self, h: torch.Tensor, logits_slice: slice | torch.Tensor | None) -> torch.Tensor:
-        """The head on the columns kept: a slice of them, (B, T') picks per row, or all."""
         if isinstance(logits_slice, torch.Tensor):  # (B, T') per-row picks
             h = h.gather(1, logits_slice[..., None].expand(-1, -1, h.shape[-1]))
         elif logits_slice is not None and logits_slice != slice(0, h.shape[1]):  # (all: as is)
@@ -191,16 +179,14 @@ def output_head(embeddings: nn.Embedding, tied: bool) -> nn.Linear:
 
 
 class QwenLayout:
-    """The accessors of models laid out as `model.embed_tokens / model.layers / model.norm`
-    plus `lm_head` (Dream's Qwen2 names, SDAR's Qwen3 names, LLaDA-MoE); list it before the
-    DiffusionLM base so these override the base's."""
+    """The accessors of `model.embed_tokens / model.layers / model.norm` plus `lm_head` (Dream,
+    SDAR, LLaDA-MoE, LLaDA2); listed before the DiffusionLM base so these override its own."""
 
     embeddings_name: ClassVar[str] = "embed_tokens"  # LLaDA2 calls them `word_embeddings`
     layer: ClassVar[Callable]  # (config, index) -> that layer (a staticmethod)
 
     def __init__(self, config) -> None:
-        """`model` (embeddings, `layer(config, i)` for every layer, final norm), the LM head
-        (tied where config.json says), then random weights."""
+        """`model` (embeddings, each `layer(config, i)`, final norm), the head, random weights."""
         super().__init__(config)
         c = self.config
         sizes = (c.vocab_size, c.hidden_size, c.rms_norm_eps, c.num_hidden_layers)

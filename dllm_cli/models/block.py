@@ -2,11 +2,9 @@
 partial RoPE, and the model base.
 
 Attention is bidirectional inside a block and causal across blocks (SDAR, arXiv 2510.06303;
-LLaDA2.0, arXiv 2512.15745), so the K/V of a finished block never change: a cache of them is
-exact. These models run DiffusionLM's one forward over the same KVCache as LLaDA and Dream
-(rows of per-row columns, cache.py); what makes a row block-causal is only its key mask
-(`block_keys`), one (T, S) mask per row and query, so each query sees the keys of its own
-block and of every earlier one.
+LLaDA2.0, arXiv 2512.15745), so a finished block's K/V never change and a cache of them is
+exact. These models run DiffusionLM's one forward over the same KVCache as LLaDA and Dream;
+only their key mask (`block_keys`: each query sees its own block and every earlier one) differs.
 """
 
 from __future__ import annotations

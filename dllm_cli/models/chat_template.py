@@ -1,12 +1,10 @@
 """Chat templates rendered with jinja2 as transformers 5's `apply_chat_template` renders them.
 
-The environment is transformers' (utils/chat_template_utils.py, 5.24): a sandbox that cannot
-change its inputs, `trim_blocks` and `lstrip_blocks` on, jinja2's loop controls, a
-`{% generation %}` block (transformers uses it to mark assistant tokens; rendered here as its
-body, which is what transformers renders too), `tojson` without HTML escaping, and the globals
-`raise_exception`, `strftime_now`, `dict` and `namespace`. The template sees `messages`,
-`tools`, `documents`, `add_generation_prompt` and the tokenizer's named special tokens
-(`bos_token`, `eos_token`, ...), as in transformers.
+The environment is transformers' (utils/chat_template_utils.py, 5.24): an immutable sandbox,
+`trim_blocks` and `lstrip_blocks`, loop controls, a `{% generation %}` block rendered as its
+body, `tojson` without HTML escaping, the globals `raise_exception`, `strftime_now`, `dict` and
+`namespace`; the template sees `messages`, `tools`, `documents`, `add_generation_prompt` and
+the tokenizer's named special tokens.
 """
 
 from __future__ import annotations

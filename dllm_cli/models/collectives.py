@@ -1,11 +1,9 @@
 """A tensor-parallel rank's place in its group and its collectives, each bounded by a timeout.
 
-Every collective of a split model runs in the group `Shards` makes, with the collective timeout
-(DLLM_COLLECTIVE_TIMEOUT, distributed/job.py): a rank that exits, is killed or hangs makes the
-others' next collective fail (a closed connection at once, a silent rank after the timeout), and
-that failure becomes one `RankLost` line naming the rank, never a hang or a gloo traceback.
-Which rank went silent: with two ranks, the other; with more, the ranks that did not sign the
-torchrun store's roll of survivors within a couple of seconds.
+A rank that exits, is killed or hangs makes the others' next collective fail (at once, or after
+DLLM_COLLECTIVE_TIMEOUT: distributed/job.py), and that failure becomes one `RankLost` line
+naming the rank (with two ranks, the other; with more, those that did not sign the torchrun
+store's roll of survivors within a couple of seconds), never a hang or a gloo traceback.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ ROLL_WAIT = 2.0  # seconds survivors wait for each other to sign the roll
 
 
 class RankLost(DllmError):
-    """A rank of this tensor-parallel group exited, was killed or stopped answering: the
-    others cannot compute their share without it, so the job ends."""
+    """A rank of this group exited, was killed or stopped answering: the job ends without it."""
 
 
 @dataclass
@@ -57,23 +54,18 @@ class Shards:
 
     @cached_property
     def group(self) -> dist.ProcessGroup:
-        """The group collectives run in, made at the first one (every rank reaches it there)."""
-        return self.connect()
-
-    def join(self) -> dist.ProcessGroup:
-        """Make this rank's group now, before any rank decodes (every rank makes every
-        replica's group, in the same order)."""
-        return self.group
-
-    def connect(self) -> dist.ProcessGroup:
-        """Every replica's group, made by every rank in the same order (as new_group needs),
-        with the collective timeout; this rank's own."""
+        """This rank's group, made at the first collective: every replica's group is made by
+        every rank in the same order (as new_group needs), with the collective timeout."""
         n, timeout = self.world, timedelta(seconds=self.timeout)
         groups = [
             dist.new_group(list(range(r * n, (r + 1) * n)), timeout=timeout, backend=self.backend)
             for r in range(self.replicas)
         ]
         return groups[self.replica]
+
+    def join(self) -> dist.ProcessGroup:
+        """Make this rank's group now, before any rank decodes."""
+        return self.group
 
     def even(self, size: int) -> tuple[int, int]:
         """This rank's equal piece [start, stop) of `size` (the size divides by the world)."""

@@ -1,16 +1,11 @@
 """`--compile`: cached block steps replayed as CUDA graphs (the eager kernels, recorded once).
 
-Within a block, every cached step runs the same kernels on the same buffers: only the token ids
-change. On CUDA the first step of a block (per shape, columns and cache) runs eagerly (its result
-is used) and is recorded into a CUDA graph; the following steps copy their inputs into the
-recorded buffers and replay it, which removes the per-kernel launch cost that dominates small
-batches. A replay runs exactly the recorded kernels, so outputs are bit-identical to eager
-decoding. Full-canvas forwards (block-start refreshes, `--cache none`) stay eager.
-
-Elsewhere the model stays eager and `enable_compile` says why: CPUs and MPS have no CUDA
-graphs, and torch.compile was measured on CPU and not adopted (docs/decoding.md, "Speed":
-slower block steps and minutes of compiling, and bit-identical only with the norms left
-uncompiled).
+Within a block every cached step runs the same kernels on the same buffers; only the token ids
+change. On CUDA the first such step (per shape, columns and cache) runs eagerly and is recorded;
+the following ones copy their inputs into the recorded buffers and replay it (no per-kernel
+launch cost), bit-identical to eager decoding. Full-canvas forwards stay eager. Elsewhere the
+model stays eager and `enable_compile` says why (torch.compile was slower on CPU:
+docs/decoding.md, "Speed").
 """
 
 from __future__ import annotations
@@ -43,11 +38,9 @@ def record_cuda_graph(run: Callable[[], torch.Tensor]):
 
 
 class StepGraphs:
-    """A model forward that replays recorded cached block steps and runs the rest eagerly.
-
-    `agree` (tensor parallelism: `Shards.agree`, one MIN all-reduce of a flag per recording)
-    says whether every rank recorded: one rank's failed recording leaves every rank eager, so
-    every rank runs the same collectives (a replay's NCCL kernels, or the eager calls)."""
+    """A model forward that replays recorded cached block steps and runs the rest eagerly;
+    `agree` (tensor parallelism: `Shards.agree`) makes one rank's failed recording leave every
+    rank eager, so every rank runs the same collectives."""
 
     def __init__(
         self,
@@ -107,14 +100,10 @@ class StepGraphs:
 
 
 def graphable(input_ids, positions, cache, key_mask, columns, logits_slice) -> bool:
-    """A lockstep cached step over part of the canvas; full-canvas refreshes (of the whole
-    canvas, or of the part a suffix window keeps: every column attended is computed) and
-    per-row steps ((B, T) columns, row subsets of the cache, per-row logit picks) run eagerly."""
-    if not isinstance(cache, KVCache) or not cache.whole or not isinstance(columns, slice):
-        return False
-    if positions is None:
-        return False
-    if isinstance(logits_slice, torch.Tensor):
+    """A lockstep cached step over part of the canvas; full-canvas refreshes (every column
+    attended is computed) and per-row steps (columns, cache rows, logit picks) run eagerly."""
+    lockstep = isinstance(columns, slice) and not isinstance(logits_slice, torch.Tensor)
+    if not lockstep or not isinstance(cache, KVCache) or not cache.whole or positions is None:
         return False
     attended = cache.width if key_mask is None else min(cache.width, key_mask.shape[1])
     return (columns.start or 0) > 0 or columns.stop < attended
@@ -129,11 +118,9 @@ def recording_key(input_ids, positions, cache, key_mask, columns, logits_slice) 
 
 
 def enable_compile(model, record: Recorder | None = None) -> str | None:
-    """Turn on CUDA-graph replay of cached block steps; None, or why the model stays eager.
-
-    A tensor-parallel shard records its NCCL all-reduces with the step (torch captures NCCL
-    collectives, NCCL >= 2.9.6); every rank records the same steps, as every rank takes the
-    same decisions, and the ranks agree on each recording (`StepGraphs.agree`)."""
+    """Turn on CUDA-graph replay of cached block steps; None, or why the model stays eager. A
+    tensor-parallel shard records its NCCL all-reduces with the step (NCCL >= 2.9.6): every
+    rank records the same steps, and the ranks agree on each recording."""
     from dllm_cli.models.sharding import ShardedLM
 
     device = next(model.parameters()).device

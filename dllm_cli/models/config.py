@@ -1,8 +1,8 @@
 """A config.json as attributes: the base of our architectures' configs, without transformers.
 
 transformers' `PretrainedConfig` costs its package import (about 1 s of a start-up) for what
-these configs use of it: the shared token-id and tying fields, every other config.json key kept
-as an attribute, and `to_dict` / `save_pretrained` for writing a folder.
+these configs use of it: the shared token-id and tying fields, the other keys as attributes,
+and `to_dict` / `save_pretrained`.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ class QwenConfig(ModelConfig):
         self.rope_parameters = rope_scaling  # transformers 5 name for rope_scaling
         if "head_dim" in self.__dataclass_fields__:  # declared (SDAR, LLaDA2): null is d / H
             self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        """d / H, where a subclass declares no head_dim field (Dream, LLaDA-MoE)."""
+        return self.hidden_size // self.num_attention_heads
 
 
 def model_config(cls: type[ModelConfig]) -> type[ModelConfig]:

@@ -2,13 +2,9 @@
 
 Google's block-diffusion Mixture-of-Experts (google/diffusiongemma-26B-A4B-it): a causal encoder
 reads the prompt and every finished canvas into a KV cache; a bidirectional decoder refines a
-fixed-length canvas that starts as uniform random tokens (no [MASK]), conditioned on its own
-previous logits. transformers (>= 5.24, see pyproject.toml) ships the model and its sampler;
-dllm loads `DiffusionGemmaForBlockDiffusion` through the thin subclass below (no remote code)
-and decodes with the steps of the model's own `generate` loop (dllm_cli/decoding/gemma_loop.py), one engine
-step at a time.
-
-The subclass adds only what dllm reads: the context length, canvas length and vocabulary size.
+fixed-length canvas that starts as uniform random tokens (no [MASK]). transformers (>= 5.24)
+ships the model and its sampler; dllm loads it through the thin subclass below (no remote code:
+it adds only the sizes dllm reads) and steps its `generate` loop (decoding/gemma_loop.py).
 """
 
 from __future__ import annotations

@@ -35,10 +35,6 @@ class DreamConfig(QwenConfig):
     eos_token_id: int | None = 151643
     bos_token_id: int | None = 151665
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None."""
         if basics := unsupported_basics(self):

@@ -1,16 +1,13 @@
 """--expert-parallel: LLaDA-MoE's experts shared out whole over the tensor-parallel ranks.
 
-Rank r of N holds experts [r E/N, (r + 1) E/N) with all their columns (E/N of the expert bytes)
-and computes them for the tokens routed to them; the router is replicated (every rank routes the
-same all-reduced hidden states, so every rank picks the same experts), attention stays split by
-heads, a shared expert is split over its columns, and the layer's feed-forward output (this
-rank's experts' weighted sum plus its share of the shared expert) is summed over the ranks by one
-all-reduce. Every rank holds every token (attention is tensor-parallel, not data-parallel), so
-no token is sent anywhere: each rank skips the (token, expert) pairs of other ranks' experts.
+Rank r of N holds experts [r E/N, (r + 1) E/N) whole and computes them for the tokens routed to
+them; the router is replicated (every rank picks the same experts), attention stays split by
+heads, a shared expert by its columns, and the layer's feed-forward output is summed over the
+ranks by one all-reduce. Every rank holds every token, so no token is sent anywhere.
 
-The reference (the released modeling code, OLMoE's sparse block) has no expert parallelism; its
-routing and weights are kept exactly, only where each expert runs changes (and so the order in
-which a token's k expert outputs are added: a rank's own, then the sum over ranks).
+The reference (OLMoE's sparse block) has no expert parallelism; its routing and weights are
+kept exactly, only the order in which a token's k expert outputs are added changes (a rank's
+own, then the sum over ranks).
 """
 
 from __future__ import annotations
@@ -24,9 +21,8 @@ from dllm_cli.models.qwen_layers import QwenLayer
 
 
 class LocalExperts(LLaDAMoESparseBlock):
-    """A sparse block holding experts [first, first + count) only (an nn.ModuleDict keyed by
-    their global indices, so checkpoint names stay `experts.{i}.*`); its output is this rank's
-    part of the routed sum, unreduced (the layer sums it with the shared expert's part)."""
+    """A sparse block holding experts [first, first + count) only (keyed by their global
+    indices: names stay `experts.{i}.*`); its output is this rank's part, unreduced."""
 
     first: int
     count: int
@@ -52,8 +48,7 @@ class LocalExperts(LLaDAMoESparseBlock):
 
 
 class ExpertSummedLayer(QwenLayer):
-    """A sparse layer whose feed-forward output (this rank's experts plus its columns of the
-    shared expert) is summed over the ranks once."""
+    """A sparse layer whose feed-forward output (experts and shared expert) is summed once."""
 
     shards: Shards
 
@@ -62,8 +57,7 @@ class ExpertSummedLayer(QwenLayer):
 
 
 def keep_experts(layer: QwenLayer, shards: Shards) -> None:
-    """Shrink a meta-built sparse layer to this rank's experts, in place (the checkpoint's
-    other experts are then not read: their names are not in the model)."""
+    """Shrink a meta-built sparse layer to this rank's experts, in place (others are not read)."""
     mlp = layer.mlp
     lo, hi = shards.even(len(mlp.experts))
     mlp.experts = nn.ModuleDict({str(i): mlp.experts[i] for i in range(lo, hi)})

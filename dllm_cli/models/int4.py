@@ -4,31 +4,18 @@ The format is tinygemm's (torch's int4 weight-only kernels, `aten._weight_int4pa
 torchao's int4 weight-only config stores too): per output channel and group of `group` inputs,
 w ~= (q - 8) * scale + zero with q in 0..15 (asymmetric, no calibration data). Each group's
 scale and zero are searched for the least squared error (`fit_groups`: llama.cpp's Q4_K
-search), never worse than min/max's scale = (max - min) / 15, zero = min + 8 * scale. One
-scale and one zero per group in bfloat16: 4 bytes per 32 weights at the default group size,
-so 5 bits a weight on average (GGUF's Q4_0 stores 4.5: one float16 scale per 32, no zero).
+search), never worse than min/max's. At the default group of 32: 5 bits a weight on average
+(GGUF's Q4_0 stores 4.5: one float16 scale per 32, no zero).
 
-Kernels, by device (`kernel_for`):
-
-- CPU, "dequant": the codes stay packed two a byte (`pack_halves`); each call unpacks one
-  layer's weight, scales it in float32, rounds it to bfloat16 and multiplies in bfloat16
-  (oneDNN / MKL with AVX-512 BF16, float32 accumulation). Per forward of the peer's
-  projections it took 0.6-0.9x the CPU time of "tinygemm-cpu" (docs/quantization.md).
-- "tinygemm-cpu" (asked for by name only, `Int4Linear.of(kernel=)`): torch's CPU int4 kernel,
-  `aten._convert_weight_to_int4pack_for_cpu` once, `aten._weight_int4pack_mm_for_cpu` per
-  call on bfloat16 activations (benchmarks/int4_kernels.py compares the two).
-- CUDA, "tinygemm": `aten._convert_weight_to_int4pack` once, `aten._weight_int4pack_mm` per
-  call (bfloat16 activations), where the layer's shape fits its tiles (outputs a multiple of 8,
-  inputs of 32, group 32..256); other layers take the dequant path. Not run on a GPU by this
-  project: the same scale/zero layout is checked on CPU through the `_for_cpu` twin.
+Kernels (`kernel_for`): "dequant" (CPU: each call unpacks one layer's weight to bfloat16 for
+one bfloat16 GEMM), "tinygemm" (CUDA where the shape fits its tiles; its layout is checked on
+CPU through the `_for_cpu` twin) and "tinygemm-cpu" (by name only; docs/quantization.md).
 
 The scale and zero tensor is held as int16 (the bfloat16 bits): a model's `.to(dtype)` casts
 floating buffers, which would double it to float32; the bits are read back as bfloat16 free.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -43,35 +30,12 @@ SEARCH_STEPS = 10  # candidate scales per group past min/max (llama.cpp's Q4_K s
 SEARCH_CHUNK = 1 << 18  # weights searched at once (a few float32 copies of them in scratch)
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """How a device multiplies by 4-bit weights: its name and whether a layer's shape fits."""
-
-    name: str
-    fits: callable  # (out, in, group) -> bool
-
-
-def _tinygemm_fits(out_features: int, in_features: int, group: int) -> bool:
-    """tinygemm tiles outputs by 8 and inputs by 16 x inner tiles (2 at least)."""
-    return out_features % 8 == 0 and in_features % 32 == 0 and group in GROUP_SIZES
-
-
-KERNELS: dict[str, Kernel] = {
-    "tinygemm": Kernel("tinygemm", _tinygemm_fits),
-    "tinygemm-cpu": Kernel("tinygemm-cpu", _tinygemm_fits),
-    "dequant": Kernel("dequant", lambda *_: True),
-}
-# The kernel each device type tries first; the dequant path serves whatever does not fit.
-PREFERRED = {"cuda": "tinygemm"}
-
-
 def kernel_for(device: torch.device | str, out_features: int, in_features: int, group: int) -> str:
-    """The kernel a layer of this shape runs on `device` (the choice tested on CPU)."""
-    kind = torch.device(device).type
-    name = PREFERRED.get(kind, "dequant")
-    if name == "tinygemm" and not hasattr(torch.ops.aten, "_weight_int4pack_mm"):
-        return "dequant"
-    return name if KERNELS[name].fits(out_features, in_features, group) else "dequant"
+    """tinygemm on CUDA where it has the kernel and the shape fits its tiles (outputs by 8,
+    inputs by 16 x at least 2 inner tiles), else the dequant path."""
+    cuda = torch.device(device).type == "cuda" and hasattr(torch.ops.aten, "_weight_int4pack_mm")
+    fits = out_features % 8 == 0 and in_features % 32 == 0 and group in GROUP_SIZES
+    return "tinygemm" if cuda and fits else "dequant"
 
 
 def check_group(group: int, in_features: int, name: str = "a layer") -> None:
@@ -89,9 +53,8 @@ def check_group(group: int, in_features: int, name: str = "a layer") -> None:
 def quantize_groups(
     weight: torch.Tensor, group: int, search: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, in) float -> codes uint8 (out, in) in 0..15 and bfloat16 (out, in / group, 2)
-    scale and zero per group, chosen by `fit_groups` (or min/max with search off); the codes
-    are rounded against the bfloat16 values."""
+    """(out, in) float -> uint8 codes (out, in) and bfloat16 (out, in / group, 2) scale and zero
+    pairs, by `fit_groups` (min/max with search off), codes rounded against the bfloat16 pairs."""
     in_features = weight.shape[1]
     rows = max(1, SEARCH_CHUNK // in_features)  # a slice of rows at a time: scratch in cache
     codes, pairs = [], []
@@ -106,15 +69,11 @@ def quantize_groups(
 
 def fit_groups(w: torch.Tensor, search: bool = True) -> tuple[torch.Tensor, ...]:
     """(group, M) groups as columns -> uint8 codes (group, M) and (1, M) scales and zeros: per
-    group the fit of least squared error among min/max, the searched one and its refit (so
-    never worse than min/max).
+    group the least squared error among min/max, the searched fit and its refit.
 
-    The search is llama.cpp's for Q4_K (`make_qkx2_quants`): codes rounded at SEARCH_STEPS + 1
-    scales spanning 15 +- 1 levels over the group's range, each with the scale and zero that
-    fit them best (least squares; its error in closed form). The best one's scale and zero are
-    rounded to bfloat16 and the codes rounded again against them; one more least-squares fit
-    of those codes (rounded the same way) is the refit. Unweighted: with no calibration data
-    every weight counts the same.
+    The search is llama.cpp's for Q4_K (`make_qkx2_quants`), unweighted (no calibration data):
+    codes rounded at SEARCH_STEPS + 1 scales spanning 15 +- 1 levels, each least-squares fitted;
+    the best one rounded to bfloat16, its codes rounded again and fitted once more (the refit).
     """
     low, high = w.amin(0, keepdim=True), w.amax(0, keepdim=True)  # (1, M)
     scale = ((high - low) / LEVELS).clamp_(min=1e-8).bfloat16().float()
@@ -177,8 +136,8 @@ def least_squares(
 
 
 def rounded(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(codes, scale, zero, squared error per group) with scale and zero rounded to bfloat16
-    and each weight's nearest code against them."""
+    """(codes, scale, zero, squared error per group): each weight's nearest code against the
+    bfloat16-rounded scale and zero."""
     scale = scale.clamp(min=1e-8).bfloat16().float()
     zero = zero.bfloat16().float()
     codes = ((w - zero) / scale + MID).round_().clamp_(0, LEVELS)
@@ -204,6 +163,19 @@ def unpack_halves(packed: torch.Tensor, group: int) -> torch.Tensor:
     """(out, in / 2) uint8 -> (out, in) codes (inverse of pack_halves)."""
     runs = packed.view(packed.shape[0], -1, group // 2)  # (out, G, g/2)
     return torch.stack((runs & 15, runs >> 4), dim=2).view(packed.shape[0], -1)
+
+
+def pack(codes: torch.Tensor, group: int, kernel: str) -> torch.Tensor:
+    """(out, in) codes as `kernel` stores them: two a byte (dequant), tinygemm's tiles (torch >=
+    2.5 takes the codes two a byte), or torch's CPU int4 layout (int32 in, uint8 tiles out)."""
+    if kernel == "dequant":
+        return pack_halves(codes, group)
+    if kernel == "tinygemm":
+        inner_tiles = next(t for t in (8, 4, 2) if codes.shape[1] % (16 * t) == 0)
+        return torch.ops.aten._convert_weight_to_int4pack(pack_nibbles(codes), inner_tiles)
+    if kernel == "tinygemm-cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    raise KeyError(kernel)  # (a kernel name of none of the three)
 
 
 class Int4Linear(nn.Module):
@@ -233,14 +205,14 @@ class Int4Linear(nn.Module):
         group: int = DEFAULT_GROUP,
         kernel: str | None = None,
     ) -> Int4Linear:
-        """Quantize a float (out, in) weight on its device (and keep its bias in float32);
-        `kernel` names one of KERNELS instead of the device's choice (`kernel_for`)."""
+        """Quantize a float (out, in) weight on its device (its bias kept in float32); `kernel`
+        names a kernel instead of the device's choice (`kernel_for`)."""
         out_features, in_features = weight.shape
         check_group(group, in_features)
         kernel = kernel or kernel_for(weight.device, out_features, in_features, group)
         with torch.no_grad():
             codes, pairs = quantize_groups(weight, group)
-            packed = PACKERS[kernel](codes, group)
+            packed = pack(codes, group, kernel)
             if kernel != "dequant":
                 pairs = pairs.transpose(0, 1).contiguous()  # (in / group, out, 2): tinygemm's
             kept = None if bias is None else bias.detach().float().clone()
@@ -256,21 +228,11 @@ class Int4Linear(nn.Module):
         packed = self.packed[start:stop]
         return Int4Linear(packed, pairs, bias, self.in_features, self.group, self.kernel)
 
-    def scales_and_zeros(self) -> torch.Tensor:
-        """The bfloat16 (out, in / group, 2) scale and zero pairs (dequant layout)."""
-        pairs = self.pairs.view(torch.bfloat16)
-        return pairs if self.kernel == "dequant" else pairs.transpose(0, 1)
-
     def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """The (out, in) weight this layer multiplies by, in `dtype` (dequant kernel only).
-
-        Unpacked as uint8, scaled in float32, rounded to `dtype` once at the end: torch's
-        bfloat16 elementwise ops convert per element and measured slower here (0.70 against
-        0.50 ms for a 1408 x 512 weight); q * s + (z - 8 s) is (q - 8) * s + z up to float32
-        rounding.
-        """
+        """The (out, in) weight this layer multiplies by, in `dtype` (dequant kernel only):
+        scaled in float32 (bfloat16 elementwise ops are slower), rounded to `dtype` once."""
         out_features, g = self.out_features, self.in_features // self.group
-        pairs = self.scales_and_zeros().float()  # (out, G, 2)
+        pairs = self.pairs.view(torch.bfloat16).float()  # (out, G, 2)
         scale, zero = pairs[..., :1], pairs[..., 1:]
         offset = zero - MID * scale  # (out, G, 1): small next to the weight
         codes = unpack_halves(self.packed, self.group).view(out_features, g, self.group)
@@ -286,7 +248,12 @@ class Int4Linear(nn.Module):
 
     def products(self, flat: torch.Tensor) -> torch.Tensor:
         """(N, in) -> (N, out) bfloat16: x W^T on this layer's kernel."""
-        return MATMULS[self.kernel](self, flat.to(torch.bfloat16))
+        x = flat.to(torch.bfloat16)
+        if self.kernel == "dequant":
+            return torch.mm(x, self.dequantized(torch.bfloat16).t())
+        aten, cpu = torch.ops.aten, self.kernel == "tinygemm-cpu"  # tiles, (G, out, 2) pairs
+        mm = aten._weight_int4pack_mm_for_cpu if cpu else aten._weight_int4pack_mm
+        return mm(x, self.packed, self.group, self.pairs.view(torch.bfloat16))
 
     def extra_repr(self) -> str:
         return (
@@ -308,39 +275,3 @@ class Narrowed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.whole(x)[..., self.start : self.stop]
-
-
-def _dequant_matmul(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
-    """(N, in) bfloat16 @ the dequantized weight^T, one bfloat16 GEMM."""
-    return torch.mm(x, layer.dequantized(torch.bfloat16).t())
-
-
-def _tinygemm_matmul(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
-    """tinygemm on CUDA: bfloat16 (N, in) against the tiled codes and (G, out, 2) pairs."""
-    pairs = layer.pairs.view(torch.bfloat16)
-    return torch.ops.aten._weight_int4pack_mm(x, layer.packed, layer.group, pairs)
-
-
-def _tinygemm_pack(codes: torch.Tensor, group: int) -> torch.Tensor:
-    """tinygemm's tiles from (out, in) codes (torch >= 2.5 takes them two a byte)."""
-    inner_tiles = next(t for t in (8, 4, 2) if codes.shape[1] % (16 * t) == 0)
-    return torch.ops.aten._convert_weight_to_int4pack(pack_nibbles(codes), inner_tiles)
-
-
-def _tinygemm_cpu_pack(codes: torch.Tensor, group: int) -> torch.Tensor:
-    """torch's CPU int4 layout from (out, in) codes (int32 in, uint8 tiles out)."""
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
-
-
-def _tinygemm_cpu_matmul(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
-    """torch's CPU int4 kernel: bfloat16 (N, in) against its tiles and the (G, out, 2) pairs."""
-    pairs = layer.pairs.view(torch.bfloat16)
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, layer.packed, layer.group, pairs)
-
-
-PACKERS = {"dequant": pack_halves, "tinygemm": _tinygemm_pack, "tinygemm-cpu": _tinygemm_cpu_pack}
-MATMULS = {
-    "dequant": _dequant_matmul,
-    "tinygemm": _tinygemm_matmul,
-    "tinygemm-cpu": _tinygemm_cpu_matmul,
-}

@@ -142,14 +142,6 @@ class LLaDATransformer(nn.Module):
             self.ff_out = nn.Linear(cfg.d_model, cfg.table_size, bias=cfg.include_bias)
 
 
-class LLaDAInner(nn.Module):
-    """The `model.` level of LLaDA's state dict."""
-
-    def __init__(self, cfg: LLaDAConfig):
-        super().__init__()
-        self.transformer = LLaDATransformer(cfg)
-
-
 class LLaDAModelLM(DiffusionLM):
     """LLaDA mask predictor; logits at column i predict the token at column i."""
 
@@ -160,7 +152,8 @@ class LLaDAModelLM(DiffusionLM):
 
     def __init__(self, config: LLaDAConfig):
         super().__init__(config)
-        self.model = LLaDAInner(config)
+        self.model = nn.Module()  # the `model.` level of LLaDA's state dict
+        self.model.transformer = LLaDATransformer(config)
         self.post_init()
 
     def embed(self, input_ids):

@@ -1,16 +1,11 @@
 """LLaDA2.0 / LLaDA2.1 (inclusionAI, `LLaDA2MoeModelLM`): a block-causal BailingMoeV2 MoE.
 
 Per the released modeling code (`modeling_llada2_moe.py`; read in ZHZisZZ/dllm's copies of
-LLaDA2.0 and LLaDA2.1 at ca176752): pre-norm layers; attention with one fused
-`query_key_value` projection (H query, H_kv key and value heads), RMSNorm over the head
-dimension on queries and keys (`use_qk_norm`), then RoPE on the first
-`partial_rotary_factor` of each head (rotate-half, cos/sin in the model dtype), output
-`dense`; the first `first_k_dense_replace` layers have a dense SwiGLU MLP, the others a MoE:
-a float32 sigmoid router whose `expert_bias` decides only the selection, group-limited
-(each group scored by its top two, the best `topk_group` of `n_group` kept), top-k experts,
-weights renormalised (k > 1) and scaled by `routed_scaling_factor`, plus the shared experts
-on every token. Embeddings `model.word_embeddings`; no logit shift. The mask id (156895,
-`<|mask|>`) is not in config.json; the block length (32) is generate's default.
+LLaDA2.0 and LLaDA2.1 at ca176752): one fused `query_key_value` projection, q/k head norms,
+partial rotate-half RoPE, dense first `first_k_dense_replace` layers, then a MoE with a float32
+sigmoid, group-limited router whose `expert_bias` decides only the selection, plus shared
+experts (docs/block-diffusion.md, "Models"). No logit shift. The mask id (156895, `<|mask|>`)
+is not in config.json; the block length (32) is generate's default.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """LLaDA-MoE (inclusionAI/LLaDA-MoE-7B-A1B): an OLMoE-style mask predictor, its HF names kept.
 
 Per the released modeling code (`modeling_lladamoe.py`; read in inclusionAI/dInfer
-tools/modeling_fused_lladamoe.py and ZHZisZZ/dllm's copy): pre-norm blocks; attention with
-split q/k/v/o projections, RMSNorm over the head dimension on queries and keys before RoPE
-(one weight shared by the heads), RoPE in the model dtype, fully bidirectional; a sparse MoE
-FFN: router softmax in float32, top-k experts, the k weights used as they are (the reference
-hard-codes `norm_topk_prob = False` whatever config.json says), SwiGLU experts, plus a shared
-expert when `shared_expert_intermediate_size` is set. No logit shift.
+tools/modeling_fused_lladamoe.py and ZHZisZZ/dllm's copy): split q/k/v/o projections, q/k head
+norms before RoPE, fully bidirectional; a sparse MoE FFN whose float32 softmax router's top-k
+weights are used as they are (the reference hard-codes `norm_topk_prob = False` whatever
+config.json says), plus a shared expert when sized (docs/profiles.md). No logit shift.
 
 config.json says `model_type "llada"` like dense LLaDA-8B; families.py tells them apart by
 `architectures ["LLaDAMoEModelLM"]`. The mask id (156895) is not in config.json: it comes from
@@ -62,10 +60,6 @@ class LLaDAMoEConfig(QwenConfig):
             self.moe_layer_freq = [1] * self.num_hidden_layers
         self.moe_router_enable_expert_bias = bool(self.moe_router_enable_expert_bias)
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
     def unsupported(self) -> str | None:
         """Why this config cannot run here, or None (what the reference would do otherwise)."""
         sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
@@ -93,8 +87,7 @@ class LLaDAMoEConfig(QwenConfig):
 
 
 def llada_moe_layer(cfg: LLaDAMoEConfig, index: int) -> QwenLayer:
-    """A sparse MoE layer (plus the shared expert when sized) or, where moe_layer_freq says 0,
-    a dense SwiGLU one."""
+    """A sparse MoE layer (plus the shared expert when sized), dense where moe_layer_freq is 0."""
     d, heads, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
     bias, eps = cfg.attention_bias, cfg.rms_norm_eps
     attention = QwenAttention(

@@ -2,8 +2,7 @@
 
 We never execute code from a model folder: `auto_map` entries are ignored, the architecture is
 picked from config.json's `architectures`, then `model_type`, in our own table (families.py),
-and the tokenizer is loaded with
-`trust_remote_code=False` (Dream's remote tokenizer class is Qwen2's BPE, which transformers has).
+and the tokenizer is loaded with `trust_remote_code=False` (Dream's is Qwen2's BPE).
 """
 
 from __future__ import annotations
@@ -99,10 +98,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             n = torch.cuda.device_count()
             raise DeviceError(f"device {device!r} asked for, but this machine has {n} GPU(s)")
-    elif dev.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise DeviceError("device 'mps' asked for, but MPS is not available here")
-    elif dev.type != "cpu":
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError("device 'mps' asked for, but MPS is not available here")
+    elif dev.type not in ("cpu", "mps"):
         raise SettingsError(f"unsupported device {device!r} (use auto, cpu, cuda or cuda:N)")
     return dev
 
@@ -163,15 +161,13 @@ def load_with_transformers(folder: Path, config=None) -> PreTrainedTokenizerBase
     """transformers' AutoTokenizer (no remote code), else Qwen2's BPE for vocab.json + merges."""
     from transformers import AutoTokenizer
 
-    bpe = (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
-
     quiet_transformers()
     try:
         extra = {"config": config} if config is not None else {}
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False, **extra)
     except Exception as e:  # transformers raises ValueError/OSError/KeyError here
         error = e
-    if bpe:
+    if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
         from transformers import Qwen2Tokenizer
 
         try:
@@ -199,10 +195,9 @@ def special_ids(
     family: Family | None = None,
 ) -> SpecialIds:
     """Special ids: the profile's overrides, else config.json, else the tokenizer, else (the
-    mask) the family table (LLaDA-MoE's config.json names no mask id). `present` (config.json's
-    keys) keeps our config classes' defaults (the 8B models' ids) from posing as the folder's;
-    `table_size` (embedding rows) turns an out-of-range id into a load error, not a mid-decode
-    index error."""
+    mask) the family table. `present` (config.json's keys) keeps our config classes' defaults
+    from posing as the folder's; `table_size` (embedding rows) makes an out-of-range id a load
+    error, not a mid-decode index error."""
     over = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = sorted(set(over) - set(ROLES))
     if unknown:
@@ -250,10 +245,8 @@ def load_model(
     quantize: str = "none",
     shards: Shards | None = None,
 ) -> LoadedModel:
-    """Load a local LLaDA/Dream/DiffusionGemma folder (sharded safetensors included).
-
-    `quantize` ("none" | "int8", models/quantize.py) converts the projections as they load;
-    `shards` (tensor parallelism, models/sharding.py) loads only this rank's slices."""
+    """Load a local model folder; `quantize` (models/quantize.py) converts the projections as
+    they load, `shards` (tensor parallelism, models/sharding.py) loads only this rank's slices."""
     scheme = quant.scheme_for(quantize)
     folder = resolve_path(path)
     dev = resolve_device(device)

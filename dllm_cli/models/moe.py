@@ -26,12 +26,9 @@ def route(
 
 
 class ExpertStack:
-    """Every expert's weights in two stacked tensors, each expert's Linear a view into them.
-
-    w1 (E, d, 2I) holds gate and up, w2 (E, I, d) down, stored (in, out) so that one grouped
-    GEMM (`torch._grouped_mm`, a grouped kernel on CUDA) runs all experts on their own rows
-    without a Python loop or a host sync. Names, `state_dict()` and memory stay as they were.
-    """
+    """Every expert's weights in two stacked (in, out) tensors, each expert's Linear a view
+    into them, so one grouped GEMM (`torch._grouped_mm`) runs all experts without a Python loop
+    or a host sync; names, `state_dict()` and memory stay as they were."""
 
     def __init__(self, experts: list[nn.Module]):
         with torch.no_grad():
@@ -91,10 +88,7 @@ class LLaDAMoESparseBlock(nn.Module):
         self.top_k = top_k
         self.gate = nn.Linear(d, experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(d, hidden) for _ in range(experts))
-        if expert_bias:
-            self.register_buffer("expert_bias", torch.zeros(experts))
-        else:
-            self.expert_bias = None
+        self.register_buffer("expert_bias", torch.zeros(experts) if expert_bias else None)
         self.stack: ExpertStack | None = None  # after stack_experts()
 
     def stack_experts(self) -> None:

@@ -2,15 +2,11 @@
 int4 group-wise (models/int4.py).
 
 `quantize_model` swaps each projection (attention, MLP, experts, output head) of a loaded model
-for an `Int8Linear`; the checkpoint folder is read as it is, nothing is written back. Weights are
-symmetric int8 with one float scale per output channel (LLM.int8()'s vector-wise scheme without
-its outlier split, Dettmers et al. 2022); each forward quantizes its input per row (token) the
-same way and multiplies int8 x int8 -> int32 with `torch._int_mm`, then rescales (SmoothQuant's
-W8A8 arithmetic without the smoothing, Xiao et al. 2023). Measured on this project's 2-core CPU
-(one thread, 192 x 512 @ 512 x 1408): float32 2.1 ms, W8A8 1.0 ms, weight-only int8 through
-`aten._weight_int8pack_mm` 190 ms, so CPU runs W8A8 (docs/quantization.md has the tables).
-Embeddings, norms, MoE routers and the first block's MLP output projection stay in the load
-dtype.
+for an `Int8Linear` (nothing is written back): symmetric int8 with one float scale per output
+channel (LLM.int8()'s vector-wise scheme without its outlier split, Dettmers et al. 2022), each
+input row quantized the same way and multiplied int8 x int8 -> int32 by `torch._int_mm`
+(SmoothQuant's W8A8 without the smoothing, Xiao et al. 2023; docs/quantization.md). Embeddings,
+norms, MoE routers and the first block's MLP output projection stay in the load dtype.
 
 `--quantize int4` stores the same layers in 4 bits, one bfloat16 scale and zero per group of 32
 inputs (tinygemm's format), and multiplies in bfloat16 (models/int4.py says why and how); the
@@ -47,32 +43,27 @@ MLP_OUT = ("down_proj", "ff_out")  # its linears' names in the families, fused o
 
 @dataclass(frozen=True)
 class Scheme:
-    """One `--quantize` value: what it stores, how a layer is made, or why it is refused."""
+    """One `--quantize` value: what it stores and how a layer is made."""
 
     name: str
     bits: int
     make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None
     group: int = 0  # inputs per scale (0: one scale per output channel)
-    refused: str | None = None  # None: it runs
     head: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None  # else `make`
 
 
 def scheme_for(name: str) -> Scheme:
-    """The scheme named, or a ModelLoadError naming the ones that run."""
+    """The scheme named, or a ModelLoadError naming the known ones."""
     scheme = SCHEMES.get(str(name).strip().lower())
     if scheme is None:
         known = ", ".join(SCHEMES)
         raise ModelLoadError(f"unknown quantization {name!r} (use {known})")
-    if scheme.refused:
-        raise ModelLoadError(scheme.refused)
     return scheme
 
 
 def row_peaks(x: torch.Tensor) -> torch.Tensor:
     """(N, K) -> float32 (N, 1): max |x| per row."""
-    x = x.float()
-    # max(-min, max): two reductions, no |x| buffer (the fastest measured here: 23 us against
-    # 30 for abs().amax() and 232 for aminmax at 192 x 512).
+    x = x.float()  # max(-min, max): two reductions, no |x| buffer (faster than abs().amax())
     return torch.maximum(x.amin(dim=-1, keepdim=True).neg_(), x.amax(dim=-1, keepdim=True))
 
 
@@ -155,14 +146,8 @@ class Int8Linear(nn.Module):
 
 SCHEMES: dict[str, Scheme] = {
     "none": Scheme("none", 0),
-    "int8": Scheme("int8", 8, lambda w, b: Int8Linear.of(w, b)),
-    "int4": Scheme(
-        "int4",
-        4,
-        lambda w, b: Int4Linear.of(w, b),
-        group=DEFAULT_GROUP,
-        head=lambda w, b: Int8Linear.of(w, b),
-    ),
+    "int8": Scheme("int8", 8, Int8Linear.of),
+    "int4": Scheme("int4", 4, Int4Linear.of, group=DEFAULT_GROUP, head=Int8Linear.of),
 }
 
 
@@ -172,14 +157,15 @@ Maker = Callable[[Sequence[nn.Linear], torch.Tensor, torch.Tensor | None], nn.Mo
 
 
 def quantize_model(model: DiffusionLM, scheme: str | Scheme, make: Maker | None = None) -> int:
-    """Replace the model's projections in place (instead of `fuse_projections`); returns how
-    many were quantized. Each fused group (q/k/v, gate/up) becomes one layer: its input quantized
-    once, one GEMM, the separate layers' integers and scales. A tied head stays the embedding's
-    float view; `make` (else the scheme's) makes the layers but the output head."""
+    """Replace the model's projections in place (instead of `fuse_projections`): how many. Each
+    fused group (q/k/v, gate/up) becomes one layer; a tied head stays the embedding's float
+    view; `make` (else the scheme's) makes the layers but the output head."""
     scheme = scheme if isinstance(scheme, Scheme) else scheme_for(scheme)
     if scheme.bits == 0:
         return 0
-    check_groups(model, scheme)
+    for name, child in model.named_modules() if scheme.group else ():  # refused before changes
+        if isinstance(child, nn.Linear):
+            check_group(scheme.group, child.in_features, name)
     make = make or (lambda linears, weight, bias: scheme.make(weight, bias))
     count = 0
     kept: set[int] = set()  # the first block's MLP output linears
@@ -212,12 +198,16 @@ def quantize_model(model: DiffusionLM, scheme: str | Scheme, make: Maker | None 
 def quantize_loaded(
     model: DiffusionLM, scheme: Scheme, dtype: torch.dtype, make: Maker | None = None
 ) -> None:
-    """A model read in `load_dtype`'s dtype: its projections quantized (fused groups joined),
-    the rest cast to `dtype`, the freed float weights handed back."""
+    """Quantize a model read in `load_dtype`'s dtype, cast the rest to `dtype`, free the floats."""
     quantize_model(model, scheme, make)
     model.to(dtype)
     refuse_float_groups(model)
-    release_freed_memory()
+    try:  # hand the freed float weights back to the OS (glibc keeps freed heap pages otherwise)
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def output_heads(model: DiffusionLM) -> list[nn.Linear]:
@@ -231,18 +221,8 @@ def output_heads(model: DiffusionLM) -> list[nn.Linear]:
     ]
 
 
-def check_groups(model: nn.Module, scheme: Scheme) -> None:
-    """Refuse (before any layer changes) a group size that does not divide a layer's inputs."""
-    if not scheme.group:
-        return
-    for name, child in model.named_modules():
-        if isinstance(child, nn.Linear):
-            check_group(scheme.group, child.in_features, name)
-
-
 def quantize_fusion(owner: nn.Module, fusion: Fusion, skip: tuple[str, ...], make: Maker) -> int:
-    """One quantized layer per fused group but those in `skip` (kept float); the owner's
-    linears become views of it (no float copy left)."""
+    """One quantized layer per fused group but those in `skip`; the owner's linears view it."""
     names = {id(child): name for name, child in owner.named_children()}
     views: list[nn.Module] = []
     kept = 0
@@ -280,8 +260,7 @@ def refuse_float_groups(model: DiffusionLM) -> None:
 
 def load_dtype(scheme: Scheme, dtype: torch.dtype, files: list[Path]) -> torch.dtype:
     """The dtype to read a folder in before quantizing: its stored bfloat16 when float32 is
-    asked for (the same values, half the peak memory: 14.9 GiB instead of 29.9 for LLaDA-8B),
-    else `dtype`. The model is cast to `dtype` after quantizing."""
+    asked for (the same values, half the peak memory), else `dtype` (cast to after quantizing)."""
     if not scheme.bits or dtype != torch.float32:
         return dtype
     from safetensors import safe_open
@@ -289,17 +268,6 @@ def load_dtype(scheme: Scheme, dtype: torch.dtype, files: list[Path]) -> torch.d
     with safe_open(str(files[0]), framework="pt") as st:
         stored = {st.get_slice(name).get_dtype() for name in st.keys()}  # noqa: SIM118
     return torch.bfloat16 if stored == {"BF16"} else dtype
-
-
-def release_freed_memory() -> None:
-    """Hand the freed float weights back to the OS (glibc keeps freed heap pages otherwise:
-    measured at width 512, int8 held 189 MiB before and 128 MiB after, float32 192)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -95,9 +95,8 @@ class QwenLayer(nn.Module):
 
 
 class PreNormLayer(nn.Module):
-    """x + attention(norm(x), rope, *where), then x + mlp(norm(x)), added out of place; the
-    attention under its checkpoint name (`self_attn`, LLaDA2's `attention`). SDAR's, LLaDA2's
-    and the guide's layers: nothing to fuse."""
+    """x + attention(norm(x)), then x + mlp(norm(x)), out of place, the attention under its
+    checkpoint name (`self_attn`, LLaDA2's `attention`): SDAR's, LLaDA2's and the guide's."""
 
     def __init__(self, d: int, eps: float, attention: nn.Module, mlp: nn.Module, name: str):
         super().__init__()

@@ -1,10 +1,9 @@
 """SDAR (JetAstra/SDAR, arXiv 2510.06303): Qwen3 decoder layers trained block-causally.
 
-Per the released `modeling_sdar.py` (JetAstra/SDAR training/model/SDAR-4B-Chat): pre-norm
-layers; attention with split q/k/v/o projections, RMSNorm over the head dimension on queries
-and keys before RoPE, GQA, rotate-half RoPE in the model dtype; a SwiGLU MLP. Logits are
-position-aligned (no shift). The block size and the mask id are config.json's `block_size`
-and `mask_token_id`. Parameter names are Qwen3's, so real folders load as they are.
+Per the released `modeling_sdar.py` (JetAstra/SDAR training/model/SDAR-4B-Chat): Qwen3's
+pre-norm layers (q/k head norms before rotate-half RoPE in the model dtype, GQA, SwiGLU) under
+Qwen3's names, so real folders load as they are; no logit shift; `block_size` and
+`mask_token_id` from config.json.
 """
 
 from __future__ import annotations

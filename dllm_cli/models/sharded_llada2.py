@@ -1,14 +1,11 @@
-"""LLaDA2.x's pieces under tensor parallelism (the model side; the block stepper drafts from
-the vocabulary shards: decoding/sharded_sampling.py).
+"""LLaDA2.x's pieces under tensor parallelism (the model side).
 
-Its attention has one fused `query_key_value` projection whose rows are every query head, then
-every KV head's key, then its value: a rank reads three row ranges of it (its query heads, its
-keys, its values) and concatenates them, which is its own fused projection. `dense` (the output)
-is row-parallel. A dense layer's MLP splits as LLaDA's; a sparse layer splits every routed
-expert and the shared experts over their columns, the router replicated (every rank routes the
-same hidden states), and the layer's whole output (routed sum plus shared experts, each rank's
-partial) is summed by one all-reduce. Under --expert-parallel a rank keeps E/N whole routed
-experts instead (`LocalLLaDA2MoE`), the shared experts still split over their columns.
+The fused `query_key_value` projection's rows are every query head, then every KV head's key,
+then its value: a rank reads its three row ranges and concatenates them (its own fused
+projection); `dense` is row-parallel. A dense MLP splits as LLaDA's; a sparse layer splits its
+routed and shared experts over their columns (router replicated), its whole output summed by
+one all-reduce. Under --expert-parallel a rank keeps E/N whole routed experts instead
+(`LocalLLaDA2MoE`), the shared experts still split over their columns.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from dllm_cli.models.collectives import Shards
 from dllm_cli.models.layers import SwiGLU
 from dllm_cli.models.llada2 import LLaDA2MoE
 from dllm_cli.models.moe import each_expert
+from dllm_cli.models.sharding import split_inputs, split_rows, split_swiglu
 
 ROWS = "rows"  # a plan entry ("rows", ((lo, hi), ...)): these row ranges, concatenated
 
@@ -33,18 +31,14 @@ class SummedLLaDA2MoE(LLaDA2MoE):
         return self.shards.all_reduce(super().forward(x))
 
 
-def split_llada2_block(block, shards: Shards, plan: dict, prefix: str, ops) -> None:
-    """One LLaDA2 layer shrunk to this rank's pieces; `ops`: sharded_load's split_columns,
-    split_inputs and split_rows (passed in: that module imports this one)."""
-    split_columns, split_inputs, split_rows = ops
+def split_llada2_block(block, shards: Shards, plan: dict, prefix: str) -> None:
+    """One LLaDA2 layer shrunk to this rank's pieces."""
     attention = block.attention
     split_fused_qkv(attention, shards, plan, f"{prefix}.attention.query_key_value")
     split_rows(attention.dense, shards, plan, f"{prefix}.attention.dense")
     mlp, where = block.mlp, f"{prefix}.mlp"
     if isinstance(mlp, SwiGLU):
-        split_columns(mlp.gate_proj, shards, plan, f"{where}.gate_proj")
-        split_columns(mlp.up_proj, shards, plan, f"{where}.up_proj")
-        split_rows(mlp.down_proj, shards, plan, f"{where}.down_proj")
+        split_swiglu(mlp, shards, plan, where, split_rows)
         return
     named = [(f"experts.{i}", e) for i, e in enumerate(mlp.experts)]
     if shards.expert_parallel:  # whole experts: only the shared experts' columns split
@@ -53,18 +47,15 @@ def split_llada2_block(block, shards: Shards, plan: dict, prefix: str, ops) -> N
     if mlp.shared_experts is not None:
         named.append(("shared_experts", mlp.shared_experts))
     for name, expert in named:
-        split_columns(expert.gate_proj, shards, plan, f"{where}.{name}.gate_proj")
-        split_columns(expert.up_proj, shards, plan, f"{where}.{name}.up_proj")
-        split_inputs(expert.down_proj, shards, plan, f"{where}.{name}.down_proj")
+        split_swiglu(expert, shards, plan, f"{where}.{name}", split_inputs)
     if not shards.expert_parallel:
         mlp.__class__, mlp.shards = SummedLLaDA2MoE, shards
 
 
 class LocalLLaDA2MoE(SummedLLaDA2MoE):
-    """A sparse layer holding routed experts [first, first + count) whole (an nn.ModuleDict
-    keyed by their global indices: checkpoint names stay `experts.{i}.*`): the reference's
-    routing, sort and float32 weighted sum with other ranks' pairs 0, plus this rank's
-    shared-expert columns; the ranks' parts summed by one all-reduce (SummedLLaDA2MoE)."""
+    """A sparse layer holding routed experts [first, first + count) whole (names stay
+    `experts.{i}.*`): the reference's routing, sort and weighted sum with other ranks' pairs 0,
+    plus this rank's shared-expert columns, summed over ranks (SummedLLaDA2MoE)."""
 
     first: int
     count: int
@@ -84,8 +75,7 @@ class LocalLLaDA2MoE(SummedLLaDA2MoE):
 
 
 def keep_llada2_experts(mlp: LLaDA2MoE, shards: Shards) -> None:
-    """Shrink a meta-built sparse layer to this rank's routed experts, in place (the other
-    experts' tensors are then not read: their names are not in the model)."""
+    """Shrink a meta-built sparse layer to this rank's routed experts, in place (others unread)."""
     lo, hi = shards.even(len(mlp.experts))
     mlp.experts = nn.ModuleDict({str(i): mlp.experts[i] for i in range(lo, hi)})
     mlp.__class__, mlp.shards, mlp.first, mlp.count = LocalLLaDA2MoE, shards, lo, hi - lo

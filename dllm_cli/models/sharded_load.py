@@ -30,6 +30,11 @@ from dllm_cli.models.sharding import (
     VocabEmbedding,
     check_degree,
     layout_of,
+    narrow,
+    split_columns,
+    split_inputs,
+    split_rows,
+    split_swiglu,
 )
 from dllm_cli.models.weights import retie, tied_groups, weight_files
 
@@ -50,8 +55,7 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
         prefix = names[id(block)]
         columns, rows = list(layout.columns), list(layout.rows)
         if family in BLOCK_SPLITS:
-            ops = (split_columns, split_inputs, split_rows)
-            BLOCK_SPLITS[family](block, shards, plan, prefix, ops)
+            BLOCK_SPLITS[family](block, shards, plan, prefix)
         if layout.feed_forward is not None:
             columns, rows = split_feed_forward(block, layout.feed_forward, shards, plan, prefix)
             columns, rows = [*layout.columns, *columns], [*layout.rows, *rows]
@@ -62,13 +66,14 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
         holder = block.get_submodule(layout.attention) if layout.attention else block
         holder.n_heads, holder.n_kv = heads // shards.world, kv // shards.world
     for name in layout.vocabulary:
-        module = _find(model, name)
-        if module is None:  # a tied head (LLaDA's weight_tying) reads the embedding
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:  # a tied head (LLaDA's weight_tying) reads the embedding
             continue
         table = module.weight.shape[0]
         lo, hi = shards.vocabulary(table)
         model.vocab_start, model.vocab_width = lo, table
-        _narrow(module, 0, lo, hi, plan, name)
+        narrow(module, 0, lo, hi, plan, name)
         if isinstance(module, nn.Embedding):
             module.__class__, module.shards, module.start = VocabEmbedding, shards, lo
         else:
@@ -77,28 +82,6 @@ def split(model: nn.Module, family: str, shards: Shards) -> dict[str, Slice | st
     model.__class__ = type(f"Sharded{cls.__name__}", (ShardedLM, cls), {})
     model.shards, model.local_kv = shards, kv // shards.world
     return plan
-
-
-def split_columns(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
-    """A column-parallel linear: this rank's share of the outputs (and of their biases)."""
-    lo, hi = shards.even(lin.out_features)
-    _narrow(lin, 0, lo, hi, plan, name)
-    lin.out_features = hi - lo
-
-
-def split_inputs(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
-    """This rank's share of a linear's inputs (the caller sums the partial outputs)."""
-    lo, hi = shards.even(lin.in_features)
-    _narrow(lin, 1, lo, hi, plan, name)
-    if lin.bias is not None and shards.rank:
-        plan[f"{name}.bias"] = ZERO
-    lin.in_features = hi - lo
-
-
-def split_rows(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
-    """A row-parallel linear: its partial output summed over ranks by one all-reduce."""
-    split_inputs(lin, shards, plan, name)
-    lin.__class__, lin.shards = RowLinear, shards
 
 
 def split_feed_forward(block, name: str, shards: Shards, plan: dict, prefix: str):
@@ -117,31 +100,9 @@ def split_feed_forward(block, name: str, shards: Shards, plan: dict, prefix: str
             split_inputs(block.get_submodule(part), shards, plan, f"{prefix}.{part}")
         return [], []
     for i, expert in enumerate(mlp.experts):
-        where = f"{prefix}.{name}.experts.{i}"
-        split_columns(expert.gate_proj, shards, plan, f"{where}.gate_proj")
-        split_columns(expert.up_proj, shards, plan, f"{where}.up_proj")
-        split_inputs(expert.down_proj, shards, plan, f"{where}.down_proj")
+        split_swiglu(expert, shards, plan, f"{prefix}.{name}.experts.{i}", split_inputs)
     mlp.__class__, mlp.shards = SummedExperts, shards
     return extra
-
-
-def _find(model: nn.Module, name: str) -> nn.Module | None:
-    try:
-        return model.get_submodule(name)
-    except AttributeError:
-        return None
-
-
-def _narrow(module: nn.Module, dim: int, lo: int, hi: int, plan: dict, name: str) -> None:
-    """Replace `module`'s weight (and a column split's bias) by meta tensors of the piece."""
-    for kind in ("weight", "bias"):
-        p = getattr(module, kind, None)
-        if p is None or (kind == "bias" and dim == 1):  # a row split keeps the whole bias
-            continue
-        shape = list(p.shape)
-        shape[dim] = hi - lo
-        setattr(module, kind, nn.Parameter(torch.empty(shape, dtype=p.dtype, device="meta")))
-        plan[f"{name}.{kind}"] = (dim, lo, hi)
 
 
 def load_sharded(
@@ -159,7 +120,11 @@ def load_sharded(
     whole = sum(p.numel() for p in model.parameters()) * itemsize  # tied ones counted once
     groups = tied_groups(model)
     plan = split(model, family, shards)
-    inputs = split_inputs_linears(model, plan)  # name -> a linear holding part of its inputs
+    inputs = {  # name -> a linear of which this rank holds some inputs (weight split on dim 1)
+        name.removesuffix(".weight"): model.get_submodule(name.removesuffix(".weight"))
+        for name, piece in plan.items()
+        if name.endswith(".weight") and isinstance(piece, tuple) and piece[0] == 1
+    }
     check_split_groups(inputs, scheme, shards)
     per_row = scheme.bits and not scheme.group  # one scale a row: the whole row's peak
     peaks: dict[str, torch.Tensor] | None = {} if per_row else None
@@ -178,20 +143,9 @@ def load_sharded(
     return model
 
 
-def split_inputs_linears(model: nn.Module, plan: dict) -> dict[str, nn.Linear]:
-    """The linears of which this rank holds some inputs (their weights split over dim 1)."""
-    return {
-        name.removesuffix(".weight"): model.get_submodule(name.removesuffix(".weight"))
-        for name, piece in plan.items()
-        if name.endswith(".weight") and isinstance(piece, tuple) and piece[0] == 1
-    }
-
-
 def check_split_groups(inputs: dict[str, nn.Linear], scheme: quant.Scheme, shards: Shards):
-    """Refuse, naming the numbers, a split whose share of a layer's inputs is not a whole
-    number of int4 groups (a group must not straddle two ranks); and int4 experts split over
-    their columns (summed after their block's weighted sum: each rank's part would be
-    rounded to bfloat16 first, unlike one process's whole expert output)."""
+    """Refuse, naming the numbers, int4 groups that would straddle two ranks, and int4 experts
+    split over their columns (their parts would round before the block's sum)."""
     for name, lin in inputs.items():
         if scheme.group and not isinstance(lin, RowLinear):
             raise SettingsError(
@@ -209,10 +163,8 @@ def check_split_groups(inputs: dict[str, nn.Linear], scheme: quant.Scheme, shard
 def quantized_layers(
     scheme: quant.Scheme, shards: Shards, inputs: dict[int, torch.Tensor | None]
 ) -> quant.Maker:
-    """The quantized layer of a group of this rank's linears: a linear holding some of its
-    inputs (`inputs`: its id -> int8's peaks of its whole rows) is quantized with one
-    process's per-row scales and reduces its activations' peaks (QuantizedInputs); a
-    row-parallel one sums its products too."""
+    """The quantized layer of a group of this rank's linears; one holding some of its inputs
+    (`inputs`: id -> int8's whole-row peaks) is a QuantizedInputs layer of one process's scales."""
 
     def make(linears, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         first = linears[0]
@@ -228,12 +180,10 @@ def quantized_layers(
 
 
 class QuantizedInputs:
-    """Mixed in before a quantized layer (models/quantize.py, int4.py) holding this rank's
-    share of its inputs. int8 quantizes each row of x by its whole row's max |x| (one MAX
-    all-reduce of a number a row), as one process does. `summed` (a row-parallel layer; the
-    experts' are summed by their block): the partial products are summed over ranks; int4's
-    are float32 products of the same bfloat16 values, rounded to bfloat16 once after the sum,
-    as one process's bfloat16 GEMM rounds its float32 sums once."""
+    """Mixed in before a quantized layer holding this rank's share of its inputs: int8 scales
+    each row of x by its whole row's max |x| (one MAX all-reduce); `summed` (row-parallel) sums
+    the partial products over ranks, int4's in float32, rounded to bfloat16 once after the sum
+    as one process's GEMM rounds once (docs/tensor-parallel.md)."""
 
     shards: Shards
     summed: bool
@@ -286,8 +236,7 @@ def read_slices(
     peaks: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Each tensor's slice for this rank, read from its shard file (never the whole tensor);
-    with `peaks` (int8) a weight split over its inputs is read a few whole rows at a time,
-    and the max |w| of its whole rows is kept there (the scale one process gives each row)."""
+    with `peaks` (int8) an input-split weight's whole rows' max |w| is kept there too."""
     from safetensors import safe_open
 
     wanted = model.state_dict(keep_vars=True)
@@ -334,8 +283,7 @@ def _read(st, name: str, piece: Slice | str, like: torch.Tensor) -> torch.Tensor
 
 
 def sum_fused_rows(model: nn.Module) -> None:
-    """After fusing: a fused group of row-parallel linears sums its output too (blocks call
-    the fused group, not the linear)."""
+    """After fusing: a fused group of row-parallel linears sums its output (blocks call it)."""
     for module in model.modules():
         fusion = getattr(module, "fusion", None)
         if fusion is None:

@@ -1,17 +1,12 @@
 """Tensor parallelism's model side: where a family's pieces split (Megatron's layout), a rank's
-place in its group (`Shards`, its collectives), and the modules that sum partial products.
+place in its group (`Shards`), and the modules that sum partial products.
 
-Each block's query, key and value projections and its MLP's gate and up projections are split
-over their outputs (column-parallel: a rank holds its share of the heads and of the MLP's
-columns), the attention output and the MLP's down projection over their inputs (row-parallel:
-each rank's partial product is summed by one all-reduce). The embedding and the LM head are
-split over the vocabulary: a rank looks up only the ids in its range (one all-reduce sums the
-rows) and computes only its range of the logits. The KV cache holds only the rank's KV heads.
-LLaDA-MoE's experts are split as dense MLPs are (the router replicated), their routed sum
-reduced once per layer. Per forward: two all-reduces per layer plus one for the embedding (a
-shared expert adds one per layer). Splitting and reading a rank's slices: sharded_load.py;
-sampling from vocabulary shards: decoding/sharded_sampling.py; which rank holds which replica
-(torchrun): distributed/tensor.py.
+q/k/v and the MLP's gate and up projections split over their outputs (column-parallel), the
+attention output and the MLP's down projection over their inputs (row-parallel: partial
+products summed by one all-reduce); the embedding and the LM head split over the vocabulary;
+the KV cache holds only the rank's KV heads; experts split as dense MLPs, the router
+replicated. docs/tensor-parallel.md counts the collectives. Reading a rank's slices:
+sharded_load.py; sampling from vocabulary shards: decoding/sharded_sampling.py.
 """
 
 from __future__ import annotations
@@ -153,8 +148,7 @@ def expert_sizes(family: str, config, sizes: dict[str, int]) -> dict[str, int]:
 
 
 class VocabEmbedding(nn.Embedding):
-    """An embedding holding ids [start, stop) of the table; other ids' rows come from other
-    ranks through one all-reduce. `num_embeddings` stays the whole table's size."""
+    """Ids [start, stop) of the table (`num_embeddings` stays whole); others': an all-reduce."""
 
     shards: Shards
     start: int
@@ -175,10 +169,50 @@ class RowLinear(nn.Linear):
         return self.shards.all_reduce(super().forward(x))
 
 
+def split_columns(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
+    """A column-parallel linear: this rank's share of the outputs (and of their biases)."""
+    lo, hi = shards.even(lin.out_features)
+    narrow(lin, 0, lo, hi, plan, name)
+    lin.out_features = hi - lo
+
+
+def split_inputs(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
+    """This rank's share of a linear's inputs (the caller sums the partial outputs)."""
+    lo, hi = shards.even(lin.in_features)
+    narrow(lin, 1, lo, hi, plan, name)
+    if lin.bias is not None and shards.rank:
+        plan[f"{name}.bias"] = ZERO
+    lin.in_features = hi - lo
+
+
+def split_rows(lin: nn.Linear, shards: Shards, plan: dict, name: str) -> None:
+    """A row-parallel linear: its partial output summed over ranks by one all-reduce."""
+    split_inputs(lin, shards, plan, name)
+    lin.__class__, lin.shards = RowLinear, shards
+
+
+def split_swiglu(mlp, shards: Shards, plan: dict, where: str, down: Callable) -> None:
+    """A SwiGLU's gate and up projections split over their outputs, `down` splits its output."""
+    split_columns(mlp.gate_proj, shards, plan, f"{where}.gate_proj")
+    split_columns(mlp.up_proj, shards, plan, f"{where}.up_proj")
+    down(mlp.down_proj, shards, plan, f"{where}.down_proj")
+
+
+def narrow(module: nn.Module, dim: int, lo: int, hi: int, plan: dict, name: str) -> None:
+    """Replace `module`'s weight (and a column split's bias) by meta tensors of the piece."""
+    for kind in ("weight", "bias"):
+        p = getattr(module, kind, None)
+        if p is None or (kind == "bias" and dim == 1):  # a row split keeps the whole bias
+            continue
+        shape = list(p.shape)
+        shape[dim] = hi - lo
+        setattr(module, kind, nn.Parameter(torch.empty(shape, dtype=p.dtype, device="meta")))
+        plan[f"{name}.{kind}"] = (dim, lo, hi)
+
+
 class ShardedLM:
-    """Mixed in before a DiffusionLM class: a KV cache of this rank's heads, forwards counted.
-    Its `shards` (None on an unsplit model) makes the engine sample from vocabulary shards
-    (decoding/sharded_sampling.py)."""
+    """Mixed in before a DiffusionLM class: a KV cache of this rank's heads, forwards counted;
+    its `shards` make the engine sample from vocabulary shards (decoding/sharded_sampling.py)."""
 
     shards: Shards
     local_kv: int
@@ -196,8 +230,7 @@ class ShardedLM:
 
 
 class SummedExperts(LLaDAMoESparseBlock):
-    """A sparse block whose experts hold this rank's share of their columns: the routed sum of
-    partial expert outputs is summed over ranks once (not once per expert)."""
+    """A sparse block of column-split experts: their routed sum is summed over ranks once."""
 
     shards: Shards
 

@@ -1,11 +1,9 @@
 """A checkpoint's tokenizer on the `tokenizers` library: transformers' tokenizer surface.
 
 `AutoTokenizer` costs transformers' package import (0.7-1.1 s of a start-up, issue 30) for a
-tokenizer.json that the `tokenizers` library reads by itself. `FastTokenizer` is the part of
-transformers 5.24's `TokenizersBackend` that dllm uses (call, encode, decode, vocabulary, added
-and special tokens, chat templates), each a call into the same `tokenizers.Tokenizer` that
-transformers would make; models/tokenizer_files.py builds that backend from a folder exactly as
-transformers does (tests/test_fast_tokenizer.py compares the two family by family).
+tokenizer.json `tokenizers` reads by itself. `FastTokenizer` is the part of transformers 5.24's
+`TokenizersBackend` dllm uses, each a call into the same `tokenizers.Tokenizer` transformers
+would make (models/tokenizer_files.py builds it; tests/test_fast_tokenizer.py compares them).
 """
 
 from __future__ import annotations
@@ -154,8 +152,7 @@ class FastTokenizer:
         ids = [token_ids] if isinstance(token_ids, int) else [int(i) for i in token_ids]
         text = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
         clean = clean_up_tokenization_spaces
-        if clean is None:
-            clean = self.clean_up_tokenization_spaces
+        clean = self.clean_up_tokenization_spaces if clean is None else clean
         bpe = type(self.backend.model).__name__ == "BPE"
         if clean and (not bpe or self.force_bpe_cleanup):  # transformers skips it for BPE
             text = clean_up_spaces(text)
@@ -170,10 +167,8 @@ class FastTokenizer:
         chat_template: str | None = None,
         **kwargs,
     ):
-        """The conversation through the folder's chat template (models/chat_template.py).
-
-        transformers' options that change the output rather than feed the template are refused,
-        not passed to the template as variables."""
+        """The conversation through the folder's chat template (models/chat_template.py);
+        transformers' options that change the output are refused, not template variables."""
         from dllm_cli.models import chat_template as ct
 
         unsupported = sorted(set(kwargs) & UNSUPPORTED_TEMPLATE_OPTIONS)
@@ -182,13 +177,8 @@ class FastTokenizer:
         source = chat_template or self.chat_template
         if source is None:
             raise ValueError("this tokenizer has no chat template")
-        text = ct.render(
-            source,
-            conversation,
-            self.special,
-            add_generation_prompt=add_generation_prompt,
-            **kwargs,
-        )
+        prompt = {"add_generation_prompt": add_generation_prompt}
+        text = ct.render(source, conversation, self.special, **prompt, **kwargs)
         return self(text, add_special_tokens=False).input_ids if tokenize else text
 
 

@@ -2,19 +2,10 @@
 
 The steps are transformers' (tokenization_utils_base `_from_pretrained`, tokenization_utils_tokenizers
 `TokenizersBackend.__init__`, models/qwen2 `Qwen2Tokenizer.__init__`), in its order and with
-the same calls into the `tokenizers` backend: read tokenizer_config.json (chat_template.jinja
-wins over its template), turn named special tokens that are added tokens into those tokens,
-build the backend, drop padding and truncation (transformers turns both off for every
-unpadded call), add every declared added token and any named special token the backend lacks
-in one `add_tokens`, and write transformers' post-processor where it would.
-
-How the backend is built is the tokenizer class's, a declared record per class (`RECIPES`):
-the plain backend (`PreTrainedTokenizerFast`, `TokenizersBackend`: tokenizer.json as saved) and
-Qwen2's byte-level BPE (`Qwen2Tokenizer`, and Dream's remote `DreamTokenizer`, which dllm loads
-as Qwen2's since it runs no folder code: vocabulary and merges from tokenizer.json or
-vocab.json + merges.txt, Qwen2's own normalizer, pre-tokenizer and decoder). Any other class,
-a remote class, several templates, legacy token files or `fix_mistral_regex` raise `NotFast`
-with the reason, and models/loading.py loads transformers' tokenizer instead.
+the same calls into the `tokenizers` backend; each tokenizer class's backend is a `RECIPES`
+record. Any other class, a remote class (but Dream's, loaded as Qwen2's), several templates,
+legacy token files or `fix_mistral_regex` raise `NotFast` with the reason, and
+models/loading.py loads transformers' tokenizer instead.
 """
 
 from __future__ import annotations
@@ -114,16 +105,8 @@ def qwen2_backend(folder: Path, file: Path | None, cfg: dict) -> tuple[Tokenizer
     return backend, processor
 
 
-QWEN2 = Recipe(
-    qwen2_backend,
-    needs_json=False,
-    defaults={
-        "unk_token": "<|endoftext|>",
-        "eos_token": "<|endoftext|>",
-        "pad_token": "<|endoftext|>",
-    },
-    readds_specials=True,
-)
+ENDOFTEXT = dict.fromkeys(("unk_token", "eos_token", "pad_token"), "<|endoftext|>")
+QWEN2 = Recipe(qwen2_backend, needs_json=False, defaults=ENDOFTEXT, readds_specials=True)
 RECIPES = {
     "PreTrainedTokenizerFast": Recipe(saved_backend, needs_json=True),
     "TokenizersBackend": Recipe(saved_backend, needs_json=True),

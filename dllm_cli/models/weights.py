@@ -1,10 +1,9 @@
 """A folder's safetensors -> a model's parameters, by name, without transformers.
 
-The model is built on the meta device (no memory, no random init), every tensor is read from
-its shard in the stored dtype and cast to the asked one, and assigned to the parameter of the
-same name; tied parameters (an output head sharing the embedding) are tied again to what was
-read. Names and shapes are checked against the model first (`check_weights`), so a folder
-loads completely or not at all, and each failure is one ModelLoadError line.
+The model is built on the meta device (no memory, no random init); every tensor is read in its
+stored dtype, cast, and assigned to the parameter of its name; tied parameters are tied again.
+Names and shapes are checked first (`check_weights`), so a folder loads completely or not at
+all, each failure one ModelLoadError line.
 """
 
 from __future__ import annotations
@@ -105,9 +104,8 @@ def check_weights(folder: Path, model: nn.Module) -> None:
 
 
 def read_weights(folder: Path, model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """`model` (built on the meta device) holding the folder's tensors, floating ones cast to
-    `dtype`, read shard by shard; tensors the model has no place for are ignored, as
-    transformers does (e.g. rotary caches some checkpoints store)."""
+    """`model` (meta-built) holding the folder's tensors, floating ones cast to `dtype`, shard by
+    shard; tensors it has no place for (e.g. stored rotary caches) are ignored, as transformers."""
     from safetensors import safe_open
 
     wanted = set(model.state_dict(keep_vars=True))
