@@ -9,7 +9,8 @@ pieces in the same order with the same arguments: `_prepare_generated_length`,
 then per canvas `_prepare_encoder_inputs` + the encoder, `_prepare_denoiser_inputs`,
 `_denoising_step` per step, `_finalize_canvas`, `_prepare_kwargs_for_next_canvas`, and the
 streamer's `put` / `put_draft` / `end` where generate calls them. Only the control flow is
-dllm's: it suspends after each denoising step, so no worker thread is needed.
+dllm's: it suspends after each denoising step, so no worker thread is needed; and it hands
+each finished canvas, with the logits that committed it, to `on_canvas` (answer logprobs).
 
 Left out, because dllm never passes them (gemma.py refuses or never sets them): a cache passed
 in (multi-turn reuse), compiled static caches (`cache_implementation` is None: a DynamicCache,
@@ -22,7 +23,7 @@ ends without preparing masks for a canvas that never comes (generate computes th
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import torch
 import torch.nn.functional as F
@@ -37,10 +38,13 @@ def denoise(
     sampler,
     stopping,
     streamer,
+    on_canvas: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> Generator[None, None, torch.Tensor]:
     """Decode (B, W) left-padded prompts; yields after every denoising step but the last, returns
     generate's (B, W + canvases * L) `sequences`. `config`: the resolved generation config,
-    `stopping`: the diffusion stopping rule (or None), `streamer`: takes generate's calls."""
+    `stopping`: the diffusion stopping rule (or None), `streamer`: takes generate's calls;
+    `on_canvas(canvas, logits)`: each finished (B, L) canvas before its stop-token padding,
+    with the (B, L, V) processed logits of the step that committed each row's canvas."""
     batch_size, cur_len = input_ids.shape
     max_length, max_new_tokens = model._prepare_generated_length(config, cur_len)
     canvases = math.ceil(max_new_tokens / model.config.canvas_length)
@@ -113,6 +117,8 @@ def denoise(
                 break
             if cur_step > 1:
                 yield  # the canvas goes on
+        if on_canvas is not None:  # a row the stopping rule froze kept its step's logits
+            on_canvas(argmax_canvas, self_conditioning)
         # 1.d-e the canvas joins the sequence; rows that met a stop token are padded after it
         input_ids = torch.cat([input_ids, argmax_canvas], dim=-1)
         input_ids, finished_sequences = model._finalize_canvas(
