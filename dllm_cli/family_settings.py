@@ -84,8 +84,6 @@ BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
 # scoring.py for likelihood scoring).
 GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
     {
-        "quantize": "transformers' own model runs it (dllm quantizes only its own model classes)",
-        "logprobs": "transformers' own sampler picks the tokens (no distribution reaches dllm)",
         "grammar": "transformers' own sampler picks the tokens (no frontier walk)",
         "scoring": "transformers' own generate scores no likelihood",
         "lengths": "its batch denoises whole canvases for one max_new_tokens (one engine each)",

@@ -5,7 +5,8 @@ watch the loop but not pause it. So this is the loop of `DiffusionGemmaGeneratio
 (transformers 5.24, models/diffusion_gemma/generation_diffusion_gemma.py, its steps 0.b-2)
 calling the model's own `_prepare_*`, encoder, `_denoising_step` and `_finalize_canvas` pieces
 and the streamer in the same order with the same arguments; only the control flow is dllm's
-(it suspends after each denoising step, so no worker thread is needed).
+(it suspends after each denoising step, so no worker thread is needed), and it hands each
+finished canvas, with the logits that committed it, to `on_canvas` (answer logprobs).
 
 Left out, because dllm never passes them (gemma.py): a cache passed in, compiled static caches,
 images, a caller's starting canvas or self-conditioning logits, caller-supplied processors and
@@ -15,7 +16,7 @@ stopping criteria, `tokens_per_forward`; nor are masks prepared for a canvas tha
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +31,13 @@ def denoise(
     sampler,
     stopping,
     streamer,
+    on_canvas: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> Generator[None, None, torch.Tensor]:
     """Decode (B, W) left-padded prompts; yields after every denoising step but the last, returns
     generate's (B, W + canvases * L) `sequences`. `config`: the resolved generation config,
-    `stopping`: the diffusion stopping rule (or None), `streamer`: takes generate's calls."""
+    `stopping`: the diffusion stopping rule (or None), `streamer`: takes generate's calls;
+    `on_canvas(canvas, logits)`: each finished (B, L) canvas before its stop-token padding,
+    with the (B, L, V) processed logits of the step that committed each row's canvas."""
     batch_size, cur_len = input_ids.shape
     max_length, max_new_tokens = model._prepare_generated_length(config, cur_len)
     canvases = math.ceil(max_new_tokens / model.config.canvas_length)
@@ -106,6 +110,8 @@ def denoise(
                 break
             if cur_step > 1:
                 yield  # the canvas goes on
+        if on_canvas is not None:  # a row the stopping rule froze kept its step's logits
+            on_canvas(argmax_canvas, self_conditioning)
         # 1.d-e the canvas joins the sequence; rows that met a stop token are padded after it
         input_ids = torch.cat([input_ids, argmax_canvas], dim=-1)
         input_ids, finished_sequences = model._finalize_canvas(

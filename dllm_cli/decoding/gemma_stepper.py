@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import torch
 
-from dllm_cli.decoding import gemma, gemma_loop
+from dllm_cli.decoding import gemma, gemma_loop, logprobs
 from dllm_cli.decoding import gemma_stream as gs
 from dllm_cli.decoding.events import StepEvent
 from dllm_cli.decoding.request import Request
@@ -62,6 +62,7 @@ class GemmaStepper:
         self.streamer: gs.EventStreamer | None = None
         self.outbox: list[StepEvent] = []
         self.batch_rows: list[int] = []  # live row -> its row in transformers' batch
+        self.requests: list[Request] = []  # live row -> its request (for its logprobs)
         self.first = 0  # the engine step the batch began
 
     # --- the Stepper protocol ----------------------------------------------------------------
@@ -89,8 +90,8 @@ class GemmaStepper:
         self.outbox = []
         self.streamer = gs.EventStreamer(plan, len(prompts), lambda: observer, self.outbox.append)
         self.steps_left = gemma_loop.denoise(self.model, ids, mask, config, sampler, observer,
-                                             self.streamer)  # fmt: skip
-        self.batch_rows, self.first = list(range(len(new))), at
+                                             self.streamer, self._record)  # fmt: skip
+        self.batch_rows, self.requests, self.first = list(range(len(new))), list(new), at
         return 0
 
     def plan(self, live: list[Request], at: int) -> int:
@@ -122,6 +123,7 @@ class GemmaStepper:
 
     def keep(self, live: list[Request], kept: list[int]) -> None:
         self.batch_rows = [self.batch_rows[i] for i in kept]
+        self.requests = [self.requests[i] for i in kept]
         if not kept:
             self._close()  # nobody waits for this batch any more
 
@@ -141,6 +143,22 @@ class GemmaStepper:
         marks = [self.first + ends[p // canvas] if p < len(answer) else -1 for p in range(g)]
         tokens = answer + [self.special.eos] * (g - len(answer))
         return torch.tensor(tokens), torch.tensor(marks)
+
+    def _record(self, canvas: torch.Tensor, logits: torch.Tensor) -> None:
+        """A finished (B, L) canvas's log-probabilities for the live rows that asked: each
+        token's under the step that committed it, the softmax its sampler draws from
+        (logprobs.py); nothing is computed when no row asked."""
+        asking = [i for i, r in enumerate(self.requests) if r.logprobs is not None]
+        if not asking:
+            return
+        rows = torch.tensor([self.batch_rows[i] for i in asking], device=canvas.device)
+        probs = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # (R, L, V)
+        start = len(self.streamer.canvas_step) * self.model.canvas_length  # this canvas's column
+        positions = torch.arange(start, start + canvas.shape[1], device=canvas.device)
+        positions = positions.expand(len(asking), -1)  # (R, L) answer columns
+        commit = positions < self.settings.gen_length  # the last canvas may reach past G
+        requests = [self.requests[i] for i in asking]
+        logprobs.write(requests, probs, commit, canvas[rows], positions)
 
     def _close(self) -> None:
         """Stop the decode where it is (nothing runs in the background)."""

@@ -259,7 +259,7 @@ def load_model(
     if shards is not None and own:
         raise SettingsError(f"--tensor-parallel does not support {family.name} models yet")
     if own:
-        return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides)
+        return load_diffusion_gemma(folder, raw, dev, torch_dtype, special_overrides, scheme)
     config, model_cls = config_from_json(raw, folder / "config.json", family)
     try:
         with meta_skeleton():
@@ -317,10 +317,16 @@ def add_stop_tokens(loaded: LoadedModel, names: list[str]) -> LoadedModel:
 
 
 def load_diffusion_gemma(
-    folder: Path, raw: dict, dev: torch.device, dtype: torch.dtype, overrides: dict | None
+    folder: Path,
+    raw: dict,
+    dev: torch.device,
+    dtype: torch.dtype,
+    overrides: dict | None,
+    scheme: quant.Scheme = quant.SCHEMES["none"],
 ) -> LoadedModel:
     """transformers' DiffusionGemma (models/diffusion_gemma.py), our tokenizer and special ids;
-    no mask role (uniform-state diffusion), the checkpoint's further stop tokens."""
+    no mask role (uniform-state diffusion), the checkpoint's further stop tokens; `scheme`
+    quantizes its linears after the read (as the other families')."""
     from dllm_cli.models import diffusion_gemma as dg
 
     quiet_transformers()
@@ -330,13 +336,15 @@ def load_diffusion_gemma(
         raise ModelLoadError(
             f"{folder / 'config.json'}: invalid {dg.FAMILY} config: {_one_line(e)}"
         ) from None
-    weight_files(folder)  # no weights at all: our one-line error before transformers'
+    files = weight_files(folder)  # no weights at all: our one-line error before transformers'
     try:
-        model = dg.load_weights(folder, config, dev, dtype)
+        model = dg.load_weights(folder, config, dev, quant.load_dtype(scheme, dtype, files))
     except ModelLoadError:
         raise
     except Exception as e:  # anything transformers raises for a damaged or mismatched folder
         raise ModelLoadError(f"cannot load weights from {folder}: {_one_line(e)}") from None
+    if scheme.bits:
+        dg.quantize(model, scheme, dtype)
     tokenizer = load_tokenizer(folder)
     text = config.text_config
     present = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}

@@ -210,6 +210,26 @@ def quantize_loaded(
         pass
 
 
+def quantize_linears(model: nn.Module, scheme: Scheme, keep: Callable[[str], bool]) -> int:
+    """Every nn.Linear of a model dllm did not build (transformers' DiffusionGemma) as the
+    scheme's layer, but those `keep(name)` holds and those tied to an embedding (kept float);
+    returns how many. No fused groups: each linear is quantized alone."""
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    targets = [
+        (name, child)
+        for name, child in model.named_modules()
+        if isinstance(child, nn.Linear) and id(child.weight) not in tied and not keep(name)
+    ]
+    for name, child in targets:  # refuse a group size before any layer changes
+        if scheme.group:
+            check_group(scheme.group, child.in_features, name)
+    for name, child in targets:
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, scheme.make(child.weight, child.bias))
+    model.quantized = scheme.name
+    return len(targets)
+
+
 def output_heads(model: DiffusionLM) -> list[nn.Linear]:
     """The linears outside the blocks that write one logit per vocabulary entry."""
     inside = {id(m) for block in model.blocks() for m in block.modules()}
