@@ -202,7 +202,12 @@ def quantize_loaded(
     quantize_model(model, scheme, make)
     model.to(dtype)
     refuse_float_groups(model)
-    try:  # hand the freed float weights back to the OS (glibc keeps freed heap pages otherwise)
+    release_freed_memory()
+
+
+def release_freed_memory() -> None:
+    """Hand the freed float weights back to the OS (glibc keeps freed heap pages otherwise)."""
+    try:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
