@@ -112,10 +112,13 @@ class LLaDABlock(nn.Module):
         )
 
     def forward(self, x, rope, *, cache, layer, columns, key_mask):
-        f = self.fusion if self.fusion is not None and self.fusion.intact() else None
+        f = self.fusion
+        f = f if f is not None and f.intact() else None
         # The norms' forward is called directly: nothing hooks them, and a module call
-        # costs its hook checks at every layer of every step.
-        n = self.attn_norm.forward(x)
+        # costs its hook checks at every layer of every step (and read from `_modules`: a
+        # Module.__getattr__ call per read, the price of a small op at d_model 64).
+        norms = self._modules
+        n = norms["attn_norm"].forward(x)
         if f is not None:
             qkv = f.qkv(n)  # (B, T, (H + 2 H_kv) D)
         else:
@@ -123,7 +126,7 @@ class LLaDABlock(nn.Module):
         fp = self.full_precision_rope
         a = attend_qkv(qkv, self.n_heads, self.n_kv, rope, fp, cache, layer, columns, key_mask)
         x = residual(x, f.out(a) if f is not None else self.attn_out(a))
-        n = self.ff_norm.forward(x)
+        n = norms["ff_norm"].forward(x)
         if f is not None:
             gate, up = f.gate_up(n).chunk(2, dim=-1)
             return residual(x, f.down(swiglu(gate, up)))
@@ -157,18 +160,25 @@ class LLaDAModelLM(DiffusionLM):
         self.post_init()
 
     def embed(self, input_ids):
-        h = self.model.transformer.wte.forward(input_ids)  # (no hooks: as the norms)
+        h = self.parts()["wte"].forward(input_ids)  # (no hooks: as the norms)
         if self.config.input_emb_norm:
             h = h * (self.config.d_model**0.5)
         return h
 
+    def parts(self) -> dict[str, nn.Module]:
+        """The transformer's submodules by name (read each step: dict reads, not getattrs)."""
+        return self._modules["model"]._modules["transformer"]._modules
+
     def blocks(self):
-        return self.model.transformer.blocks
+        return self.parts()["blocks"]
 
     def head(self, h):
-        t = self.model.transformer
-        h = t.ln_f.forward(h)
-        logits = F.linear(h, t.wte.weight) if self.config.weight_tying else t.ff_out.forward(h)
+        t = self.parts()
+        h = t["ln_f"].forward(h)
+        if self.config.weight_tying:
+            logits = F.linear(h, t["wte"].weight)
+        else:
+            logits = t["ff_out"].forward(h)
         if self.config.scale_logits:
             logits = logits * (1.0 / self.config.d_model**0.5)
         return logits
