@@ -127,7 +127,7 @@ class Runtime:
 
     def static_reason(self) -> str | None:
         """Why continuous batching falls back to static batches here (None: it does not)."""
-        return static_reason(self.loaded.model, guided=self.guide is not None)
+        return static_reason(self.loaded.model)
 
     def text(self, tokens: list[int]) -> str:
         """Answer text: cut at the first stop token, special tokens removed."""

@@ -126,13 +126,12 @@ def test_sampling_answers_every_prompt_once():
 
 def test_gemma_decodes_and_committers_without_admit_are_left_to_static_batches():
     loaded = tiny("llada")
-    assert static_reason(loaded.model, guided=False) is None
-    assert static_reason(loaded.model, guided=True) is None  # the guide's cache takes rows
+    assert static_reason(loaded.model) is None  # (guided too: the guide's cache takes rows)
 
     class Gemma(torch.nn.Module):
         family = "diffusion_gemma"
 
-    assert "DiffusionGemma" in static_reason(Gemma(), guided=False)
+    assert "DiffusionGemma" in static_reason(Gemma())
 
     class Verifier(Committer):
         joins = False  # a committer with one state per batch (no `admit` hook)

@@ -65,7 +65,7 @@ def cat_canvases(a: Canvas, b: Canvas) -> Canvas:
     return Canvas(*parts, a.prompt_width, a.mask_id)
 
 
-def static_reason(model, guided: bool = False) -> str | None:
-    """Why a decode must run as static batches (None: continuous batching serves it): the family
-    says (DiffusionGemma); `guided` never does (the guide's cache takes rows as they come)."""
+def static_reason(model) -> str | None:
+    """Why a decode must run as static batches (None: continuous batching serves it): only the
+    family says (DiffusionGemma); guidance never does (the guide's cache takes rows as they come)."""
     return batching_reason(family_of_model(model))

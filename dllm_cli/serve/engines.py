@@ -107,7 +107,7 @@ def build(runtime: Runtime, group: Group, slots: int) -> Pool:
 
         committer = runtime_committer(runtime, guided=group.guided)
     model, special = runtime.loaded.model, runtime.loaded.special
-    whole = group.settings.batching == "static" or static_reason(model, group.guided)
+    whole = group.settings.batching == "static" or static_reason(model)
     admission = "static" if whole else "continuous"
     engine = open_engine(
         model, special, group.settings, committer, slots=slots, admission=admission
