@@ -85,12 +85,15 @@ class QwenLayer(nn.Module):
                 mlp.fuse()
 
     def forward(self, x, rope, **kw):
-        x = residual(x, self.self_attn(self.input_layernorm(x), rope, **kw))
-        return residual(x, self.feed_forward(self.post_attention_layernorm(x)))
+        # Submodules read from `_modules` and their forward called directly (nothing hooks
+        # them): no Module.__getattr__ or hook check per call, as LLaDA's block does.
+        m = self._modules
+        x = residual(x, m["self_attn"].forward(m["input_layernorm"].forward(x), rope, **kw))
+        return residual(x, self.feed_forward(m["post_attention_layernorm"].forward(x)))
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         """The mlp plus the shared expert (the hook expert parallelism sums over ranks)."""
-        out = self.mlp(h)
+        out = self._modules["mlp"].forward(h)
         return out if self.shared_expert is None else out + self.shared_expert(h)
 
 
