@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dllm_cli.cache import KVCache
-from dllm_cli.models.block import block_causal
+from dllm_cli.models.block import block_key_mask
 from dllm_cli.models.collectives import Shards
 from dllm_cli.models.loading import load_model
 
@@ -38,7 +38,7 @@ def forward(folder: str, shards: Shards) -> dict:
     ids = torch.randint(1, 60, (2, 12), generator=torch.Generator().manual_seed(0))  # (B, T)
     seen = {}
     with torch.no_grad():
-        keys = block_causal(12, 4).expand(2, 12, 12)  # (B, T, T)
+        keys = block_key_mask(12, 4).expand(2, 12, 12)  # (B, T, T)
         cache = KVCache.for_model(split, 2, 12)
         mine = split(ids, None, cache, keys)  # (B, T, own vocabulary)
         expected = whole(ids, None, KVCache.for_model(whole, 2, 12), keys)

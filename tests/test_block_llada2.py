@@ -15,7 +15,7 @@ from block_reference import llada2_forward, llada20_generate, llada21_generate
 from dllm_cli.decoding import decode, decode_steps
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import SettingsError
-from dllm_cli.models.block import block_causal
+from dllm_cli.models.block import block_key_mask
 from dllm_cli.models.loading import load_model
 from dllm_cli.settings import DecodeSettings
 
@@ -57,7 +57,7 @@ def test_every_tensor_loads_by_its_name(llada2, loaded):
 
 def test_forward_matches_the_transcribed_modeling(llada2, loaded):
     ids = torch.tensor(PROMPTS[1] + PROMPTS[0][:4])
-    mask = block_causal(len(ids), 4)
+    mask = block_key_mask(len(ids), 4)
     want = llada2_forward(llada2.tensors, llada2.config, ids, mask)
     with torch.inference_mode():
         got = loaded.model(ids[None], None, key_mask=mask[None])

@@ -14,7 +14,7 @@ from block_reference import sdar_forward, sdar_generate
 from dllm_cli.decoding import decode
 from dllm_cli.decoding.run import open_engine
 from dllm_cli.errors import SettingsError
-from dllm_cli.models.block import block_causal
+from dllm_cli.models.block import block_key_mask
 from dllm_cli.models.loading import load_model
 from dllm_cli.settings import DecodeSettings
 
@@ -59,7 +59,7 @@ def test_every_tensor_loads_by_its_name(sdar, loaded):
 
 def test_forward_matches_the_transcribed_modeling(sdar, loaded):
     ids = torch.tensor(PROMPTS[1] + PROMPTS[0][:4])
-    mask = block_causal(len(ids), 4)
+    mask = block_key_mask(len(ids), 4)
     want = sdar_forward(sdar.tensors, sdar.config, ids, torch.arange(len(ids)), mask, [], False)
     with torch.inference_mode():
         got = loaded.model(ids[None], None, key_mask=mask[None])

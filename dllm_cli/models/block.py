@@ -15,7 +15,7 @@ from dllm_cli.models.base import DiffusionLM
 from dllm_cli.models.layers import apply_rope
 
 
-def block_causal(length: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def block_key_mask(length: int, block: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """(T, T) bool: query column i may see key column j when j's block is not after i's."""
     columns = torch.arange(length, device=device)
     return block_keys(columns[None], torch.tensor([length], device=device), block, length)[0]
