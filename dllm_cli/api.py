@@ -155,11 +155,11 @@ class LLM:
         return open_engine(model, special, rt.settings, committer, slots=slots, admission=admission)
 
     def _split(self, settings: dict[str, object]) -> tuple[dict, dict]:
-        """(the call's per-request values, the rest); a family that takes no length per request
-        (the family table's `lengths`: DiffusionGemma) decodes the call's gen_length as its own."""
+        """(the call's per-request values, the rest); a family whose batch samples with one
+        config (DiffusionGemma) builds the call's engine with them, its length per request."""
         own, rest = split(settings)
-        if "lengths" in FAMILIES[self.runtime.loaded.family].cannot and "gen_length" in own:
-            rest["gen_length"] = own.pop("gen_length")
+        if not FAMILIES[self.runtime.loaded.family].per_request_sampling:
+            rest |= {k: own.pop(k) for k in [*own] if k != "gen_length"}
         return own, rest
 
     def _runtime(self, settings: dict[str, object]) -> Runtime:

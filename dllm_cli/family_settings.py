@@ -86,7 +86,6 @@ GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
     {
         "grammar": "transformers' own sampler picks the tokens (no frontier walk)",
         "scoring": "transformers' own generate scores no likelihood",
-        "lengths": "its batch denoises whole canvases for one max_new_tokens (one engine each)",
     }
 )
 BLOCK_CANNOT: Mapping[str, str] = MappingProxyType(

@@ -47,11 +47,11 @@ def test_what_a_stepper_shares_over_its_batch_is_refused_by_name(gemma):
     for given, name in (
         ({"seed": 3}, "seed"),
         ({"stop": [5]}, "stop ids"),
-        ({"gen_length": 8}, "gen_length"),
     ):
         with pytest.raises(SettingsError, match=f"^{name} per request: not supported by Diff"):
             engine.add(ids, sampling=given)
     assert engine.add(ids, sampling={"seed": 0}) == 0  # the engine's own value is no change
+    assert engine.add(ids, sampling={"gen_length": 8}) == 1  # a length is each row's own
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,10 @@ one row per families.py family (and LLaDA2.1's editing) on its tiny random folde
 from __future__ import annotations
 
 import json
+import re
+import threading
 
+import httpx
 import openai
 import pytest
 from cli_fixtures import invoke, isolated_fixture  # noqa: F401
@@ -117,6 +120,26 @@ def test_serve_runs_a_feature_or_refuses_it_by_the_family_table(row, client, fea
     assert why is None and check(reply), reply
 
 
+def test_serve_decodes_requests_of_other_max_tokens_on_one_engine(client):
+    """Two concurrent requests differing only in max_tokens: each answer as it is alone, and
+    the server built one engine for both (its slots gauge counts one engine's 2 slots)."""
+    model, lengths, together = served(client), (GEN // 2, GEN), {}
+
+    def ask(tokens: int) -> tuple[str, int]:
+        reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=tokens)
+        return reply.choices[0].message.content, reply.usage.completion_tokens
+
+    threads = [threading.Thread(target=lambda n=n: together.update({n: ask(n)})) for n in lengths]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert [together[n] for n in lengths] == [ask(n) for n in lengths]
+    assert together[GEN // 2][1] <= GEN // 2
+    metrics = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics").text
+    assert re.search(r"^dllm_slots 2(\.0)?$", metrics, re.M), metrics
+
+
 @pytest.fixture(scope="module", name="llm")
 def llm_fixture(row, folder) -> LLM:
     return LLM(model=str(folder), gen_length=GEN, **row.settings)
@@ -136,6 +159,10 @@ def test_python_api_generates_the_cli_answers_and_streams_them(row, folder, llm)
     (shorter,) = llm.generate([PROMPTS[0]], gen_length=half)
     assert shorter.token_ids == json.loads(result.stdout)["token_ids"], result.output
     assert "".join(llm.stream(PROMPTS[0], gen_length=half)) == shorter.text
+    seeded = [*model_args(row, folder), "--seed", "3"]  # per call (DiffusionGemma: the call's
+    result = invoke("generate", PROMPTS[0], *seeded, "--json")  # engine is seeded with it)
+    (seed,) = llm.generate([PROMPTS[0]], seed=3)
+    assert seed.token_ids == json.loads(result.stdout)["token_ids"], result.output
 
 
 def test_python_api_scores_or_refuses_scoring_by_the_family_table(row, llm):

@@ -218,3 +218,35 @@ def test_a_failing_step_drops_its_batch(gemma, monkeypatch):
     while engine.has_work:
         answers += engine.step().finished
     assert [f.id for f in answers] == [second] and engine.progress(first) == []
+
+
+@pytest.mark.parametrize("knobs", [{}, SETTLING], ids=["card-settings", "settling"])
+def test_rows_of_their_own_lengths_share_a_batch_each_as_alone(gemma, knobs):
+    """Requests with their own gen_length (one canvas, part of one, three) decode in one batch:
+    each answer and its logprobs are the request's alone, and a shorter one comes when its own
+    last canvas ends, before the batch does."""
+    s = gemma_settings(gen_length=40, steps=4, **knobs)
+    lengths = (CANVAS, CANVAS + 5, 3 * CANVAS)
+    engine = open_engine(gemma.model, gemma.special, s, slots=3, admission="static")
+    ids = [
+        engine.add(encode(gemma, t), sampling={"gen_length": g}, logprobs=2)
+        for t, g in zip(TEXTS[:3], lengths, strict=True)
+    ]
+    done, at = {}, {}
+    while engine.has_work:
+        out = engine.step()
+        for f in out.finished:
+            done[f.id], at[f.id] = f, out.step
+    for rid, text, g in zip(ids, TEXTS[:3], lengths, strict=True):
+        alone = open_engine(gemma.model, gemma.special, dataclasses.replace(s, gen_length=g))
+        alone.add(encode(gemma, text), logprobs=2)
+        want = []
+        while alone.has_work:
+            want += alone.step().finished
+        got, (want,) = done[rid], want
+        assert got.tokens == want.tokens and len(want.tokens) == g
+        (mine, my_top, _), (theirs, their_top, _) = got.token_logprobs(2), want.token_logprobs(2)
+        assert (
+            mine == pytest.approx(theirs, rel=1e-4) and my_top == their_top
+        )  # padding: float bits
+    assert at[ids[0]] < at[ids[1]] < at[ids[2]]

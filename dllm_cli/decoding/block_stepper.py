@@ -69,7 +69,6 @@ class BlockStepper:
         self.rule = block_rules.check_block_settings(settings, family)
         self.family, self.rules = family, {settings.gen_length: self.rule}  # by gen_length
         self.settings, self.model, self.special, self.slots = settings, model, special, slots
-        self.answer_room = settings.gen_length
         self.vocabulary = model.get_input_embeddings().num_embeddings
         self.cached = settings.cache == "prefix"
         self.device = next(model.parameters()).device
@@ -88,6 +87,10 @@ class BlockStepper:
         self.forwards = 0  # forwards so far, prefills included (for the events)
 
     # --- the Stepper protocol ----------------------------------------------------------------
+    def room(self, gen_length: int) -> int:
+        """Context positions an answer of gen_length takes."""
+        return gen_length
+
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
         """New rows (their prompts' whole blocks prefilled into the cache)."""
         fresh = [self._row(r) for r in new]

@@ -123,8 +123,7 @@ class Engine(RequestQueue):
 
     def check_prompts(self, prompts: list[list[int]], gen_length: int | None = None) -> None:
         """Refuse prompts that cannot decode (answers of `gen_length`; None: the engine's)."""
-        own = gen_length not in (None, self.settings.gen_length)
-        room = gen_length if own else self.stepper.answer_room  # (DiffusionGemma: whole canvases)
+        room = self.stepper.room(gen_length or self.settings.gen_length)
         check_prompts(prompts, room, self.model.context_length)
         check_token_ids(prompts, self.stepper.vocabulary)
 

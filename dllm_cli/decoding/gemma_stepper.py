@@ -1,16 +1,17 @@
 """The DiffusionGemma stepper: transformers' own denoising loop, one step per engine step.
 
 transformers' sampler decodes a whole batch with one generation config, so this stepper takes
-static batches only (`whole_batches`) and no per-request sampling (`batch_wide`). Placing a
-batch starts its decode (gemma_loop.denoise with gemma_stream's sampler, observer and
-streamer); a row's answer is final on the step its last canvas is, not when the batch ends.
+static batches only (`whole_batches`) and no per-request sampling (`batch_wide`), but each row
+its own length: the batch denoises the longest row's canvases, and a row's answer is final on
+the step its own last canvas is (cut at its length), not when the batch ends. Placing a batch
+starts its decode (gemma_loop.denoise with gemma_stream's sampler, observer and streamer).
 Rows that leave stay in transformers' batch; when none is left the decode is closed.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 import torch
@@ -22,7 +23,6 @@ from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
-from dllm_cli.family_settings import GEMMA_CANNOT
 from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.settings import DecodeSettings
 
@@ -34,8 +34,7 @@ class GemmaStepper:
 
     whole_batches = True
     batch_wide: Mapping[str, str] = MappingProxyType(
-        dict.fromkeys((*SAMPLING_FIELDS, "stop"), _ONE_CONFIG)
-        | {"gen_length": GEMMA_CANNOT["lengths"]}
+        dict.fromkeys((*(f for f in SAMPLING_FIELDS if f != "gen_length"), "stop"), _ONE_CONFIG)
     )
     who = "DiffusionGemma"
     canvas = None
@@ -55,7 +54,6 @@ class GemmaStepper:
             raise SettingsError(f"a guide model does not apply to {self.who}: it samples itself")
         self.model, self.special = model, special
         self.settings = gemma.check_settings(settings.validate(), model.canvas_length)
-        self.answer_room = gemma.denoised_length(self.settings.gen_length, model.canvas_length)
         self.vocabulary = model.config.text_config.vocab_size
         self.device = next(model.parameters()).device
         self.steps_left = None  # the running decode (a suspended gemma_loop.denoise)
@@ -63,13 +61,21 @@ class GemmaStepper:
         self.outbox: list[StepEvent] = []
         self.batch_rows: list[int] = []  # live row -> its row in transformers' batch
         self.requests: list[Request] = []  # live row -> its request (for its logprobs)
+        self.lengths: list[int] = []  # batch row -> its answer length
         self.first = 0  # the engine step the batch began
 
     # --- the Stepper protocol ----------------------------------------------------------------
+    def room(self, gen_length: int) -> int:
+        """Context positions an answer of gen_length takes: whole canvases."""
+        return gemma.denoised_length(gen_length, self.model.canvas_length)
+
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
-        """The batch's decode starts: left-padded prompts, one generator per row."""
+        """The batch's decode starts: left-padded prompts, one generator per row, as many
+        canvases as the longest answer takes."""
         self._close()
-        s, special, canvas = self.settings, self.special, self.model.canvas_length
+        self.lengths = [r.sampling.gen_length for r in new]
+        s = replace(self.settings, gen_length=max(self.lengths))
+        special, canvas = self.special, self.model.canvas_length
         prompts = [r.prompt for r in new]
         width = max(map(len, prompts))
         ids = torch.tensor([[special.pad] * (width - len(p)) + p for p in prompts])
@@ -81,7 +87,7 @@ class GemmaStepper:
         )
         generators = [torch.Generator(device=self.device).manual_seed(s.seed) for _ in prompts]
         stop = frozenset(special.stop) if s.early_stop else frozenset()
-        plan = gs.CanvasPlan(canvas, s.gen_length, stop, math.ceil(s.gen_length / canvas))
+        plan = gs.CanvasPlan(canvas, tuple(self.lengths), stop)
         rule = self.model._prepare_diffusion_stopping_criteria(config)
         observer = None if rule is None else gs.StopObserver(rule)
         frozen = lambda: None if observer is None else observer.finished  # noqa: E731
@@ -117,7 +123,10 @@ class GemmaStepper:
         final = [rows[b] for b in event.finished if b in rows]
         out = Commit(forwards=1, event=lambda _: event)
         if final:
-            answers, marks = zip(*(self._answer(self.batch_rows[i]) for i in final), strict=True)
+            width = max(self.lengths[self.batch_rows[i]] for i in final)  # (R, G): G the longest
+            answers, marks = zip(
+                *(self._answer(self.batch_rows[i], width) for i in final), strict=True
+            )
             out.final, out.answers, out.marks = final, torch.stack(answers), torch.stack(marks)
         return out
 
@@ -135,13 +144,14 @@ class GemmaStepper:
         return list(self.streamer.answers[self.batch_rows[i]])
 
     # --- the decode --------------------------------------------------------------------------
-    def _answer(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch row b's committed canvases (EOS after a stop) and each column's last step."""
-        g, canvas = self.settings.gen_length, self.model.canvas_length
-        answer = self.streamer.answers[b][:g]
+    def _answer(self, b: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch row b's committed canvases (EOS after a stop, and on to `width` columns) and
+        each column's last step."""
+        canvas = self.model.canvas_length
+        answer = self.streamer.answers[b][: self.lengths[b]]
         ends = self.streamer.canvas_step  # per finished canvas: its last step
-        marks = [self.first + ends[p // canvas] if p < len(answer) else -1 for p in range(g)]
-        tokens = answer + [self.special.eos] * (g - len(answer))
+        marks = [self.first + ends[p // canvas] if p < len(answer) else -1 for p in range(width)]
+        tokens = answer + [self.special.eos] * (width - len(answer))
         return torch.tensor(tokens), torch.tensor(marks)
 
     def _record(self, canvas: torch.Tensor, logits: torch.Tensor) -> None:
@@ -156,7 +166,8 @@ class GemmaStepper:
         start = len(self.streamer.canvas_step) * self.model.canvas_length  # this canvas's column
         positions = torch.arange(start, start + canvas.shape[1], device=canvas.device)
         positions = positions.expand(len(asking), -1)  # (R, L) answer columns
-        commit = positions < self.settings.gen_length  # the last canvas may reach past G
+        lengths = torch.tensor([self.lengths[self.batch_rows[i]] for i in asking])
+        commit = positions < lengths.to(canvas.device)[:, None]  # a last canvas may reach past G
         requests = [self.requests[i] for i in asking]
         logprobs.write(requests, probs, commit, canvas[rows], positions)
 

@@ -95,9 +95,17 @@ class CanvasPlan:
     """Where each canvas sits in the answer, and what ends a row."""
 
     canvas: int  # canvas length L
-    gen_length: int  # answer positions G (the last canvas may reach past G)
+    lengths: tuple[int, ...]  # per row its answer positions G (its last canvas may reach past G)
     stop: frozenset[int]  # stop tokens; empty when early stop is off
-    canvases: int  # ceil(G / L)
+
+    @property
+    def gen_length(self) -> int:
+        """The longest row's G: the batch denoises ceil(G / L) canvases."""
+        return max(self.lengths)
+
+    def last(self, row: int, canvas: int) -> bool:
+        """Canvas `canvas` (0-based) is row's last: ceil(G_row / L) canvases hold its answer."""
+        return (canvas + 1) * self.canvas >= self.lengths[row]
 
 
 class EventStreamer:
@@ -159,9 +167,9 @@ class EventStreamer:
         fresh = self.previous is None  # (B, L) changed: against the random start, everything
         changed = torch.ones_like(draft, dtype=torch.bool) if fresh else draft != self.previous
         start, end = self._span()
-        width = end - start
         drafts = []
         for r in range(self.rows):
+            width = min(end, self.plan.lengths[r]) - start  # the row's columns of this canvas
             cols = [] if r in self.done else changed[r, :width].nonzero().flatten().tolist()
             if cols:
                 conf = confidence[r, cols].tolist() if confidence is not None else [1.0] * len(cols)
@@ -190,14 +198,15 @@ class EventStreamer:
     def _finish_canvas(self, canvas: torch.Tensor):
         """The final tokens of live rows (up to and including a stop token), and who finished."""
         start, end = self._span()
-        last = len(self.canvas_step) + 1 == self.plan.canvases
+        c = len(self.canvas_step)
         observed = self.observer()
         conf = observed.confidence if observed else None
         commits, finished = [], []
         for r in range(self.rows):
             if r in self.done:
                 continue
-            tokens = canvas[r, : end - start].tolist()
+            last = self.plan.last(r, c)
+            tokens = canvas[r, : min(end, self.plan.lengths[r]) - start].tolist()
             cut = answer_length(tokens, self.plan.stop)  # through its first stop token
             scores = conf[r, :cut].tolist() if conf is not None else [1.0] * cut
             commits.append(RowCommit(r, tuple(range(start, start + cut)), tuple(tokens[:cut]),

@@ -57,7 +57,6 @@ class MaskedStepper:
     ):
         self.settings, self.model, self.special = settings, model, special
         self.admission, self.slots, self.quantum = admission, slots, quantum or admission.quantum
-        self.answer_room = settings.gen_length  # the engine's; a request brings its own
         self.vocabulary = model.get_input_embeddings().num_embeddings
         family = family_of(model)
         self.committer = committer or RuleCommitter(settings, family.schedule)
@@ -104,6 +103,10 @@ class MaskedStepper:
         self.forwards = self.guide_forwards = 0  # totals so far, for the events
 
     # --- the Stepper protocol ----------------------------------------------------------------
+    def room(self, gen_length: int) -> int:
+        """Context positions an answer of gen_length takes."""
+        return gen_length
+
     def place(self, live: list[Request], new: list[Request], order: list[int], at: int) -> int:
         """New rows into the canvas (allocated, or widened for a longer prompt) and the cache."""
         prompts, lengths = [r.prompt for r in new], [r.sampling.gen_length for r in new]
@@ -197,7 +200,9 @@ class MaskedStepper:
     def _answer_for(self, longest: int) -> int:
         """Answer columns for a gen_length of `longest`: rounded up as the prompt width is (so
         the canvas grows at most once per quantum), not past the engine's own gen_length."""
-        return max(longest, min(-(-longest // self.quantum) * self.quantum, self.answer_room))
+        return max(
+            longest, min(-(-longest // self.quantum) * self.quantum, self.settings.gen_length)
+        )
 
     def _blocks(self, gen_length: int) -> tuple:
         """A row's blocks for its own gen_length (steps split as its own settings split them)."""

@@ -54,12 +54,14 @@ class Stepper(Protocol):
     """One decoding kind under the engine; the traits below are declared, never probed."""
 
     settings: DecodeSettings  # resolved (DiffusionGemma: block_length = its canvas)
-    answer_room: int  # context positions an answer takes (whole canvases for DiffusionGemma)
     vocabulary: int  # token ids a prompt may hold
     whole_batches: bool  # admits only static batches, whatever the engine's admission
     batch_wide: Mapping[str, str]  # Sampling field -> why a request cannot set its own
     who: str  # names the decoder in refusals
     canvas: Any  # the live rows' shared canvas (masked), else None
+
+    def room(self, gen_length: int) -> int:
+        """Context positions an answer of gen_length takes (DiffusionGemma: whole canvases)."""
 
     def place(self, live: list[Request], new: list[Request], order: list[int], step: int) -> int:
         """New requests (slots given) join the live rows; `order` sorts `live + new` into the

@@ -6,7 +6,7 @@ to `Engine.add`, each row decoding its own length and sampling with its own valu
 generator) and whether the guide verifies drafts. Two requests share an engine, and so a
 batch, when every engine and schedule setting is equal; each answer is still what `dllm
 generate` gives that request alone. DiffusionGemma decodes a static batch with one generation
-config, so there its sampling and length stay part of the group.
+config, so there its sampling stays part of the group (its length goes with each request).
 Every group refills a finished request's slot on the next step (continuous admission, guided
 decoding included), except where the model cannot (DiffusionGemma: whole batches).
 """
@@ -54,12 +54,12 @@ ENGINE_SAMPLING = {f.name: f.default for f in fields(DecodeSettings) if f.name i
 
 
 def group_of(job: Job, per_request: bool = True, gen_length: int | None = None) -> Group:
-    """The engine a job decodes on: sampling and length are per request unless the family
-    cannot. `gen_length`: the engine's own (the server's --gen-length: its canvas is sized for
+    """The engine a job decodes on: sampling is per request unless the family cannot, length
+    always. `gen_length`: the engine's own (the server's --gen-length: its canvas is sized for
     it, longer requests widen it)."""
-    if not per_request:
-        return Group(job.settings, job.guide, job.grammar is not None)
-    own = ENGINE_SAMPLING if gen_length is None else {**ENGINE_SAMPLING, "gen_length": gen_length}
+    own = dict(ENGINE_SAMPLING) if per_request else {"gen_length": ENGINE_SAMPLING["gen_length"]}
+    if gen_length is not None:
+        own["gen_length"] = gen_length
     return Group(replace(job.settings, **own), job.guide, job.grammar is not None)
 
 
