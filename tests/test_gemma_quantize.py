@@ -32,7 +32,8 @@ def quantized_fixture(request, gemma_ckpt):
 
 def linears(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     kinds = (torch.nn.Linear, Int8Linear, Int4Linear)
-    return {name: m for name, m in model.named_modules() if isinstance(m, kinds)}
+    every = model.named_modules(remove_duplicate=False)  # the decoder's names too
+    return {name: m for name, m in every if isinstance(m, kinds)}
 
 
 def test_every_linear_is_dllms_layer_of_the_same_weight_but_the_named_float_ones(gemma, quantized):
@@ -74,3 +75,21 @@ def test_the_quantized_model_decodes_deterministically_and_rows_equal_single_run
         assert batch == singles
     assert decode(loaded.model, loaded.special, prompts, s).tokens == batch
     assert batch != decode(gemma.model, gemma.special, prompts, s).tokens  # the weights changed
+
+
+def test_linears_the_encoder_and_decoder_share_stay_one_quantized_layer(gemma, quantized):
+    """transformers ties the decoder's layers to the encoder's: each shared float weight
+    becomes one quantized layer under both names (not two copies of its integers)."""
+    _, loaded = quantized
+    floats, ours = linears(gemma.model), linears(loaded.model)
+    by_weight: dict[int, list[str]] = {}
+    for name, layer in floats.items():
+        by_weight.setdefault(id(layer.weight), []).append(name)
+    shared = [names for names in by_weight.values() if len(names) > 1]
+    assert any("decoder.layers.0.self_attn" in n for names in shared for n in names)
+    for names in shared:
+        first = ours[names[0]]
+        if type(first) is torch.nn.Linear:  # kept float: one Parameter, as transformers ties it
+            assert all(ours[n].weight is first.weight for n in names), names
+            continue
+        assert all(ours[n] is first for n in names), names

@@ -218,7 +218,8 @@ def release_freed_memory() -> None:
 def quantize_linears(model: nn.Module, scheme: Scheme, keep: Callable[[str], bool]) -> int:
     """Every nn.Linear of a model dllm did not build (transformers' DiffusionGemma) as the
     scheme's layer, but those `keep(name)` holds and those tied to an embedding (kept float);
-    returns how many. No fused groups: each linear is quantized alone."""
+    returns how many. No fused groups: each linear is quantized alone, and linears that share
+    one weight (DiffusionGemma's encoder and decoder) share one quantized layer."""
     tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     targets = [
         (name, child)
@@ -228,9 +229,14 @@ def quantize_linears(model: nn.Module, scheme: Scheme, keep: Callable[[str], boo
     for name, child in targets:  # refuse a group size before any layer changes
         if scheme.group:
             check_group(scheme.group, child.in_features, name)
+    made: dict[tuple[int, int], nn.Module] = {}  # ids of a float weight and bias -> its layer
     for name, child in targets:
+        key = (id(child.weight), id(child.bias))
+        layer = made.get(key)
+        if layer is None:
+            layer = made[key] = scheme.make(child.weight, child.bias)
         parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent), attr, scheme.make(child.weight, child.bias))
+        setattr(model.get_submodule(parent), attr, layer)
     model.quantized = scheme.name
     return len(targets)
 
