@@ -43,3 +43,31 @@ def read_config_json(folder: Path) -> dict:
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{cfg_file} is not a JSON object")
     return raw
+
+
+HEADER_LIMIT = 100 * 2**20  # a safetensors header past this is not one (a damaged file)
+
+
+def stored_shapes(folder: Path) -> dict[str, list[int]]:
+    """Each stored tensor's shape from the folder's safetensors headers (an 8-byte length, then
+    JSON; no torch): the index's shards, else model.safetensors. ModelLoadError if unreadable."""
+    index = folder / "model.safetensors.index.json"
+    try:
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except FileNotFoundError:
+        names = ["model.safetensors"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ModelLoadError(f"{index}: no readable weight_map ({e})") from None
+    shapes: dict[str, list[int]] = {}
+    for name in names:
+        path = folder / name
+        try:
+            with path.open("rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                if not 0 < size <= HEADER_LIMIT:
+                    raise ValueError(f"a header of {size} bytes")
+                header = json.loads(f.read(size))
+            shapes |= {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"{path}: no readable safetensors header ({e})") from None
+    return shapes

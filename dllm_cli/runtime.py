@@ -225,7 +225,8 @@ def check_fit(prof: Profile, device: str, slots: int) -> None:
     dtype = str(resolve_dtype(prof.model.dtype, dev)).removeprefix("torch.")
     where = f"cuda:{dev.index or 0}" if dev.type == "cuda" else dev.type
     decode, name = prof.decode.gen_length, prof.name if prof.source else folder.name
-    fit.check(raw, family.name, where, dtype, prof.model.quantize, slots, decode, name=name)
+    quantize = prof.model.quantize
+    fit.check(raw, family.name, where, dtype, quantize, slots, decode, name=name, folder=folder)
 
 
 def open_runtime(

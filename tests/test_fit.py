@@ -21,7 +21,7 @@ import torch
 from cli_fixtures import invoke
 from torch import nn
 
-from dllm_cli import fit
+from dllm_cli import fit, fit_sizes
 from dllm_cli.families import family_for_config
 from dllm_cli.models import quantize as q
 from dllm_cli.models.loading import config_from_json
@@ -189,9 +189,44 @@ WRITERS = {
 @pytest.mark.parametrize("family", list(WRITERS))
 def test_every_sized_family_counts_the_tensors_a_checkpoint_holds(family, tmp_path):
     """Each reader against the tensors of a real checkpoint folder of that family (tiny)."""
-    assert set(WRITERS) == set(fit.READERS)
+    assert {*WRITERS, "diffusion_gemma"} == set(fit_sizes.READERS)  # (its own test below)
     written = WRITERS[family](tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     assert family_for_config(raw, tmp_path).name == family
     on_disk = sum(t.numel() for t in written.tensors.values())
     assert fit.parameters(fit.read_arch(raw, family)) == on_disk
+
+
+def test_diffusion_gemma_is_counted_from_its_headers_as_it_loads(tmp_path):
+    """DiffusionGemma's weights, from its safetensors headers, are the loaded model's stored
+    tensors at each quantization (the encoder and decoder share them, and a linear of both
+    stays one quantized layer); its KV count is what transformers' cache holds once the
+    encoder has read a prompt longer than the sliding window."""
+    from gemma_checkpoint import write_gemma
+
+    from dllm_cli.models.loading import load_model
+
+    folder = write_gemma(tmp_path / "g").folder
+    raw = json.loads((folder / "config.json").read_text())
+    arch = fit.read_arch(raw, family_for_config(raw, folder).name, folder)
+    assert fit.read_arch(raw, "diffusion_gemma") is None  # no folder, no headers: not sized
+    for quantize in ("none", "int8", "int4"):
+        model = load_model(folder, device="cpu", dtype="float32", quantize=quantize).model
+        stored = model.state_dict(keep_vars=True).values()
+        unique = {t.untyped_storage().data_ptr(): t for t in stored}
+        held = sum(t.numel() * t.element_size() for t in unique.values())
+        assert fit.weight_bytes(arch, "float32", quantize) == held, quantize
+    prompt = 3 * raw["text_config"]["sliding_window"]
+    cache = model._prepare_cache_for_generation(
+        generation_config=model.generation_config, batch_size=2, max_length=prompt
+    )
+    ids = torch.randint(5, 100, (2, prompt))
+    with torch.no_grad():
+        model.model.encoder(
+            input_ids=ids, attention_mask=torch.ones_like(ids, dtype=torch.bool), cache=cache,
+            position_ids=torch.arange(prompt)[None],
+        )  # fmt: skip
+    kept = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    held = sum(t.numel() * t.element_size() for t in kept)
+    assert fit.kv_bytes(arch, 2, prompt, "float32") == held
+    assert not arch.splits and fit.need(arch, 10**12, "bfloat16", "none", 1, 40).canvas == 512 + 48

@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, ...]] = [
         "lifetimes",
         "version",
         "omp",  # libgomp's spin default, set before torch loads
-        "fit",  # config.json -> bytes; free memory
+        "fit_sizes",  # config.json (and safetensors headers) -> each family's sizes
+        "fit",  # sizes -> bytes; free memory
         "hub",  # models by name: huggingface_hub's cache
     ),  # version: __version__ for any layer; tinygsm: the built-in model's files (no code)
     ("models",),

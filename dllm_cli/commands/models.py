@@ -151,7 +151,7 @@ def judge(folder: Path | None, free: int, dtype: str, quantize: str, gen: int) -
         family = family_for_config(raw, folder / "config.json")
     except DllmError:
         return "- (unreadable config)"
-    arch = fit.read_arch(raw, family.name)
+    arch = fit.read_arch(raw, family.name, folder)
     if arch is None or free <= 0:
         return "- (not sized)"
     return fit.need(arch, free, dtype, quantize, 1, gen).verdict

@@ -127,7 +127,7 @@ def weight_sizes(path: str) -> str:
     try:
         folder = resolve_path(path)
         raw = read_config_json(folder)
-        arch = fit.read_arch(raw, family_for_config(raw, folder / "config.json").name)
+        arch = fit.read_arch(raw, family_for_config(raw, folder / "config.json").name, folder)
     except DllmError:
         return ""
     if arch is None:

@@ -17,6 +17,7 @@ from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 from transformers.utils import is_accelerate_available
 
 from dllm_cli.errors import ModelLoadError
+from dllm_cli.family_settings import gemma_keeps_float as keeps_float
 from dllm_cli.models import quantize as quant
 from dllm_cli.models.quantize import Scheme
 
@@ -86,24 +87,10 @@ def load_weights(
     return model.to(device).eval()
 
 
-# Linears kept in the load dtype under --quantize (models/quantize.py): the vision tower and its
-# projection (dllm sends no images), each MoE router's projection (its few logits pick the
-# experts: KEEP_FLOAT), and each stack's first layer's dense MLP output projection (encoder and
-# decoder: FIRST_BLOCK_FLOAT's massive activations). The output head is tied to the embedding
-# (float, as for the other families); the experts are 3-D parameters, not nn.Linear, and stay
-# float (transformers picks their kernel: `use_experts_implementation`).
-FLOAT_PARTS = ("vision_tower.", "embed_vision.", "router.proj")
-FIRST_MLP_OUT = ("language_model.layers.0.mlp.down_proj", "decoder.layers.0.mlp.down_proj")
-
-
-def keeps_float(name: str) -> bool:
-    """Whether the linear named `name` stays in the load dtype when the model is quantized."""
-    return any(part in name for part in FLOAT_PARTS) or name.endswith(FIRST_MLP_OUT)
-
-
 def quantize(model: DiffusionGemmaLM, scheme: Scheme, dtype: torch.dtype) -> int:
-    """dllm's int8 / int4 layers (quantize.py) for the model's linears but `keeps_float`'s,
-    then the rest cast to `dtype` (as quantize_loaded does); returns how many."""
+    """dllm's int8 / int4 layers (quantize.py) for the model's linears but `keeps_float`'s
+    (family_settings.py: fit.py counts by it too), then the rest cast to `dtype` (as
+    quantize_loaded does); returns how many."""
     count = quant.quantize_linears(model, scheme, keeps_float)
     model.to(dtype)
     quant.release_freed_memory()
