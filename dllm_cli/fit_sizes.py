@@ -138,10 +138,14 @@ def read_gemma(c: dict, folder: Path | None) -> Arch:
     if folder is None:
         raise ValueError("sized from its safetensors headers")
     t, shapes = c["text_config"], stored_shapes(folder)
+    tied = "lm_head.weight" if t.get("tie_word_embeddings", True) else None  # an embedding
     linears = {
         name.removesuffix(".weight")
         for name, shape in shapes.items()
-        if name.endswith(".weight") and len(shape) == 2 and "embed_tokens" not in name
+        if name.endswith(".weight")
+        and len(shape) == 2
+        and "embed_tokens" not in name
+        and name != tied
     }  # the embeddings and vision tables are not nn.Linear; the 3-D experts neither
     stored = tuple(stored_tensor(name, shape, linears) for name, shape in shapes.items())
     layers, window = t["num_hidden_layers"], t.get("sliding_window") or 0

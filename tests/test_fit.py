@@ -230,3 +230,64 @@ def test_diffusion_gemma_is_counted_from_its_headers_as_it_loads(tmp_path):
     held = sum(t.numel() * t.element_size() for t in kept)
     assert fit.kv_bytes(arch, 2, prompt, "float32") == held
     assert not arch.splits and fit.need(arch, 10**12, "bfloat16", "none", 1, 40).canvas == 512 + 48
+
+
+# Gemma 4 26B-A4B's text shape (its published text config), the checkpoint DiffusionGemma's is
+GEMMA_26B_TEXT = {
+    "hidden_size": 2816,
+    "intermediate_size": 2112,
+    "moe_intermediate_size": 704,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "num_global_key_value_heads": 2,
+    "attention_k_eq_v": True,
+    "num_hidden_layers": 30,
+    "num_experts": 128,
+    "top_k_experts": 8,
+    "sliding_window": 1024,
+    "vocab_size": 262144,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+}
+
+
+def write_headers_only(folder: Path, model: nn.Module) -> None:
+    """model.safetensors holding only the header of `model`'s stored tensors (no data)."""
+    stored = model.state_dict(keep_vars=True)
+    names = {id(t): n for n, t in stored.items()}  # one name a tensor: its last (the tied
+    # embedding is stored as lm_head.weight, a name that must still count as an embedding)
+    header = {
+        name: {"dtype": "BF16", "shape": list(stored[name].shape), "data_offsets": [0, 0]}
+        for name in names.values()
+    }
+    raw = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
+
+
+def test_a_diffusion_gemma_26b_load_that_cannot_fit_is_refused_before_reading_weights(tmp_path):
+    """The 26B-A4B shape, its config and its headers only: `profiles show` lists its weights at
+    each precision, and a float32 CPU load is refused in one line (exit 3) with no
+    --tensor-parallel offered (it has no split layout)."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    folder = tmp_path / "dg"
+    config = DiffusionGemmaConfig(text_config=GEMMA_26B_TEXT)
+    with torch.device("meta"):
+        model = DiffusionGemmaForBlockDiffusion(config)
+    config.save_pretrained(folder)
+    write_headers_only(folder, model)
+    raw = json.loads((folder / "config.json").read_text())
+    arch = fit.read_arch(raw, "diffusion_gemma", folder)
+    unique = {id(t): t for t in model.state_dict(keep_vars=True).values()}
+    assert fit.parameters(arch) == sum(t.numel() for t in unique.values()) > 25 * 10**9
+    shown = invoke("profiles", "show", "--model", str(folder))
+    weights = "weights: float32 101.7 GB, bfloat16 50.8 GB, int8 49.2 GB, int4 48.6 GB"
+    assert shown.exit_code == 0 and weights in shown.stdout, shown.output
+    result = invoke(
+        "generate", "--model", str(folder), "--device", "cpu", "--dtype", "float32", "hi"
+    )
+    assert result.exit_code == 3, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("dllm: error: dg needs ") and "weights 101.7 GB in float32" in line
+    assert "--force" in line and "--tensor-parallel" not in line
