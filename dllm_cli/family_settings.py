@@ -23,7 +23,10 @@ class StepperTraits:
     """What a decoding kind (Family.stepper) means outside its stepper, declared once."""
 
     frontier: bool = False  # frontier-walking committers apply (an AR guide, a grammar)
-    grammar: bool = False  # a grammar verifies each row's run from its first mask
+    # how a grammar steers it: "frontier", it verifies each row's run from its first mask
+    # (grammar_committer.py); "canvas", it picks each finished canvas's tokens left to right
+    # (gemma_grammar.py); None: it cannot
+    grammar: str | None = None
     prompt_blocks: bool = False  # blocks start at the prompt's block boundary (block-causal)
     uniform: bool = False  # uniform-state diffusion: drafts replace tokens, there are no masks
     whole_canvases: bool = False  # the answer is denoised in whole canvases of the checkpoint's
@@ -34,10 +37,14 @@ class StepperTraits:
 # Family.stepper -> its traits (decoding/stepper.py STEPPERS: the classes)
 TRAITS: Mapping[str, StepperTraits] = MappingProxyType(
     {
-        "masked": StepperTraits(frontier=True, grammar=True),
-        "block": StepperTraits(prompt_blocks=True, grammar=True),
+        "masked": StepperTraits(frontier=True, grammar="frontier"),
+        "block": StepperTraits(prompt_blocks=True, grammar="frontier"),
         "gemma": StepperTraits(
-            uniform=True, whole_canvases=True, own_model=True, per_request_sampling=False
+            grammar="canvas",
+            uniform=True,
+            whole_canvases=True,
+            own_model=True,
+            per_request_sampling=False,
         ),
     }
 )
@@ -84,7 +91,6 @@ BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
 # scoring.py for likelihood scoring).
 GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
     {
-        "grammar": "transformers' own sampler picks the tokens (no frontier walk)",
         "scoring": "transformers' own generate scores no likelihood",
     }
 )

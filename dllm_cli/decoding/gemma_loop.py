@@ -6,7 +6,8 @@ watch the loop but not pause it. So this is the loop of `DiffusionGemmaGeneratio
 calling the model's own `_prepare_*`, encoder, `_denoising_step` and `_finalize_canvas` pieces
 and the streamer in the same order with the same arguments; only the control flow is dllm's
 (it suspends after each denoising step, so no worker thread is needed), and it hands each
-finished canvas, with the logits that committed it, to `on_canvas` (answer logprobs).
+finished canvas, with the logits that committed it, to `on_canvas` (answer logprobs), after
+`choose` (a grammar, gemma_grammar.py) has picked its tokens where one is given.
 
 Left out, because dllm never passes them (gemma.py): a cache passed in, compiled static caches,
 images, a caller's starting canvas or self-conditioning logits, caller-supplied processors and
@@ -32,12 +33,15 @@ def denoise(
     stopping,
     streamer,
     on_canvas: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    choose: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> Generator[None, None, torch.Tensor]:
     """Decode (B, W) left-padded prompts; yields after every denoising step but the last, returns
     generate's (B, W + canvases * L) `sequences`. `config`: the resolved generation config,
     `stopping`: the diffusion stopping rule (or None), `streamer`: takes generate's calls;
     `on_canvas(canvas, logits)`: each finished (B, L) canvas before its stop-token padding,
-    with the (B, L, V) processed logits of the step that committed each row's canvas."""
+    with the (B, L, V) processed logits of the step that committed each row's canvas;
+    `choose(canvas, logits)`: the canvas kept instead of the argmax one (a grammar's picks,
+    gemma_grammar.py; None: the argmax, as generate keeps it)."""
     batch_size, cur_len = input_ids.shape
     max_length, max_new_tokens = model._prepare_generated_length(config, cur_len)
     canvases = math.ceil(max_new_tokens / model.config.canvas_length)
@@ -110,6 +114,8 @@ def denoise(
                 break
             if cur_step > 1:
                 yield  # the canvas goes on
+        if choose is not None:  # dllm's: structured output picks the kept tokens
+            argmax_canvas = choose(argmax_canvas, self_conditioning)
         if on_canvas is not None:  # a row the stopping rule froze kept its step's logits
             on_canvas(argmax_canvas, self_conditioning)
         # 1.d-e the canvas joins the sequence; rows that met a stop token are padded after it

@@ -19,6 +19,7 @@ import torch
 from dllm_cli.decoding import gemma, gemma_loop, logprobs
 from dllm_cli.decoding import gemma_stream as gs
 from dllm_cli.decoding.events import StepEvent
+from dllm_cli.decoding.gemma_grammar import CanvasGrammar
 from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
@@ -50,8 +51,9 @@ class GemmaStepper:
         *,
         lockstep: bool | None = None,  # (no choice here: transformers' loop moves the batch)
     ):
-        if committer is not None:
+        if committer is not None and not isinstance(committer, CanvasGrammar):
             raise SettingsError(f"a guide model does not apply to {self.who}: it samples itself")
+        self.committer = committer  # structured output: each canvas chosen under its grammar
         self.model, self.special = model, special
         self.settings = gemma.check_settings(settings.validate(), model.canvas_length)
         self.vocabulary = model.config.text_config.vocab_size
@@ -95,8 +97,12 @@ class GemmaStepper:
                                 config.max_denoising_steps, generators, frozen)  # fmt: skip
         self.outbox = []
         self.streamer = gs.EventStreamer(plan, len(prompts), lambda: observer, self.outbox.append)
+        choose = None
+        if self.committer is not None:
+            matchers = self.committer.matchers([r.id for r in new])
+            choose = lambda c, logits: self.committer.choose(matchers, c, logits)  # noqa: E731
         self.steps_left = gemma_loop.denoise(self.model, ids, mask, config, sampler, observer,
-                                             self.streamer, self._record)  # fmt: skip
+                                             self.streamer, self._record, choose)  # fmt: skip
         self.batch_rows, self.requests, self.first = list(range(len(new))), list(new), at
         return 0
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from dllm_cli.errors import InputError
 
 try:
@@ -134,7 +136,9 @@ class GrammarVocab:
 
     def __init__(self, tokenizer, vocab_size: int, stops: tuple[int, ...]):
         require_library()
-        backend = getattr(tokenizer, "backend", None) or tokenizer.backend_tokenizer
+        # dllm's tokenizer keeps its tokenizers.Tokenizer as `backend`; transformers' fast
+        # tokenizers (DiffusionGemma's) as `backend_tokenizer` (their `backend` names a library)
+        backend = getattr(tokenizer, "backend_tokenizer", None) or tokenizer.backend
         size = max(vocab_size, backend.get_vocab_size(with_added_tokens=True))
         self.stops = tuple(stops)
         try:
@@ -163,6 +167,20 @@ class GrammarVocab:
         if m.is_error():
             raise GrammarError(f"bad {grammar.kind}: {one_line(m.get_error())}")
         return m
+
+
+def next_tokens(matcher, vocab: GrammarVocab) -> np.ndarray:
+    """(V,) bool: the tokens the grammar allows next; a stop token only once it is complete."""
+    if matcher.is_stopped():
+        mask = np.zeros(vocab.words * 32, dtype=bool)
+        mask[list(vocab.stops)] = True
+        return mask
+    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)  # stops only where it accepts
+    mask = np.unpackbits(raw, bitorder="little")[: vocab.words * 32].astype(bool)
+    mask[vocab.known :] = False
+    if not vocab.spells(matcher.compute_ff_bytes()):  # forced bytes no token writes: dead
+        mask[:] = False
+    return mask
 
 
 class SpelledTokens:

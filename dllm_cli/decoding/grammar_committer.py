@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from dllm_cli.decoding.grammar import Grammar, GrammarError, GrammarVocab, vocab_of
+from dllm_cli.decoding.gemma_grammar import CanvasGrammar
+from dllm_cli.decoding.grammar import (
+    Grammar,
+    GrammarError,
+    GrammarVocab,
+    next_tokens,
+    vocab_of,
+)
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import family_of
 from dllm_cli.decoding.shard_summaries import WHOLE, VocabPart
@@ -249,20 +256,6 @@ def row_masks(matcher, drafts: list[int], vocab: GrammarVocab) -> tuple[int, lis
     return good, masks
 
 
-def next_tokens(matcher, vocab: GrammarVocab) -> np.ndarray:
-    """(V,) bool: the tokens the grammar allows next; a stop token only once it is complete."""
-    if matcher.is_stopped():
-        mask = np.zeros(vocab.words * 32, dtype=bool)
-        mask[list(vocab.stops)] = True
-        return mask
-    raw = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)  # stops only where it accepts
-    mask = np.unpackbits(raw, bitorder="little")[: vocab.words * 32].astype(bool)
-    mask[vocab.known :] = False
-    if not vocab.spells(matcher.compute_ff_bytes()):  # forced bytes no token writes: dead
-        mask[:] = False
-    return mask
-
-
 def verify(matcher, drafts: list[int], wanted: int) -> tuple[int, bool]:
     """(drafts committed, whether the next slot takes a masked token) for one row; the matcher
     consumes the committed drafts, the caller the masked token."""
@@ -292,13 +285,18 @@ def forced_tokens(matcher, room: int) -> list[int]:
 
 def runtime_committer(
     runtime, default: Grammar | None = None, guided: bool = True, fast_forward: bool = True
-) -> GrammarCommitter:
-    """A GrammarCommitter for this runtime's model and settings (GrammarError: it cannot)."""
+) -> GrammarCommitter | CanvasGrammar:
+    """The grammar committer for this runtime's model and settings, as its family's traits say
+    a grammar steers it (GrammarError: it cannot)."""
+    kind = family_of_model(runtime.loaded.model)
+    if kind.traits.grammar is None:
+        raise GrammarError(f"structured output is not supported for {kind.title}")
+    return GRAMMAR_COMMITTERS[kind.traits.grammar](runtime, default, guided, fast_forward)
+
+
+def frontier_committer(runtime, default, guided, fast_forward) -> GrammarCommitter:
+    """A GrammarCommitter over the settings' unmask rule (the guide verifying what it allows)."""
     model = runtime.loaded.model
-    if not (kind := family_of_model(model)).traits.grammar:
-        raise GrammarError(
-            f"structured output is not supported for {kind.title} (no frontier walk)"
-        )
     settings = with_family_defaults(runtime.settings, model.family)
     family = family_of(model)
     rule = RuleCommitter(settings, family.schedule)
@@ -313,3 +311,12 @@ def runtime_committer(
     if guided and runtime.guide is not None:  # the guide verifies what the grammar allows
         return GuidedGrammarCommitter(runtime.guide_committer(), committer)
     return committer
+
+
+def canvas_grammar(runtime, default, guided, fast_forward) -> CanvasGrammar:
+    """DiffusionGemma's: each finished canvas chosen under the grammar (it has no guide)."""
+    return CanvasGrammar(vocab_of(runtime), default, runtime.loaded.special.eos)
+
+
+# StepperTraits.grammar -> how that kind of decoder is given a grammar
+GRAMMAR_COMMITTERS = {"frontier": frontier_committer, "canvas": canvas_grammar}
