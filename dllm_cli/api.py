@@ -155,11 +155,11 @@ class LLM:
         return open_engine(model, special, rt.settings, committer, slots=slots, admission=admission)
 
     def _split(self, settings: dict[str, object]) -> tuple[dict, dict]:
-        """(the call's per-request values, the rest); a family whose batch samples with one
-        config (DiffusionGemma) builds the call's engine with them, its length per request."""
+        """(the call's per-request values, the rest); those a family's batch shares
+        (DiffusionGemma's generation config: `traits.batch_wide`) build the call's engine."""
         own, rest = split(settings)
-        if not FAMILIES[self.runtime.loaded.family].per_request_sampling:
-            rest |= {k: own.pop(k) for k in [*own] if k != "gen_length"}
+        shared = FAMILIES[self.runtime.loaded.family].traits.batch_wide
+        rest |= {k: own.pop(k) for k in [*own] if k in shared}
         return own, rest
 
     def _runtime(self, settings: dict[str, object]) -> Runtime:

@@ -70,12 +70,6 @@ class Family:
     def traits(self) -> StepperTraits:
         return TRAITS[self.stepper]
 
-    @property
-    def per_request_sampling(self) -> bool:
-        """Rows of one engine may sample with their own values (not under transformers'
-        sampler, which decodes a batch with one generation config)."""
-        return self.traits.per_request_sampling
-
     def classes(self) -> tuple[type, type]:
         """(config class, model class), imported now (the first model build pays for torch)."""
         return _load(self.config_class), _load(self.model_class)

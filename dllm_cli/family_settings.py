@@ -31,7 +31,9 @@ class StepperTraits:
     uniform: bool = False  # uniform-state diffusion: drafts replace tokens, there are no masks
     whole_canvases: bool = False  # the answer is denoised in whole canvases of the checkpoint's
     own_model: bool = False  # transformers builds, samples and decodes the model itself
-    per_request_sampling: bool = True  # rows of one engine may sample with their own values
+    # request settings one batch shares (transformers' sampler decodes it with one generation
+    # config): a request cannot set its own, and the server groups requests by them
+    batch_wide: tuple[str, ...] = ()
 
 
 # Family.stepper -> its traits (decoding/stepper.py STEPPERS: the classes)
@@ -44,7 +46,7 @@ TRAITS: Mapping[str, StepperTraits] = MappingProxyType(
             uniform=True,
             whole_canvases=True,
             own_model=True,
-            per_request_sampling=False,
+            batch_wide=("confidence", "temperature", "top_p", "top_k", "stop"),
         ),
     }
 )

@@ -122,7 +122,8 @@ def test_serve_runs_a_feature_or_refuses_it_by_the_family_table(row, client, fea
 
 def test_serve_decodes_requests_of_other_max_tokens_on_one_engine(client):
     """Two concurrent requests differing only in max_tokens: each answer as it is alone, and
-    no engine is built for the shorter one (the slots gauge counts every engine's slots)."""
+    no engine is built for the shorter one (the slots gauge counts every engine's slots), nor
+    for the choices of `n` (each its own seed)."""
     model, lengths, together = served(client), (GEN // 2, GEN), {}
     metrics = str(client.base_url).removesuffix("/v1/") + "/metrics"
 
@@ -143,6 +144,10 @@ def test_serve_decodes_requests_of_other_max_tokens_on_one_engine(client):
         thread.join(120)
     assert together == alone and alone[GEN // 2][1] <= GEN // 2
     assert slots() == before  # (one engine per max_tokens would have added its slots)
+    reply = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=GEN, n=2, seed=5
+    )  # choice i decodes with seed 5 + i: on the same engine (DiffusionGemma: one row each)
+    assert len(reply.choices) == 2 and slots() == before
 
 
 @pytest.fixture(scope="module", name="llm")

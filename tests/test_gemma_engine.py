@@ -250,3 +250,20 @@ def test_rows_of_their_own_lengths_share_a_batch_each_as_alone(gemma, knobs):
             mine == pytest.approx(theirs, rel=1e-4) and my_top == their_top
         )  # padding: float bits
     assert at[ids[0]] < at[ids[1]] < at[ids[2]]
+
+
+def test_rows_of_their_own_seeds_share_a_batch_each_as_alone(gemma):
+    """Requests with their own seed decode in one static batch, each row drawing from its own
+    generator: each answer is the request's alone at that seed, and the seeds differ."""
+    s = gemma_settings(gen_length=24, steps=4)
+    seeds = (1, 2, 1)
+    engine = open_engine(gemma.model, gemma.special, s, slots=3, admission="static")
+    ids = [engine.add(encode(gemma, TEXTS[0]), sampling={"seed": k}) for k in seeds]
+    done = {}
+    while engine.has_work:
+        done |= {f.id: f.tokens for f in engine.step().finished}
+    for rid, k in zip(ids, seeds, strict=True):
+        one = dataclasses.replace(s, seed=k)
+        alone = decode(gemma.model, gemma.special, [encode(gemma, TEXTS[0])], one)
+        assert done[rid] == alone.tokens[0]
+    assert done[ids[0]] == done[ids[2]] != done[ids[1]]

@@ -1,8 +1,8 @@
 """The DiffusionGemma stepper: transformers' own denoising loop, one step per engine step.
 
 transformers' sampler decodes a whole batch with one generation config, so this stepper takes
-static batches only (`whole_batches`) and no per-request sampling (`batch_wide`), but each row
-its own length: the batch denoises the longest row's canvases, and a row's answer is final on
+static batches only (`whole_batches`) and shares that config over the batch (`batch_wide`), but
+each row its own seed (one generator a row) and its own length: the batch denoises the longest row's canvases, and a row's answer is final on
 the step its own last canvas is (cut at its length), not when the batch ends. Placing a batch
 starts its decode (gemma_loop.denoise with gemma_stream's sampler, observer and streamer).
 Rows that leave stay in transformers' batch; when none is left the decode is closed.
@@ -24,7 +24,7 @@ from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.slots import Admission
 from dllm_cli.decoding.stepper import Commit
 from dllm_cli.errors import SettingsError
-from dllm_cli.lifetimes import SAMPLING_FIELDS
+from dllm_cli.family_settings import TRAITS
 from dllm_cli.settings import DecodeSettings
 
 _ONE_CONFIG = "one generation config decodes its whole static batch"
@@ -35,7 +35,7 @@ class GemmaStepper:
 
     whole_batches = True
     batch_wide: Mapping[str, str] = MappingProxyType(
-        dict.fromkeys((*(f for f in SAMPLING_FIELDS if f != "gen_length"), "stop"), _ONE_CONFIG)
+        dict.fromkeys(TRAITS["gemma"].batch_wide, _ONE_CONFIG)
     )
     who = "DiffusionGemma"
     canvas = None
@@ -87,7 +87,7 @@ class GemmaStepper:
         config = gemma.resolve_config(
             self.model, gemma.generation_kwargs(special.stop, special.pad, s)
         )
-        generators = [torch.Generator(device=self.device).manual_seed(s.seed) for _ in prompts]
+        generators = [torch.Generator(device=self.device).manual_seed(r.sampling.seed) for r in new]
         stop = frozenset(special.stop) if s.early_stop else frozenset()
         plan = gs.CanvasPlan(canvas, tuple(self.lengths), stop)
         rule = self.model._prepare_diffusion_stopping_criteria(config)

@@ -6,7 +6,7 @@ to `Engine.add`, each row decoding its own length and sampling with its own valu
 generator) and whether the guide verifies drafts. Two requests share an engine, and so a
 batch, when every engine and schedule setting is equal; each answer is still what `dllm
 generate` gives that request alone. DiffusionGemma decodes a static batch with one generation
-config, so there its sampling stays part of the group (its length goes with each request).
+config, so the settings in it stay part of the group (its length and seed go with each request).
 Every group refills a finished request's slot on the next step (continuous admission, guided
 decoding included), except where the model cannot (DiffusionGemma: whole batches).
 """
@@ -53,11 +53,12 @@ class Counts:
 ENGINE_SAMPLING = {f.name: f.default for f in fields(DecodeSettings) if f.name in SAMPLING_FIELDS}
 
 
-def group_of(job: Job, per_request: bool = True, gen_length: int | None = None) -> Group:
-    """The engine a job decodes on: sampling is per request unless the family cannot, length
-    always. `gen_length`: the engine's own (the server's --gen-length: its canvas is sized for
-    it, longer requests widen it)."""
-    own = dict(ENGINE_SAMPLING) if per_request else {"gen_length": ENGINE_SAMPLING["gen_length"]}
+def group_of(job: Job, shared: tuple[str, ...] = (), gen_length: int | None = None) -> Group:
+    """The engine a job decodes on: its request settings go with it to `Engine.add` but those
+    the family's batch shares (`shared`: DiffusionGemma's generation config), which stay part
+    of the group. `gen_length`: the engine's own (the server's --gen-length: its canvas is
+    sized for it, longer requests widen it)."""
+    own = {k: v for k, v in ENGINE_SAMPLING.items() if k not in shared}
     if gen_length is not None:
         own["gen_length"] = gen_length
     return Group(replace(job.settings, **own), job.guide, job.grammar is not None)

@@ -184,9 +184,9 @@ class Worker:
         try:
             if job.logprobs is not None:
                 scores.check_logprobs(self.runtime)
-            per_request = FAMILIES[self.runtime.loaded.family].per_request_sampling
+            shared = FAMILIES[self.runtime.loaded.family].traits.batch_wide
             gen = self.runtime.settings.gen_length
-            ticket.group = engines.group_of(job, per_request, gen)
+            ticket.group = engines.group_of(job, shared, gen)
             ticket.ids = self.encode(job)
             engines.check_length(self.runtime, ticket.ids, job.settings)
         except InputError as e:
