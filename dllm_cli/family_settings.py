@@ -46,7 +46,7 @@ TRAITS: Mapping[str, StepperTraits] = MappingProxyType(
             uniform=True,
             whole_canvases=True,
             own_model=True,
-            batch_wide=("confidence", "temperature", "top_p", "top_k", "stop"),
+            batch_wide=("confidence", "temperature", "top_p", "top_k"),
         ),
     }
 )

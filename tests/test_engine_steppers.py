@@ -44,11 +44,13 @@ def test_every_family_gets_the_one_engine_with_its_stepper(sdar, gemma):
 def test_what_a_stepper_shares_over_its_batch_is_refused_by_name(gemma):
     engine = open_engine(gemma.model, gemma.special, gemma_settings(gen_length=16), slots=2)
     ids = encode(gemma, "hi")
-    with pytest.raises(SettingsError, match=r"^stop ids per request: not supported by Diff"):
-        engine.add(ids, sampling={"stop": [5]})
     assert engine.add(ids, sampling={"seed": 0}) == 0  # the engine's own value is no change
     assert engine.add(ids, sampling={"gen_length": 8}) == 1  # a length is each row's own
     assert engine.add(ids, sampling={"seed": 3}) == 2  # and a seed (one generator a row)
+    assert engine.add(ids, sampling={"stop": [5]}) == 3  # and its own stop ids
+    assert set(engine.stepper.batch_wide) == {"confidence", "temperature", "top_p", "top_k"}
+    with pytest.raises(SettingsError, match=r"^temperature per request: not supported by Diff"):
+        engine.add(ids, sampling={"temperature": 0.5})
 
 
 @pytest.mark.parametrize(

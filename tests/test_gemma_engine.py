@@ -267,3 +267,28 @@ def test_rows_of_their_own_seeds_share_a_batch_each_as_alone(gemma):
         alone = decode(gemma.model, gemma.special, [encode(gemma, TEXTS[0])], one)
         assert done[rid] == alone.tokens[0]
     assert done[ids[0]] == done[ids[2]] != done[ids[1]]
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["early-stop", "no-early-stop"])
+def test_a_request_s_own_stop_ids_cut_its_answer_and_with_early_stop_end_it(gemma, early):
+    """A request whose own stop id is its free answer's 4th token: that token and everything
+    after it are EOS (early stop or not), the batch's other row keeps its answer; with early
+    stop the cut row may come sooner, without it when the batch ends."""
+    s = gemma_settings(gen_length=40, steps=4, early_stop=early)
+    texts = TEXTS[:2]
+    _, ids, free, _ = engine_decode(gemma, s, texts)
+    tokens = free[ids[0]].tokens
+    stop = next(t for t in tokens[3:] if t not in tokens[:3] and t not in gemma.special.stop)
+    at = tokens.index(stop)
+    engine = open_engine(gemma.model, gemma.special, s, slots=2, admission="static")
+    mine = engine.add(encode(gemma, texts[0]), sampling={"stop": [stop]})
+    other = engine.add(encode(gemma, texts[1]))
+    done, when = {}, {}
+    while engine.has_work:
+        out = engine.step()
+        for f in out.finished:
+            done[f.id], when[f.id] = f.tokens, out.step
+    eos = gemma.special.eos
+    assert done[mine] == tokens[:at] + [eos] * (len(tokens) - at)
+    assert done[other] == free[ids[1]].tokens
+    assert when[mine] <= when[other] if early else when[mine] == when[other]

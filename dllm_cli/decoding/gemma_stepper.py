@@ -88,8 +88,9 @@ class GemmaStepper:
             self.model, gemma.generation_kwargs(special.stop, special.pad, s)
         )
         generators = [torch.Generator(device=self.device).manual_seed(r.sampling.seed) for r in new]
-        stop = frozenset(special.stop) if s.early_stop else frozenset()
-        plan = gs.CanvasPlan(canvas, tuple(self.lengths), stop)
+        ends = [frozenset((*special.stop, *r.sampling.stop)) for r in new]  # a request's own too
+        stops = tuple(e if s.early_stop else frozenset() for e in ends)
+        plan = gs.CanvasPlan(canvas, tuple(self.lengths), stops)
         rule = self.model._prepare_diffusion_stopping_criteria(config)
         observer = None if rule is None else gs.StopObserver(rule)
         frozen = lambda: None if observer is None else observer.finished  # noqa: E731
@@ -134,6 +135,7 @@ class GemmaStepper:
                 *(self._answer(self.batch_rows[i], width) for i in final), strict=True
             )
             out.final, out.answers, out.marks = final, torch.stack(answers), torch.stack(marks)
+            out.cut = torch.tensor([self._cut(i) for i in final])
         return out
 
     def keep(self, live: list[Request], kept: list[int]) -> None:
@@ -159,6 +161,14 @@ class GemmaStepper:
         marks = [self.first + ends[p // canvas] if p < len(answer) else -1 for p in range(width)]
         tokens = answer + [self.special.eos] * (width - len(answer))
         return torch.tensor(tokens), torch.tensor(marks)
+
+    def _cut(self, i: int) -> int:
+        """Where live row i's answer ends: at its request's own first stop id (the engine
+        writes EOS from there, early stop or not), else its last committed token."""
+        b = self.batch_rows[i]
+        answer = self.streamer.answers[b][: self.lengths[b]]
+        own = set(self.requests[i].sampling.stop)
+        return next((p for p, t in enumerate(answer) if t in own), max(len(answer) - 1, 0))
 
     def _record(self, canvas: torch.Tensor, logits: torch.Tensor) -> None:
         """A finished (B, L) canvas's log-probabilities for the live rows that asked: each

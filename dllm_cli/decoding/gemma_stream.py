@@ -96,7 +96,7 @@ class CanvasPlan:
 
     canvas: int  # canvas length L
     lengths: tuple[int, ...]  # per row its answer positions G (its last canvas may reach past G)
-    stop: frozenset[int]  # stop tokens; empty when early stop is off
+    stops: tuple[frozenset[int], ...]  # per row the tokens that end it; empty: early stop off
 
     @property
     def gen_length(self) -> int:
@@ -207,12 +207,13 @@ class EventStreamer:
                 continue
             last = self.plan.last(r, c)
             tokens = canvas[r, : min(end, self.plan.lengths[r]) - start].tolist()
-            cut = answer_length(tokens, self.plan.stop)  # through its first stop token
+            stop = self.plan.stops[r]
+            cut = answer_length(tokens, stop)  # through its first stop token
             scores = conf[r, :cut].tolist() if conf is not None else [1.0] * cut
             commits.append(RowCommit(r, tuple(range(start, start + cut)), tuple(tokens[:cut]),
                                      tuple(scores)))  # fmt: skip
             self.answers[r] += tokens[:cut]
-            if last or (cut > 0 and tokens[cut - 1] in self.plan.stop):
+            if last or (cut > 0 and tokens[cut - 1] in stop):
                 finished.append(r)
                 self.done.add(r)
         return tuple(commits), tuple(finished)
