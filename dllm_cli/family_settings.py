@@ -197,9 +197,9 @@ def read_json_value(folder: Path, name: str, dotted: str) -> object:
 # quantizes by this, fit.py counts by it): the vision tower and its projection (dllm sends no
 # images), each MoE router's projection (its few logits pick the experts: KEEP_FLOAT), and each
 # stack's first layer's dense MLP output projection (encoder and decoder: FIRST_BLOCK_FLOAT's
-# massive activations). The output head is tied to the embedding
-# (float, as for the other families); the experts are 3-D parameters, not nn.Linear, and stay
-# float (transformers picks their kernel: `use_experts_implementation`).
+# massive activations). The output head is tied to the embedding (float, as for the other
+# families); the experts are 3-D parameters, not nn.Linear, and stay float (transformers
+# picks their kernel: `use_experts_implementation`).
 GEMMA_FLOAT_PARTS = ("vision_tower.", "embed_vision.", "router.proj")
 GEMMA_FIRST_MLP_OUT = ("language_model.layers.0.mlp.down_proj", "decoder.layers.0.mlp.down_proj")
 

@@ -65,10 +65,10 @@ class CanvasGrammar:
                 continue
             allowed = torch.from_numpy(next_tokens(matcher, self.vocab))  # (words * 32,)
             width = min(allowed.numel(), logits.shape[-1])
+            if not bool(allowed[:width].any()):  # nothing may follow: keep the model's tokens
+                return out + tokens[at:]
             row = torch.full_like(logits[at], -math.inf)
             row[:width] = torch.where(allowed[:width], logits[at, :width], -math.inf)
-            if not bool(allowed[:width].any()):  # nothing may follow: keep the model's tokens
-                return out + tokens[len(out) :]
             token = int(row.argmax())
             if not matcher.consume_token(token):
                 raise RuntimeError(f"grammar matcher: {matcher.get_error()}")

@@ -2,9 +2,10 @@
 
 transformers' sampler decodes a whole batch with one generation config, so this stepper takes
 static batches only (`whole_batches`) and shares that config over the batch (`batch_wide`), but
-each row its own seed (one generator a row) and its own length: the batch denoises the longest row's canvases, and a row's answer is final on
-the step its own last canvas is (cut at its length), not when the batch ends. Placing a batch
-starts its decode (gemma_loop.denoise with gemma_stream's sampler, observer and streamer).
+each row has its own seed (one generator a row), stop ids and length: the batch denoises the
+longest row's canvases, and a row's answer is final on the step its own last canvas is (cut at
+its length), not when the batch ends. Placing a batch starts its decode (gemma_loop.denoise
+with gemma_stream's sampler, observer and streamer).
 Rows that leave stay in transformers' batch; when none is left the decode is closed.
 """
 
@@ -131,11 +132,9 @@ class GemmaStepper:
         out = Commit(forwards=1, event=lambda _: event)
         if final:
             width = max(self.lengths[self.batch_rows[i]] for i in final)  # (R, G): G the longest
-            answers, marks = zip(
-                *(self._answer(self.batch_rows[i], width) for i in final), strict=True
-            )
+            answers, marks, cuts = zip(*(self._answer(i, width) for i in final), strict=True)
             out.final, out.answers, out.marks = final, torch.stack(answers), torch.stack(marks)
-            out.cut = torch.tensor([self._cut(i) for i in final])
+            out.cut = torch.tensor(cuts)
         return out
 
     def keep(self, live: list[Request], kept: list[int]) -> None:
@@ -152,23 +151,18 @@ class GemmaStepper:
         return list(self.streamer.answers[self.batch_rows[i]])
 
     # --- the decode --------------------------------------------------------------------------
-    def _answer(self, b: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch row b's committed canvases (EOS after a stop, and on to `width` columns) and
-        each column's last step."""
-        canvas = self.model.canvas_length
+    def _answer(self, i: int, width: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Live row i's committed canvases (EOS after a stop, and on to `width` columns), each
+        column's last step, and where the answer ends: at its request's own first stop id (the
+        engine writes EOS from there, early stop or not), else its last committed token."""
+        b, canvas = self.batch_rows[i], self.model.canvas_length
         answer = self.streamer.answers[b][: self.lengths[b]]
         ends = self.streamer.canvas_step  # per finished canvas: its last step
         marks = [self.first + ends[p // canvas] if p < len(answer) else -1 for p in range(width)]
         tokens = answer + [self.special.eos] * (width - len(answer))
-        return torch.tensor(tokens), torch.tensor(marks)
-
-    def _cut(self, i: int) -> int:
-        """Where live row i's answer ends: at its request's own first stop id (the engine
-        writes EOS from there, early stop or not), else its last committed token."""
-        b = self.batch_rows[i]
-        answer = self.streamer.answers[b][: self.lengths[b]]
         own = set(self.requests[i].sampling.stop)
-        return next((p for p, t in enumerate(answer) if t in own), max(len(answer) - 1, 0))
+        cut = next((p for p, t in enumerate(answer) if t in own), max(len(answer) - 1, 0))
+        return torch.tensor(tokens), torch.tensor(marks), cut
 
     def _record(self, canvas: torch.Tensor, logits: torch.Tensor) -> None:
         """A finished (B, L) canvas's log-probabilities for the live rows that asked: each
