@@ -24,6 +24,7 @@ from types import MappingProxyType
 from dllm_cli.errors import ModelLoadError
 from dllm_cli.family_settings import (
     BLOCK_CAUSAL,
+    FEATURES,
     GEMMA_CANNOT,
     GEMMA_REFUSES,
     GEMMA_SUMMARY,
@@ -65,6 +66,11 @@ class Family:
     # profile sets it (`--model PATH`), and what `profiles show --model` reports
     folder_values: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     summary: tuple[str, ...] = MASKED_SUMMARY  # settings a run's one-line summary shows
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.cannot) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"{self.name}: `cannot` names no feature {unknown} ({FEATURES})")
 
     @property
     def traits(self) -> StepperTraits:

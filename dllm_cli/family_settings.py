@@ -25,8 +25,8 @@ class StepperTraits:
     frontier: bool = False  # frontier-walking committers apply (an AR guide, a grammar)
     # how a grammar steers it: "frontier", it verifies each row's run from its first mask
     # (grammar_committer.py); "canvas", it picks each finished canvas's tokens left to right
-    # (gemma_grammar.py); None: it cannot
-    grammar: str | None = None
+    # (gemma_grammar.py); a family that cannot follow one says so in its `cannot` table
+    grammar: str = "frontier"
     prompt_blocks: bool = False  # blocks start at the prompt's block boundary (block-causal)
     uniform: bool = False  # uniform-state diffusion: drafts replace tokens, there are no masks
     whole_canvases: bool = False  # the answer is denoised in whole canvases of the checkpoint's
@@ -39,8 +39,8 @@ class StepperTraits:
 # Family.stepper -> its traits (decoding/stepper.py STEPPERS: the classes)
 TRAITS: Mapping[str, StepperTraits] = MappingProxyType(
     {
-        "masked": StepperTraits(frontier=True, grammar="frontier"),
-        "block": StepperTraits(prompt_blocks=True, grammar="frontier"),
+        "masked": StepperTraits(frontier=True),
+        "block": StepperTraits(prompt_blocks=True),
         "gemma": StepperTraits(
             grammar="canvas",
             uniform=True,
@@ -87,10 +87,12 @@ BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
         "confidence": (("low_confidence",), "the references rank by the draft's probability"),
     }
 )
-# Features a family cannot run: feature -> why, refused in one line where the feature starts
-# (`refuse_feature`: models/loading.py for quantize, batch.py and serve/scores.py for answer
-# logprobs, commands/generate.py, api.py and serve/engines.py for a grammar or JSON schema,
-# scoring.py for likelihood scoring).
+# The features a family's `cannot` table may name (feature -> why), each refused in one line
+# where it starts (`refuse_feature`): "quantize" in models/loading.py, "logprobs" (answer
+# log-probabilities) in batch.py, serve/scores.py and the engine, "grammar" (a grammar or JSON
+# schema) in commands/generate.py, api.py and serve/engines.py, "scoring" in scoring.py. Today
+# every family runs every feature but scoring; the guards stand for the next row.
+FEATURES = ("quantize", "logprobs", "grammar", "scoring")
 GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
     {
         "scoring": "transformers' own generate scores no likelihood",
@@ -146,6 +148,7 @@ def check_refused(family: Family, s: DecodeSettings, where=lambda key: "") -> No
 def refuse_feature(family: Family, feature: str, what: str, error=SettingsError) -> None:
     """`what` (a flag, a request field) in one line naming why, when the family `cannot`
     run `feature`."""
+    assert feature in FEATURES, feature
     if feature in family.cannot:
         raise error(f"{what} does not apply to {family.title}: {family.cannot[feature]}")
 

@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 from checkpoints import write_dream, write_llada
-from cli_fixtures import invoke, isolated_fixture  # noqa: F401
+from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
 from test_decode_reference import dream_generate, llada_generate
 
 from dllm_cli.decoding import gemma
 from dllm_cli.decoding.sampling import FAMILIES as SAMPLERS
-from dllm_cli.errors import ModelLoadError
+from dllm_cli.errors import ModelLoadError, SettingsError
 from dllm_cli.families import (
     FAMILIES,
     family_for_config,
@@ -64,6 +64,64 @@ def test_diffusion_gemma_refuses_what_its_sampler_does_not_use():
     family = FAMILIES["diffusion_gemma"]
     assert not set(family.refuses) & set(gemma.USED) and family.traits.own_model
     gemma.check_settings(reference_settings(family), canvas=256)  # its reference runs
+
+
+def test_a_cannot_table_must_name_known_features():
+    with pytest.raises(ValueError, match="lengths"):
+        replace(FAMILIES["llada"], cannot={"lengths": "why"})
+
+
+WHY = "its reference has no such thing"
+
+
+@pytest.fixture
+def cannot(monkeypatch):
+    """Patch the LLaDA row to say it cannot run `feature` (every family runs these today; each
+    feature's guard at its start is for the next row that cannot: family_settings.FEATURES)."""
+
+    def patch(feature: str) -> None:
+        monkeypatch.setitem(FAMILIES, "llada", replace(FAMILIES["llada"], cannot={feature: WHY}))
+
+    return patch
+
+
+@pytest.mark.parametrize(
+    "feature, flags",
+    [
+        ("quantize", ["--quantize", "int8"]),
+        ("logprobs", ["--logprobs", "2"]),
+        ("grammar", ["--grammar", "GRAMMAR"]),
+    ],
+)
+def test_a_feature_the_table_says_a_family_cannot_run_is_refused_in_one_line(
+    feature, flags, llada_folder, cannot, tmp_path
+):
+    cannot(feature)
+    grammar = tmp_path / "g.lark"
+    grammar.write_text('start: "a"\n')
+    flags = [str(grammar) if f == "GRAMMAR" else f for f in flags]
+    folder = str(llada_folder.folder)
+    result = invoke("generate", PROMPT, "--model", folder, "--gen-length", "8", *flags)
+    assert result.exit_code == 2, result.output
+    (line,) = error_lines(result)
+    assert f"error: {flags[0]}" in line and f"does not apply to LLaDA: {WHY}" in line, line
+
+
+def test_the_api_and_the_server_refuse_a_grammar_the_table_says_a_family_cannot_run(
+    llada_folder, cannot
+):
+    from dllm_cli.api import LLM
+    from dllm_cli.serve.engines import checked
+    from dllm_cli.serve.protocol import ApiError, Job
+
+    llm = LLM(model=str(llada_folder.folder), gen_length=8)
+    cannot("grammar")
+    with pytest.raises(SettingsError, match=f"json_schema does not apply to LLaDA: {WHY}"):
+        llm.generate(PROMPT, json_schema={"type": "integer"})
+    job = Job(kind="chat", prompt=PROMPT, structure=("json_schema", "{}"))
+    with pytest.raises(ApiError, match=f"response_format does not apply to LLaDA: {WHY}") as e:
+        checked(llm.runtime, job)
+    assert e.value.status == 400
 
 
 def test_dispatch_reads_architectures_before_model_type():

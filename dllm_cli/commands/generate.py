@@ -177,7 +177,7 @@ def generate_command(
             family = FAMILIES[runtime.loaded.family]
             refuse_feature(family, "grammar", "--json-schema" if json_schema else "--grammar")
             runtime.grammar = compile_grammar(*source, vocab_of(runtime))
-            runtime.committer()  # refused here (one line) when this model cannot follow it
+            runtime.committer()  # refused here (one line) when the unmask rule cannot follow it
         json_out = json_out or json_canvas or logprobs is not None
         pipeline = Pipeline(runtime, batch_size, json_out, json_input, canvas=json_canvas)
         pipeline.logprobs = logprobs

@@ -287,10 +287,8 @@ def runtime_committer(
     runtime, default: Grammar | None = None, guided: bool = True, fast_forward: bool = True
 ) -> GrammarCommitter | CanvasGrammar:
     """The grammar committer for this runtime's model and settings, as its family's traits say
-    a grammar steers it (GrammarError: it cannot)."""
+    a grammar steers it."""
     kind = family_of_model(runtime.loaded.model)
-    if kind.traits.grammar is None:
-        raise GrammarError(f"structured output is not supported for {kind.title}")
     return GRAMMAR_COMMITTERS[kind.traits.grammar](runtime, default, guided, fast_forward)
 
 

@@ -19,6 +19,7 @@ from dllm_cli.decoding import Engine, open_engine
 from dllm_cli.decoding.slots import static_reason
 from dllm_cli.errors import DllmError
 from dllm_cli.families import FAMILIES
+from dllm_cli.family_settings import refuse_feature
 from dllm_cli.lifetimes import SAMPLING_FIELDS
 from dllm_cli.runtime import Runtime, check_family
 from dllm_cli.serve.protocol import ApiError, Job
@@ -84,11 +85,10 @@ def checked(runtime: Runtime, job: Job) -> Job:
     from dllm_cli.decoding.grammar import GrammarError, compile_grammar, vocab_of
 
     family = FAMILIES[runtime.loaded.family]
-    if "grammar" in family.cannot:  # the family table's reason, before any vocabulary is read
-        why = family.cannot["grammar"]
-        raise ApiError(
-            400, f"response_format does not apply to {family.title}: {why}", "response_format"
-        )
+    # the family table's reason, before any vocabulary is read
+    refuse_feature(
+        family, "grammar", "response_format", lambda m: ApiError(400, m, "response_format")
+    )
     try:
         grammar = compile_grammar(*job.structure, vocab_of(runtime))
     except GrammarError as e:
