@@ -91,16 +91,12 @@ BLOCK_ONLY: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
 # where it starts (`refuse_feature`): "quantize" in models/loading.py, "logprobs" (answer
 # log-probabilities) in batch.py, serve/scores.py and the engine, "grammar" (a grammar or JSON
 # schema) in commands/generate.py, api.py and serve/engines.py, "scoring" in scoring.py. Today
-# every family runs every feature but scoring; the guards stand for the next row.
+# every family runs every feature but DiffusionGemma scoring; the guards stand for the
+# next row.
 FEATURES = ("quantize", "logprobs", "grammar", "scoring")
 GEMMA_CANNOT: Mapping[str, str] = MappingProxyType(
     {
         "scoring": "transformers' own generate scores no likelihood",
-    }
-)
-BLOCK_CANNOT: Mapping[str, str] = MappingProxyType(
-    {
-        "scoring": "it decodes block-causally and its reference scores no likelihood",
     }
 )
 GENERATION_CONFIG = "generation_config.json"
@@ -115,7 +111,6 @@ BLOCK_CAUSAL: Mapping[str, object] = MappingProxyType(
         "stepper": "block",
         "refuses": BLOCK_REFUSES,
         "only": BLOCK_ONLY,
-        "cannot": BLOCK_CANNOT,
         "summary": BLOCK_SUMMARY,
     }
 )

@@ -15,7 +15,15 @@ cross-entropy by 1 / (share masked). Each family follows its own reference:
   (1 - 1e-3) * ((u + i / batch) mod 1) + 1e-3 and every token of the whole sequence is masked
   with that chance (its first and last column never), of which only the continuation's masks
   are kept; logits are shifted one column right (Dream predicts the next column).
-- Block-diffusion families and DiffusionGemma are refused with the family table's reason.
+- SDAR and LLaDA2.x (block-causal): no reference scores a likelihood, so dllm reads one from
+  what these models are trained on (SDAR arXiv 2510.06303, LLaDA2.0 arXiv 2512.15745, after
+  BD3-LM arXiv 2503.09573): log p(continuation | context) is the sum over the continuation's
+  blocks (the model's `block_size`, aligned to absolute positions as decoding aligns them) of
+  log p(block | everything before it), each bounded by the masked-diffusion ELBO of that block
+  with the earlier blocks clean and later ones unseen (the block-causal key mask). Each block
+  takes LLaDA's draws (stratified counts, random places) over its own continuation tokens,
+  `samples // batch` batches per block; a block holding one continuation token is exact.
+- DiffusionGemma is refused with the family table's reason.
 
 Under --tensor-parallel the model's logits are this rank's slice of the vocabulary: the
 cross-entropies and log-probabilities here come from one all-gather per forward of each row's
@@ -41,6 +49,7 @@ from dllm_cli.decoding.shard_summaries import held
 from dllm_cli.errors import InputError
 from dllm_cli.families import FAMILIES
 from dllm_cli.family_settings import refuse_feature
+from dllm_cli.models.block import block_key_mask
 
 ROWS_PER_FORWARD = 64  # masked rows forwarded together (draws never depend on this)
 CANDIDATES = 20  # alternatives a split model's ranks send per row (the server's most)
@@ -65,6 +74,7 @@ class Estimator:
     append_eos: bool  # the reference scores context + continuation + EOS
     cfg: bool  # the reference has an unconditional branch (cfg_scale)
     source: str
+    blocks: bool = False  # block-causal: one block noisy at a time (`block_draws`)
 
 
 @dataclass(frozen=True)
@@ -163,11 +173,48 @@ def dream_masks(
     return masked, ratio
 
 
+def block_draws(
+    block: int, context: int, target: int, batch: int, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks * batch, context + target) masks and ratios: LLaDA's draws over the continuation
+    tokens of each block in turn (blocks aligned to absolute positions), the rest clean."""
+    length = context + target
+    masks, ratios = [], []
+    for lo in range(context // block * block, length, block):
+        start, end = max(lo, context), min(lo + block, length)
+        masked, ratio = llada_masks(start, end - start, batch, g)  # (batch, end)
+        masks.append(F.pad(masked, (0, length - end)))
+        ratios.append(ratio)
+    return torch.cat(masks), torch.cat(ratios)
+
+
+def draws(rule: Estimator, model, context: int, target: int, samples: int, batch: int, g):
+    """Every mask row of one estimate and its ratio, in the draw order its batches average."""
+    n = max(samples // batch, 1)
+    if rule.blocks:
+        return [block_draws(model.block_size, context, target, batch, g) for _ in range(n)]
+    return [rule.masks(context, target, batch, g) for _ in range(n)]
+
+
+def forwards(rule: Estimator, model, context: int, target: int, samples: int, batch: int) -> int:
+    """Model forwards one estimate takes."""
+    rows = max(samples // batch, 1) * batch
+    if rule.blocks:
+        block = model.block_size
+        rows *= -(-(context + target) // block) - context // block
+    return -(-rows // ROWS_PER_FORWARD)
+
+
+BLOCK = Estimator(
+    llada_masks, 0, 128, 16, False, False, "dllm's own (no reference scores)", blocks=True
+)
 LLADA = Estimator(llada_masks, 0, 128, 16, False, True, "ML-GSAI/LLaDA get_log_likelihood.py")
 ESTIMATORS: dict[str, Estimator] = {
     "llada": LLADA,
     "llada_moe": LLADA,
     "dream": Estimator(dream_masks, 1, 128, 1, True, False, "DreamLM/Dream eval/eval.py (mc, ftb)"),
+    "sdar": BLOCK,
+    "llada2": BLOCK,
 }
 
 
@@ -181,9 +228,11 @@ def estimator_for(family: str) -> Estimator:
     raise InputError(f"scoring: no likelihood estimator is known for {family}")
 
 
-def column_logits(model, rows: torch.Tensor, shift: int) -> torch.Tensor:
-    """(R, S, V) logits aligned so column i predicts column i (Dream's shifted right)."""
-    logits = model(rows)
+def column_logits(model, rows: torch.Tensor, shift: int, blocks: bool = False) -> torch.Tensor:
+    """(R, S, V) logits aligned so column i predicts column i (Dream's shifted right); `blocks`:
+    under the block-causal key mask the model decodes with."""
+    keys = block_key_mask(rows.shape[1], model.block_size, rows.device)[None] if blocks else None
+    logits = model(rows, key_mask=keys)
     if shift:
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
     return logits
@@ -226,23 +275,24 @@ def estimate(
     target = list(continuation) + ([eos] if rule.append_eos and eos is not None else [])
     seq = torch.tensor([*context, *target])  # (S,)
     g = torch.Generator().manual_seed(seed)
-    draws = [
-        rule.masks(len(context), len(target), batch, g) for _ in range(max(samples // batch, 1))
-    ]
-    masked = torch.cat([m for m, _ in draws])  # (N * batch, S)
-    ratio = torch.cat([r for _, r in draws])  # (N * batch,)
+    drawn = draws(rule, model, len(context), len(target), samples, batch, g)
+    masked = torch.cat([m for m, _ in drawn])  # (N * batch * blocks, S)
+    ratio = torch.cat([r for _, r in drawn])  # (N * batch * blocks,)
     device = next(model.parameters()).device
     weighted = torch.zeros(masked.shape, dtype=torch.float64)  # (N * batch, S)
     with torch.inference_mode():
         for lo in range(0, masked.shape[0], ROWS_PER_FORWARD):
             part = masked[lo : lo + ROWS_PER_FORWARD].to(device)
             rows = torch.where(part, mask, seq.to(device)[None])  # (R, S)
-            logits = guided_logits(model, rows, len(context), cfg, mask, rule.shift)
+            if rule.blocks:
+                logits = column_logits(model, rows, rule.shift, blocks=True)
+            else:
+                logits = guided_logits(model, rows, len(context), cfg, mask, rule.shift)
             truth = seq.to(device)[None].expand_as(rows)[part]
             loss = VocabLogProbs(model).losses(logits[part], truth)
             own = ratio[lo : lo + ROWS_PER_FORWARD].to(device)[:, None].expand_as(rows)[part]
             weighted[lo : lo + ROWS_PER_FORWARD][part.cpu()] = (loss / own).double().cpu()
-    per_batch = weighted.view(len(draws), batch, -1).sum(dim=1) / batch  # (N, S)
+    per_batch = weighted.view(len(drawn), -1, len(seq)).sum(dim=1) / batch  # (N, S)
     shares = (-per_batch.mean(dim=0))[len(context) : len(context) + len(continuation)]
     totals = per_batch.sum(dim=1)  # (N,): each batch's loss, as the reference sums it
     return Estimate(-float(totals.mean()), shares.tolist())
@@ -262,7 +312,7 @@ def greedy_flags(
     rows[torch.arange(n)[None, :] >= at[:, None]] = mask
     device = next(model.parameters()).device
     with torch.inference_mode():
-        logits = column_logits(model, rows.to(device), rule.shift)  # (R, n, V)
+        logits = column_logits(model, rows.to(device), rule.shift, rule.blocks)  # (R, n, V)
         vocab = VocabLogProbs(model)
         picked = vocab.hide(logits[torch.arange(len(at)), at.to(device)].float(), mask)  # (R, V)
         logp = vocab.table(picked, seq[start:].to(device))
@@ -275,7 +325,8 @@ def next_token(model, mask: int, family: str, ids: list[int]) -> tuple[int, torc
     rule = estimator_for(family)
     rows = torch.tensor([*ids, mask])[None]  # (1, n + 1)
     with torch.inference_mode():
-        logits = column_logits(model, rows.to(next(model.parameters()).device), rule.shift)
+        device = next(model.parameters()).device
+        logits = column_logits(model, rows.to(device), rule.shift, rule.blocks)
         vocab = VocabLogProbs(model)
         logp = vocab.table(vocab.hide(logits[0, -1:].float(), mask))[0]  # (V,)
     return int(logp.argmax()), logp

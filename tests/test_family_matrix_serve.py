@@ -5,6 +5,7 @@ one row per families.py family (and LLaDA2.1's editing) on its tiny random folde
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 
@@ -118,6 +119,23 @@ def test_serve_runs_a_feature_or_refuses_it_by_the_family_table(row, client, fea
         assert why is not None and why in e.body["message"], e.body
         return
     assert why is None and check(reply), reply
+
+
+def test_serve_echo_scores_or_refuses_scoring_by_the_family_table(row, client):
+    """`echo` + `logprobs` with max_tokens 0 (lm-eval's loglikelihood): the prompt's tokens
+    with a score each but the first, or a 400 with the family table's reason."""
+    ask = dict(model=served(client), prompt=PROMPTS[0], echo=True, logprobs=1, max_tokens=0)
+    body = {"score_samples": 4, "score_batch": 2, "score_splits": 3}
+    why = FAMILIES[row.family].cannot.get("scoring")
+    try:
+        reply = client.completions.create(**ask, extra_body=body)
+    except openai.BadRequestError as e:
+        assert why is not None and why in e.body["message"], e.body
+        return
+    values = reply.choices[0].logprobs.token_logprobs
+    assert why is None and len(values) >= 2 and values[0] is None, values
+    scored = values[max(1, len(values) - 3) :]  # the last three splits (score_splits)
+    assert all(v is not None and math.isfinite(v) for v in scored), values
 
 
 def test_serve_decodes_requests_of_other_max_tokens_on_one_engine(client):

@@ -1,6 +1,6 @@
 """`dllm serve --tensor-parallel 2` under torchrun (CPU, gloo, 127.0.0.1): the official `openai`
 client gets the text a one-process server sends (sampled, with logprobs, and greedy) and its echo
-scores; a client leaving mid-stream does not break the
+scores (a block-causal model's too); a client leaving mid-stream does not break the
 next request; a rank killed mid-request answers it with a 503 error object and ends the server
 with one line naming the rank."""
 
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from block_checkpoints import write_sdar
 from checkpoints import write_llada
 from test_distributed import LAUNCH_TIMEOUT, loopback_env
 
@@ -164,6 +165,27 @@ def test_two_ranks_serve_the_guide_a_json_schema_and_cfg_as_one_process():
         got = featured(url)
         assert got[:-1] == expected[:-1]
         assert got[-1] == pytest.approx(expected[-1], abs=1e-4)  # the logprobs' values
+    finally:
+        stop(split)
+    assert not [line for line in said if line.startswith("dllm: error")], said
+
+
+@pytest.mark.slow
+def test_two_ranks_echo_score_a_block_causal_model_as_one_process(tmp_path):
+    """SDAR's block-wise estimate (scoring.py) from the ranks' gathered summaries."""
+    folder = write_sdar(tmp_path / "sdar").folder
+    env = loopback_env()
+    args = ["serve", "--port", "0", "--device", "cpu", "--model", str(folder), "--no-ui"]
+    alone, url, _ = start([sys.executable, "-m", "dllm_cli", *args], env)
+    try:
+        scored = echo_scores(url)
+    finally:
+        stop(alone)
+    split, url, said = start(
+        torchrun(["-m", "dllm_cli", *args, "--tensor-parallel", "2"], env), env
+    )
+    try:
+        assert_scores_match(echo_scores(url), scored)
     finally:
         stop(split)
     assert not [line for line in said if line.startswith("dllm: error")], said

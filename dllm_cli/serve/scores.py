@@ -154,7 +154,8 @@ def scored(runtime: Runtime, ids: list[int], totals: list[float], score, seconds
         base = values[j] - float(logp[j - first, ids[j]])  # the token carries its score
         top.append(alternatives(runtime, logp[j - first], score.top, base, ids[j]))
     tokens = [piece(runtime, t) for t in ids]
-    forwards = len(totals) * estimate_forwards(runtime, score) + 1
+    forwards = sum(estimate_forwards(runtime, score, ids, c) for c in range(first, len(ids)))
+    forwards += 1
     if after is not None:
         token, row = after
         tokens.append(piece(runtime, token))
@@ -164,13 +165,13 @@ def scored(runtime: Runtime, ids: list[int], totals: list[float], score, seconds
     return Scored(tokens, values, top, len(ids), forwards, seconds)
 
 
-def estimate_forwards(runtime: Runtime, score) -> int:
-    """Model forwards one estimate takes."""
-    rule = scoring.estimator_for(runtime.loaded.model.family)
+def estimate_forwards(runtime: Runtime, score, ids: list[int], c: int) -> int:
+    """Model forwards the estimate of context ids[:c] takes."""
+    model = runtime.loaded.model
+    rule = scoring.estimator_for(model.family)
     samples = score.samples or rule.samples
     batch = min(score.batch or rule.batch, samples)
-    rows = max(samples // batch, 1) * batch
-    return -(-rows // scoring.ROWS_PER_FORWARD)
+    return scoring.forwards(rule, model, c, len(ids) - c, samples, batch)
 
 
 def alternatives(runtime: Runtime, logp: torch.Tensor, k: int, base: float, own: int):
