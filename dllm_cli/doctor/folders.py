@@ -16,6 +16,7 @@ early stop has work to do.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,22 @@ class Family:
     roles: dict[str, str]  # role -> special token (mask, eos, pad, bos, eot)
     config: type
     model: type
+    shape: Callable[[int], dict]  # the vocabulary size -> the tiny config's fields
+    head: Callable[[torch.nn.Module], torch.Tensor]  # the model's LM head weight
+
+
+def llada_shape(size: int) -> dict:
+    """Two layers of width 32, seven padded embedding rows."""
+    shape = {"d_model": 32, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2}
+    shape |= {"mlp_hidden_size": 48, "vocab_size": size, "embedding_size": size + 7}
+    return shape | {"max_sequence_length": 512}
+
+
+def dream_shape(size: int) -> dict:
+    """Two layers of width 32 with grouped-query attention, eleven padded rows."""
+    shape = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2}
+    shape |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": size + 11}
+    return shape | {"max_position_embeddings": 512}
 
 
 FAMILIES: dict[str, Family] = {
@@ -53,6 +70,8 @@ FAMILIES: dict[str, Family] = {
         },
         LLaDAConfig,
         LLaDAModelLM,
+        llada_shape,
+        lambda model: model.model.transformer.ff_out.weight,
     ),
     "dream": Family(
         ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|beginoftext|>", "<|mask|>"),
@@ -64,6 +83,8 @@ FAMILIES: dict[str, Family] = {
         },
         DreamConfig,
         DreamModel,
+        dream_shape,
+        lambda model: model.lm_head.weight,
     ),
 }
 
@@ -96,16 +117,10 @@ def write_tokenizer(folder: Path, family: Family) -> dict[str, int]:
 
 
 def tiny_config(kind: str, ids: dict[str, int]):
-    """Two layers of width 32 (Dream with grouped-query attention), padded embedding rows."""
-    size, family = ids["size"], FAMILIES[kind]
+    """The family's tiny shape (`Family.shape`) with the folder's special token ids."""
+    family = FAMILIES[kind]
     common = {f"{role}_token_id": ids[role] for role in ("mask", "eos", "pad", "bos")}
-    if kind == "llada":
-        shape = {"d_model": 32, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2}
-        shape |= {"mlp_hidden_size": 48, "vocab_size": size, "embedding_size": size + 7}
-        return family.config(**shape, max_sequence_length=512, **common)
-    shape = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2}
-    shape |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": size + 11}
-    return family.config(**shape, max_position_embeddings=512, **common)
+    return family.config(**family.shape(ids["size"]), **common)
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
@@ -136,7 +151,7 @@ def write_diffusion(folder: Path, kind: str, seed: int = 0) -> Path:
     ids = write_tokenizer(folder, FAMILIES[kind])
     model = FAMILIES[kind].model(tiny_config(kind, ids)).float()
     randomize(model, seed)
-    head = model.lm_head.weight if kind == "dream" else model.model.transformer.ff_out.weight
+    head = FAMILIES[kind].head(model)
     with torch.no_grad():
         head.copy_(HEAD_SCALE * head / head.norm(dim=1, keepdim=True))  # no row dominates
         head[ids["eos"]] = EOS_BOOST * head[understudy(model, ids, EOS_RANK)]
