@@ -74,7 +74,7 @@ class Estimator:
     append_eos: bool  # the reference scores context + continuation + EOS
     cfg: bool  # the reference has an unconditional branch (cfg_scale)
     source: str
-    blocks: bool = False  # block-causal: one block noisy at a time (`block_draws`)
+    blocks: bool = False  # block-causal: `masks` draws in one block at a time (`block_draws`)
 
 
 @dataclass(frozen=True)
@@ -174,15 +174,16 @@ def dream_masks(
 
 
 def block_draws(
-    block: int, context: int, target: int, batch: int, g: torch.Generator
+    rule: Estimator, block: int, context: int, target: int, batch: int, g: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(blocks * batch, context + target) masks and ratios: LLaDA's draws over the continuation
-    tokens of each block in turn (blocks aligned to absolute positions), the rest clean."""
+    """(blocks * batch, context + target) masks and ratios: the rule's draws over the
+    continuation tokens of each block in turn (blocks aligned to absolute positions), the rest
+    clean."""
     length = context + target
     masks, ratios = [], []
     for lo in range(context // block * block, length, block):
         start, end = max(lo, context), min(lo + block, length)
-        masked, ratio = llada_masks(start, end - start, batch, g)  # (batch, end)
+        masked, ratio = rule.masks(start, end - start, batch, g)  # (batch, end)
         masks.append(F.pad(masked, (0, length - end)))
         ratios.append(ratio)
     return torch.cat(masks), torch.cat(ratios)
@@ -192,7 +193,8 @@ def draws(rule: Estimator, model, context: int, target: int, samples: int, batch
     """Every mask row of one estimate and its ratio, in the draw order its batches average."""
     n = max(samples // batch, 1)
     if rule.blocks:
-        return [block_draws(model.block_size, context, target, batch, g) for _ in range(n)]
+        block = model.block_size
+        return [block_draws(rule, block, context, target, batch, g) for _ in range(n)]
     return [rule.masks(context, target, batch, g) for _ in range(n)]
 
 
