@@ -49,7 +49,7 @@ class Family:
     config_class: str  # "module:Class", imported on use
     model_class: str
     logit_shift: int  # 0: column i predicts itself; 1: it predicts column i + 1
-    sampler: str  # key of decoding/sampling.py FAMILIES (how drafts and confidences are made)
+    sampler: str  # key of decoding/sampling.py SAMPLERS (how drafts and confidences are made)
     reference: Mapping[str, object]  # DecodeSettings values of the family's own generate code
     source: str  # where `reference` was read
     whole_answer: bool = False  # the reference has no blocks: block_length = gen_length

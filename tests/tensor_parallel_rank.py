@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from dllm_cli.decoding import decode
 from dllm_cli.decoding.engine import Engine
-from dllm_cli.decoding.sampling import FAMILIES, Sampler
+from dllm_cli.decoding.sampling import SAMPLERS, Sampler
 from dllm_cli.decoding.shard_summaries import Last
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.models.collectives import Counts, Shards
@@ -183,8 +183,8 @@ def drafts(shards: Shards) -> list[dict]:
                 settings = DecodeSettings(
                     confidence=confidence, top_k=top_k, temperature=temperature, top_p=top_p
                 )
-                whole = Sampler(settings, FAMILIES[family], 99, 7)  # ids 99, 100: padding
-                sharded = ShardedSampler(shards, lo, 101, settings, FAMILIES[family], 99, 7, True)
+                whole = Sampler(settings, SAMPLERS[family], 99, 7)  # ids 99, 100: padding
+                sharded = ShardedSampler(shards, lo, 101, settings, SAMPLERS[family], 99, 7, True)
                 tokens, conf, probs = whole.draft(logits, torch.Generator().manual_seed(1))
                 mine, mine_conf, part = sharded.draft(
                     logits[..., lo:hi], torch.Generator().manual_seed(1)

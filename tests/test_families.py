@@ -13,7 +13,7 @@ from cli_fixtures import error_lines, invoke, isolated_fixture  # noqa: F401
 from test_decode_reference import dream_generate, llada_generate
 
 from dllm_cli.decoding import gemma
-from dllm_cli.decoding.sampling import FAMILIES as SAMPLERS
+from dllm_cli.decoding.sampling import SAMPLERS
 from dllm_cli.errors import ModelLoadError, SettingsError
 from dllm_cli.families import (
     FAMILIES,

@@ -17,7 +17,7 @@ from block_reference import sample
 from dllm_cli.decoding import shard_summaries, sharded_sampling
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rules import KlassMemory, entropy, step_kl
-from dllm_cli.decoding.sampling import FAMILIES, Reads, Sampler
+from dllm_cli.decoding.sampling import SAMPLERS, Reads, Sampler
 from dllm_cli.decoding.sharded_sampling import ShardedSampler, block_drafter
 from dllm_cli.lifetimes import Sampling
 from dllm_cli.models.collectives import Shards
@@ -107,10 +107,10 @@ CASES = [
 @pytest.mark.parametrize(("family", "settings"), CASES)
 def test_shards_draft_the_one_process_tokens_and_confidences(family, settings):
     logits = logits_for(0)
-    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    whole = Sampler(settings, SAMPLERS[family], VOCAB, MASK)
     tokens, conf, _ = whole.draft(logits, torch.Generator().manual_seed(3))
     for world in (2, 3):
-        for mine, mine_conf, gathers in sharded(settings, FAMILIES[family], logits, world):
+        for mine, mine_conf, gathers in sharded(settings, SAMPLERS[family], logits, world):
             assert torch.equal(mine, tokens)
             assert mine_conf.dtype == conf.dtype
             torch.testing.assert_close(mine_conf, conf, rtol=1e-5, atol=2e-6)
@@ -121,9 +121,9 @@ def test_top_p_of_a_flat_distribution_gathers_more_candidates_and_stays_exact(mo
     monkeypatch.setattr(sharded_sampling, "NUCLEUS", 16)  # (64 would hold a shard of 51 whole)
     logits = logits_for(1, scale=0.05)  # near uniform: 0.95 of the mass needs most ids
     settings = DecodeSettings(temperature=1.0, top_p=0.95, confidence="margin")
-    whole = Sampler(settings, FAMILIES["dream"], VOCAB, MASK)
+    whole = Sampler(settings, SAMPLERS["dream"], VOCAB, MASK)
     tokens, conf, _ = whole.draft(logits, torch.Generator().manual_seed(3))
-    for mine, mine_conf, gathers in sharded(settings, FAMILIES["dream"], logits):
+    for mine, mine_conf, gathers in sharded(settings, SAMPLERS["dream"], logits):
         assert torch.equal(mine, tokens)
         torch.testing.assert_close(mine_conf, conf, rtol=1e-5, atol=1e-6)
         assert gathers > 1  # its 16 candidates per rank did not reach 0.95
@@ -142,9 +142,9 @@ def test_rows_sample_with_their_own_values_and_generators():
         return RowDraws(generators, tuple(own), (5, 4), (True, True))
 
     for family in ("llada", "dream"):
-        whole = Sampler(run, FAMILIES[family], VOCAB, MASK)
+        whole = Sampler(run, SAMPLERS[family], VOCAB, MASK)
         tokens, conf, _ = whole.draft(logits, rows())
-        for mine, mine_conf, _ in sharded(run, FAMILIES[family], logits, rows=rows):
+        for mine, mine_conf, _ in sharded(run, SAMPLERS[family], logits, rows=rows):
             assert torch.equal(mine, tokens), family
             torch.testing.assert_close(mine_conf, conf, rtol=1e-5, atol=1e-6)
 
@@ -153,10 +153,10 @@ def test_rows_sample_with_their_own_values_and_generators():
 def test_logprobs_read_the_one_process_values_from_the_gathered_candidates(family):
     logits = logits_for(5)
     settings = DecodeSettings(temperature=0.9, top_k=30, top_p=0.95)
-    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    whole = Sampler(settings, SAMPLERS[family], VOCAB, MASK)
     tokens, _, probs = whole.draft(logits, torch.Generator().manual_seed(3))
     want = torch.log(probs.double())
-    for mine, _, _, kept in sharded(settings, FAMILIES[family], logits, keep=True):
+    for mine, _, _, kept in sharded(settings, SAMPLERS[family], logits, keep=True):
         lp = torch.log(kept.double())
         chosen = lp.gather(-1, mine[..., None])
         torch.testing.assert_close(chosen, want.gather(-1, tokens[..., None]))
@@ -170,7 +170,7 @@ def test_shards_draw_the_block_families_multinomial_draft(t, k, p):
     logits = logits_for(4, shape=(2, 6, V))  # (N, B, V): two rows, blocks of 6
     own = [Sampling(t, p, k), Sampling(0.0)]  # the second row greedy
     seeded = lambda: [torch.Generator().manual_seed(s) for s in (5, 6)]  # noqa: E731
-    whole = Sampler(DecodeSettings(), FAMILIES["block"], VOCAB, MASK)
+    whole = Sampler(DecodeSettings(), SAMPLERS["block"], VOCAB, MASK)
     tokens, probs, _ = whole.drafts(logits.clone(), own, seeded())
     for i, (s, g) in enumerate(zip(own, seeded(), strict=True)):  # the references' multinomial
         want, want_p = sample(logits[i], s.temperature, MASK, VOCAB, s.top_k, s.top_p, g)
@@ -198,13 +198,13 @@ def test_shards_draw_the_block_families_multinomial_draft(t, k, p):
 def test_a_grammar_reads_each_shards_part_of_the_one_process_distribution(family, settings):
     logits = logits_for(6)
     allow = torch.rand(VOCAB) < 0.3  # a grammar's allowed ids
-    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    whole = Sampler(settings, SAMPLERS[family], VOCAB, MASK)
     _, _, probs = whole.draft(logits, torch.Generator().manual_seed(3))
     want = torch.where(allow, probs.double(), -1.0).flatten(0, 1).max(dim=-1)  # (B L,)
 
     def job(shards):
         lo, hi = shards.vocabulary(V)
-        s = ShardedSampler(shards, lo, V, settings, FAMILIES[family], VOCAB, MASK, True)
+        s = ShardedSampler(shards, lo, V, settings, SAMPLERS[family], VOCAB, MASK, True)
         _, _, part = s.draft(logits[..., lo:hi], torch.Generator().manual_seed(3))
         where = shard_summaries.VocabPart(lo, VOCAB, shards)
         mine = torch.where(where.ids(allow, hi - lo, False), part.double(), -1.0)
@@ -241,12 +241,12 @@ def test_winos_shadow_probability_rides_the_drafts_one_gather(world):
     tokens[0, 0] = 100  # a padding id (the softmax covers every logit, as one process's)
     want = torch.softmax(shadows.double(), dim=-1).gather(-1, tokens[..., None])[..., 0]
     settings = DecodeSettings(temperature=0.7, top_k=3)
-    whole = Sampler(settings, FAMILIES["dream"], VOCAB, MASK)
+    whole = Sampler(settings, SAMPLERS["dream"], VOCAB, MASK)
     drafted, conf, _ = whole.draft(logits, torch.Generator().manual_seed(3))
 
     def job(shards):
         lo, hi = shards.vocabulary(V)
-        s = ShardedSampler(shards, lo, V, settings, FAMILIES["dream"], VOCAB, MASK)
+        s = ShardedSampler(shards, lo, V, settings, SAMPLERS["dream"], VOCAB, MASK)
         every = s.ride(shard_summaries.shadow_summary(shadows[..., lo:hi], tokens, lo))
         mine, mine_conf, _ = s.draft(logits[..., lo:hi], torch.Generator().manual_seed(3))
         p = shard_summaries.shadow_probability(every())
@@ -299,7 +299,7 @@ def test_credits_fused_drafts_and_confidences_are_the_one_process_ones(family, r
 
     moved = []  # a step whose fused drafts differ from the sampler's
 
-    whole = Sampler(run, FAMILIES[family], VOCAB, MASK)
+    whole = Sampler(run, SAMPLERS[family], VOCAB, MASK)
     want = decode(
         lambda x, g: whole.draft(x, g),
         lambda ctx, m: fused_drafts(ctx, m.update(ctx, *ctx.probs.max(dim=-1)), m.alpha),
@@ -307,7 +307,7 @@ def test_credits_fused_drafts_and_confidences_are_the_one_process_ones(family, r
 
     def job(shards):
         lo, hi = shards.vocabulary(V)
-        s = ShardedSampler(shards, lo, V, run, FAMILIES[family], VOCAB, MASK, True)
+        s = ShardedSampler(shards, lo, V, run, SAMPLERS[family], VOCAB, MASK, True)
         seen = decode(
             lambda x, g: s.draft(x[..., lo:hi], g), lambda ctx, m: sharded_fused_drafts(ctx, m, s)
         )
@@ -336,7 +336,7 @@ MEASURED = [
 @pytest.mark.parametrize(("family", "settings"), MEASURED)
 def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, settings):
     steps = [logits_for(7), logits_for(8), logits_for(8) * 1.05]  # three steps of two rows
-    whole = Sampler(settings, FAMILIES[family], VOCAB, MASK)
+    whole = Sampler(settings, SAMPLERS[family], VOCAB, MASK)
     probs = [whole.draft(x, torch.Generator().manual_seed(3))[2].double() for x in steps]
     entropies = [entropy(p) for p in probs]  # (B, L) as eb reads them
     kls = [step_kl(p, q) for p, q in zip(probs[1:], probs, strict=False)]  # as KLASS's memory
@@ -344,7 +344,7 @@ def test_shards_measure_eb_entropies_and_klass_kls_in_the_one_gather(family, set
 
     def job(shards):
         lo, hi = shards.vocabulary(V)
-        s = ShardedSampler(shards, lo, V, settings, FAMILIES[family], VOCAB, MASK)
+        s = ShardedSampler(shards, lo, V, settings, SAMPLERS[family], VOCAB, MASK)
         s.memory = memory = KlassMemory()  # (RuleCommitter.shard hands it the rule's)
         seen = []
         for i, x in enumerate(steps):

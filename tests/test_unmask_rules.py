@@ -23,7 +23,7 @@ from dllm_cli.decoding import Decoder, decode
 from dllm_cli.decoding.canvas import Block
 from dllm_cli.decoding.ranking import confident_columns, top_columns
 from dllm_cli.decoding.rules import entropy_bounded_counts, step_kl
-from dllm_cli.decoding.sampling import FAMILIES, Reads, Sampler
+from dllm_cli.decoding.sampling import SAMPLERS, Reads, Sampler
 from dllm_cli.decoding.unmask import UNMASK_RULES, RuleCommitter, StepContext
 from dllm_cli.errors import SettingsError
 from dllm_cli.frontier import REFERENCE, parse_frontier, settings_at
@@ -112,7 +112,7 @@ def test_eb_reads_entropies_from_the_drafts_distributions():
     conf = probs.max(dim=-1).values
     cand = torch.ones(1, 3, dtype=torch.bool)
     settings = DecodeSettings(**EB)
-    sampler = Sampler(settings, FAMILIES["llada"], 2, 5)  # (the step measures the entropy)
+    sampler = Sampler(settings, SAMPLERS["llada"], 2, 5)  # (the step measures the entropy)
     _, _, _, h, _ = sampler.measured(torch.log(probs), torch.Generator(), reads=Reads(True))
     assert not sampler.measured(torch.log(probs), torch.Generator())[3]  # not asked: None
     ctx = StepContext(

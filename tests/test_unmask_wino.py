@@ -20,7 +20,7 @@ import dllm_cli.decoding.wino as wino
 from dllm_cli.decoding import Engine, decode, decode_steps
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.policies import Forward
-from dllm_cli.decoding.sampling import Sampler, family_of
+from dllm_cli.decoding.sampling import Sampler, sampler_rule_of
 from dllm_cli.errors import SettingsError
 from dllm_cli.settings import CACHES, DecodeSettings
 
@@ -96,7 +96,7 @@ def shadows_of(kind: str, ids: torch.Tensor):
     (deeper layers see column j through the other columns' states, as in the reference)."""
     loaded = tiny(kind, seed=3, head_scale=4.0, layers=1)
     model, s = loaded.model, DecodeSettings(unmask="wino", gen_length=8, block_length=4)
-    sampler = Sampler(s, family_of(model), SPECIAL.real_vocab(model.vocab_size), MASK)
+    sampler = Sampler(s, sampler_rule_of(model), SPECIAL.real_vocab(model.vocab_size), MASK)
     f = wino.ShadowForwards(model, sampler, 0.0, False)
     c = Canvas.build([ids[:4].tolist()], 8, MASK, 0, "cpu")
     c.ids[0] = ids

@@ -24,7 +24,7 @@ from dllm_cli.decoding import block_rules, block_step
 from dllm_cli.decoding.answer import answer_tokens
 from dllm_cli.decoding.block_step import BlockRow
 from dllm_cli.decoding.request import Request
-from dllm_cli.decoding.sampling import Sampler, family_of
+from dllm_cli.decoding.sampling import Sampler, sampler_rule_of
 from dllm_cli.decoding.shard_summaries import VocabPart
 from dllm_cli.decoding.sharded_sampling import block_drafter
 from dllm_cli.decoding.slots import Admission
@@ -76,7 +76,9 @@ class BlockStepper:
         self.stop_ids = torch.tensor(special.stop, device=self.device)
         self.kept_part: VocabPart | None = None  # logprobs read whole distributions
         if model.shards is None:
-            self.drafter = Sampler(settings, family_of(model), self.real_vocab, special.mask).drafts
+            self.drafter = Sampler(
+                settings, sampler_rule_of(model), self.real_vocab, special.mask
+            ).drafts
         else:  # a tensor-parallel rank drafts from its vocabulary shard (models/sharding.py)
             grammar = committer is not None  # it reads the shard's part of each distribution
             self.drafter = block_drafter(model, settings, self.real_vocab, special.mask, grammar)

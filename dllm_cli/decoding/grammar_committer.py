@@ -32,7 +32,7 @@ from dllm_cli.decoding.grammar import (
     vocab_of,
 )
 from dllm_cli.decoding.row_sampling import RowDraws
-from dllm_cli.decoding.sampling import family_of
+from dllm_cli.decoding.sampling import sampler_rule_of
 from dllm_cli.decoding.shard_summaries import WHOLE, VocabPart
 from dllm_cli.decoding.unmask import Committer, Decision, RuleCommitter, StepContext
 from dllm_cli.families import family_of_model, with_family_defaults
@@ -296,7 +296,7 @@ def frontier_committer(runtime, default, guided, fast_forward) -> GrammarCommitt
     """A GrammarCommitter over the settings' unmask rule (the guide verifying what it allows)."""
     model = runtime.loaded.model
     settings = with_family_defaults(runtime.settings, model.family)
-    family = family_of(model)
+    family = sampler_rule_of(model)
     rule = RuleCommitter(settings, family.schedule)
     tempered = family.tempered_confidence
     # the ids its distributions span: the real vocabulary, or (the block families' draw) the

@@ -25,7 +25,7 @@ from dllm_cli.decoding.policies import POLICIES
 from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import BlockWalk, FrontierWalk
-from dllm_cli.decoding.sampling import Reads, Sampler, family_of
+from dllm_cli.decoding.sampling import Reads, Sampler, sampler_rule_of
 from dllm_cli.decoding.sharded_sampling import ShardedSampler
 from dllm_cli.decoding.slots import Admission, cat_canvases, empty_canvas, pad_canvas
 from dllm_cli.decoding.unmask import Committer, RuleCommitter
@@ -58,7 +58,7 @@ class MaskedStepper:
         self.settings, self.model, self.special = settings, model, special
         self.admission, self.slots, self.quantum = admission, slots, quantum or admission.quantum
         self.vocabulary = model.get_input_embeddings().num_embeddings
-        family = family_of(model)
+        family = sampler_rule_of(model)
         self.committer = committer or RuleCommitter(settings, family.schedule)
         # A tensor-parallel model samples from its vocabulary shard (models/sharding.py); a
         # committer that reads distributions (a grammar's) gets the shard's part of them, and

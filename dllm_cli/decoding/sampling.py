@@ -1,6 +1,6 @@
 """Logits -> (draft token, confidence) for every column of the current block, for every family.
 
-One sampler, each family's reference declared in `FAMILIES` (docs/decoding-rules.md#sampling):
+One sampler, each family's reference declared in `SAMPLERS` (docs/decoding-rules.md#sampling):
 LLaDA (arXiv 2502.09992, generate.py `add_gumbel_noise`: Gumbel-max in float64), Dream (arXiv
 2508.15487, `sample_tokens`: temperature, then top-p, then top-k) and the block families
 (SDAR's and LLaDA2.x's generate: float32, temperature, then top-k, then top-p, one
@@ -57,7 +57,7 @@ def exponential(generators, shape: tuple[int, int], width: int, device) -> torch
 
 
 @dataclass(frozen=True)
-class Family:
+class SamplerRule:
     """How a family's reference sampler drafts: dtype, filter order, draw, confidence."""
 
     name: str
@@ -72,23 +72,23 @@ class Family:
 
 
 # Keyed by a families.py entry's `sampler` (LLaDA-MoE samples as LLaDA does).
-FAMILIES: dict[str, Family] = {
+SAMPLERS: dict[str, SamplerRule] = {
     # LLaDA upcasts to float64 and measures confidence on softmax(raw logits).
-    "llada": Family("llada", torch.float64, False, "linear", gumbel_argmax, gumbel,
+    "llada": SamplerRule("llada", torch.float64, False, "linear", gumbel_argmax, gumbel,
                     whole_width=False, top_k_first=False, greedy_filters=True),
     # Dream samples in the logits' dtype from softmax(filtered logits / temperature).
-    "dream": Family("dream", None, True, "dream", gumbel_argmax, gumbel,
+    "dream": SamplerRule("dream", None, True, "dream", gumbel_argmax, gumbel,
                     whole_width=False, top_k_first=False, greedy_filters=True),
     # SDAR / LLaDA2.x: float32, top-k then top-p, multinomial; T = 0 is the plain argmax (its
     # p from the unfiltered softmax). The schedule is unread (block_rules splits each block).
-    "block": Family("block", torch.float32, True, "linear", exponential_argmax, exponential,
+    "block": SamplerRule("block", torch.float32, True, "linear", exponential_argmax, exponential,
                     whole_width=True, top_k_first=True, greedy_filters=False),
 }  # fmt: skip
 
 
-def family_of(model) -> Family:
+def sampler_rule_of(model) -> SamplerRule:
     """The sampler family of a model, by its entry in families.py."""
-    return FAMILIES[family_of_model(model).sampler]
+    return SAMPLERS[family_of_model(model).sampler]
 
 
 def top_p_filter(logits: torch.Tensor, top_p) -> torch.Tensor:
@@ -168,7 +168,9 @@ class Sampler:
 
     kept_part = None  # its kept distributions cover the whole vocabulary (logprobs.record)
 
-    def __init__(self, settings: DecodeSettings, family: Family, vocab_size: int, mask_id: int):
+    def __init__(
+        self, settings: DecodeSettings, family: SamplerRule, vocab_size: int, mask_id: int
+    ):
         self.temperature = settings.temperature
         self.top_p, self.top_k = settings.top_p, settings.top_k
         self.kind = settings.confidence  # (a key of CONFIDENCE_KINDS)

@@ -31,7 +31,7 @@ import torch
 from dllm_cli.decoding.block_rules import Drafter
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.rules import KL_EPS, KlassMemory
-from dllm_cli.decoding.sampling import FAMILIES, NO_READS, Reads, row_confidence
+from dllm_cli.decoding.sampling import NO_READS, SAMPLERS, Reads, row_confidence
 from dllm_cli.decoding.shard_summaries import (
     EPS,
     Last,
@@ -94,7 +94,7 @@ class ShardedSampler:
         self.vocab_size, self.mask_id = vocab, mask
         self.distributions = distributions  # kept: each column's distribution over the shard
         self.run = Sampling.of(settings)
-        self.drawing = family  # its draw: noise, width, filter order (sampling.FAMILIES)
+        self.drawing = family  # its draw: noise, width, filter order (sampling.SAMPLERS)
         self.largest = max(shards.widths(width))
         self.riders: list[tuple[torch.Tensor, dict]] = []  # sent with the next gather (`ride`)
         # KLASS's memory (the rule's: `RuleCommitter.shard`): each request's last step's
@@ -376,7 +376,7 @@ def block_drafter(
     argmax, or its top-k, top-p, multinomial draw, and the draft's p (float32); a kept
     distribution is the shard's part with `distributions` (a grammar's), else the gathered
     candidates (logprobs')."""
-    sampler = ShardedSampler.of(model, settings, FAMILIES["block"], vocab, mask, distributions)
+    sampler = ShardedSampler.of(model, settings, SAMPLERS["block"], vocab, mask, distributions)
 
     def drafted(logits: torch.Tensor, samplings, generators, keep: bool = False):
         own = tuple(Sampling(s.temperature, s.top_p, s.top_k) for s in samplings)  # p: chosen

@@ -34,7 +34,7 @@ EOS_RANK = 1
 
 
 @dataclass(frozen=True)
-class Family:
+class TinyFolder:
     """How one family's tiny folder is spelled: special tokens, config and model class."""
 
     specials: tuple[str, ...]  # added after WORDS, in this order
@@ -59,8 +59,8 @@ def dream_shape(size: int) -> dict:
     return shape | {"max_position_embeddings": 512}
 
 
-FAMILIES: dict[str, Family] = {
-    "llada": Family(
+TINY_FOLDERS: dict[str, TinyFolder] = {
+    "llada": TinyFolder(
         ("<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"),
         {
             "bos": "<|startoftext|>",
@@ -73,7 +73,7 @@ FAMILIES: dict[str, Family] = {
         llada_shape,
         lambda model: model.model.transformer.ff_out.weight,
     ),
-    "dream": Family(
+    "dream": TinyFolder(
         ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|beginoftext|>", "<|mask|>"),
         {
             "bos": "<|beginoftext|>",
@@ -89,7 +89,7 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def write_tokenizer(folder: Path, family: Family) -> dict[str, int]:
+def write_tokenizer(folder: Path, family: TinyFolder) -> dict[str, int]:
     """tokenizer.json + tokenizer_config.json; returns role -> id and the vocabulary size."""
     vocab = {"<unk>": 0} | {w: i + 1 for i, w in enumerate(WORDS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -117,8 +117,8 @@ def write_tokenizer(folder: Path, family: Family) -> dict[str, int]:
 
 
 def tiny_config(kind: str, ids: dict[str, int]):
-    """The family's tiny shape (`Family.shape`) with the folder's special token ids."""
-    family = FAMILIES[kind]
+    """The family's tiny shape (`TinyFolder.shape`) with the folder's special token ids."""
+    family = TINY_FOLDERS[kind]
     common = {f"{role}_token_id": ids[role] for role in ("mask", "eos", "pad", "bos")}
     return family.config(**family.shape(ids["size"]), **common)
 
@@ -148,10 +148,10 @@ def save(folder: Path, model: torch.nn.Module) -> None:
 def write_diffusion(folder: Path, kind: str, seed: int = 0) -> Path:
     """A tiny random LLaDA or Dream folder (float32) that `load_model` loads as a real one."""
     folder.mkdir(parents=True, exist_ok=True)
-    ids = write_tokenizer(folder, FAMILIES[kind])
-    model = FAMILIES[kind].model(tiny_config(kind, ids)).float()
+    ids = write_tokenizer(folder, TINY_FOLDERS[kind])
+    model = TINY_FOLDERS[kind].model(tiny_config(kind, ids)).float()
     randomize(model, seed)
-    head = FAMILIES[kind].head(model)
+    head = TINY_FOLDERS[kind].head(model)
     with torch.no_grad():
         head.copy_(HEAD_SCALE * head / head.norm(dim=1, keepdim=True))  # no row dominates
         head[ids["eos"]] = EOS_BOOST * head[understudy(model, ids, EOS_RANK)]

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from dllm_cli.doctor.checks import Outcome
-from dllm_cli.doctor.folders import FAMILIES, randomize, save, write_diffusion, write_tokenizer
+from dllm_cli.doctor.folders import TINY_FOLDERS, randomize, save, write_diffusion, write_tokenizer
 
 DEGREES = (1, 2, 4)  # 1: the one-GPU baseline
 PROMPTS = "w3 w14 w15\nw9 w2 w6 w5 w35\nw8 w9\nw7 w9 w3 w23 w8 w4 w6\n"  # the folders' words
@@ -44,13 +44,13 @@ def skipped(gpus: int, cpu_reason: str | None) -> str | None:
 def write_wide(folder: Path) -> Path:
     """A random LLaDA folder wide enough for the split to matter (8 layers of width 1024)."""
     folder.mkdir(parents=True, exist_ok=True)
-    ids = write_tokenizer(folder, FAMILIES["llada"])
-    config = FAMILIES["llada"].config(
+    ids = write_tokenizer(folder, TINY_FOLDERS["llada"])
+    config = TINY_FOLDERS["llada"].config(
         **WIDE, vocab_size=ids["size"], embedding_size=ids["size"] + 7,
         max_sequence_length=1024, mask_token_id=ids["mask"], eos_token_id=ids["eos"],
         pad_token_id=ids["pad"], bos_token_id=ids["bos"],
     )  # fmt: skip
-    model = FAMILIES["llada"].model(config).float()
+    model = TINY_FOLDERS["llada"].model(config).float()
     randomize(model, seed=3)
     save(folder, model.to(torch.bfloat16))
     return folder
