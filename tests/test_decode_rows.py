@@ -124,12 +124,12 @@ def test_a_refresh_folds_into_the_windows_only_where_padding_costs_nothing():
     """One forward for a full row and cached rows when it computes no more row-columns than
     two would (wide Prefix windows), two when the windows are narrow (DualCache's block)."""
     from dllm_cli.decoding.forwards import folds
-    from dllm_cli.decoding.policies import Forward
+    from dllm_cli.decoding.policies import ForwardPlan
 
     model = spread("llada")
-    full = Forward(0, 40, refresh=True)
-    wide = [full, *[Forward(8, 40, refresh=False)] * 3]  # windows to the canvas end
-    narrow = [full, *[Forward(8, 12, refresh=False)] * 3]  # one block of 4
+    full = ForwardPlan(0, 40, refresh=True)
+    wide = [full, *[ForwardPlan(8, 40, refresh=False)] * 3]  # windows to the canvas end
+    narrow = [full, *[ForwardPlan(8, 12, refresh=False)] * 3]  # one block of 4
     spans = [(8, 12)] * 4
     assert folds(wide, spans, [0], model)
     assert not folds(narrow, spans, [0], model)

@@ -13,7 +13,7 @@ from dllm_cli.decoding import packing
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.forwards import Forwards
 from dllm_cli.decoding.packing import attention_groups
-from dllm_cli.decoding.policies import Forward
+from dllm_cli.decoding.policies import ForwardPlan
 from dllm_cli.decoding.sampling import Sampler
 from dllm_cli.families import family_of_model
 
@@ -33,9 +33,9 @@ def step_plans(c: Canvas, keys: int | None):
     w = c.prompt_width
     lead = [int(p) for p in c.pad]
     plans = [
-        Forward(lead[0], c.width, True, lead=lead[0]),
-        Forward(w - 1, w + 8, False, lead=lead[1]),
-        Forward(w + 3, w + 6, False, keys=keys, lead=lead[2]),
+        ForwardPlan(lead[0], c.width, True, lead=lead[0]),
+        ForwardPlan(w - 1, w + 8, False, lead=lead[1]),
+        ForwardPlan(w + 3, w + 6, False, keys=keys, lead=lead[2]),
     ]
     spans = [(w, w + 8), (w, w + 8), (w + 4, w + 6)]
     return plans, spans
@@ -45,7 +45,7 @@ def filled(model, c: Canvas, slots: int, rows: torch.Tensor | None = None) -> KV
     """A cache with every row's K/V from one refresh (each row from its first real column);
     canvas row r in cache row rows[r]."""
     cache = KVCache.for_model(model, slots, c.width, scratch=True)
-    refresh = [Forward(int(p), c.width, True, lead=int(p)) for p in c.pad]
+    refresh = [ForwardPlan(int(p), c.width, True, lead=int(p)) for p in c.pad]
     seen = cache if rows is None else cache.view(rows)
     executor(model, packs=False)(c, seen, refresh, [(c.prompt_width, c.width)] * c.batch, None)
     return cache
@@ -91,8 +91,8 @@ def test_a_packed_step_computes_only_real_columns():
 
 
 def test_attention_groups_keep_far_apart_rows_alone_and_share_close_ones():
-    wide, narrow = Forward(0, 900, True, lead=0), Forward(600, 900, True, lead=600)
-    windows = [Forward(860, 900, False, lead=k) for k in (0, 2, 4)]
+    wide, narrow = ForwardPlan(0, 900, True, lead=0), ForwardPlan(600, 900, True, lead=600)
+    windows = [ForwardPlan(860, 900, False, lead=k) for k in (0, 2, 4)]
     plans = [wide, narrow, *windows]
     widths = [900, 300, 40, 40, 40]
     limits = [900] * 5

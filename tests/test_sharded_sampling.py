@@ -290,7 +290,7 @@ def test_credits_fused_drafts_and_confidences_are_the_one_process_ones(family, r
             drafts, conf, probs = draft(logits, draws)
             ctx = StepContext(
                 drafts, conf, candidates, Block(0, 0, 5, 5), step, torch.full((2,), 5),
-                SimpleNamespace(rows=torch.tensor([4, 9])), draws, probs=probs,
+                SimpleNamespace(request_ids=torch.tensor([4, 9])), draws, probs=probs,
             )  # fmt: skip
             tokens, confidence = fuse(ctx, memory)
             seen.append((tokens, confidence, memory.held.tokens, memory.held.gains))

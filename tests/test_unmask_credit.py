@@ -70,7 +70,7 @@ def context(probs, candidates, step, rows, start=0, columns=None) -> StepContext
     block = None if columns is not None else Block(0, start, start + width, width)
     return StepContext(
         drafts, conf, candidates, block, step, torch.full((batch,), width),
-        SimpleNamespace(rows=torch.as_tensor(rows)), torch.Generator(), columns=columns,
+        SimpleNamespace(request_ids=torch.as_tensor(rows)), torch.Generator(), columns=columns,
         probs=probs,
     )  # fmt: skip
 

@@ -39,7 +39,7 @@ def context(conf: torch.Tensor, cand: torch.Tensor) -> StepContext:
     conf = conf.double().masked_fill(~cand, float("-inf"))
     drafts = torch.zeros(conf.shape, dtype=torch.long)
     block = Block(0, 0, conf.shape[1], conf.shape[1])
-    canvas = SimpleNamespace(rows=torch.arange(conf.shape[0]))
+    canvas = SimpleNamespace(request_ids=torch.arange(conf.shape[0]))
     masks = cand.sum(dim=1)
     return StepContext(drafts, conf, cand, block, 0, masks, canvas, torch.Generator())
 

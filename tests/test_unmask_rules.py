@@ -117,7 +117,7 @@ def test_eb_reads_entropies_from_the_drafts_distributions():
     assert not sampler.measured(torch.log(probs), torch.Generator())[3]  # not asked: None
     ctx = StepContext(
         probs.argmax(-1), conf, cand, Block(0, 0, 3, 3), 0, torch.tensor([3]),
-        SimpleNamespace(rows=torch.tensor([0])), torch.Generator(), entropy=h,
+        SimpleNamespace(request_ids=torch.tensor([0])), torch.Generator(), entropy=h,
     )  # fmt: skip
     h09 = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))  # 0.325 nats: the second column taken
     pick = [RuleCommitter(DecodeSettings(**{**EB, "eb_gamma": g}), "linear")(ctx).commit
@@ -210,7 +210,7 @@ def klass_context(probs, candidates, step: int, masks: int, steps: int) -> StepC
     conf, drafts = probs.max(dim=-1)
     conf = conf.masked_fill(~cand, float("-inf"))
     block = Block(0, 0, probs.shape[1], steps)
-    canvas = SimpleNamespace(rows=torch.tensor([0]))
+    canvas = SimpleNamespace(request_ids=torch.tensor([0]))
     return StepContext(
         drafts, conf, cand, block, step, torch.tensor([masks]), canvas, torch.Generator(),
         probs=probs,
@@ -373,7 +373,7 @@ def test_klass_history_follows_canvas_columns_as_a_frontier_window_moves():
         ctx = SimpleNamespace(
             kl=None, probs=by_step[step][columns], drafts=columns, block=None,
             columns=columns, block_step=torch.tensor([step]),
-            canvas=SimpleNamespace(rows=torch.tensor([7])),
+            canvas=SimpleNamespace(request_ids=torch.tensor([7])),
         )  # fmt: skip
         got.append(memory.stable(ctx, history=2)[0])  # (L, 2)
     inf = float("inf")

@@ -19,7 +19,7 @@ from rule_properties import assert_rows_decode_alone, assert_stops_prunes_and_ba
 import dllm_cli.decoding.wino as wino
 from dllm_cli.decoding import Engine, decode, decode_steps
 from dllm_cli.decoding.canvas import Canvas
-from dllm_cli.decoding.policies import Forward
+from dllm_cli.decoding.policies import ForwardPlan
 from dllm_cli.decoding.sampling import Sampler, sampler_rule_of
 from dllm_cli.errors import SettingsError
 from dllm_cli.settings import CACHES, DecodeSettings
@@ -101,7 +101,7 @@ def shadows_of(kind: str, ids: torch.Tensor):
     c = Canvas.build([ids[:4].tolist()], 8, MASK, 0, "cpu")
     c.ids[0] = ids
     f._verified = []
-    plan = Forward(0, 12, refresh=True)
+    plan = ForwardPlan(0, 12, refresh=True)
     return f.shadowed(c, None, [plan], [(8, 12)], None)
 
 

@@ -80,14 +80,14 @@ def plan(e: BlockStepper, live: list[Request], at: int) -> BlockPlan:
     editing = rule.edit_threshold is not None
     final: list[BlockRow] = []
     for r in e.rows:  # LLaDA2.1: a block ends after max_post_steps editing steps
-        if editing and not r.store and not bool((block_of(r, b) == e.special.mask).any()):
+        if editing and not r.store and not bool((block_tokens(r, b) == e.special.mask).any()):
             r.post += 1
             if r.post > rule.max_post_steps:
                 settle(e, r, final)
     rows = [r for r in e.rows if not any(r is f for f in final)]
     # A finished block's store rides with its next block's first decode (one forward).
     storing = [i for i, r in enumerate(rows) if r.store]
-    previous = {i: block_of(rows[i], b).clone() for i in storing}
+    previous = {i: block_tokens(rows[i], b).clone() for i in storing}
     stored = []
     for i in storing:
         stored.append(rows[i].block * b - rows[i].prompt)
@@ -116,7 +116,7 @@ def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit
         logits, [r.request.sampling for r in rows], [r.request.generator for r in rows],
         asked or e.committer is not None,
     )  # fmt: skip
-    block = torch.stack([block_of(r, b) for r in rows])  # (N, B)
+    block = torch.stack([block_tokens(r, b) for r in rows])  # (N, B)
     active = block == e.special.mask
     k = torch.tensor([r.rule.k(r.step) for r in rows], device=e.device)
     cols = torch.stack([columns(r, b) for r in rows])
@@ -187,7 +187,8 @@ def grammar_runs(e: BlockStepper, rows, fill, x0, dist, active) -> tuple[torch.T
     return fill, x0
 
 
-def block_of(r, b: int) -> torch.Tensor:
+def block_tokens(r, b: int) -> torch.Tensor:
+    """Row r's active block of tokens (a view of its canvas)."""
     return r.x[r.block * b : (r.block + 1) * b]
 
 
@@ -206,7 +207,7 @@ def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
     host = [(r.block + 1) * b for r in rows]  # each row's end
     hi = max(host)
     if e.cached:
-        ids, positions, index = torch.stack([block_of(r, b) for r in rows]), cols, None
+        ids, positions, index = torch.stack([block_tokens(r, b) for r in rows]), cols, None
         if previous:
             ahead = torch.full_like(ids, e.special.pad)
             storing = torch.zeros(n, 1, dtype=torch.bool, device=e.device)
@@ -250,7 +251,7 @@ def decide(e: BlockStepper, r, fill, edit, x0, active, final, at: int) -> None:
         settle(e, r, final, stored=True)
         return
     change = fill | edit
-    view = block_of(r, b)
+    view = block_tokens(r, b)
     view[change] = x0[change]
     r.marks[r.block * b : (r.block + 1) * b][change] = at
     r.step += 1

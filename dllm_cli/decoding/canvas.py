@@ -64,7 +64,7 @@ class Canvas:
 
     ids: torch.Tensor  # (B, S) long
     pad: torch.Tensor  # (B,) long: left padding per row
-    rows: torch.Tensor  # (B,) long: original batch row of each canvas row
+    request_ids: torch.Tensor  # (B,) long: each canvas row's request (a static batch: its index)
     steps: torch.Tensor  # (B, G) long: step that committed each answer position (-1: not yet)
     prompt_width: int  # P: first answer column
     mask_id: int
@@ -92,10 +92,10 @@ class Canvas:
             ids[r, width - len(p) : width] = torch.tensor(p, dtype=torch.long)
             ids[r, width + (gen_length if lengths is None else lengths[r]) :] = pad_id
         pad = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
-        rows = torch.arange(len(prompts))
+        request_ids = torch.arange(len(prompts))
         steps = torch.full((len(prompts), gen_length), -1, dtype=torch.long)
         padded = any(len(p) < width for p in prompts)
-        return cls(*(t.to(device) for t in (ids, pad, rows, steps)), width, mask_id, padded)
+        return cls(*(t.to(device) for t in (ids, pad, request_ids, steps)), width, mask_id, padded)
 
     @property
     def batch(self) -> int:
@@ -149,5 +149,5 @@ class Canvas:
 
     def select(self, keep: torch.Tensor) -> Canvas:
         """Only the canvas rows in `keep` (indices into the current rows)."""
-        picked = (t[keep] for t in (self.ids, self.pad, self.rows, self.steps))
+        picked = (t[keep] for t in (self.ids, self.pad, self.request_ids, self.steps))
         return Canvas(*picked, self.prompt_width, self.mask_id)

@@ -53,7 +53,7 @@ class CreditMemory:
     def carried(self, ctx, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, ...]:
         """(B, L, S) tokens and gains each current row brings from its last step in this block
         (zeros for a row at its block's first step, a new request or a new block)."""
-        rows = ctx.canvas.rows
+        rows = ctx.canvas.request_ids
         shape = (rows.shape[0], length, self.depth)
         old = self.held
         if old is None:
@@ -86,7 +86,7 @@ class CreditMemory:
         gain = top.float().pow(self.boost) * ctx.candidates  # (B, L): masked slots only
         tokens = torch.cat([tokens[..., 1:], best[..., None]], dim=-1)
         gains = torch.cat([gains[..., 1:] * self.decay, gain[..., None]], dim=-1)
-        self.held = Credits(ctx.canvas.rows, starts, tokens, gains)
+        self.held = Credits(ctx.canvas.request_ids, starts, tokens, gains)
         return tokens, gains
 
 
@@ -94,7 +94,7 @@ def block_starts(ctx) -> torch.Tensor:
     """(B,) canvas column of each row's block."""
     if ctx.columns is not None:
         return ctx.columns[:, 0]
-    return torch.full_like(ctx.canvas.rows, ctx.block.start)
+    return torch.full_like(ctx.canvas.request_ids, ctx.block.start)
 
 
 def fused_drafts(ctx, credit: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,7 +41,7 @@ import torch
 from dllm_cli.cache import KVCache
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.packing import pack
-from dllm_cli.decoding.policies import Forward
+from dllm_cli.decoding.policies import ForwardPlan
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.sampling import NO_READS, Reads, Sampler
 
@@ -102,7 +102,7 @@ class Forwards:
         self,
         canvas: Canvas,
         cache: KVCache | None,
-        plans: list[Forward],
+        plans: list[ForwardPlan],
         spans: list[tuple[int, int]],
         generator: torch.Generator | RowDraws,  # RowDraws: each row's own (row_sampling.py)
     ) -> Prediction:
@@ -224,7 +224,7 @@ class Forwards:
         follows)."""
         if not self.reads.kl:
             return None
-        ids = (c.rows if rows is None else c.rows[rows]).tolist()
+        ids = (c.request_ids if rows is None else c.request_ids[rows]).tolist()
         return [
             None if r in skip else (key, span[0])
             for r, (key, span) in enumerate(zip(ids, spans, strict=True))
@@ -322,11 +322,16 @@ class Forwards:
 def both_branches(c: Canvas) -> Canvas:
     """Guidance's canvas of 2B rows: the rows, then each with its prompt masked out."""
     uncond = c.ids.masked_fill(c.prompt_mask(), c.mask_id)
-    twice = (torch.cat([c.ids, uncond]), c.pad.repeat(2), c.rows.repeat(2), c.steps.repeat(2, 1))
+    twice = (
+        torch.cat([c.ids, uncond]),
+        c.pad.repeat(2),
+        c.request_ids.repeat(2),
+        c.steps.repeat(2, 1),
+    )
     return Canvas(*twice, c.prompt_width, c.mask_id, c.any_pad)
 
 
-def folds(plans: list[Forward], spans, full: list[int], model) -> bool:
+def folds(plans: list[ForwardPlan], spans, full: list[int], model) -> bool:
     """Whether one forward over every row's own columns (windows padded to the longest plan)
     computes no more row-columns than the windowed forward plus the full one: wide windows
     (Prefix/FreeCache early in the answer, short prompts) take a new row's prefill along."""
@@ -340,7 +345,7 @@ def folds(plans: list[Forward], spans, full: list[int], model) -> bool:
     return len(plans) * longest <= len(plans) * windows + len(full) * fulls
 
 
-def apart(plans: list[Forward], full: list[int]) -> bool:
+def apart(plans: list[ForwardPlan], full: list[int]) -> bool:
     """Whether rows need more than one padded forward's layout: a refresh beside other rows
     or another refresh, or cached windows that differ."""
     if full:
@@ -348,7 +353,7 @@ def apart(plans: list[Forward], full: list[int]) -> bool:
     return len({(p.start, p.end) for p in plans}) > 1
 
 
-def split(plans: list[Forward]) -> tuple[list[int], list[int]]:
+def split(plans: list[ForwardPlan]) -> tuple[list[int], list[int]]:
     """Row indices needing a full forward, and the rest (windowed)."""
     full = [r for r, p in enumerate(plans) if p.refresh]
     return full, [r for r, p in enumerate(plans) if not p.refresh]

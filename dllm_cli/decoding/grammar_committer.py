@@ -87,7 +87,7 @@ class GrammarCommitter(Committer):
         counts = ctx.candidates.sum(dim=1)  # (B,) drafts from the frontier
         draws = ctx.generator if isinstance(ctx.generator, RowDraws) else None
         tokens, corrected, lengths, accepted = self.walk(
-            ctx.canvas.rows, counts, wanted, ctx.drafts, ctx.probs, draws
+            ctx.canvas.request_ids, counts, wanted, ctx.drafts, ctx.probs, draws
         )
         slots = torch.arange(ctx.drafts.shape[1], device=ctx.drafts.device)[None]
         commit = (slots < lengths[:, None]) & ctx.candidates
@@ -201,7 +201,9 @@ class GuidedGrammarCommitter(Committer):
 
     def __call__(self, ctx: StepContext) -> Decision:
         counts = ctx.candidates.sum(dim=1)  # (B,)
-        table = torch.cat([ctx.canvas.rows[:, None], counts[:, None], ctx.drafts], 1).tolist()
+        table = torch.cat(
+            [ctx.canvas.request_ids[:, None], counts[:, None], ctx.drafts], 1
+        ).tolist()
         matchers = self.grammar._matchers([row[0] for row in table])
         runs = [row_masks(m, row[2 : 2 + row[1]], self.grammar.vocab) for m, row in
                 zip(matchers, table, strict=True)]  # fmt: skip

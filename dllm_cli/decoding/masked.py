@@ -126,7 +126,7 @@ class MaskedStepper:
         c, mask, pad = self.canvas, self.special.mask, self.special.pad
         fresh = Canvas.build(prompts, self.answer_width, mask, pad, c.ids.device, lengths)
         fresh = pad_canvas(fresh, pad, left=c.prompt_width - fresh.prompt_width)
-        fresh.rows = torch.tensor([r.id for r in new], device=self.device)
+        fresh.request_ids = torch.tensor([r.id for r in new], device=self.device)
         for r in new:
             r.row.first = c.prompt_width  # its first mask: the answer's first column
             r.row.lead = c.prompt_width - len(r.prompt)  # its first prompt token
@@ -275,7 +275,7 @@ class MaskedStepper:
         c = self.canvas
         answer = c.answer()  # (B, G)
         done = ~(answer == c.mask_id).any(dim=1)
-        cut = torch.full_like(c.rows, answer.shape[1])
+        cut = torch.full_like(c.request_ids, answer.shape[1])
         own = self.own_stops(live)
         if self.settings.early_stop or self.frontier:  # guided: a stop token ends the row
             cut = first_stop(answer, self.stop_ids if own is None else own, c.mask_id)

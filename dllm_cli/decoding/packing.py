@@ -19,7 +19,7 @@ from itertools import accumulate
 import torch
 
 from dllm_cli.decoding.canvas import Canvas
-from dllm_cli.decoding.policies import Forward
+from dllm_cli.decoding.policies import ForwardPlan
 from dllm_cli.models.layers import AttentionGroup, PackedRows
 
 # Costs of attention layouts, in attended query-key pairs (one pair: ~8 ns per layer on CPU
@@ -51,7 +51,7 @@ def pack(
     c: Canvas,
     cache_rows: torch.Tensor | None,
     hosts_known: tuple[int, ...] | None,
-    plans: list[Forward],
+    plans: list[ForwardPlan],
     spans,
     shift: int,
 ) -> PackedForward:
@@ -138,13 +138,13 @@ def group(c, cache_rows, hosts, plans, limits, members, offsets, widths, t) -> A
     return AttentionGroup(queries, rows, lo, hi, mask)
 
 
-def limit(c: Canvas, plan: Forward) -> int:
+def limit(c: Canvas, plan: ForwardPlan) -> int:
     """The end of the keys a row attends (its suffix-pruning limit, else the canvas end)."""
     return c.width if plan.keys is None else plan.keys
 
 
 def attention_groups(
-    plans: list[Forward], widths: list[int], keys: list[int], views: bool, own: int = GROUP_COST
+    plans: list[ForwardPlan], widths: list[int], keys: list[int], views: bool, own: int = GROUP_COST
 ) -> list[list[int]]:
     """Rows in SDPA groups, cheapest split of the rows in order of attended keys: a group's
     queries are padded to its widest row and attend its widest key range; a lone row reads

@@ -23,7 +23,7 @@ from dllm_cli.decoding.canvas import Block
 
 
 @dataclass(frozen=True)
-class Forward:
+class ForwardPlan:
     """One step's forward: recompute canvas columns [start, end)."""
 
     start: int
@@ -74,13 +74,13 @@ class StepPlace:
         """Every `interval` steps counted from the block's first step (0: never)."""
         return self.interval > 0 and self.step % self.interval == 0
 
-    def full(self, frozen: tuple[int, int] | None = None) -> Forward:
+    def full(self, frozen: tuple[int, int] | None = None) -> ForwardPlan:
         """Every real column of the row: from its first token (not its padding) on."""
-        return Forward(self.lead, self.last, True, frozen, self.keys, self.lead)
+        return ForwardPlan(self.lead, self.last, True, frozen, self.keys, self.lead)
 
-    def window(self, start: int, end: int, frozen: tuple[int, int] | None = None) -> Forward:
+    def window(self, start: int, end: int, frozen: tuple[int, int] | None = None) -> ForwardPlan:
         """A cached step recomputing [start, end), attending up to the limit."""
-        return Forward(start, end, False, frozen, self.keys, self.lead)
+        return ForwardPlan(start, end, False, frozen, self.keys, self.lead)
 
 
 class NoCache:
@@ -88,7 +88,7 @@ class NoCache:
 
     uses_cache = False
 
-    def plan(self, at: StepPlace) -> Forward:
+    def plan(self, at: StepPlace) -> ForwardPlan:
         return at.full()
 
 
@@ -97,7 +97,7 @@ class PrefixCache:
 
     uses_cache = True
 
-    def plan(self, at: StepPlace) -> Forward:
+    def plan(self, at: StepPlace) -> ForwardPlan:
         if at.step == 0 or at.periodic_refresh:
             return at.full()
         return at.window(at.block.start - at.shift, at.end)
@@ -108,7 +108,7 @@ class DualCache:
 
     uses_cache = True
 
-    def plan(self, at: StepPlace) -> Forward:
+    def plan(self, at: StepPlace) -> ForwardPlan:
         if at.step == 0 or at.periodic_refresh:
             return at.full()
         return at.window(at.block.start - at.shift, at.block.end)
@@ -121,7 +121,7 @@ class FreeCache:
 
     uses_cache = True
 
-    def plan(self, at: StepPlace) -> Forward:
+    def plan(self, at: StepPlace) -> ForwardPlan:
         if at.fresh:
             return at.full(frozen=(0, at.block.start))
         if at.periodic_refresh:

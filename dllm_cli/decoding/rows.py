@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_cli.decoding.canvas import Block, Canvas
-from dllm_cli.decoding.policies import Forward, StepPlace
+from dllm_cli.decoding.policies import ForwardPlan, StepPlace
 
 
 @dataclass
@@ -56,7 +56,7 @@ class RowState:
         """Canvas column where its answer (and so its canvas) ends."""
         return self.blocks[-1].end
 
-    def served(self, plan: Forward) -> None:
+    def served(self, plan: ForwardPlan) -> None:
         """After a forward: the row is no longer fresh; frozen columns stay frozen."""
         self.fresh = False
         if plan.frozen is not None:

@@ -98,7 +98,7 @@ class KlassMemory:
         probs = None if measured is not None else ctx.probs.to(torch.float64)  # (B, L, V)
         slots = ctx.drafts.shape[1]
         out = []
-        for r, key in enumerate(ctx.canvas.rows.tolist()):
+        for r, key in enumerate(ctx.canvas.request_ids.tolist()):
             first = ctx.block.start if ctx.block is not None else int(ctx.columns[r, 0])
             step = ctx.block_step if isinstance(ctx.block_step, int) else int(ctx.block_step[r])
             p = None if probs is None else probs[r]  # (L, V)

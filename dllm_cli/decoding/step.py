@@ -22,7 +22,7 @@ from dllm_cli.decoding import logprobs
 from dllm_cli.decoding.canvas import Canvas
 from dllm_cli.decoding.events import RowCommit, RowPhase, StepEvent, row_commits
 from dllm_cli.decoding.forwards import Prediction
-from dllm_cli.decoding.policies import Forward, StepPlace
+from dllm_cli.decoding.policies import ForwardPlan, StepPlace
 from dllm_cli.decoding.request import Request
 from dllm_cli.decoding.row_sampling import RowDraws
 from dllm_cli.decoding.rows import RowState, same_place
@@ -66,7 +66,7 @@ class Plan:
     live: list[Request]
     rows: list[RowState]
     places: list[StepPlace]
-    plans: list[Forward]
+    plans: list[ForwardPlan]
     decoded: list[tuple[int, int]]  # columns each row decodes
     draws: RowDraws
     asked: bool  # some row records logprobs
@@ -142,7 +142,7 @@ def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
         flags = [n == 0 and r.block == len(r.blocks) - 1 for n, r in zip(counts, rows, strict=True)]
     m.counts = counts  # the walk moves the kept rows on after finishing (move_on)
     final = [i for i, f in enumerate(flags) if f]
-    numbers = c.rows  # request ids of this step's rows (the canvas is replaced on retire)
+    numbers = c.request_ids  # request ids of this step's rows (the canvas is replaced on retire)
     width = c.prompt_width
 
     def build(finished: tuple[int, ...]) -> StepEvent:
