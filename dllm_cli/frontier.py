@@ -47,7 +47,7 @@ SWEEPS: dict[str, Sweep] = {
     # WINO's draft threshold at the run's --wino-verify (the reference: 0.6 and 0.9)
     "wino": Sweep("threshold", (0.6, 0.7, 0.8, 0.9)),
     # SDLM's longest-prefix bar at the run's --jump-threshold
-    "prefix": Sweep("threshold", (0.8, 0.85, 0.9, 0.95)),
+    "sdlm": Sweep("threshold", (0.8, 0.85, 0.9, 0.95)),
     # dInfer's credit decoding: its threshold at the run's --credit-alpha/-boost/-decay
     "credit": Sweep("threshold", (0.9, 0.95, 0.99)),
 }

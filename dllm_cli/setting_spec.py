@@ -101,10 +101,12 @@ RULES = {
     "eb": Rule(),
     "klass": Rule(probability=True),
     "wino": Rule(probability=True, one_forward=True),
-    "prefix": Rule(probability=True),
+    "sdlm": Rule(probability=True),
     "credit": Rule(probability=True),
 }
 UNMASKS = tuple(RULES)
+# (setting, an old value) -> its new name: refused with the new one (one name, one meaning)
+RENAMED = {("unmask", "prefix"): "sdlm"}
 STEP_RULES = tuple(n for n, r in RULES.items() if r.follows_steps)
 
 
@@ -196,6 +198,10 @@ def check_field(
     if value is None and optional:
         return
     if spec.choices:
+        if (name, value) in RENAMED:
+            bad(
+                f"{name} {value!r} is now {RENAMED[name, value]!r} ({value!r} names a cache policy)"
+            )
         if value not in spec.choices:
             bad(f"{name} must be one of {', '.join(spec.choices)} (got {value!r})")
         return

@@ -129,9 +129,9 @@ class DecodeSettings:
             "credit": Range(0.0, 1.0, open_low=True),
             "klass": Range(0, 1, open_high=True),  # commits confidences above it
             "wino": Range(0, 1, open_high=True),  # drafts confidences above it
-            "prefix": Range(0, 1, open_high=True),  # commits confidences above it
+            "sdlm": Range(0, 1, open_high=True),  # commits confidences above it
         },
-        rules=("threshold", "klass", "wino", "prefix", "credit"),
+        rules=("threshold", "klass", "wino", "sdlm", "credit"),
         refused=spec.GEMMA_ACCEPTS,
     )
     factor: float = setting(
@@ -166,10 +166,10 @@ class DecodeSettings:
         "block whose shadow-block probability falls below this is masked again.",
     )
     jump_threshold: float = rule_param(
-        "prefix",
+        "sdlm",
         1.0,
         Range(0, 1),
-        "prefix rule (SDLM): the run of masks from the block's leftmost above --threshold "
+        "sdlm rule (SDLM's longest prefix): the run of masks from the block's leftmost above --threshold "
         "is committed; a mask past it only when more confident than this (1: never).",
     )
     credit_alpha: float = rule_param(

@@ -157,7 +157,7 @@ class CanvasView:
             "eb": f" gamma {s.eb_gamma:g}",
             "klass": f" {s.threshold:g}, kl {s.kl_threshold:g}",
             "wino": f" {s.threshold:g}, verify {s.wino_verify:g}",
-            "prefix": f" {s.threshold:g}, jump {s.jump_threshold:g}",
+            "sdlm": f" {s.threshold:g}, jump {s.jump_threshold:g}",
             "credit": f" {s.threshold:g}, alpha {s.credit_alpha:g}",
         }.get(s.unmask, "")
         progress = [

@@ -22,7 +22,7 @@ RULES = {
     "factor": {"unmask": "factor", "factor": 2.0},
     "origin": {"unmask": "origin", "steps": 8},
     "wino": {"unmask": "wino", "threshold": 0.5},
-    "prefix": {"unmask": "prefix", "threshold": 0.5, "jump_threshold": 0.9},
+    "sdlm": {"unmask": "sdlm", "threshold": 0.5, "jump_threshold": 0.9},
     "credit": {"unmask": "credit", "threshold": 0.5},
 }
 

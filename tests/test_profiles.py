@@ -62,7 +62,7 @@ def test_default_profile_is_the_guided_tiny_dream_model():
     assert profile.guide is not None and profile.guide.path == "builtin:tiny-gsm-ar"
     assert (profile.guide.accept, profile.guide.draft_window) == ("exact", 32)
     d = profile.decode
-    assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "freecache", "prefix")
+    assert (d.gen_length, d.block_length, d.cache, d.unmask) == (256, 32, "freecache", "sdlm")
     assert (d.threshold, d.jump_threshold) == (0.8, 0.99)  # unguided: docs/decoding-rules.md
     assert d.early_stop is True
     assert provenance["decode.cache"].startswith("profile ")

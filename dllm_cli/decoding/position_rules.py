@@ -3,7 +3,7 @@
 The threshold rule's wrong commits sat far from the decoded left context, and a block's first
 masked column was never wrong (docs/decoding-rules.md), so this rule commits left to right.
 
-`prefix`: SDLM's longest-prefix decoding (Liu et al., "Sequential Diffusion Language Models",
+`sdlm`: SDLM's longest-prefix decoding (Liu et al., "Sequential Diffusion Language Models",
 arXiv 2509.24007; OpenGVLab/SDLM, `find_longest_sequence` in
 sdlm/model/sdlm_qwen2_5/generate_utils.py): commit the longest run of the window's leftmost
 slots above a threshold, at least the first. Here the window is the current block's masks from
@@ -29,7 +29,7 @@ def longest_run(passes: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     return ok.long().cumprod(dim=1).bool() & candidates
 
 
-def prefix_rule(p, ctx) -> torch.Tensor:
+def sdlm_rule(p, ctx) -> torch.Tensor:
     """SDLM's step: the longest run of masks from the block's leftmost above tau (at least
     the leftmost), plus any mask above `jump_threshold`."""
     conf, cand = ctx.confidence, ctx.candidates  # (B, L)

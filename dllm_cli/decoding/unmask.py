@@ -14,7 +14,7 @@ import torch
 
 from dllm_cli.decoding.canvas import Block, Canvas
 from dllm_cli.decoding.credit import credit_memory, credit_rule
-from dllm_cli.decoding.position_rules import prefix_rule
+from dllm_cli.decoding.position_rules import sdlm_rule
 from dllm_cli.decoding.ranking import confident_columns, top_columns
 from dllm_cli.decoding.row_sampling import RowDraws, uniform
 from dllm_cli.decoding.rules import KlassMemory, eb_rule, klass_rule
@@ -278,7 +278,7 @@ UNMASK_RULES: dict[str, UnmaskRule] = {
     # every decode (no `start` hook: continuous batching serves this committer).
     "klass": UnmaskRule(klass_rule, reads_kl=True, memory=lambda s: KlassMemory()),
     "wino": UnmaskRule(wino_rule, remasking=True),
-    "prefix": UnmaskRule(prefix_rule),
+    "sdlm": UnmaskRule(sdlm_rule),
     "credit": UnmaskRule(credit_rule, needs_probs=True, redrafts=True, memory=credit_memory),
 }
 

@@ -1,4 +1,4 @@
-"""Position-aware rules (decoding/position_rules.py): SDLM's longest prefix (`prefix`).
+"""Position-aware rules (decoding/position_rules.py): SDLM's longest prefix (`sdlm`).
 
 The selection against a transcription of the public reference's step, the jump bar, and on
 tiny models what every rule must keep: no mask in the output, determinism, batch == single
@@ -22,7 +22,7 @@ from dllm_cli.errors import SettingsError
 from dllm_cli.frontier import parse_frontier, settings_at
 from dllm_cli.settings import CACHES, DecodeSettings
 
-PREFIX = {"unmask": "prefix", "threshold": 0.5}
+SDLM = {"unmask": "sdlm", "threshold": 0.5}
 
 
 def reference_accept_count(confidence: torch.Tensor, threshold: float, n: int) -> int:
@@ -45,11 +45,11 @@ def context(conf: torch.Tensor, cand: torch.Tensor) -> StepContext:
 
 
 def select(conf, cand, **kw) -> torch.Tensor:
-    committer = RuleCommitter(DecodeSettings(**{**PREFIX, **kw}), "linear")
+    committer = RuleCommitter(DecodeSettings(**{**SDLM, **kw}), "linear")
     return committer(context(torch.as_tensor(conf), torch.as_tensor(cand))).commit
 
 
-def test_prefix_equals_the_reference_step_on_a_block_whose_masks_are_its_tail():
+def test_sdlm_equals_the_reference_step_on_a_block_whose_masks_are_its_tail():
     gen = torch.Generator().manual_seed(0)
     for _ in range(300):
         length = int(torch.randint(2, 12, (1,), generator=gen))
@@ -65,7 +65,7 @@ def test_prefix_equals_the_reference_step_on_a_block_whose_masks_are_its_tail():
         assert pick.tolist() == want.tolist(), (conf.tolist(), done, tau)
 
 
-def test_prefix_commits_the_run_from_the_leftmost_mask_and_stops_at_the_first_miss():
+def test_sdlm_commits_the_run_from_the_leftmost_mask_and_stops_at_the_first_miss():
     conf = [[0.95, 0.92, 0.99, 0.3, 0.99]]
     assert select(conf, [[True] * 5], threshold=0.9)[0].tolist() == [1, 1, 1, 0, 0]
     # an unsure leftmost mask is committed alone (SDLM: a run of length 0 accepts one)
@@ -75,7 +75,7 @@ def test_prefix_commits_the_run_from_the_leftmost_mask_and_stops_at_the_first_mi
     assert select([[0.1, 0.2, 0.99]], [[True] * 3], threshold=0.9)[0].tolist() == [1, 0, 0]
 
 
-def test_prefix_passes_over_committed_columns_and_jumps_to_confident_masks():
+def test_sdlm_passes_over_committed_columns_and_jumps_to_confident_masks():
     conf = [[0.0, 0.95, 0.0, 0.96, 0.5, 0.995, 0.97]]
     cand = [[False, True, False, True, True, True, True]]  # columns 0 and 2 committed
     plain = select(conf, cand, threshold=0.9)[0].tolist()
@@ -85,7 +85,7 @@ def test_prefix_passes_over_committed_columns_and_jumps_to_confident_masks():
     assert select(conf, cand, threshold=0.9, jump_threshold=1.0)[0].tolist() == plain
 
 
-def test_prefix_rows_decide_alone_and_a_row_without_masks_commits_nothing():
+def test_sdlm_rows_decide_alone_and_a_row_without_masks_commits_nothing():
     conf = torch.tensor([[0.95, 0.5, 0.99], [0.1, 0.99, 0.99], [0.9, 0.9, 0.9]])
     cand = torch.tensor([[True, True, True], [False, True, True], [False, False, False]])
     pick = select(conf, cand, threshold=0.9)
@@ -96,36 +96,38 @@ def test_prefix_rows_decide_alone_and_a_row_without_masks_commits_nothing():
         )
 
 
-def test_prefix_settings_are_checked():
+def test_sdlm_settings_are_checked():
     with pytest.raises(SettingsError, match="jump_threshold must be in"):
-        DecodeSettings(**PREFIX, jump_threshold=1.5)
-    with pytest.raises(SettingsError, match=r"threshold must be in \[0, 1\) under unmask=prefix"):
-        DecodeSettings(unmask="prefix", threshold=1.0)
+        DecodeSettings(**SDLM, jump_threshold=1.5)
+    with pytest.raises(SettingsError, match=r"threshold must be in \[0, 1\) under unmask=sdlm"):
+        DecodeSettings(unmask="sdlm", threshold=1.0)
     with pytest.raises(SettingsError, match="compares confidences with a probability"):
-        DecodeSettings(**PREFIX, confidence="entropy")
-    points = parse_frontier("prefix=0.9")
+        DecodeSettings(**SDLM, confidence="entropy")
+    with pytest.raises(SettingsError, match="unmask 'prefix' is now 'sdlm'"):
+        DecodeSettings(unmask="prefix")  # (its old name, the prefix cache's word)
+    points = parse_frontier("sdlm=0.9")
     s = settings_at(DecodeSettings(jump_threshold=0.99), points[1])
-    assert (s.unmask, s.threshold, s.jump_threshold) == ("prefix", 0.9, 0.99)
+    assert (s.unmask, s.threshold, s.jump_threshold) == ("sdlm", 0.9, 0.99)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("cache", CACHES)
-def test_prefix_every_cache_batch_equals_single_no_mask_deterministic(kind, cache):
-    assert_rows_decode_alone(kind, cache, {**PREFIX, "threshold": 0.2, "jump_threshold": 0.4})
+def test_sdlm_every_cache_batch_equals_single_no_mask_deterministic(kind, cache):
+    assert_rows_decode_alone(kind, cache, {**SDLM, "threshold": 0.2, "jump_threshold": 0.4})
 
 
 @pytest.mark.parametrize(
     ("kind", "cache", "window"),
     list(itertools.product(KINDS, ("dual", "freecache"), (0, 4))),
 )
-def test_prefix_with_early_stop_suffix_pruning_and_continuous_batching(kind, cache, window):
-    assert_stops_prunes_and_batches_continuously(kind, cache, window, PREFIX)
+def test_sdlm_with_early_stop_suffix_pruning_and_continuous_batching(kind, cache, window):
+    assert_stops_prunes_and_batches_continuously(kind, cache, window, SDLM)
 
 
-def test_prefix_commits_left_to_right_without_a_jump():
+def test_sdlm_commits_left_to_right_without_a_jump():
     """With no jump bar each step commits the masks right after the row's last commit."""
     model, ps = tiny("dream", seed=2, head_scale=4.0).model, prompts([4, 6], seed=5)
-    s = settings(cache="dual", gen_length=12, block_length=6, **PREFIX)
+    s = settings(cache="dual", gen_length=12, block_length=6, **SDLM)
     written: dict[int, list[int]] = {0: [], 1: []}
     for e in Decoder(model, SPECIAL, s).run(ps):
         for c in e.commits:
