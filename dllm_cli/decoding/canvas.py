@@ -65,7 +65,7 @@ class Canvas:
     ids: torch.Tensor  # (B, S) long
     pad: torch.Tensor  # (B,) long: left padding per row
     request_ids: torch.Tensor  # (B,) long: each canvas row's request (a static batch: its index)
-    steps: torch.Tensor  # (B, G) long: step that committed each answer position (-1: not yet)
+    marks: torch.Tensor  # (B, G) long: step that committed each answer position (-1: not yet)
     prompt_width: int  # P: first answer column
     mask_id: int
     any_pad: bool | None = None  # host copy of `(pad > 0).any()` (None: not known, ask)
@@ -93,9 +93,9 @@ class Canvas:
             ids[r, width + (gen_length if lengths is None else lengths[r]) :] = pad_id
         pad = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
         request_ids = torch.arange(len(prompts))
-        steps = torch.full((len(prompts), gen_length), -1, dtype=torch.long)
+        marks = torch.full((len(prompts), gen_length), -1, dtype=torch.long)
         padded = any(len(p) < width for p in prompts)
-        return cls(*(t.to(device) for t in (ids, pad, request_ids, steps)), width, mask_id, padded)
+        return cls(*(t.to(device) for t in (ids, pad, request_ids, marks)), width, mask_id, padded)
 
     @property
     def batch(self) -> int:
@@ -149,5 +149,5 @@ class Canvas:
 
     def select(self, keep: torch.Tensor) -> Canvas:
         """Only the canvas rows in `keep` (indices into the current rows)."""
-        picked = (t[keep] for t in (self.ids, self.pad, self.request_ids, self.steps))
+        picked = (t[keep] for t in (self.ids, self.pad, self.request_ids, self.marks))
         return Canvas(*picked, self.prompt_width, self.mask_id)

@@ -326,7 +326,7 @@ def both_branches(c: Canvas) -> Canvas:
         torch.cat([c.ids, uncond]),
         c.pad.repeat(2),
         c.request_ids.repeat(2),
-        c.steps.repeat(2, 1),
+        c.marks.repeat(2, 1),
     )
     return Canvas(*twice, c.prompt_width, c.mask_id, c.any_pad)
 

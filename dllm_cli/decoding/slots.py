@@ -55,14 +55,14 @@ def pad_canvas(c: Canvas, pad_id: int, left: int = 0, right: int = 0) -> Canvas:
     if left == right == 0:
         return c
     ids = torch.nn.functional.pad(c.ids, (left, right), value=pad_id)
-    steps = torch.nn.functional.pad(c.steps, (0, right), value=-1)
-    return Canvas(ids, c.pad + left, c.request_ids, steps, c.prompt_width + left, c.mask_id)
+    marks = torch.nn.functional.pad(c.marks, (0, right), value=-1)
+    return Canvas(ids, c.pad + left, c.request_ids, marks, c.prompt_width + left, c.mask_id)
 
 
 def cat_canvases(a: Canvas, b: Canvas) -> Canvas:
     """Rows of `a` then rows of `b` (same prompt width)."""
     parts = [
-        torch.cat([getattr(a, f), getattr(b, f)]) for f in ("ids", "pad", "request_ids", "steps")
+        torch.cat([getattr(a, f), getattr(b, f)]) for f in ("ids", "pad", "request_ids", "marks")
     ]
     return Canvas(*parts, a.prompt_width, a.mask_id)
 

@@ -183,7 +183,7 @@ def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
     )
     if final:  # their answers, commit steps and ends (tokens stay on the device)
         picked = torch.tensor(final, device=m.device)
-        out.answers, out.marks = c.answer()[picked], c.steps[picked]
+        out.answers, out.marks = c.answer()[picked], c.marks[picked]
         out.cut = None if cut is None else cut[picked]
     return out
 
@@ -271,7 +271,7 @@ def write(c, commit, tokens, columns, step: int) -> None:
     hit = every.scatter_add(1, columns, commit.long()) > 0  # (B, S)
     chosen = every.scatter_add(1, columns, torch.where(commit, tokens, 0))
     c.ids.copy_(torch.where(hit, chosen, c.ids))
-    c.steps.masked_fill_(hit[:, c.prompt_width :], step)
+    c.marks.masked_fill_(hit[:, c.prompt_width :], step)
 
 
 def write_span(c, commit, tokens, span: tuple[int, int], step: int) -> None:
@@ -280,7 +280,7 @@ def write_span(c, commit, tokens, span: tuple[int, int], step: int) -> None:
     p = c.prompt_width
     block = c.ids[:, a:b]  # (B, L) view
     torch.where(commit, tokens, block, out=block)  # elementwise, in place
-    c.steps[:, a - p : b - p].masked_fill_(commit, step)
+    c.marks[:, a - p : b - p].masked_fill_(commit, step)
 
 
 def committed(commit, tokens, confidence, columns, corrected, p: int, ids) -> tuple[RowCommit, ...]:

@@ -49,7 +49,7 @@ def last_accepted(ctx, committed: torch.Tensor) -> torch.Tensor:
     """(B,) tokens the row's previous step committed in this block (the reference's
     `last_accept`), from the canvas's commit marks (re-masked columns lose theirs): no state."""
     c = ctx.canvas
-    marks = c.steps.gather(1, (ctx.columns - c.prompt_width).clamp(min=0))  # (B, L)
+    marks = c.marks.gather(1, (ctx.columns - c.prompt_width).clamp(min=0))  # (B, L)
     marks = marks.masked_fill(~committed, -1)
     latest = marks.max(dim=1, keepdim=True).values
     return ((marks == latest) & committed).sum(dim=1)
@@ -78,7 +78,7 @@ def revoke(c, remask: torch.Tensor, columns: torch.Tensor) -> None:
     """Mask again the canvas columns marked in `remask` (B, L) and clear their commit marks."""
     hit = torch.zeros_like(c.ids).scatter_add(1, columns, remask.long()) > 0  # (B, S)
     c.ids.masked_fill_(hit, c.mask_id)
-    c.steps.masked_fill_(hit[:, c.prompt_width :], -1)
+    c.marks.masked_fill_(hit[:, c.prompt_width :], -1)
 
 
 class ShadowForwards(Forwards):
