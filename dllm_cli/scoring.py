@@ -281,7 +281,7 @@ def estimate(
     masked = torch.cat([m for m, _ in drawn])  # (N * batch * blocks, S)
     ratio = torch.cat([r for _, r in drawn])  # (N * batch * blocks,)
     device = next(model.parameters()).device
-    weighted = torch.zeros(masked.shape, dtype=torch.float64)  # (N * batch, S)
+    weighted = torch.zeros(masked.shape, dtype=torch.float64)  # (N * batch * blocks, S)
     with torch.inference_mode():
         for lo in range(0, masked.shape[0], ROWS_PER_FORWARD):
             part = masked[lo : lo + ROWS_PER_FORWARD].to(device)
