@@ -63,16 +63,22 @@ def test_every_linear_is_dllms_layer_of_the_same_weight_but_the_named_float_ones
 
 
 def test_the_quantized_model_decodes_deterministically_and_rows_equal_single_runs(gemma, quantized):
-    """int4's rows are not compared: it multiplies in bfloat16, where DiffusionGemma's batch
-    rows are not their single runs even unquantized (`--dtype bfloat16`, float weights)."""
+    """Under int8, rows of one prompt length equal their single runs. Prompts of other lengths
+    are left-padded in transformers' batch, which moves float bits (logprobs agree to 1e-4
+    unquantized), and int8's per-token activation rounding can turn that into another token
+    (one row of TEXTS' four on an AVX2 CPU, one thread), so ragged rows are not compared here.
+    int4's are not compared at all: it multiplies in bfloat16, where this family's batch rows
+    are not their single runs even unquantized (`--dtype bfloat16`, float weights)."""
     scheme, loaded = quantized
     s = gemma_settings(gen_length=32, steps=8, seed=4)
     prompts = [encode(loaded, t) for t in TEXTS]
     batch = decode(loaded.model, loaded.special, prompts, s).tokens
     assert all(0 < len(t) <= s.gen_length for t in batch)
     if scheme == "int8":
-        singles = [decode(loaded.model, loaded.special, [p], s).tokens[0] for p in prompts]
-        assert batch == singles
+        even = [p for p in prompts if len(p) == len(prompts[0])]  # no padding between them
+        assert len(even) >= 2
+        together = decode(loaded.model, loaded.special, even, s).tokens
+        assert together == [decode(loaded.model, loaded.special, [p], s).tokens[0] for p in even]
     assert decode(loaded.model, loaded.special, prompts, s).tokens == batch
     assert batch != decode(gemma.model, gemma.special, prompts, s).tokens  # the weights changed
 
