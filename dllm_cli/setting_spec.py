@@ -105,8 +105,8 @@ RULES = {
     "credit": Rule(probability=True),
 }
 UNMASKS = tuple(RULES)
-# (setting, an old value) -> its new name: refused with the new one (one name, one meaning)
-RENAMED = {("unmask", "prefix"): "sdlm"}
+# (setting, an old value) -> (its new name, why it changed): refused naming the new one
+RENAMED = {("unmask", "prefix"): ("sdlm", "'prefix' names a cache policy")}
 STEP_RULES = tuple(n for n, r in RULES.items() if r.follows_steps)
 
 
@@ -199,9 +199,8 @@ def check_field(
         return
     if spec.choices:
         if (name, value) in RENAMED:
-            bad(
-                f"{name} {value!r} is now {RENAMED[name, value]!r} ({value!r} names a cache policy)"
-            )
+            new, why = RENAMED[name, value]
+            bad(f"{name} {value!r} is now {new!r} ({why})")
         if value not in spec.choices:
             bad(f"{name} must be one of {', '.join(spec.choices)} (got {value!r})")
         return
