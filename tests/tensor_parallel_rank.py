@@ -33,12 +33,12 @@ from dllm_cli.settings import DecodeSettings
 
 CACHES = ("none", "prefix", "dual", "freecache")
 # Every cache policy under the threshold rule (one commit a step here: the most confident),
-# the prefix rule by margin, the fixed rule at 4 tokens a step by random confidence (every
+# the sdlm rule by margin, the fixed rule at 4 tokens a step by random confidence (every
 # rank draws the same numbers), the origin rule (random positions) and the credit rule by its
 # fused distribution's margin.
 RUNS = [
     *((cache, "threshold", "low_confidence") for cache in CACHES),
-    ("dual", "prefix", "margin"),
+    ("dual", "sdlm", "margin"),
     ("prefix", "fixed", "random"),
     ("freecache", "origin", "low_confidence"),
     ("dual", "credit", "margin"),

@@ -84,7 +84,7 @@ RULES = [
     ("threshold", {}),
     ("factor", {}),
     ("fixed", {}),
-    ("prefix", {}),
+    ("sdlm", {}),
     ("eb", {"eb_gamma": 0.5}),
     ("klass", {"threshold": 0.3, "kl_threshold": 0.5, "kl_history": 1}),
 ]
