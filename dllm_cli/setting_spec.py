@@ -198,7 +198,7 @@ def check_field(
     if value is None and optional:
         return
     if spec.choices:
-        if (name, value) in RENAMED:
+        if isinstance(value, str) and (name, value) in RENAMED:  # (a list: unhashable)
             new, why = RENAMED[name, value]
             bad(f"{name} {value!r} is now {new!r} ({why})")
         if value not in spec.choices:

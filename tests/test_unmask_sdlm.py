@@ -105,6 +105,8 @@ def test_sdlm_settings_are_checked():
         DecodeSettings(**SDLM, confidence="entropy")
     with pytest.raises(SettingsError, match="unmask 'prefix' is now 'sdlm'"):
         DecodeSettings(unmask="prefix")  # (its old name, the prefix cache's word)
+    with pytest.raises(SettingsError, match="unmask must be one of"):
+        DecodeSettings(unmask=["prefix"])  # (not a name: refused as any such value)
     points = parse_frontier("sdlm=0.9")
     s = settings_at(DecodeSettings(jump_threshold=0.99), points[1])
     assert (s.unmask, s.threshold, s.jump_threshold) == ("sdlm", 0.9, 0.99)
