@@ -149,46 +149,40 @@ def featured(url: str) -> list:
     return [*texts, cfg.choices[0].text, scored.message.content, tokens, values]
 
 
-@pytest.mark.slow
-def test_two_ranks_serve_the_guide_a_json_schema_and_cfg_as_one_process():
+def alone_then_split(args: list[str], probe) -> tuple:
+    """`probe(url)` of a one-process server, then of a two-rank one (which logs no error)."""
     env = loopback_env()
-    args = ["serve", "--port", "0", "--device", "cpu", "--gen-length", "24", "--no-ui"]
     alone, url, _ = start([sys.executable, "-m", "dllm_cli", *args], env)
     try:
-        expected = featured(url)
+        expected = probe(url)
     finally:
         stop(alone)
     split, url, said = start(
         torchrun(["-m", "dllm_cli", *args, "--tensor-parallel", "2"], env), env
     )
     try:
-        got = featured(url)
-        assert got[:-1] == expected[:-1]
-        assert got[-1] == pytest.approx(expected[-1], abs=1e-4)  # the logprobs' values
+        got = probe(url)
     finally:
         stop(split)
     assert not [line for line in said if line.startswith("dllm: error")], said
+    return expected, got
+
+
+@pytest.mark.slow
+def test_two_ranks_serve_the_guide_a_json_schema_and_cfg_as_one_process():
+    args = ["serve", "--port", "0", "--device", "cpu", "--gen-length", "24", "--no-ui"]
+    expected, got = alone_then_split(args, featured)
+    assert got[:-1] == expected[:-1]
+    assert got[-1] == pytest.approx(expected[-1], abs=1e-4)  # the logprobs' values
 
 
 @pytest.mark.slow
 def test_two_ranks_echo_score_a_block_causal_model_as_one_process(tmp_path):
     """SDAR's block-wise estimate (scoring.py) from the ranks' gathered summaries."""
     folder = write_sdar(tmp_path / "sdar").folder
-    env = loopback_env()
     args = ["serve", "--port", "0", "--device", "cpu", "--model", str(folder), "--no-ui"]
-    alone, url, _ = start([sys.executable, "-m", "dllm_cli", *args], env)
-    try:
-        scored = echo_scores(url)
-    finally:
-        stop(alone)
-    split, url, said = start(
-        torchrun(["-m", "dllm_cli", *args, "--tensor-parallel", "2"], env), env
-    )
-    try:
-        assert_scores_match(echo_scores(url), scored)
-    finally:
-        stop(split)
-    assert not [line for line in said if line.startswith("dllm: error")], said
+    scored, got = alone_then_split(args, echo_scores)
+    assert_scores_match(got, scored)
 
 
 @pytest.mark.slow
