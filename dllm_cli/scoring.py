@@ -240,13 +240,15 @@ def column_logits(model, rows: torch.Tensor, shift: int, blocks: bool = False) -
     return logits
 
 
-def guided_logits(model, rows, context: int, cfg: float, mask: int, shift: int) -> torch.Tensor:
+def guided_logits(
+    model, rows, context: int, cfg: float, mask: int, shift: int, blocks: bool = False
+) -> torch.Tensor:
     """LLaDA's get_logits: with cfg > 0, un + (cfg + 1) * (cond - un), the context masked."""
     if cfg <= 0:
-        return column_logits(model, rows, shift)
+        return column_logits(model, rows, shift, blocks)
     bare = rows.clone()
     bare[:, :context] = mask
-    both = column_logits(model, torch.cat([rows, bare]), shift)
+    both = column_logits(model, torch.cat([rows, bare]), shift, blocks)
     cond, un = both.chunk(2)
     return un + (cfg + 1) * (cond - un)
 
@@ -286,10 +288,7 @@ def estimate(
         for lo in range(0, masked.shape[0], ROWS_PER_FORWARD):
             part = masked[lo : lo + ROWS_PER_FORWARD].to(device)
             rows = torch.where(part, mask, seq.to(device)[None])  # (R, S)
-            if rule.blocks:
-                logits = column_logits(model, rows, rule.shift, blocks=True)
-            else:
-                logits = guided_logits(model, rows, len(context), cfg, mask, rule.shift)
+            logits = guided_logits(model, rows, len(context), cfg, mask, rule.shift, rule.blocks)
             truth = seq.to(device)[None].expand_as(rows)[part]
             loss = VocabLogProbs(model).losses(logits[part], truth)
             own = ratio[lo : lo + ROWS_PER_FORWARD].to(device)[:, None].expand_as(rows)[part]
