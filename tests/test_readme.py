@@ -23,6 +23,13 @@ def test_install_and_development_set_ups_are_separate_blocks():
     assert any('".[dev]"' in b and "pytest" in b for b in BLOCKS)
 
 
+def test_ci_runs_the_readmes_development_commands():
+    """`.ci/run` runs the README's development block, joined by `&&`, so the two cannot drift."""
+    (block,) = [b for b in BLOCKS if '".[dev]"' in b]
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci == " && ".join(block.strip().splitlines())
+
+
 def test_readme_says_where_the_commands_live():
     head = README[: README.index("```bash", README.index("```bash") + 1)]
     assert "`.venv/bin/`" in head
