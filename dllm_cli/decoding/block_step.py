@@ -44,7 +44,7 @@ class BlockRow:
     rule: BlockRule | None = None  # its own gen_length's (its steps per block)
 
 
-class BlockStepper(Protocol):
+class BlockState(Protocol):
     """What a step reads and writes of block_stepper.BlockStepper."""
 
     settings: Any  # DecodeSettings
@@ -74,7 +74,7 @@ class BlockPlan:
     final: list[BlockRow] = field(default_factory=list)
 
 
-def plan(e: BlockStepper, live: list[Request], at: int) -> BlockPlan:
+def plan(e: BlockState, live: list[Request], at: int) -> BlockPlan:
     """Settle LLaDA2.1's edited blocks; rows with a finished block store it in this forward."""
     rule, b = e.rule, e.rule.block
     editing = rule.edit_threshold is not None
@@ -95,14 +95,14 @@ def plan(e: BlockStepper, live: list[Request], at: int) -> BlockPlan:
     return BlockPlan(at, rows, previous, stored, final)
 
 
-def forward(e: BlockStepper, p: BlockPlan) -> torch.Tensor | None:
+def forward(e: BlockState, p: BlockPlan) -> torch.Tensor | None:
     """Logits (N, B, V) of every forwarded row's active block (None: no row is left)."""
     if not p.rows:
         return None
     return e.model(*inputs(e, p.rows, p.previous))
 
 
-def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit:
+def commit(e: BlockState, p: BlockPlan, logits: torch.Tensor | None) -> Commit:
     """Draft, fill and edit every forwarded row; the rows whose answer is final."""
     if logits is None:
         return final_rows(e, p.final, Commit(stepped=False))
@@ -141,7 +141,7 @@ def commit(e: BlockStepper, p: BlockPlan, logits: torch.Tensor | None) -> Commit
     return final_rows(e, final, out)
 
 
-def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
+def final_rows(e: BlockState, final: list[BlockRow], out: Commit) -> Commit:
     """The final rows' answers, commit steps and (early stop) where each ends, into `out`."""
     if not final:
         return out
@@ -159,7 +159,7 @@ def final_rows(e: BlockStepper, final: list[BlockRow], out: Commit) -> Commit:
     return out
 
 
-def grammar_runs(e: BlockStepper, rows, fill, x0, dist, active) -> tuple[torch.Tensor, ...]:
+def grammar_runs(e: BlockState, rows, fill, x0, dist, active) -> tuple[torch.Tensor, ...]:
     """The grammar's commits (grammar_committer.py): each row's run from its first mask in the
     active block, at most the rule's leading run of fills there (at least one); the fills
     (N, B) and tokens (N, B) it leaves."""
@@ -196,7 +196,7 @@ def columns(r, b: int) -> torch.Tensor:
     return torch.arange(r.block * b, (r.block + 1) * b, device=r.x.device)
 
 
-def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
+def inputs(e: BlockState, rows, previous: dict[int, torch.Tensor]) -> tuple:
     """The model's arguments: ids and positions (N, T), the cache rows, the block-causal key
     mask, the canvas columns written and the logits' columns. Cached: each row's active block,
     after the finished block of rows in `previous` (its final K/V written by the same forward;
@@ -225,7 +225,7 @@ def inputs(e: BlockStepper, rows, previous: dict[int, torch.Tensor]) -> tuple:
     return ids, None, None, keys, slice(0, hi), cols
 
 
-def windows(e: BlockStepper, rows, ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def windows(e: BlockState, rows, ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Ids (N, W) of each row's columns [0, end), padded, and their block-causal mask (N, W, W)."""
     width = max(ends)
     ids = torch.full((len(rows), width), e.special.pad, dtype=torch.long, device=e.device)
@@ -235,14 +235,14 @@ def windows(e: BlockStepper, rows, ends: list[int]) -> tuple[torch.Tensor, torch
     return ids, block_keys(every, torch.tensor(ends, device=e.device), e.rule.block, width)
 
 
-def rows_view(e: BlockStepper, rows, hi: int) -> KVCache:
+def rows_view(e: BlockState, rows, hi: int) -> KVCache:
     """The cache as a forward over `rows` (their slots) attending columns [0, hi) sees it."""
     held = [r.slot for r in rows]
     slots = None if held == list(range(e.cache.k[0].shape[0])) else torch.tensor(held)
     return e.cache.view(None if slots is None else slots.to(e.device), hi=hi)
 
 
-def decide(e: BlockStepper, r, fill, edit, x0, active, final, at: int) -> None:
+def decide(e: BlockState, r, fill, edit, x0, active, final, at: int) -> None:
     """Commit one row's fills and edits; settle or finish its block when it is final."""
     b = e.rule.block
     editing = e.rule.edit_threshold is not None
@@ -263,7 +263,7 @@ def decide(e: BlockStepper, r, fill, edit, x0, active, final, at: int) -> None:
         settle(e, r, final)
 
 
-def stops(e: BlockStepper, r) -> bool:
+def stops(e: BlockState, r) -> bool:
     """Early stop: a stop token with no mask before it in the answer (its text is final)."""
     if not e.settings.early_stop:
         return False
@@ -271,7 +271,7 @@ def stops(e: BlockStepper, r) -> bool:
     return int(first_stop(answer, e.stop_ids, e.special.mask)[0]) < answer.shape[1]
 
 
-def settle(e: BlockStepper, r, final: list, stored: bool = False) -> None:
+def settle(e: BlockState, r, final: list, stored: bool = False) -> None:
     """The active block is final: the row ends, or its K/V get written and it moves on."""
     if r.block == r.blocks - 1 or stops(e, r):  # its last block, or an early stop
         final.append(r)
@@ -281,14 +281,14 @@ def settle(e: BlockStepper, r, final: list, stored: bool = False) -> None:
         r.store = True  # the next forward writes the block's K/V
 
 
-def advance(e: BlockStepper, r) -> None:
+def advance(e: BlockState, r) -> None:
     r.cached = (r.block + 1) * e.rule.block if e.cached else 0
     r.block += 1
     r.step = r.post = 0
     r.store = False
 
 
-def place(e: BlockStepper, r) -> RowPhase:
+def place(e: BlockState, r) -> RowPhase:
     """Where a row is: its answer block (0 = the block after the prompt's whole blocks)."""
     b = e.rule.block
     start = r.block * b - r.prompt  # < 0: the prompt's tail shares the first answer block
@@ -296,7 +296,7 @@ def place(e: BlockStepper, r) -> RowPhase:
     return RowPhase(r.request.id, index, r.step, window, not e.cached, r.prompt % b)
 
 
-def event(e: BlockStepper, step, forwards, phases, chosen, drawn, stored, done) -> StepEvent:
+def event(e: BlockState, step, forwards, phases, chosen, drawn, stored, done) -> StepEvent:
     """The step's StepEvent: commits (fills), drafts (LLaDA2.1's edits) and places per row."""
     at, x0, probs, ids, ends = drawn
     g = torch.tensor(ends, device=at.device)[:, None]  # (N, 1) each row's answer length
@@ -325,7 +325,7 @@ def event(e: BlockStepper, step, forwards, phases, chosen, drawn, stored, done) 
     )
 
 
-def editable(e: BlockStepper, phases, done) -> tuple[tuple[int, int], ...]:
+def editable(e: BlockState, phases, done) -> tuple[tuple[int, int], ...]:
     """(row, answer position) from which LLaDA2.1's edits may still change a live row's
     tokens (its active block): text is final only before it (none without editing)."""
     if e.rule.edit_threshold is None:

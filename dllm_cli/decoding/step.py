@@ -31,7 +31,7 @@ from dllm_cli.decoding.unmask import Decision, StepContext
 from dllm_cli.decoding.wino import revoke
 
 
-class MaskedStepper(Protocol):
+class MaskedState(Protocol):
     """What a step reads and writes of masked.MaskedStepper (its state between steps)."""
 
     settings: Any  # DecodeSettings
@@ -73,7 +73,7 @@ class Plan:
     at: int  # the engine's step
 
 
-def plan(m: MaskedStepper, live: list[Request], at: int) -> Plan:
+def plan(m: MaskedState, live: list[Request], at: int) -> Plan:
     """Every row's cache policy plans the columns it recomputes from the row's own place."""
     c, s, model = m.canvas, m.settings, m.model
     rows = [r.row for r in live]
@@ -91,13 +91,13 @@ def plan(m: MaskedStepper, live: list[Request], at: int) -> Plan:
     return Plan(live, rows, places, plans, decoded, draws, asked, at)
 
 
-def forward(m: MaskedStepper, p: Plan) -> Prediction:
+def forward(m: MaskedState, p: Plan) -> Prediction:
     """All rows in one windowed forward (refreshes in their own), drafts sampled."""
     m.executor.probs = m.keeps_probs or p.asked
     return m.executor(m.canvas, m.cache_view(p.live), p.plans, p.decoded, p.draws)
 
 
-def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
+def commit(m: MaskedState, p: Plan, pred: Prediction) -> Commit:
     """One commit decision, the rows' places served; which rows are final.
 
     Unguided, the step reads the device once: after the commits, one small tensor says which
@@ -188,7 +188,7 @@ def commit(m: MaskedStepper, p: Plan, pred: Prediction) -> Commit:
     return out
 
 
-def revocable(m: MaskedStepper, ids, places, finished, p: int) -> tuple[tuple[int, int], ...]:
+def revocable(m: MaskedState, ids, places, finished, p: int) -> tuple[tuple[int, int], ...]:
     """(row, answer position) from which a revoking rule may still mask a live row's commits."""
     if not m.revokes:
         return ()
@@ -198,13 +198,13 @@ def revocable(m: MaskedStepper, ids, places, finished, p: int) -> tuple[tuple[in
     )
 
 
-def reach(m: MaskedStepper, first: int | None) -> int | None:
+def reach(m: MaskedState, first: int | None) -> int | None:
     """A guided row with a draft window needs predictions only up to the window's end."""
     window = m.draft_window
     return None if first is None or not window else first + window
 
 
-def spans(m: MaskedStepper, places, plans, firsts) -> list[tuple[int, int]]:
+def spans(m: MaskedState, places, plans, firsts) -> list[tuple[int, int]]:
     """Columns each row decodes: its block, or (guided) its first mask to its draft end."""
     if not m.frontier:
         return [(p.block.start, p.block.end) for p in places]
@@ -214,7 +214,7 @@ def spans(m: MaskedStepper, places, plans, firsts) -> list[tuple[int, int]]:
     return [(f, min(f + window, plan.end)) for f, plan in zip(firsts, plans, strict=True)]
 
 
-def on_device(m: MaskedStepper, kind: str, values: tuple) -> torch.Tensor:
+def on_device(m: MaskedState, kind: str, values: tuple) -> torch.Tensor:
     """A tensor of host `values`, made once per distinct tuple (nothing writes into it): a
     block's steps reuse it instead of building a tensor from a list every step."""
     memo, key = m.step_tensors, (kind, values)
@@ -225,7 +225,7 @@ def on_device(m: MaskedStepper, kind: str, values: tuple) -> torch.Tensor:
     return memo[key]
 
 
-def context(m: MaskedStepper, rows, pred: Prediction, confidence, candidates, draws) -> StepContext:
+def context(m: MaskedState, rows, pred: Prediction, confidence, candidates, draws) -> StepContext:
     masks = on_device(m, "masks", tuple(r.masks_at_start for r in rows))
     if same_place(rows):  # one shared block and step (rows in lockstep)
         block, step, planned, host = rows[0].current, rows[0].step, None, None
@@ -240,7 +240,7 @@ def context(m: MaskedStepper, rows, pred: Prediction, confidence, candidates, dr
     )  # fmt: skip
 
 
-def guard(m: MaskedStepper, decision: Decision, ctx: StepContext, places) -> torch.Tensor:
+def guard(m: MaskedState, decision: Decision, ctx: StepContext, places) -> torch.Tensor:
     """Only masked columns of the row's span; progress guaranteed in either walk."""
     commit = decision.commit
     commit = (commit if commit.dtype == torch.bool else commit.to(torch.bool)) & ctx.candidates
@@ -252,7 +252,7 @@ def guard(m: MaskedStepper, decision: Decision, ctx: StepContext, places) -> tor
     return commit if force is None else torch.where(force, ctx.candidates, commit)
 
 
-def forced(m: MaskedStepper, places) -> torch.Tensor | None:
+def forced(m: MaskedState, places) -> torch.Tensor | None:
     """(B, 1) rows whose block has had L steps: everything left is committed (no-op for the
     built-in rules but WINO, whose re-masking may otherwise keep a block open); None: none."""
     late = tuple(p.step >= p.block.length - 1 for p in places)
