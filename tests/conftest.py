@@ -21,6 +21,17 @@ from checkpoints import Written, write_dream, write_llada  # noqa: E402
 from dllm_cli.models.loading import LoadedModel, load_model  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Each test starts on the suite's one thread, whatever the test before it set (--threads,
+    a profile's `threads`): under xdist the order varies, and numbers that hold on one thread
+    need not hold on two (int8 DiffusionGemma rows of one length differ from their single runs
+    at two threads on this CPU)."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def llada_ckpt(tmp_path_factory) -> Written:
     return write_llada(tmp_path_factory.mktemp("ckpt") / "llada")

@@ -66,7 +66,8 @@ def test_the_quantized_model_decodes_deterministically_and_rows_equal_single_run
     """Under int8, rows of one prompt length equal their single runs. Prompts of other lengths
     are left-padded in transformers' batch, which moves float bits (logprobs agree to 1e-4
     unquantized), and int8's per-token activation rounding can turn that into another token
-    (one row of TEXTS' four on an AVX2 CPU, one thread), so ragged rows are not compared here.
+    (one row of TEXTS' four on an AVX2 CPU, one thread), so ragged rows are not compared here;
+    on two threads even rows of one length can differ (conftest keeps every test on one).
     int4's are not compared at all: it multiplies in bfloat16, where this family's batch rows
     are not their single runs even unquantized (`--dtype bfloat16`, float weights)."""
     scheme, loaded = quantized
